@@ -1,0 +1,147 @@
+#include "base/thread_pool.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace mammoth {
+namespace {
+
+thread_local bool tls_in_parallel = false;
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int n) { start(n); }
+  ~ThreadPool() { stop(); }
+
+  int size() const { return static_cast<int>(workers_.size()) + 1; }
+
+  void resize(int n) {
+    std::lock_guard<std::mutex> run_lock(run_mutex_);
+    stop();
+    start(n);
+  }
+
+  void run(int64_t num_chunks, const std::function<void(int64_t)>& chunk_fn) {
+    std::lock_guard<std::mutex> run_lock(run_mutex_);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      job_ = &chunk_fn;
+      num_chunks_ = num_chunks;
+      next_chunk_.store(0);
+      pending_workers_ = static_cast<int>(workers_.size());
+      error_ = nullptr;
+      ++generation_;
+    }
+    cv_.notify_all();
+    work();
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_cv_.wait(lock, [&] { return pending_workers_ == 0; });
+    job_ = nullptr;
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  void start(int n) {
+    shutdown_ = false;
+    for (int i = 1; i < n; ++i) workers_.emplace_back([this] { worker_loop(); });
+  }
+
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      shutdown_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
+    workers_.clear();
+  }
+
+  void work() {
+    tls_in_parallel = true;
+    for (;;) {
+      int64_t c = next_chunk_.fetch_add(1);
+      if (c >= num_chunks_) break;
+      try {
+        (*job_)(c);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (!error_) error_ = std::current_exception();
+      }
+    }
+    tls_in_parallel = false;
+  }
+
+  void worker_loop() {
+    uint64_t seen = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      seen = generation_;
+    }
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        cv_.wait(lock, [&] { return shutdown_ || generation_ != seen; });
+        if (shutdown_) return;
+        seen = generation_;
+      }
+      work();
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (--pending_workers_ == 0) done_cv_.notify_one();
+      }
+    }
+  }
+
+  std::mutex run_mutex_;  // one parallel_for at a time from outside the pool
+  std::mutex mutex_;
+  std::condition_variable cv_, done_cv_;
+  std::vector<std::thread> workers_;
+  const std::function<void(int64_t)>* job_ = nullptr;
+  int64_t num_chunks_ = 0;
+  std::atomic<int64_t> next_chunk_{0};
+  int pending_workers_ = 0;
+  uint64_t generation_ = 0;
+  bool shutdown_ = false;
+  std::exception_ptr error_;
+};
+
+int default_threads() { return std::max(1u, std::thread::hardware_concurrency()); }
+
+ThreadPool& pool() {
+  static ThreadPool p(default_threads());
+  return p;
+}
+
+}  // namespace
+
+int num_threads() { return pool().size(); }
+
+void set_num_threads(int n) { pool().resize(n <= 0 ? default_threads() : n); }
+
+bool in_parallel_region() { return tls_in_parallel; }
+
+void parallel_for(int64_t begin, int64_t end, int64_t grain,
+                  const std::function<void(int64_t, int64_t)>& fn) {
+  if (end <= begin) return;
+  const int64_t n = end - begin;
+  grain = std::max<int64_t>(grain, 1);
+  const int threads = tls_in_parallel ? 1 : num_threads();
+  int64_t chunks = std::min<int64_t>(threads, (n + grain - 1) / grain);
+  if (chunks <= 1) {
+    fn(begin, end);
+    return;
+  }
+  const int64_t per = (n + chunks - 1) / chunks;
+  chunks = (n + per - 1) / per;
+  pool().run(chunks, [&](int64_t c) {
+    const int64_t b = begin + c * per;
+    fn(b, std::min(end, b + per));
+  });
+}
+
+}  // namespace mammoth
