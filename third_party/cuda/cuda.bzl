@@ -135,7 +135,10 @@ def cuda_library(name, srcs = [], hdrs = [], deps = [], copts = [], textual_hdrs
     )
     native.cc_library(
         name = name,
-        srcs = [":" + name + "_objects"],
+        srcs = select({
+            "//third_party/cuda:cuda_enabled": [":" + name + "_objects"],
+            "//conditions:default": [],
+        }),
         hdrs = hdrs,
         textual_hdrs = textual_hdrs,
         deps = deps + select({
