@@ -1,0 +1,149 @@
+#include "engine/autograd.h"
+
+#include <cstring>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "engine/op_list.h"
+#include "engine/ops.h"
+
+namespace mammoth::engine {
+namespace {
+thread_local bool tls_grad_enabled = true;
+
+bool is_listed_op(const char* name) {
+  for (const char* op : kEngineOps) {
+    if (std::strcmp(op, name) == 0) return true;
+  }
+  return false;
+}
+
+// Adds b into a (either may be undefined).
+Tensor accumulate(const Tensor& a, const Tensor& b) {
+  if (!a.defined()) return b;
+  if (!b.defined()) return a;
+  return add(a, b);
+}
+}  // namespace
+
+bool grad_enabled() { return tls_grad_enabled; }
+
+NoGradGuard::NoGradGuard() : previous_(tls_grad_enabled) { tls_grad_enabled = false; }
+NoGradGuard::~NoGradGuard() { tls_grad_enabled = previous_; }
+
+std::vector<Tensor> Node::apply(const std::vector<Tensor>& grad_outputs) {
+  MAMMOTH_CHECK(!released_)
+      << "[backward] trying to backward through the graph a second time (node '" << name_
+      << "'); its saved tensors were freed after the first backward";
+  std::vector<Tensor> grads = fn_(grad_outputs);
+  MAMMOTH_CHECK(grads.size() == edges_.size())
+      << "[backward] op '" << name_ << "' returned " << grads.size() << " gradients for "
+      << edges_.size() << " inputs";
+  return grads;
+}
+
+void Node::release() {
+  fn_ = nullptr;
+  released_ = true;
+}
+
+bool needs_grad(const std::vector<Tensor>& inputs) {
+  if (!tls_grad_enabled) return false;
+  for (const Tensor& t : inputs) {
+    if (t.defined() && t.requires_grad()) return true;
+  }
+  return false;
+}
+
+void record(const char* name, const std::vector<Tensor>& inputs,
+            const std::vector<Tensor*>& outputs, BackwardFn fn) {
+  MAMMOTH_CHECK(is_listed_op(name)) << "[autograd] op '" << name
+                                    << "' is not in engine/op_list.h; add it with a gradient check";
+  std::vector<Edge> edges(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& t = inputs[i];
+    if (!t.defined() || !t.requires_grad()) continue;
+    if (t.grad_fn()) {
+      edges[i].node = t.grad_fn();
+      edges[i].output_nr = t.impl()->output_nr;
+    } else {
+      edges[i].leaf = t.impl_ptr();
+    }
+  }
+  auto node = std::make_shared<Node>(name, std::move(edges), static_cast<int>(outputs.size()),
+                                     std::move(fn));
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    TensorImpl* impl = outputs[i]->impl();
+    impl->requires_grad = true;
+    impl->grad_fn = node;
+    impl->output_nr = static_cast<int>(i);
+  }
+}
+
+void run_backward(const Tensor& root, const Tensor& gradient) {
+  MAMMOTH_CHECK(root.requires_grad())
+      << "[backward] the tensor does not require grad and has no grad_fn";
+  Tensor seed = gradient;
+  if (!seed.defined()) {
+    MAMMOTH_CHECK(root.numel() == 1) << "[backward] a gradient must be given for a non-scalar "
+                                        "root of shape "
+                                     << shape_str(root.shape());
+    seed = Tensor::ones(root.shape(), root.dtype(), root.device());
+  }
+  MAMMOTH_CHECK(seed.shape() == root.shape())
+      << "[backward] gradient shape " << shape_str(seed.shape()) << " differs from the root's "
+      << shape_str(root.shape());
+  NoGradGuard no_grad;
+  auto accumulate_leaf = [](TensorImpl* leaf, const Tensor& g) {
+    const Tensor gc = g.is_contiguous() ? g : g.contiguous();
+    leaf->grad = leaf->grad.defined() ? add(leaf->grad, gc) : gc.clone();
+  };
+  if (!root.grad_fn()) {  // a leaf root
+    accumulate_leaf(root.impl(), seed);
+    return;
+  }
+  // Count, for every node reachable from the root, how many edges point at it.
+  std::unordered_map<Node*, int> deps;
+  std::vector<Node*> stack{root.grad_fn().get()};
+  std::unordered_set<Node*> seen{root.grad_fn().get()};
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (const Edge& e : n->edges()) {
+      if (!e.node) continue;
+      ++deps[e.node.get()];
+      if (seen.insert(e.node.get()).second) stack.push_back(e.node.get());
+    }
+  }
+  std::unordered_map<Node*, std::vector<Tensor>> pending;
+  std::unordered_map<Node*, std::shared_ptr<Node>> keep_alive;
+  pending[root.grad_fn().get()].resize(root.grad_fn()->num_outputs());
+  pending[root.grad_fn().get()][root.impl()->output_nr] = seed;
+  keep_alive[root.grad_fn().get()] = root.grad_fn();
+  std::vector<Node*> ready{root.grad_fn().get()};
+  while (!ready.empty()) {
+    Node* n = ready.back();
+    ready.pop_back();
+    std::vector<Tensor> grads_out = std::move(pending[n]);
+    pending.erase(n);
+    grads_out.resize(n->num_outputs());
+    std::vector<Tensor> grads_in = n->apply(grads_out);
+    const std::vector<Edge>& edges = n->edges();
+    for (size_t i = 0; i < edges.size(); ++i) {
+      const Edge& e = edges[i];
+      if (e.leaf) {
+        if (grads_in[i].defined()) accumulate_leaf(e.leaf.get(), grads_in[i]);
+      } else if (e.node) {
+        Node* next = e.node.get();
+        auto& slot = pending[next];
+        if (slot.empty()) slot.resize(next->num_outputs());
+        slot[e.output_nr] = accumulate(slot[e.output_nr], grads_in[i]);
+        keep_alive[next] = e.node;
+        if (--deps[next] == 0) ready.push_back(next);
+      }
+    }
+    n->release();
+  }
+}
+
+}  // namespace mammoth::engine

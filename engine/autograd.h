@@ -1,0 +1,73 @@
+// Reverse-mode automatic differentiation over a recorded graph.
+//
+// Each differentiable op that sees an input requiring grad (with grad mode on) records a
+// Node: its backward closure and one edge per input (to the input's producing node, or to a
+// leaf tensor whose .grad accumulates). Tensor::backward() runs the nodes in dependency order
+// and then releases them, freeing saved tensors; running backward through a released node is
+// an error. Backward closures run with grad mode off (no double backward).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/tensor.h"
+
+namespace mammoth::engine {
+
+bool grad_enabled();
+
+// Disables graph recording in its scope (optimizer steps, evaluation).
+class NoGradGuard {
+ public:
+  NoGradGuard();
+  ~NoGradGuard();
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// Gradients of the inputs from the gradients of the outputs. An undefined gradient means zero
+// (an output that did not influence the loss; an input that needs none).
+using BackwardFn = std::function<std::vector<Tensor>(const std::vector<Tensor>& grad_outputs)>;
+
+struct Edge {
+  std::shared_ptr<Node> node;  // producer of the input, or null
+  int output_nr = 0;
+  std::shared_ptr<TensorImpl> leaf;  // a leaf requiring grad, or null
+};
+
+class Node {
+ public:
+  Node(std::string name, std::vector<Edge> edges, int num_outputs, BackwardFn fn)
+      : name_(std::move(name)), edges_(std::move(edges)), num_outputs_(num_outputs),
+        fn_(std::move(fn)) {}
+  const std::string& name() const { return name_; }
+  const std::vector<Edge>& edges() const { return edges_; }
+  int num_outputs() const { return num_outputs_; }
+  std::vector<Tensor> apply(const std::vector<Tensor>& grad_outputs);
+  void release();  // frees the closure and saved tensors
+
+ private:
+  std::string name_;
+  std::vector<Edge> edges_;
+  int num_outputs_;
+  BackwardFn fn_;
+  bool released_ = false;
+};
+
+// True when grad mode is on and any input requires grad.
+bool needs_grad(const std::vector<Tensor>& inputs);
+
+// Records op `name` (which must be in the op list, engine/op_list.h) producing `outputs` from
+// `inputs`; marks the outputs as requiring grad. Call only when needs_grad(inputs).
+void record(const char* name, const std::vector<Tensor>& inputs,
+            const std::vector<Tensor*>& outputs, BackwardFn fn);
+
+// Runs backward from `root` seeded with `gradient`.
+void run_backward(const Tensor& root, const Tensor& gradient);
+
+}  // namespace mammoth::engine

@@ -1,0 +1,25 @@
+// The differentiable op inventory of the engine: every front-end op that records autograd.
+//
+// record() refuses names not listed here, and the gradient-check suite
+// (test/engine/gradcheck_test.cc) fails unless it has a case for every name: a new op
+// cannot land without a gradient check.
+#pragma once
+
+#define MAMMOTH_ENGINE_OPS(X)                                                                \
+  X(add) X(sub) X(mul) X(div) X(neg) X(exp) X(log) X(sqrt) X(rsqrt) X(tanh) X(relu) X(gelu)  \
+  X(gelu_tanh) X(silu) X(add_scalar) X(mul_scalar) X(pow_scalar) X(sum) X(mean) X(max)       \
+  X(matmul) X(softmax) X(log_softmax) X(layer_norm) X(rms_norm) X(embedding)                 \
+  X(cross_entropy) X(dropout) X(attention) X(rope) X(concat) X(split) X(index_select)       \
+  X(gather) X(where) X(masked_fill) X(cast) X(view) X(permute) X(slice) X(expand)           \
+  X(contiguous)
+
+namespace mammoth::engine {
+
+inline constexpr const char* kEngineOps[] = {
+#define MAMMOTH_ENGINE_OP_NAME(name) #name,
+    MAMMOTH_ENGINE_OPS(MAMMOTH_ENGINE_OP_NAME)
+#undef MAMMOTH_ENGINE_OP_NAME
+};
+inline constexpr int kEngineOpCount = sizeof(kEngineOps) / sizeof(kEngineOps[0]);
+
+}  // namespace mammoth::engine

@@ -1,0 +1,103 @@
+// matmul and linear. Batch dims broadcast; transposed views reach the kernel without a copy
+// because the kernel reads transposes from strides.
+#include "engine/ops/common.h"
+
+namespace mammoth::engine {
+
+using kernels::Kernel;
+
+namespace {
+
+// A view of t ([batch..., R, C], batch broadcast to `batch`) as [Bt, R, C] for the kernel,
+// copying only when the batch dims cannot be merged into one stride or no unit stride exists.
+Tensor as_batched(const Tensor& t, const Shape& batch) {
+  Shape full = batch;
+  full.push_back(t.size(-2));
+  full.push_back(t.size(-1));
+  const Tensor e = t.expand(full);
+  const int64_t nb = static_cast<int64_t>(batch.size());
+  const int64_t rs = e.strides()[nb], cs = e.strides()[nb + 1];
+  const bool unit = cs == 1 || rs == 1 || e.size(-1) == 1 || e.size(-2) == 1;
+  // The batch dims merge when their strides are all 0 (broadcast) or form one row-major run.
+  bool mergeable = true, all_zero = true;
+  int64_t bstride = 0, expected = -1;
+  for (int64_t d = nb - 1; d >= 0; --d) {
+    if (e.shape()[d] == 1) continue;
+    if (e.strides()[d] != 0) all_zero = false;
+    if (expected < 0) {
+      bstride = e.strides()[d];
+      expected = bstride * e.shape()[d];
+    } else if (e.strides()[d] == expected) {
+      expected *= e.shape()[d];
+    } else {
+      mergeable = false;
+    }
+  }
+  const Shape shape3 = {shape_numel(batch), t.size(-2), t.size(-1)};
+  if (!unit || !(mergeable || all_zero)) return e.contiguous().view(shape3);
+  return e.as_strided(shape3, {all_zero ? 0 : bstride, rs, cs}, e.offset());
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  check_defined(a, "matmul", "a");
+  check_defined(b, "matmul", "b");
+  detail::check_same("matmul", {a, b});
+  detail::check_floating("matmul", a);
+  MAMMOTH_CHECK(a.dim() >= 2 && b.dim() >= 2)
+      << "[matmul] needs at least 2-d operands, got " << shape_str(a.shape()) << " x "
+      << shape_str(b.shape());
+  MAMMOTH_CHECK(a.size(-1) == b.size(-2))
+      << "[matmul] inner dimensions differ: " << shape_str(a.shape()) << " x "
+      << shape_str(b.shape());
+  // [..., M, K] @ [K, N]: fold the batch into M (one large GEMM instead of many small).
+  if (b.dim() == 2 && a.dim() > 2) {
+    Shape out_shape(a.shape().begin(), a.shape().end() - 1);
+    out_shape.push_back(b.size(1));
+    return matmul(a.reshape({-1, a.size(-1)}), b).view(out_shape);
+  }
+  const Shape batch = detail::broadcast_shapes(
+      "matmul", Shape(a.shape().begin(), a.shape().end() - 2),
+      Shape(b.shape().begin(), b.shape().end() - 2));
+  const int64_t M = a.size(-2), N = b.size(-1);
+  Shape out_shape = batch;
+  out_shape.push_back(M);
+  out_shape.push_back(N);
+  Tensor y = Tensor::empty(out_shape, a.dtype(), a.device());
+  {
+    NoGradGuard ng;
+    const kernels::MatmulParams p;
+    detail::launch(Kernel::matmul, {as_batched(a, batch), as_batched(b, batch)},
+                   {y.view({shape_numel(batch), M, N})}, &p);
+  }
+  if (needs_grad({a, b})) {
+    const bool ga = a.requires_grad(), gb = b.requires_grad();
+    record("matmul", {a, b}, {&y},
+           [a = a.detach(), b = b.detach(), ga, gb](const std::vector<Tensor>& g) {
+             Tensor da, db;
+             if (ga) da = sum_to_shape(matmul(g[0], b.transpose(-1, -2)), a.shape());
+             if (gb) db = sum_to_shape(matmul(a.transpose(-1, -2), g[0]), b.shape());
+             return std::vector<Tensor>{da, db};
+           });
+  }
+  return y;
+}
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
+  check_defined(x, "linear", "x");
+  check_defined(w, "linear", "weight");
+  MAMMOTH_CHECK(w.dim() == 2 && x.size(-1) == w.size(1))
+      << "[linear] input features " << shape_str(x.shape()) << " do not match weight "
+      << shape_str(w.shape()) << " ([out, in])";
+  Tensor y = matmul(x, w.transpose(0, 1));
+  if (b.defined()) {
+    MAMMOTH_CHECK(b.dim() == 1 && b.size(0) == w.size(0))
+        << "[linear] bias " << shape_str(b.shape()) << " does not match weight "
+        << shape_str(w.shape());
+    y = add(y, b);
+  }
+  return y;
+}
+
+}  // namespace mammoth::engine

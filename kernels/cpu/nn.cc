@@ -1,0 +1,398 @@
+// CPU kernels over the last dim of [M, N] rows: softmax, log_softmax, layer_norm, rms_norm,
+// fused cross-entropy, plus dropout and rotary embedding.
+//
+// Row statistics accumulate in double for f32 so results do not depend on the thread count;
+// weight gradients are summed over fixed blocks of rows, then the blocks in order, for the
+// same reason.
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "base/error.h"
+#include "base/philox.h"
+#include "kernels/cpu/register.h"
+#include "kernels/params.h"
+
+namespace mammoth::kernels::cpu {
+namespace {
+
+constexpr int64_t kRowBlock = 64;  // rows per partial sum of weight gradients
+
+int64_t rows_of(const TensorArg& t) {
+  const int64_t n = t.size(-1);
+  return n == 0 ? 0 : t.numel() / n;
+}
+
+int64_t row_grain(int64_t n) { return std::max<int64_t>(1, 8192 / std::max<int64_t>(n, 1)); }
+
+template <typename T>
+void softmax_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out, const void*) {
+  const int64_t N = in[0].size(-1), M = rows_of(in[0]);
+  const T* x = in[0].ptr<const T>();
+  T* y = out[0].ptr<T>();
+  parallel_for(0, M, row_grain(N), [&](int64_t b, int64_t e) {
+    for (int64_t m = b; m < e; ++m) {
+      const T* xr = x + m * N;
+      T* yr = y + m * N;
+      T mx = -std::numeric_limits<T>::infinity();
+      for (int64_t n = 0; n < N; ++n) mx = std::max(mx, xr[n]);
+      double sum = 0;
+      for (int64_t n = 0; n < N; ++n) {
+        yr[n] = std::exp(xr[n] - mx);
+        sum += yr[n];
+      }
+      const T inv = static_cast<T>(1.0 / sum);
+      for (int64_t n = 0; n < N; ++n) yr[n] *= inv;
+    }
+  });
+}
+
+template <typename T>
+void log_softmax_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,
+                        const void*) {
+  const int64_t N = in[0].size(-1), M = rows_of(in[0]);
+  const T* x = in[0].ptr<const T>();
+  T* y = out[0].ptr<T>();
+  parallel_for(0, M, row_grain(N), [&](int64_t b, int64_t e) {
+    for (int64_t m = b; m < e; ++m) {
+      const T* xr = x + m * N;
+      T mx = -std::numeric_limits<T>::infinity();
+      for (int64_t n = 0; n < N; ++n) mx = std::max(mx, xr[n]);
+      double sum = 0;
+      for (int64_t n = 0; n < N; ++n) sum += std::exp(static_cast<double>(xr[n] - mx));
+      const T lse = mx + static_cast<T>(std::log(sum));
+      for (int64_t n = 0; n < N; ++n) y[m * N + n] = xr[n] - lse;
+    }
+  });
+}
+
+// dx = y * (dy - sum(dy * y))
+template <typename T>
+void softmax_backward_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,
+                             const void*) {
+  const int64_t N = in[0].size(-1), M = rows_of(in[0]);
+  const T* dy = in[0].ptr<const T>();
+  const T* y = in[1].ptr<const T>();
+  T* dx = out[0].ptr<T>();
+  parallel_for(0, M, row_grain(N), [&](int64_t b, int64_t e) {
+    for (int64_t m = b; m < e; ++m) {
+      double dot = 0;
+      for (int64_t n = 0; n < N; ++n) dot += dy[m * N + n] * y[m * N + n];
+      for (int64_t n = 0; n < N; ++n) {
+        dx[m * N + n] = y[m * N + n] * (dy[m * N + n] - static_cast<T>(dot));
+      }
+    }
+  });
+}
+
+// dx = dy - exp(y) * sum(dy)
+template <typename T>
+void log_softmax_backward_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,
+                                 const void*) {
+  const int64_t N = in[0].size(-1), M = rows_of(in[0]);
+  const T* dy = in[0].ptr<const T>();
+  const T* y = in[1].ptr<const T>();
+  T* dx = out[0].ptr<T>();
+  parallel_for(0, M, row_grain(N), [&](int64_t b, int64_t e) {
+    for (int64_t m = b; m < e; ++m) {
+      double sum = 0;
+      for (int64_t n = 0; n < N; ++n) sum += dy[m * N + n];
+      for (int64_t n = 0; n < N; ++n) {
+        dx[m * N + n] = dy[m * N + n] - std::exp(y[m * N + n]) * static_cast<T>(sum);
+      }
+    }
+  });
+}
+
+template <typename T>
+void layer_norm_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,
+                       const void* params) {
+  const double eps = static_cast<const NormParams*>(params)->eps;
+  const int64_t N = in[0].size(-1), M = rows_of(in[0]);
+  const T* x = in[0].ptr<const T>();
+  const T* w = in[1].ptr<const T>();
+  const T* bias = in[2].ptr<const T>();
+  T* y = out[0].ptr<T>();
+  T* mean = out[1].ptr<T>();
+  T* rstd = out[2].ptr<T>();
+  parallel_for(0, M, row_grain(N), [&](int64_t b, int64_t e) {
+    for (int64_t m = b; m < e; ++m) {
+      const T* xr = x + m * N;
+      double s = 0;
+      for (int64_t n = 0; n < N; ++n) s += xr[n];
+      const double mu = s / N;
+      double v = 0;
+      for (int64_t n = 0; n < N; ++n) v += (xr[n] - mu) * (xr[n] - mu);
+      const double rs = 1.0 / std::sqrt(v / N + eps);
+      mean[m] = static_cast<T>(mu);
+      rstd[m] = static_cast<T>(rs);
+      for (int64_t n = 0; n < N; ++n) {
+        y[m * N + n] = static_cast<T>((xr[n] - mu) * rs) * w[n] + bias[n];
+      }
+    }
+  });
+}
+
+// Sums per-row-block partials of weight gradients in a fixed order.
+template <typename T, typename RowFn>
+void reduce_weight_grads(int64_t M, int64_t N, int num_grads, T* const* grads, RowFn row_fn) {
+  const int64_t blocks = (M + kRowBlock - 1) / kRowBlock;
+  std::vector<double> partial(static_cast<size_t>(blocks * num_grads * N), 0.0);
+  parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      double* p = partial.data() + blk * num_grads * N;
+      for (int64_t m = blk * kRowBlock; m < std::min(M, (blk + 1) * kRowBlock); ++m) row_fn(m, p);
+    }
+  });
+  for (int g = 0; g < num_grads; ++g) {
+    for (int64_t n = 0; n < N; ++n) {
+      double s = 0;
+      for (int64_t blk = 0; blk < blocks; ++blk) s += partial[(blk * num_grads + g) * N + n];
+      grads[g][n] = static_cast<T>(s);
+    }
+  }
+}
+
+template <typename T>
+void layer_norm_backward_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,
+                                const void*) {
+  const int64_t N = in[0].size(-1), M = rows_of(in[0]);
+  const T* dy = in[0].ptr<const T>();
+  const T* x = in[1].ptr<const T>();
+  const T* w = in[2].ptr<const T>();
+  const T* mean = in[3].ptr<const T>();
+  const T* rstd = in[4].ptr<const T>();
+  T* dx = out[0].ptr<T>();
+  parallel_for(0, M, row_grain(N), [&](int64_t b, int64_t e) {
+    for (int64_t m = b; m < e; ++m) {
+      const T* xr = x + m * N;
+      const T* dyr = dy + m * N;
+      double s1 = 0, s2 = 0;  // sum(dxhat), sum(dxhat * xhat)
+      for (int64_t n = 0; n < N; ++n) {
+        const double xhat = (xr[n] - mean[m]) * rstd[m];
+        const double dxhat = dyr[n] * w[n];
+        s1 += dxhat;
+        s2 += dxhat * xhat;
+      }
+      s1 /= N;
+      s2 /= N;
+      for (int64_t n = 0; n < N; ++n) {
+        const double xhat = (xr[n] - mean[m]) * rstd[m];
+        dx[m * N + n] = static_cast<T>(rstd[m] * (dyr[n] * w[n] - s1 - xhat * s2));
+      }
+    }
+  });
+  T* grads[2] = {out[1].ptr<T>(), out[2].ptr<T>()};
+  reduce_weight_grads<T>(M, N, 2, grads, [&](int64_t m, double* p) {
+    for (int64_t n = 0; n < N; ++n) {
+      const double xhat = (x[m * N + n] - mean[m]) * rstd[m];
+      p[n] += dy[m * N + n] * xhat;
+      p[N + n] += dy[m * N + n];
+    }
+  });
+}
+
+template <typename T>
+void rms_norm_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,
+                     const void* params) {
+  const double eps = static_cast<const NormParams*>(params)->eps;
+  const int64_t N = in[0].size(-1), M = rows_of(in[0]);
+  const T* x = in[0].ptr<const T>();
+  const T* w = in[1].ptr<const T>();
+  T* y = out[0].ptr<T>();
+  T* rstd = out[1].ptr<T>();
+  parallel_for(0, M, row_grain(N), [&](int64_t b, int64_t e) {
+    for (int64_t m = b; m < e; ++m) {
+      const T* xr = x + m * N;
+      double ss = 0;
+      for (int64_t n = 0; n < N; ++n) ss += static_cast<double>(xr[n]) * xr[n];
+      const double rs = 1.0 / std::sqrt(ss / N + eps);
+      rstd[m] = static_cast<T>(rs);
+      for (int64_t n = 0; n < N; ++n) y[m * N + n] = static_cast<T>(xr[n] * rs) * w[n];
+    }
+  });
+}
+
+template <typename T>
+void rms_norm_backward_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,
+                              const void*) {
+  const int64_t N = in[0].size(-1), M = rows_of(in[0]);
+  const T* dy = in[0].ptr<const T>();
+  const T* x = in[1].ptr<const T>();
+  const T* w = in[2].ptr<const T>();
+  const T* rstd = in[3].ptr<const T>();
+  T* dx = out[0].ptr<T>();
+  parallel_for(0, M, row_grain(N), [&](int64_t b, int64_t e) {
+    for (int64_t m = b; m < e; ++m) {
+      double s = 0;  // mean(dxhat * xhat)
+      for (int64_t n = 0; n < N; ++n) {
+        s += static_cast<double>(dy[m * N + n]) * w[n] * x[m * N + n] * rstd[m];
+      }
+      s /= N;
+      for (int64_t n = 0; n < N; ++n) {
+        const double xhat = static_cast<double>(x[m * N + n]) * rstd[m];
+        dx[m * N + n] = static_cast<T>(rstd[m] * (dy[m * N + n] * w[n] - xhat * s));
+      }
+    }
+  });
+  T* grads[1] = {out[1].ptr<T>()};
+  reduce_weight_grads<T>(M, N, 1, grads, [&](int64_t m, double* p) {
+    for (int64_t n = 0; n < N; ++n) {
+      p[n] += static_cast<double>(dy[m * N + n]) * x[m * N + n] * rstd[m];
+    }
+  });
+}
+
+void check_target(int64_t t, int64_t V, int64_t row) {
+  MAMMOTH_CHECK(t >= 0 && t < V) << "[cross_entropy] target " << t << " at row " << row
+                                 << " is out of range for " << V << " classes";
+}
+
+// loss = (1-s) * (lse - x[t]) + s * (lse - mean(x))
+template <typename T>
+void cross_entropy_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,
+                          const void* params) {
+  const auto* p = static_cast<const CrossEntropyParams*>(params);
+  const int64_t V = in[0].size(-1), M = rows_of(in[0]);
+  const T* x = in[0].ptr<const T>();
+  const int64_t* target = in[1].ptr<const int64_t>();
+  T* loss = out[0].ptr<T>();
+  T* lse_out = out[1].ptr<T>();
+  parallel_for(0, M, row_grain(V), [&](int64_t b, int64_t e) {
+    for (int64_t m = b; m < e; ++m) {
+      const T* xr = x + m * V;
+      T mx = -std::numeric_limits<T>::infinity();
+      double sum_x = 0;
+      for (int64_t v = 0; v < V; ++v) {
+        mx = std::max(mx, xr[v]);
+        sum_x += xr[v];
+      }
+      double se = 0;
+      for (int64_t v = 0; v < V; ++v) se += std::exp(static_cast<double>(xr[v] - mx));
+      const double lse = mx + std::log(se);
+      lse_out[m] = static_cast<T>(lse);
+      const int64_t t = target[m];
+      if (t == p->ignore_index) {
+        loss[m] = T(0);
+        continue;
+      }
+      check_target(t, V, m);
+      const double s = p->label_smoothing;
+      loss[m] = static_cast<T>((1 - s) * (lse - xr[t]) + s * (lse - sum_x / V));
+    }
+  });
+}
+
+// dlogits = dloss * (softmax - (1-s) * onehot - s / V)
+template <typename T>
+void cross_entropy_backward_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,
+                                   const void* params) {
+  const auto* p = static_cast<const CrossEntropyParams*>(params);
+  const T* dloss = in[0].ptr<const T>();
+  const int64_t V = in[1].size(-1), M = rows_of(in[1]);
+  const T* x = in[1].ptr<const T>();
+  const int64_t* target = in[2].ptr<const int64_t>();
+  const T* lse = in[3].ptr<const T>();
+  T* dx = out[0].ptr<T>();
+  parallel_for(0, M, row_grain(V), [&](int64_t b, int64_t e) {
+    for (int64_t m = b; m < e; ++m) {
+      T* dr = dx + m * V;
+      const int64_t t = target[m];
+      if (t == p->ignore_index) {
+        std::fill(dr, dr + V, T(0));
+        continue;
+      }
+      check_target(t, V, m);
+      const T g = dloss[m];
+      const T smooth = static_cast<T>(p->label_smoothing / V);
+      for (int64_t v = 0; v < V; ++v) dr[v] = g * (std::exp(x[m * V + v] - lse[m]) - smooth);
+      dr[t] -= g * static_cast<T>(1 - p->label_smoothing);
+    }
+  });
+}
+
+template <typename T>
+void dropout_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,
+                    const void* params) {
+  const auto* p = static_cast<const DropoutParams*>(params);
+  const int64_t n = in[0].numel();
+  const T* x = in[0].ptr<const T>();
+  T* y = out[0].ptr<T>();
+  uint8_t* mask = out[1].ptr<uint8_t>();
+  const T scale = p->p < 1.0 ? static_cast<T>(1.0 / (1.0 - p->p)) : T(0);
+  const float threshold = static_cast<float>(p->p);
+  // Chunks start at multiples of 4 so each Philox call serves four consecutive elements.
+  parallel_for(0, (n + 3) / 4, 4096, [&](int64_t b, int64_t e) {
+    for (int64_t c = b; c < e; ++c) {
+      const PhiloxOut r = philox4x32(p->offset + static_cast<uint64_t>(c), 0, p->seed);
+      for (int lane = 0; lane < 4; ++lane) {
+        const int64_t i = c * 4 + lane;
+        if (i >= n) break;
+        const bool keep = philox_uniform(r.v[lane]) >= threshold;
+        mask[i] = keep;
+        y[i] = keep ? x[i] * scale : T(0);
+      }
+    }
+  });
+}
+
+template <typename T>
+void rope_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,
+                 const void* params) {
+  const auto* p = static_cast<const RopeParams*>(params);
+  const TensorArg& xa = in[0];
+  const int64_t B = xa.shape[0], Tn = xa.shape[1], H = xa.shape[2], D = xa.shape[3];
+  const int64_t rot = p->rotary_dim > 0 ? p->rotary_dim : D;
+  MAMMOTH_CHECK(rot % 2 == 0 && rot <= D)
+      << "[rope] rotary dim " << rot << " must be even and at most the head dim " << D;
+  const int64_t half = rot / 2;
+  const T* x = xa.ptr<const T>();
+  T* y = out[0].ptr<T>();
+  const double sign = p->inverse ? -1.0 : 1.0;
+  parallel_for(0, B * Tn, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<T> cs(half), sn(half);
+    for (int64_t bt = b0; bt < b1; ++bt) {
+      const double pos = static_cast<double>(p->position_offset + bt % Tn);
+      for (int64_t i = 0; i < half; ++i) {
+        // inv_freq rounded to float as Hugging Face computes it, for bitwise-close parity
+        const float inv_freq =
+            static_cast<float>(1.0 / std::pow(p->base, static_cast<double>(2 * i) / rot));
+        const double ang = pos * static_cast<double>(inv_freq);
+        cs[i] = static_cast<T>(std::cos(ang));
+        sn[i] = static_cast<T>(sign * std::sin(ang));
+      }
+      for (int64_t h = 0; h < H; ++h) {
+        const T* xr = x + (bt * H + h) * D;
+        T* yr = y + (bt * H + h) * D;
+        for (int64_t i = 0; i < half; ++i) {
+          const T a = xr[i], b = xr[i + half];
+          yr[i] = a * cs[i] - b * sn[i];
+          yr[i + half] = b * cs[i] + a * sn[i];
+        }
+        for (int64_t i = rot; i < D; ++i) yr[i] = xr[i];
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void register_nn(Registry& r) {
+#define MAMMOTH_REG(NAME) \
+  add_float_kernels(r, Kernel::NAME, NAME##_kernel<float>, NAME##_kernel<double>);
+  MAMMOTH_REG(softmax)
+  MAMMOTH_REG(softmax_backward)
+  MAMMOTH_REG(log_softmax)
+  MAMMOTH_REG(log_softmax_backward)
+  MAMMOTH_REG(layer_norm)
+  MAMMOTH_REG(layer_norm_backward)
+  MAMMOTH_REG(rms_norm)
+  MAMMOTH_REG(rms_norm_backward)
+  MAMMOTH_REG(cross_entropy)
+  MAMMOTH_REG(cross_entropy_backward)
+  MAMMOTH_REG(dropout)
+  MAMMOTH_REG(rope)
+#undef MAMMOTH_REG
+}
+
+}  // namespace mammoth::kernels::cpu

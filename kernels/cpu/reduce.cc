@@ -1,0 +1,59 @@
+// CPU reductions over the last dim of a contiguous [M, R] view. The engine permutes the
+// reduced dims to the end first, so one pair of kernels serves every reduction.
+#include <limits>
+
+#include "kernels/cpu/register.h"
+
+namespace mammoth::kernels::cpu {
+namespace {
+
+// Accumulates in double: deterministic, order-fixed, and accurate enough for f64 checks.
+template <typename T>
+void sum_last_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out, const void*) {
+  const int64_t R = in[0].size(-1);
+  const int64_t M = R == 0 ? out[0].numel() : in[0].numel() / R;
+  const T* x = in[0].ptr<const T>();
+  T* y = out[0].ptr<T>();
+  parallel_for(0, M, std::max<int64_t>(1, 16384 / std::max<int64_t>(R, 1)), [&](int64_t b, int64_t e) {
+    for (int64_t m = b; m < e; ++m) {
+      double acc = 0.0;
+      const T* row = x + m * R;
+      for (int64_t r = 0; r < R; ++r) acc += row[r];
+      y[m] = static_cast<T>(acc);
+    }
+  });
+}
+
+// First index of the maximum; NaN propagates (a NaN row reports the first NaN).
+template <typename T>
+void max_last_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out, const void*) {
+  const int64_t R = in[0].size(-1);
+  const int64_t M = in[0].numel() / R;
+  const T* x = in[0].ptr<const T>();
+  T* y = out[0].ptr<T>();
+  int64_t* idx = out[1].ptr<int64_t>();
+  parallel_for(0, M, std::max<int64_t>(1, 16384 / R), [&](int64_t b, int64_t e) {
+    for (int64_t m = b; m < e; ++m) {
+      const T* row = x + m * R;
+      int64_t best = 0;
+      for (int64_t r = 0; r < R; ++r) {
+        if (row[r] != row[r]) {  // NaN wins, as in PyTorch
+          best = r;
+          break;
+        }
+        if (row[r] > row[best]) best = r;
+      }
+      y[m] = row[best];
+      idx[m] = best;
+    }
+  });
+}
+
+}  // namespace
+
+void register_reduce(Registry& r) {
+  add_float_kernels(r, Kernel::sum_last, sum_last_kernel<float>, sum_last_kernel<double>);
+  add_float_kernels(r, Kernel::max_last, max_last_kernel<float>, max_last_kernel<double>);
+}
+
+}  // namespace mammoth::kernels::cpu
