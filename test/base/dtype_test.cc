@@ -80,9 +80,10 @@ uint16_t bf16_reference_round(float x) {
   const double a = std::fabs(static_cast<double>(x));
   const double vlo = std::fabs(static_cast<double>(from_bits(static_cast<uint32_t>(lo) << 16)));
   // Above the largest finite bfloat16 the upper neighbour is infinity, treated as 2^128.
-  const double vhi = (hi & 0x7fff) == 0x7f80
-                         ? std::ldexp(1.0, 128)
-                         : std::fabs(static_cast<double>(from_bits(static_cast<uint32_t>(hi) << 16)));
+  const double vhi =
+      (hi & 0x7fff) == 0x7f80
+          ? std::ldexp(1.0, 128)
+          : std::fabs(static_cast<double>(from_bits(static_cast<uint32_t>(hi) << 16)));
   const double dlo = a - vlo;
   const double dhi = vhi - a;
   if (dlo < dhi) return lo;

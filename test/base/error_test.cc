@@ -57,8 +57,9 @@ TEST_CASE("MAMMOTH_CHECK without a message names the condition", "[error]") {
 
 TEST_CASE("MAMMOTH_THROW always throws and is a std::runtime_error", "[error]") {
   REQUIRE_THROWS_AS(check_positive(-5), std::runtime_error);
-  REQUIRE_THROWS_WITH(check_positive(-5),
-                      Catch::Matchers::EndsWith("[check_positive] expected a positive value, got -5"));
+  REQUIRE_THROWS_WITH(
+      check_positive(-5),
+      Catch::Matchers::EndsWith("[check_positive] expected a positive value, got -5"));
   REQUIRE_THROWS_WITH(check_positive(0), Catch::Matchers::EndsWith("zero is not allowed"));
   REQUIRE_NOTHROW(check_positive(3));
 }

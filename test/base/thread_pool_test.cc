@@ -113,8 +113,7 @@ TEST_CASE("nested parallel_for runs serially inside a chunk", "[thread_pool]") {
   REQUIRE_FALSE(mammoth::in_parallel_region());
 }
 
-TEST_CASE("an exception in a chunk reaches the caller and the pool stays usable",
-          "[thread_pool]") {
+TEST_CASE("an exception in a chunk reaches the caller and the pool stays usable", "[thread_pool]") {
   mammoth::set_num_threads(3);
   REQUIRE_THROWS_WITH(mammoth::parallel_for(0, 300, 1,
                                             [](int64_t b, int64_t) {

@@ -14,8 +14,8 @@ ABSL_FLAG(std::string, name, "mammoth", "a name to print");
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("flags_smoke --steps=N --name=S");
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
-  std::printf("%s\n", absl::StrCat(absl::GetFlag(FLAGS_name), " ", absl::GetFlag(FLAGS_steps),
-                                   " ", rest.size())
+  std::printf("%s\n", absl::StrCat(absl::GetFlag(FLAGS_name), " ", absl::GetFlag(FLAGS_steps), " ",
+                                   rest.size())
                           .c_str());
   return 0;
 }

@@ -1,13 +1,20 @@
 #!/bin/bash
 # Runs device_count (a cc_binary linked to a cuda_library) and checks its answer: on a machine
 # without a GPU cudaGetDeviceCount must report "no CUDA device"; with one, the kernel must run.
+# With --require-device (the "gpu"-tagged variant) only a working device passes.
 set -euo pipefail
+require_device=0
+[[ "${1:-}" == "--require-device" ]] && require_device=1
 out=$(third_party/cuda/testdata/device_count)
 echo "$out"
 case "$out" in
-  "no CUDA device ("*")") ;;
+  "no CUDA device ("*")" | "CUDA disabled (no toolkit)")
+    if [[ $require_device -eq 1 ]]; then
+      echo "a CUDA device is required" >&2
+      exit 1
+    fi
+    ;;
   "CUDA devices: "[1-9]*", kernel: 42") ;;
-  "CUDA disabled (no toolkit)") ;;
   *)
     echo "unexpected output: $out" >&2
     exit 1

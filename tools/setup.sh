@@ -1,0 +1,105 @@
+#!/bin/bash
+# Installs what Mammoth needs on Debian 12, skipping everything already there.
+#
+#   bash tools/setup.sh
+#
+# 1. Debian packages (apt): Bazel 4 (bazel-bootstrap), Open MPI, Abseil, Catch2, liburing,
+#    OpenBLAS, fio, PyTorch and NumPy for the reference checks, python3-venv, clang-format.
+#    `apt-get update` runs only when something is missing.
+# 2. A Python virtual environment at $MAMMOTH_VENV (default ~/.cache/mammoth/venv) made from
+#    Debian's /usr/bin/python3 with --system-site-packages, so it sees torch and numpy, plus the
+#    PyPI clients the tests open our files with: safetensors, tokenizers, tensorboard.
+#
+# Idempotent, and quick when everything is present. Runs as root, or as a user with sudo.
+# The CUDA toolkit is not installed here: the build uses /usr/local/cuda when it exists.
+set -euo pipefail
+
+PACKAGES=(
+  bazel-bootstrap
+  g++
+  binutils
+  openmpi-bin
+  libopenmpi-dev
+  libabsl-dev
+  catch2
+  liburing-dev
+  libopenblas-dev
+  fio
+  python3-torch
+  python3-numpy
+  python3-venv
+  clang-format
+)
+PY_MODULES=(safetensors tokenizers tensorboard)
+
+MAMMOTH_VENV="${MAMMOTH_VENV:-$HOME/.cache/mammoth/venv}"
+
+say() { echo "[setup] $*"; }
+
+as_root() {
+  if [[ "$(id -u)" == 0 ]]; then
+    "$@"
+  elif command -v sudo >/dev/null 2>&1; then
+    sudo "$@"
+  else
+    echo "[setup] need root (or sudo) to run: $*" >&2
+    exit 1
+  fi
+}
+
+# --- Debian packages ---------------------------------------------------------------------
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+  status="$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)"
+  [[ "$status" == "install ok installed" ]] || missing+=("$pkg")
+done
+if [[ ${#missing[@]} -eq 0 ]]; then
+  say "Debian packages: all ${#PACKAGES[@]} present"
+else
+  say "Debian packages missing: ${missing[*]}"
+  say "apt-get update"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q
+  say "apt-get install ${missing[*]}"
+  as_root env DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# --- Python virtual environment -------------------------------------------------------------
+venv_python="$MAMMOTH_VENV/bin/python"
+if [[ ! -x "$venv_python" ]] || ! "$venv_python" -c 'import sys' >/dev/null 2>&1; then
+  say "creating venv $MAMMOTH_VENV (system site packages: torch, numpy)"
+  mkdir -p "$(dirname "$MAMMOTH_VENV")"
+  /usr/bin/python3 -m venv --system-site-packages "$MAMMOTH_VENV"
+else
+  say "venv: $MAMMOTH_VENV"
+fi
+
+# find_spec locates a module without importing it (importing torch or tensorboard takes seconds).
+find_missing_modules() {
+  "$venv_python" - "$@" <<'PY'
+import importlib.util
+import sys
+print(" ".join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))
+PY
+}
+read -r -a missing_py <<<"$(find_missing_modules "${PY_MODULES[@]}")"
+if [[ ${#missing_py[@]} -eq 0 ]]; then
+  say "Python modules: ${PY_MODULES[*]} present"
+else
+  say "pip install ${missing_py[*]}"
+  "$venv_python" -m pip install -q --disable-pip-version-check "${missing_py[@]}"
+fi
+read -r -a missing_sys <<<"$(find_missing_modules torch numpy)"
+if [[ ${#missing_sys[@]} -ne 0 ]]; then
+  echo "[setup] the venv does not see Debian's ${missing_sys[*]} (python3-torch, python3-numpy);" \
+    "remove $MAMMOTH_VENV and rerun" >&2
+  exit 1
+fi
+
+# --- What the build will use -----------------------------------------------------------------
+if [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  say "CUDA toolkit: /usr/local/cuda (CUDA backend will be built)"
+else
+  say "CUDA toolkit: none at /usr/local/cuda (CPU-only build)"
+fi
+say "done"
