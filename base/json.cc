@@ -19,8 +19,11 @@ namespace {
 // Objects up to this size are searched linearly: cheaper than a hash map per small object.
 constexpr size_t kIndexThreshold = 8;
 
-// A short, single-line rendering of a value for error messages.
+// A short, single-line rendering of a value for error messages; containers are summarised
+// rather than serialised, so a type error on a large document stays cheap.
 std::string preview(const Value& v) {
+  if (v.is_array()) return "(array of " + std::to_string(v.size()) + " elements)";
+  if (v.is_object()) return "(object with " + std::to_string(v.size()) + " members)";
   std::string s = dump(v);
   if (s.size() > 40) s = s.substr(0, 37) + "...";
   return s;
