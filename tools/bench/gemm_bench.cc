@@ -1,0 +1,194 @@
+// Benchmarks Mammoth's sgemm (and gemm_bf16) against OpenBLAS on GPT-2 small training shapes.
+//
+// For every shape x transpose x {1 thread, all threads} it prints our GFLOP/s, OpenBLAS's
+// GFLOP/s (the anchor, measured in the same run) and the ratio; each number is the median of
+// a few timed runs after a warm-up. --json FILE writes the rows as a JSON array, one object
+// per row: {name, shape, threads, ours, anchor, unit, ratio}.
+//
+// Debian's OpenBLAS 0.3.21 does not know Zen 4; unless OPENBLAS_CORETYPE is already set, the
+// binary sets it to SkylakeX (the AVX-512 kernels) and re-executes itself, because OpenBLAS
+// reads it when the library is loaded. Usage: gemm_bench [--json FILE] [--reps N] [--quick]
+#include <cblas.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/thread_pool.h"
+#include "kernels/cpu/gemm.h"
+
+extern "C" char* openblas_get_corename();
+extern "C" char* openblas_get_config();
+
+namespace {
+
+namespace kc = mammoth::kernels::cpu;
+
+struct Shape {
+  const char* name;
+  bool trans_a, trans_b;
+  int64_t M, N, K;
+  bool bf16 = false;  // our gemm_bf16 against OpenBLAS sgemm (OpenBLAS here has no sbgemm)
+};
+
+// GPT-2 small, B*T = 4096 tokens, C = 768. Linear weights stored [in, out] for NN forward;
+// the backward passes are dX = dY @ W^T (NT) and dW = X^T @ dY (TN).
+const Shape kShapes[] = {
+    {"qkv_fwd", false, false, 4096, 2304, 768},
+    {"fc_fwd", false, false, 4096, 3072, 768},
+    {"proj_fwd", false, false, 4096, 768, 3072},
+    {"qkv_dx", false, true, 4096, 768, 2304},
+    {"fc_dx", false, true, 4096, 768, 3072},
+    {"qkv_fwd_wT", false, true, 4096, 2304, 768},
+    {"qkv_dw", true, false, 768, 2304, 4096},
+    {"proj_dw", true, false, 3072, 768, 4096},
+    {"square2048", false, false, 2048, 2048, 2048},
+    {"square2048_tt", true, true, 2048, 2048, 2048},
+    {"fc_fwd_bf16", false, false, 4096, 3072, 768, true},
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+template <typename F>
+double median_seconds(int reps, const F& f) {
+  f();  // warm-up: page faults, packing buffers, thread wake-up
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    auto start = std::chrono::steady_clock::now();
+    f();
+    t.push_back(seconds_since(start));
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+uint16_t to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  u += 0x7fff + ((u >> 16) & 1);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (std::getenv("OPENBLAS_CORETYPE") == nullptr) {
+    setenv("OPENBLAS_CORETYPE", "SkylakeX", 1);
+    execv("/proc/self/exe", argv);
+    std::perror("[gemm_bench] re-exec with OPENBLAS_CORETYPE failed; continuing");
+  }
+  std::string json_path;
+  int reps = 5;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--json") && i + 1 < argc) {
+      json_path = argv[++i];
+    } else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) {
+      reps = std::max(1, std::atoi(argv[++i]));
+    } else if (!std::strcmp(argv[i], "--quick")) {
+      quick = true;
+    } else {
+      std::fprintf(stderr, "usage: %s [--json FILE] [--reps N] [--quick]\n", argv[0]);
+      return 2;
+    }
+  }
+  const char* env_core = std::getenv("OPENBLAS_CORETYPE");
+  const char* env_l2 = std::getenv("OPENBLAS_L2_SIZE");
+  const char* env_nt = std::getenv("OPENBLAS_NUM_THREADS");
+  std::printf("OPENBLAS_CORETYPE=%s OPENBLAS_L2_SIZE=%s OPENBLAS_NUM_THREADS=%s\n",
+              env_core ? env_core : "(unset)", env_l2 ? env_l2 : "(unset)",
+              env_nt ? env_nt : "(unset)");
+  std::printf("OpenBLAS core: %s; config: %s\n", openblas_get_corename(), openblas_get_config());
+  std::printf("Mammoth gemm ISA: %s\n", kc::gemm_isa_name(kc::active_gemm_isa()));
+  const int max_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+
+  std::mt19937 rng(42);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  FILE* json = nullptr;
+  if (!json_path.empty()) {
+    json = std::fopen(json_path.c_str(), "w");
+    if (!json) {
+      std::perror(json_path.c_str());
+      return 1;
+    }
+    std::fprintf(json, "[\n");
+  }
+  bool first_row = true;
+  std::printf("%-14s %-4s %-22s %3s %9s %9s %6s %9s\n", "name", "op", "MxNxK", "thr", "ours",
+              "openblas", "ratio", "max_rel");
+  for (const Shape& s : kShapes) {
+    if (quick && s.M * s.N * s.K > 4096LL * 2304 * 768) continue;
+    const int64_t a_rows = s.trans_a ? s.K : s.M, a_cols = s.trans_a ? s.M : s.K;
+    const int64_t b_rows = s.trans_b ? s.N : s.K, b_cols = s.trans_b ? s.K : s.N;
+    std::vector<float> A(a_rows * a_cols), B(b_rows * b_cols), C1(s.M * s.N), C2(s.M * s.N);
+    for (float& x : A) x = dist(rng);
+    for (float& x : B) x = dist(rng);
+    std::vector<uint16_t> Ab, Bb;
+    if (s.bf16) {
+      for (float& x : A) Ab.push_back(to_bf16(x));
+      for (float& x : B) Bb.push_back(to_bf16(x));
+    }
+    const double flops = 2.0 * s.M * s.N * s.K;
+    char op[4] = {s.trans_a ? 'T' : 'N', s.trans_b ? 'T' : 'N', 0, 0};
+    char shape[64];
+    std::snprintf(shape, sizeof(shape), "%ldx%ldx%ld", static_cast<long>(s.M),
+                  static_cast<long>(s.N), static_cast<long>(s.K));
+    for (int threads : {1, max_threads}) {
+      if (threads == max_threads && threads == 1 && !first_row) break;
+      // base's pool loses a wake-up if parallel_for runs before a freshly started worker
+      // reaches its wait (reported to the lead); give new workers time to park first.
+      mammoth::set_num_threads(threads);
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      openblas_set_num_threads(threads);
+      const double ours = median_seconds(reps, [&] {
+        if (s.bf16) {
+          kc::gemm_bf16(s.trans_a, s.trans_b, s.M, s.N, s.K, 1.0f, Ab.data(), a_cols, Bb.data(),
+                        b_cols, 0.0f, C1.data(), s.N);
+        } else {
+          kc::sgemm(s.trans_a, s.trans_b, s.M, s.N, s.K, 1.0f, A.data(), a_cols, B.data(), b_cols,
+                    0.0f, C1.data(), s.N);
+        }
+      });
+      const double anchor = median_seconds(reps, [&] {
+        cblas_sgemm(CblasRowMajor, s.trans_a ? CblasTrans : CblasNoTrans,
+                    s.trans_b ? CblasTrans : CblasNoTrans, s.M, s.N, s.K, 1.0f, A.data(), a_cols,
+                    B.data(), b_cols, 0.0f, C2.data(), s.N);
+      });
+      // OpenBLAS's workers spin for a while after a call; let them sleep before we time ours.
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      double max_rel = 0, scale = 0;
+      for (size_t i = 0; i < C1.size(); ++i) scale = std::max(scale, std::fabs((double)C2[i]));
+      for (size_t i = 0; i < C1.size(); ++i) {
+        max_rel = std::max(max_rel, std::fabs((double)C1[i] - C2[i]) / std::max(scale, 1e-30));
+      }
+      const double g_ours = flops / ours / 1e9, g_anchor = flops / anchor / 1e9;
+      std::printf("%-14s %-4s %-22s %3d %9.1f %9.1f %6.3f %9.2e\n", s.name, op, shape, threads,
+                  g_ours, g_anchor, g_ours / g_anchor, max_rel);
+      std::fflush(stdout);
+      if (json) {
+        std::fprintf(json,
+                     "%s  {\"name\": \"%s_%s%s\", \"shape\": \"%s\", \"threads\": %d, \"ours\": "
+                     "%.2f, \"anchor\": %.2f, \"unit\": \"GFLOP/s\", \"ratio\": %.4f}",
+                     first_row ? "" : ",\n", s.name, op, s.bf16 ? "_vs_openblas_sgemm" : "", shape,
+                     threads, g_ours, g_anchor, g_ours / g_anchor);
+      }
+      first_row = false;
+      if (max_threads == 1) break;
+    }
+  }
+  if (json) {
+    std::fprintf(json, "\n]\n");
+    std::fclose(json);
+  }
+  return 0;
+}
