@@ -1,0 +1,64 @@
+#include "models/config.h"
+
+#include "base/error.h"
+
+namespace mammoth::models {
+
+const char* family_name(Family f) {
+  switch (f) {
+    case Family::kGpt2: return "gpt2";
+    case Family::kLlama: return "llama";
+    case Family::kBert: return "bert";
+    case Family::kVit: return "vit";
+  }
+  return "?";
+}
+
+Family family_from_name(const std::string& name) {
+  for (Family f : {Family::kGpt2, Family::kLlama, Family::kBert, Family::kVit}) {
+    if (name == family_name(f)) return f;
+  }
+  MAMMOTH_THROW() << "[models] unknown model family '" << name
+                  << "' (known: gpt2, llama, bert, vit)";
+}
+
+void ModelConfig::validate() const {
+  const std::string where = "[ModelConfig] " + name + ": ";
+  MAMMOTH_CHECK(n_layer > 0) << where << "n_layer must be positive, got " << n_layer;
+  MAMMOTH_CHECK(n_head > 0) << where << "n_head must be positive, got " << n_head;
+  MAMMOTH_CHECK(d_model > 0 && d_model % n_head == 0)
+      << where << "d_model " << d_model << " must be a positive multiple of n_head " << n_head;
+  MAMMOTH_CHECK(n_kv_head > 0 && n_head % n_kv_head == 0)
+      << where << "n_head " << n_head << " must be a multiple of n_kv_head " << n_kv_head;
+  MAMMOTH_CHECK(d_ff > 0) << where << "d_ff must be positive, got " << d_ff;
+  MAMMOTH_CHECK(norm_eps > 0) << where << "norm_eps must be positive, got " << norm_eps;
+  MAMMOTH_CHECK(dropout >= 0 && dropout < 1 && attn_dropout >= 0 && attn_dropout < 1)
+      << where << "dropout must be in [0, 1), got " << dropout << " / " << attn_dropout;
+  MAMMOTH_CHECK(is_floating(dtype)) << where << "dtype must be floating, got " << dtype_name(dtype);
+  if (family != Family::kVit) {
+    MAMMOTH_CHECK(vocab_size > 0) << where << "vocab_size must be positive, got " << vocab_size;
+    MAMMOTH_CHECK(max_seq > 0) << where << "max_seq must be positive, got " << max_seq;
+  }
+  if (family == Family::kLlama) {
+    MAMMOTH_CHECK(head_dim() % 2 == 0) << where << "rotary embeddings need an even head_dim, got "
+                                       << head_dim();
+  } else {
+    MAMMOTH_CHECK(n_kv_head == n_head) << where << family_name(family)
+                                       << " has no grouped-query attention: n_kv_head "
+                                       << n_kv_head << " != n_head " << n_head;
+  }
+  if (family == Family::kBert) {
+    MAMMOTH_CHECK(type_vocab_size > 0)
+        << where << "type_vocab_size must be positive, got " << type_vocab_size;
+  }
+  if (family == Family::kVit) {
+    MAMMOTH_CHECK(patch_size > 0 && image_size > 0 && image_size % patch_size == 0)
+        << where << "image_size " << image_size << " must be a positive multiple of patch_size "
+        << patch_size;
+    MAMMOTH_CHECK(num_channels > 0) << where << "num_channels must be positive, got "
+                                    << num_channels;
+  }
+  MAMMOTH_CHECK(num_labels >= 0) << where << "num_labels must be >= 0, got " << num_labels;
+}
+
+}  // namespace mammoth::models

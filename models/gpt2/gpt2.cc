@@ -1,0 +1,108 @@
+#include "models/gpt2/gpt2.h"
+
+#include <cmath>
+#include <tuple>
+
+#include "engine/ops.h"
+
+namespace mammoth::models {
+
+using engine::Tensor;
+using engine::nn::Dropout;
+using engine::nn::Embedding;
+using engine::nn::LayerNorm;
+using engine::nn::Linear;
+
+Gpt2Attention::Gpt2Attention(const ModelConfig& c) : config_(c) {
+  const double proj_std = 0.02 / std::sqrt(2.0 * c.n_layer);
+  c_attn = register_module("c_attn", std::make_shared<Linear>(c.d_model, 3 * c.d_model, true,
+                                                              c.dtype));
+  c_proj = register_module(
+      "c_proj", std::make_shared<ScaledLinear>(c.d_model, c.d_model, true, c.dtype, proj_std));
+  resid_dropout_ = register_module("resid_dropout", std::make_shared<Dropout>(c.dropout));
+}
+
+Tensor Gpt2Attention::forward(const Tensor& x, KVCache* cache, int64_t layer) const {
+  const int64_t C = config_.d_model;
+  std::vector<Tensor> qkv = engine::split(c_attn->forward(x), {C, C, C}, -1);  // [B, T, C] each
+  Tensor q = split_heads(qkv[0], config_.n_head);  // [B, H, T, D]
+  Tensor k = split_heads(qkv[1], config_.n_head);
+  Tensor v = split_heads(qkv[2], config_.n_head);
+  if (cache != nullptr) std::tie(k, v) = cache->append(layer, k, v);
+  Tensor y = attend(q, k, v, {.causal = true}, config_.attn_dropout, is_training());
+  return resid_dropout_->forward(c_proj->forward(merge_heads(y)));
+}
+
+Gpt2Mlp::Gpt2Mlp(const ModelConfig& c) {
+  const double proj_std = 0.02 / std::sqrt(2.0 * c.n_layer);
+  c_fc = register_module("c_fc", std::make_shared<Linear>(c.d_model, c.d_ff, true, c.dtype));
+  c_proj = register_module(
+      "c_proj", std::make_shared<ScaledLinear>(c.d_ff, c.d_model, true, c.dtype, proj_std));
+  dropout_ = register_module("dropout", std::make_shared<Dropout>(c.dropout));
+}
+
+Tensor Gpt2Mlp::forward(const Tensor& x) const {
+  return dropout_->forward(c_proj->forward(engine::gelu_tanh(c_fc->forward(x))));
+}
+
+Gpt2Block::Gpt2Block(const ModelConfig& c) {
+  ln_1 = register_module("ln_1", std::make_shared<LayerNorm>(c.d_model, c.norm_eps, c.dtype));
+  attn = register_module("attn", std::make_shared<Gpt2Attention>(c));
+  ln_2 = register_module("ln_2", std::make_shared<LayerNorm>(c.d_model, c.norm_eps, c.dtype));
+  mlp = register_module("mlp", std::make_shared<Gpt2Mlp>(c));
+}
+
+Tensor Gpt2Block::forward(const Tensor& x, KVCache* cache, int64_t layer) const {
+  Tensor h1 = x + attn->forward(ln_1->forward(x), cache, layer);
+  return h1 + mlp->forward(ln_2->forward(h1));
+}
+
+Gpt2::Gpt2(ModelConfig config) : config_(std::move(config)) {
+  config_.validate();
+  const ModelConfig& c = config_;
+  MAMMOTH_CHECK(c.tie_embeddings) << "[Gpt2] GPT-2 ties its LM head to wte; tie_embeddings=false "
+                                     "is not supported";
+  wte = register_module("wte", std::make_shared<Embedding>(c.vocab_size, c.d_model, c.dtype));
+  wpe = register_module("wpe", std::make_shared<Embedding>(c.max_seq, c.d_model, c.dtype));
+  drop_ = register_module("drop", std::make_shared<Dropout>(c.dropout));
+  h = register_module("h", std::make_shared<ModuleList<Gpt2Block>>());
+  for (int64_t l = 0; l < c.n_layer; ++l) h->add(std::make_shared<Gpt2Block>(config_));
+  ln_f = register_module("ln_f", std::make_shared<LayerNorm>(c.d_model, c.norm_eps, c.dtype));
+}
+
+Tensor Gpt2::run(const Tensor& ids, KVCache* cache) {
+  MAMMOTH_CHECK(ids.dim() == 2 && ids.dtype() == DType::kI64)
+      << "[Gpt2::forward] ids must be i64 [B, T], got " << dtype_name(ids.dtype()) << " "
+      << engine::shape_str(ids.shape());
+  const int64_t T = ids.size(1);
+  const int64_t offset = cache != nullptr ? cache->length : 0;
+  MAMMOTH_CHECK(offset + T <= config_.max_seq)
+      << "[Gpt2::forward] positions up to " << offset + T << " exceed max_seq "
+      << config_.max_seq;
+  Tensor x = wte->forward(ids) + wpe->forward(positions(offset, T));  // [B, T, C]
+  x = drop_->forward(x);
+  for (size_t l = 0; l < h->size(); ++l) x = (*h)[l].forward(x, cache, static_cast<int64_t>(l));
+  if (cache != nullptr) cache->length += T;
+  return engine::linear(ln_f->forward(x), wte->weight);  // tied head: [B, T, V]
+}
+
+Tensor Gpt2::forward(const Tensor& ids) { return run(ids, nullptr); }
+
+Tensor Gpt2::forward_cached(const Tensor& ids, KVCache* cache) {
+  MAMMOTH_CHECK(cache != nullptr) << "[Gpt2::forward_cached] cache is null";
+  return run(ids, cache);
+}
+
+HfLayout Gpt2::hf_layout() const {
+  HfLayout layout;
+  for (const auto& [name, t] : named_parameters()) {
+    // Conv1D modules: every 2-D weight inside the blocks (c_attn, c_proj, c_fc).
+    const bool conv1d = name.rfind("h.", 0) == 0 && t.dim() == 2;
+    layout.params.push_back({name, name, conv1d, false});
+  }
+  layout.prefix_aliases = {{"", "transformer."}};
+  layout.ignored = {"*.attn.bias", "*.attn.masked_bias", "lm_head.weight"};
+  return layout;
+}
+
+}  // namespace mammoth::models

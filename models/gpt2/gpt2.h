@@ -1,0 +1,69 @@
+// GPT-2 (Radford et al. 2019) as in Hugging Face's GPT2LMHeadModel: pre-LN blocks, learned
+// position embeddings, GELU (tanh approximation), LM head tied to the token embedding.
+//
+// Parameter names are GPT2Model's ("wte.weight", "h.0.attn.c_attn.weight", "ln_f.bias").
+// Linear weights are kept as [out, in] like nn.Linear; HF's Conv1D stores [in, out], so the
+// layout marks them transposed and models/weights.cc transposes on load and save.
+#pragma once
+
+#include <memory>
+
+#include "engine/nn/module.h"
+#include "models/layers.h"
+#include "models/model.h"
+
+namespace mammoth::models {
+
+class Gpt2Attention : public engine::nn::Module {
+ public:
+  explicit Gpt2Attention(const ModelConfig& c);
+  // x [B, T, C]; with a cache, T new positions after cache->length.
+  engine::Tensor forward(const engine::Tensor& x, KVCache* cache, int64_t layer) const;
+  std::shared_ptr<engine::nn::Linear> c_attn;  // [3C, C]: q, k, v
+  std::shared_ptr<ScaledLinear> c_proj;        // [C, C]
+
+ private:
+  const ModelConfig& config_;
+  std::shared_ptr<engine::nn::Dropout> resid_dropout_;
+};
+
+class Gpt2Mlp : public engine::nn::Module {
+ public:
+  explicit Gpt2Mlp(const ModelConfig& c);
+  engine::Tensor forward(const engine::Tensor& x) const;
+  std::shared_ptr<engine::nn::Linear> c_fc;  // [d_ff, C]
+  std::shared_ptr<ScaledLinear> c_proj;      // [C, d_ff]
+
+ private:
+  std::shared_ptr<engine::nn::Dropout> dropout_;
+};
+
+class Gpt2Block : public engine::nn::Module {
+ public:
+  explicit Gpt2Block(const ModelConfig& c);
+  engine::Tensor forward(const engine::Tensor& x, KVCache* cache, int64_t layer) const;
+  std::shared_ptr<engine::nn::LayerNorm> ln_1, ln_2;
+  std::shared_ptr<Gpt2Attention> attn;
+  std::shared_ptr<Gpt2Mlp> mlp;
+};
+
+class Gpt2 : public LanguageModel {
+ public:
+  explicit Gpt2(ModelConfig config);
+  engine::Tensor forward(const engine::Tensor& ids) override;
+  bool supports_kv_cache() const override { return true; }
+  engine::Tensor forward_cached(const engine::Tensor& ids, KVCache* cache) override;
+  const ModelConfig& config() const override { return config_; }
+  HfLayout hf_layout() const override;
+
+  std::shared_ptr<engine::nn::Embedding> wte, wpe;
+  std::shared_ptr<ModuleList<Gpt2Block>> h;
+  std::shared_ptr<engine::nn::LayerNorm> ln_f;
+
+ private:
+  engine::Tensor run(const engine::Tensor& ids, KVCache* cache);
+  ModelConfig config_;
+  std::shared_ptr<engine::nn::Dropout> drop_;
+};
+
+}  // namespace mammoth::models

@@ -1,0 +1,68 @@
+#include "models/layers.h"
+
+#include <cmath>
+
+#include "engine/autograd.h"
+#include "engine/nn/rng.h"
+
+namespace mammoth::models {
+
+using engine::Tensor;
+
+void ScaledLinear::init_own(uint64_t seed, const std::string& prefix) {
+  engine::nn::init_normal(weight, seed, engine::nn::name_stream(prefix + "weight"), 0.0, stddev_);
+  if (bias.defined()) engine::fill_(bias, 0.0);
+}
+
+Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v,
+              const engine::AttentionOptions& options, double dropout_p, bool training) {
+  if (!training || dropout_p == 0.0) return engine::attention(q, k, v, options);
+  const int64_t B = q.size(0), Hq = q.size(1), Tq = q.size(2), D = q.size(3);
+  const int64_t Hk = k.size(1), Tk = k.size(2);
+  MAMMOTH_CHECK(Hk > 0 && Hq % Hk == 0)
+      << "[attend] query heads " << Hq << " must be a multiple of key heads " << Hk;
+  Tensor kk = k, vv = v;
+  if (Hk != Hq) {  // grouped-query: repeat each key/value head for its group of query heads
+    const int64_t g = Hq / Hk;
+    kk = k.unsqueeze(2).expand({B, Hk, g, Tk, D}).reshape({B, Hq, Tk, D});
+    vv = v.unsqueeze(2).expand({B, Hk, g, Tk, D}).reshape({B, Hq, Tk, D});
+  }
+  const double scale = options.scale != 0.0 ? options.scale : 1.0 / std::sqrt(double(D));
+  Tensor scores = engine::matmul(q, kk.transpose(2, 3)) * scale;  // [B, Hq, Tq, Tk]
+  if (options.causal) {
+    // Query i sits at position i + (Tk - Tq): it sees keys up to there (bottom-right aligned,
+    // as engine::attention does for cached decoding).
+    std::vector<double> future(static_cast<size_t>(Tq * Tk));
+    for (int64_t i = 0; i < Tq; ++i)
+      for (int64_t j = 0; j < Tk; ++j) future[i * Tk + j] = j > i + (Tk - Tq) ? 1.0 : 0.0;
+    scores = engine::masked_fill(scores, Tensor::from_vector(future, {Tq, Tk}, DType::kBool),
+                                 -1e30);
+  }
+  if (options.key_mask.defined()) {
+    // keep 1 -> +0, pad 0 -> -1e30, broadcast over heads and queries
+    Tensor bias = (engine::cast(options.key_mask, scores.dtype()) - 1.0) * 1e30;
+    scores = scores + bias.view({B, 1, 1, Tk});
+  }
+  Tensor probs = engine::softmax(scores, -1);
+  probs = engine::dropout(probs, dropout_p, engine::nn::rng_state().seed,
+                          engine::nn::rng_reserve(probs.numel()), true);
+  return engine::matmul(probs, vv);
+}
+
+Tensor split_heads(const Tensor& x, int64_t heads) {
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
+  return x.reshape({B, T, heads, C / heads}).permute({0, 2, 1, 3});
+}
+
+Tensor merge_heads(const Tensor& x) {
+  const int64_t B = x.size(0), H = x.size(1), T = x.size(2), D = x.size(3);
+  return x.permute({0, 2, 1, 3}).reshape({B, T, H * D});
+}
+
+Tensor positions(int64_t offset, int64_t t) {
+  std::vector<int64_t> p(static_cast<size_t>(t));
+  for (int64_t i = 0; i < t; ++i) p[i] = offset + i;
+  return Tensor::from_ints(p, {t});
+}
+
+}  // namespace mammoth::models

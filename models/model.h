@@ -1,0 +1,79 @@
+// The interfaces every model of the zoo implements: Model (config + Hugging Face weight layout)
+// and LanguageModel (token ids -> logits, a loss, and incremental decoding with a KV cache).
+//
+//   std::shared_ptr<LanguageModel> m = create_language_model("gpt2-tiny");   // registry.h
+//   Tensor logits = m->forward(ids);          // ids i64 [B, T] -> [B, T, V]
+//   Tensor loss = m->loss(ids);               // next-token cross-entropy
+//   loss.backward();
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/nn/module.h"
+#include "engine/tensor.h"
+#include "models/config.h"
+
+namespace mammoth::models {
+
+// Where one of our parameters lives in a Hugging Face checkpoint.
+struct HfParam {
+  std::string param;        // our name, as in named_parameters()
+  std::string hf_name;      // the canonical name in HF files (what save writes)
+  bool transposed = false;  // the file holds the 2-D weight as [in, out] (GPT-2's Conv1D)
+  bool optional = false;    // may be missing on load (a task head HF would "newly initialise")
+};
+
+// A family's mapping between our parameters and a Hugging Face state dict.
+struct HfLayout {
+  std::vector<HfParam> params;
+  // (from, to): a file name may also spell a hf_name that starts with `from` as `to` + rest.
+  // GPT-2 {"", "transformer."} accepts GPT2LMHeadModel's prefixed names besides GPT2Model's.
+  std::vector<std::pair<std::string, std::string>> prefix_aliases;
+  // Tensors that may sit in a file without being parameters: buffers (attn.bias masks,
+  // position_ids, rotary inv_freq), tied copies (lm_head.weight), heads we do not build.
+  // An entry ending in '*' matches a prefix; one starting with '*' matches a suffix.
+  std::vector<std::string> ignored;
+};
+
+// Every zoo model: a Module with a config and a Hugging Face weight layout.
+class Model : public engine::nn::Module {
+ public:
+  virtual const ModelConfig& config() const = 0;
+  // Default: every parameter under its own name, none transposed.
+  virtual HfLayout hf_layout() const;
+};
+
+// Keys and values of past positions, per layer, for incremental decoding.
+struct KVCache {
+  std::vector<engine::Tensor> k, v;  // per layer [B, Hk, capacity, head_dim]
+  int64_t length = 0;                // positions filled
+  int64_t capacity = 0;
+
+  // Appends k, v [B, Hk, t, D] of `layer` at position `length` (no autograd) and returns the
+  // keys and values of positions [0, length + t). The caller advances `length` once per step.
+  std::pair<engine::Tensor, engine::Tensor> append(int64_t layer, const engine::Tensor& k_new,
+                                                   const engine::Tensor& v_new);
+};
+
+class LanguageModel : public Model {
+ public:
+  // ids i64 [B, T] -> logits [B, T, V]
+  virtual engine::Tensor forward(const engine::Tensor& ids) = 0;
+  // Mean cross-entropy. Without targets: next-token prediction, logits[:, :-1] against
+  // ids[:, 1:] (T-1 predictions per row). With targets i64 [B, T]: logits against targets,
+  // positions with -100 ignored (BERT's masked-LM labels).
+  virtual engine::Tensor loss(const engine::Tensor& ids,
+                              const engine::Tensor& targets = engine::Tensor());
+
+  // Causal models: logits [B, t, V] for `ids` [B, t] that continue the positions already in
+  // `cache`; appends their keys and values and advances cache->length by t.
+  virtual bool supports_kv_cache() const { return false; }
+  virtual engine::Tensor forward_cached(const engine::Tensor& ids, KVCache* cache);
+  // An empty cache for `batch` sequences of up to `capacity` positions.
+  KVCache make_cache(int64_t batch, int64_t capacity) const;
+};
+
+}  // namespace mammoth::models

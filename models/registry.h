@@ -1,0 +1,62 @@
+// Named model configurations and Hugging Face model directories.
+//
+// A model is named either by a registered config ("gpt2-tiny", "gpt2", "llama-7b", "bert-base",
+// "vit-base-patch16-224", ...) or by a directory in Hugging Face's layout: config.json (its
+// model_type picks the family) beside an optional model.safetensors.
+//
+//   auto m = models::create_language_model("gpt2-tiny", {.vocab_size = 4096, .seed = 1});
+//   auto v = models::create_model("/data/vit-base-patch16-224");  // loads model.safetensors
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/json.h"
+#include "models/config.h"
+#include "models/model.h"
+
+namespace mammoth::models {
+
+// Changes applied on top of the named or loaded config.
+struct ModelOptions {
+  std::optional<int64_t> vocab_size;  // e.g. the trainer's tokenizer size
+  std::optional<int64_t> max_seq;
+  std::optional<double> dropout;       // sets dropout and attn_dropout
+  std::optional<int64_t> num_labels;   // BERT / ViT classification head
+  std::optional<DType> dtype;          // parameter storage dtype
+  uint64_t seed = 0;                   // init(seed) when no weights are loaded
+  bool load_weights = true;            // load DIR/model.safetensors when a directory has one
+};
+
+// Registered config names, in registration order.
+std::vector<std::string> registered_names();
+// True when `name` is a registered config.
+bool is_registered(const std::string& name);
+
+// The config for a registered name or a model directory (throws listing the known names).
+ModelConfig resolve_config(const std::string& name_or_dir);
+// Applies options' overrides and validates.
+ModelConfig apply_options(ModelConfig config, const ModelOptions& options);
+
+// Hugging Face config.json <-> ModelConfig. `what` names the source in errors.
+ModelConfig config_from_hf_json(const json::Value& hf, const std::string& what);
+json::Value config_to_hf_json(const ModelConfig& config);
+
+// A freshly initialised (init(seed)) model of `config`'s family.
+std::shared_ptr<Model> build_model(const ModelConfig& config, uint64_t seed = 0);
+
+// The model for a name or directory; a directory's model.safetensors is loaded when present
+// (and options.load_weights), otherwise parameters are initialised from options.seed.
+std::shared_ptr<Model> create_model(const std::string& name_or_dir,
+                                    const ModelOptions& options = {});
+// As create_model, for causal/masked LMs (GPT-2, LLaMA, BERT); throws for ViT.
+std::shared_ptr<LanguageModel> create_language_model(const std::string& name_or_dir,
+                                                     const ModelOptions& options = {});
+
+// Writes DIR/config.json and DIR/model.safetensors (HF names and layouts), creating DIR.
+void save_pretrained(const Model& model, const std::string& dir);
+
+}  // namespace mammoth::models
