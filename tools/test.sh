@@ -96,7 +96,7 @@ done <<<"$expected"
 # Exit 1 with every test passing means something other than a test failed to build.
 if [[ $bazel_rc -ne 0 && $bazel_rc -ne 3 && $failed -eq 0 ]]; then
   failed=$((failed + 1))
-  failed_names+=("bazel exited with status $bazel_rc (a non-test target failed to build?)")
+  failed_names+=("bazel exited with status $bazel_rc (a package failed to load or a target failed to build; see above)")
 fi
 
 echo
