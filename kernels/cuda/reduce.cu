@@ -1,0 +1,110 @@
+// CUDA reductions over the last dim of a contiguous [M, R] view: sum_last and max_last, one
+// block per row. Sums accumulate in float in a fixed tree order (deterministic).
+#include "kernels/cuda/common.cuh"
+
+namespace mammoth::kernels::cuda {
+namespace {
+
+template <typename T>
+__global__ void sum_last_rows(const T* __restrict__ x, T* __restrict__ y, int64_t R) {
+  const int64_t m = blockIdx.x;
+  const T* row = x + m * R;
+  float acc = 0.0f;
+  for (int64_t r = threadIdx.x; r < R; r += blockDim.x) acc += to_float(row[r]);
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) y[m] = from_float<T>(acc);
+}
+
+template <typename T>
+__global__ void zero_rows(T* y, int64_t M) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < M;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    y[i] = from_float<T>(0.0f);
+  }
+}
+
+template <typename T>
+void sum_last_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out, const void*) {
+  const int64_t R = in[0].ndim == 0 ? 1 : in[0].size(-1);
+  const int64_t M = out[0].numel();
+  if (M == 0) return;
+  if (R == 0) {
+    zero_rows<<<grid_for(M, 256), 256, 0, stream()>>>(out[0].ptr<T>(), M);
+  } else {
+    // One block per row; the grid's x dimension holds 2^31-1 rows.
+    sum_last_rows<<<static_cast<unsigned>(M), row_threads(R, 512), 0, stream()>>>(
+        in[0].ptr<const T>(), out[0].ptr<T>(), R);
+  }
+  CUDA_CHECK_LAUNCH("sum_last");
+}
+
+// (value, index) ordering of PyTorch's max: NaN beats numbers, then larger, then lower index.
+__device__ __forceinline__ bool better(float v, int64_t i, float bv, int64_t bi) {
+  const bool vn = v != v, bn = bv != bv;
+  if (vn != bn) return vn;
+  if (vn) return i < bi;
+  if (v != bv) return v > bv;
+  return i < bi;
+}
+
+template <typename T>
+__global__ void max_last_rows(const T* __restrict__ x, T* __restrict__ y, int64_t* __restrict__ idx,
+                              int64_t R) {
+  const int64_t m = blockIdx.x;
+  const T* row = x + m * R;
+  float best = -INFINITY;
+  int64_t best_i = INT64_MAX;
+  for (int64_t r = threadIdx.x; r < R; r += blockDim.x) {
+    const float v = to_float(row[r]);
+    if (best_i == INT64_MAX || better(v, r, best, best_i)) {
+      best = v;
+      best_i = r;
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+    const int64_t oi = __shfl_xor_sync(0xffffffffu, best_i, o);
+    if (oi != INT64_MAX && (best_i == INT64_MAX || better(ov, oi, best, best_i))) {
+      best = ov;
+      best_i = oi;
+    }
+  }
+  __shared__ float sv[32];
+  __shared__ int64_t si[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) {
+    sv[warp] = best;
+    si[warp] = best_i;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w) {
+      if (si[w] != INT64_MAX && (best_i == INT64_MAX || better(sv[w], si[w], best, best_i))) {
+        best = sv[w];
+        best_i = si[w];
+      }
+    }
+    y[m] = row[best_i];
+    idx[m] = best_i;
+  }
+}
+
+template <typename T>
+void max_last_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out, const void*) {
+  const int64_t R = in[0].size(-1);
+  const int64_t M = out[0].numel();
+  if (M == 0) return;
+  MAMMOTH_CHECK(R > 0) << "[max_last] cannot take the max of an empty dim (" << M << " rows)";
+  max_last_rows<<<static_cast<unsigned>(M), row_threads(R, 512), 0, stream()>>>(
+      in[0].ptr<const T>(), out[0].ptr<T>(), out[1].ptr<int64_t>(), R);
+  CUDA_CHECK_LAUNCH("max_last");
+}
+
+}  // namespace
+
+void register_reduce(Registry& r) {
+  MAMMOTH_CUDA_REG3(r, sum_last, sum_last_kernel);
+  MAMMOTH_CUDA_REG3(r, max_last, max_last_kernel);
+}
+
+}  // namespace mammoth::kernels::cuda
