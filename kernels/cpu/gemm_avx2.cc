@@ -1,6 +1,9 @@
 // AVX2 + FMA GEMM micro-kernel, compiled with -mavx2 -mfma; used on CPUs without AVX-512 (and
 // forced by tests). 6 x 16 is the classic Haswell tile: 12 ymm accumulators, 2 B loads and
-// 6 A broadcasts per k step, leaving registers for the B vectors and a broadcast.
+// 6 A broadcasts per k step, leaving registers for the B vectors and a broadcast. Zen 4 runs
+// two 256-bit FMAs per cycle, so this path reaches the same peak as AVX-512 there. Blocking
+// (measured on the GPT-2 shapes): KC = 768 (an 18 KB A micro-panel in L1, whole K for the
+// forward GEMMs), NC = 256 (768 KB packed B block in L2), MC = 4096 rows.
 #include <immintrin.h>
 
 #include "kernels/cpu/gemm_internal.h"
@@ -8,13 +11,20 @@
 namespace mammoth::kernels::cpu::internal {
 namespace {
 
+#ifndef MAMMOTH_GEMM256_KC
+#define MAMMOTH_GEMM256_KC 768
+#endif
+#ifndef MAMMOTH_GEMM256_NC
+#define MAMMOTH_GEMM256_NC 256
+#endif
+
 template <int MR, int NV>
 struct Avx2F32 {
   using Packed = float;
   static constexpr int kMR = MR, kNR = 8 * NV, kKP = 1;
-  static constexpr int64_t kKC = 384;
-  static constexpr int64_t kMC = 2400 / MR * MR;
-  static constexpr int64_t kNC = 512 / kNR * kNR;
+  static constexpr int64_t kKC = MAMMOTH_GEMM256_KC;
+  static constexpr int64_t kMC = (4096 + MR - 1) / MR * MR;
+  static constexpr int64_t kNC = MAMMOTH_GEMM256_NC / kNR * kNR;
 
   static void micro(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, float alpha,
                     float beta) {

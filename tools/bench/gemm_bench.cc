@@ -8,6 +8,8 @@
 // Debian's OpenBLAS 0.3.21 does not know Zen 4; unless OPENBLAS_CORETYPE is already set, the
 // binary sets it to SkylakeX (the AVX-512 kernels) and re-executes itself, because OpenBLAS
 // reads it when the library is loaded. Usage: gemm_bench [--json FILE] [--reps N] [--quick]
+// [--filter NAME]
+// [--threads N] [--isa avx512|avx2|portable]
 #include <cblas.h>
 #include <unistd.h>
 
@@ -90,6 +92,8 @@ int main(int argc, char** argv) {
   std::string json_path;
   int reps = 5;
   bool quick = false;
+  std::string filter;    // run only shapes whose name contains this
+  int only_threads = 0;  // 0: 1 thread and all threads
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) {
       json_path = argv[++i];
@@ -97,8 +101,21 @@ int main(int argc, char** argv) {
       reps = std::max(1, std::atoi(argv[++i]));
     } else if (!std::strcmp(argv[i], "--quick")) {
       quick = true;
+    } else if (!std::strcmp(argv[i], "--filter") && i + 1 < argc) {
+      filter = argv[++i];
+    } else if (!std::strcmp(argv[i], "--isa") && i + 1 < argc) {
+      const std::string isa = argv[++i];
+      kc::set_gemm_isa(isa == "avx512"     ? kc::GemmIsa::kAvx512
+                       : isa == "avx2"     ? kc::GemmIsa::kAvx2
+                       : isa == "portable" ? kc::GemmIsa::kPortable
+                                           : kc::GemmIsa::kAuto);
+    } else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) {
+      only_threads = std::atoi(argv[++i]);
     } else {
-      std::fprintf(stderr, "usage: %s [--json FILE] [--reps N] [--quick]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--json FILE] [--reps N] [--quick] [--filter NAME] [--threads N]\n   "
+                   "             [--isa avx512|avx2|portable]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -128,6 +145,7 @@ int main(int argc, char** argv) {
               "openblas", "ratio", "max_rel");
   for (const Shape& s : kShapes) {
     if (quick && s.M * s.N * s.K > 4096LL * 2304 * 768) continue;
+    if (!filter.empty() && std::string(s.name).find(filter) == std::string::npos) continue;
     const int64_t a_rows = s.trans_a ? s.K : s.M, a_cols = s.trans_a ? s.M : s.K;
     const int64_t b_rows = s.trans_b ? s.N : s.K, b_cols = s.trans_b ? s.K : s.N;
     std::vector<float> A(a_rows * a_cols), B(b_rows * b_cols), C1(s.M * s.N), C2(s.M * s.N);
@@ -144,7 +162,7 @@ int main(int argc, char** argv) {
     std::snprintf(shape, sizeof(shape), "%ldx%ldx%ld", static_cast<long>(s.M),
                   static_cast<long>(s.N), static_cast<long>(s.K));
     for (int threads : {1, max_threads}) {
-      if (threads == max_threads && threads == 1 && !first_row) break;
+      if (only_threads > 0 && threads != only_threads) continue;
       // base's pool loses a wake-up if parallel_for runs before a freshly started worker
       // reaches its wait (reported to the lead); give new workers time to park first.
       mammoth::set_num_threads(threads);

@@ -148,7 +148,7 @@ TEST_CASE("sgemm matches the reference on awkward sizes, every ISA, 1 and 2 thre
   std::mt19937 rng(1);
   // Mixed shapes: GEMV-like, K beyond one K block, M beyond one M block, N beyond one N block.
   const int64_t mixed[][3] = {{1, 257, 33},   {257, 1, 65},    {13, 127, 7},   {33, 65, 257},
-                              {1, 700, 1000}, {700, 1, 500},   {31, 45, 1000}, {2500, 17, 5},
+                              {1, 700, 1000}, {700, 1, 500},   {31, 45, 1000}, {4200, 17, 5},
                               {5, 1100, 9},   {130, 200, 400}, {64, 64, 64}};
   for (int threads : {1, 2}) {
     use_threads(threads);
@@ -280,8 +280,8 @@ float from_bf16(uint16_t h) {
 TEST_CASE("gemm_bf16 matches an fp32 reference on the bf16 values") {
   IsaGuard guard;
   std::mt19937 rng(3);
-  const int64_t shapes[][3] = {{1, 1, 1},     {7, 13, 3},     {33, 65, 31},  {127, 31, 257},
-                               {13, 40, 900}, {257, 257, 65}, {1, 300, 129}, {300, 1, 77}};
+  const int64_t shapes[][3] = {{1, 1, 1},      {7, 13, 3},     {33, 65, 31},  {127, 31, 257},
+                               {13, 40, 1700}, {257, 257, 65}, {1, 300, 129}, {300, 1, 77}};
   for (int threads : {1, 2}) {
     use_threads(threads);
     for (GemmIsa isa : supported_isas()) {
@@ -327,8 +327,8 @@ TEST_CASE("sgemm_fused adds the bias and applies GELU (tanh)") {
     for (GemmIsa isa : supported_isas()) {
       set_gemm_isa(isa);
       for (GemmActivation act : {GemmActivation::kNone, GemmActivation::kGeluTanh}) {
-        // K = 700 spans two K blocks: the epilogue must run once, after the last one.
-        for (const Case& c : {Case{false, true, 67, 129, 700, 1.0f, 0.0f, 1},
+        // K = 900 spans two K blocks: the epilogue must run once, after the last one.
+        for (const Case& c : {Case{false, true, 67, 129, 900, 1.0f, 0.0f, 1},
                               Case{true, false, 300, 40, 33, 0.5f, 1.0f, 0}}) {
           Mat A(c.ta ? c.K : c.M, c.ta ? c.M : c.K, c.pad, rng);
           Mat B(c.tb ? c.N : c.K, c.tb ? c.K : c.N, c.pad, rng);
