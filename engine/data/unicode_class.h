@@ -1,0 +1,27 @@
+// UTF-8 decoding and the Unicode character classes the GPT-2 pre-tokenizer needs.
+//
+// GPT-2's pattern distinguishes letters (\p{L}), numbers (\p{N}), whitespace (\s) and the rest.
+// Letters and numbers come from the general-category tables in unicode_tables.inc (generated
+// from Python's unicodedata); whitespace is Unicode's White_Space property, which is what the
+// Oniguruma regex engine used by Hugging Face `tokenizers` means by \s.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace mammoth::data {
+
+enum class CharClass : uint8_t { kLetter, kNumber, kSpace, kOther };
+
+CharClass char_class(uint32_t code_point);
+
+// The Unicode version the letter/number tables were generated from, e.g. "14.0.0".
+const char* unicode_tables_version();
+
+// Decodes the code point starting at text[pos] and stores its byte length in *len. Bytes that
+// do not start a valid UTF-8 sequence decode as one-byte code points >= 0x110000 (class kOther),
+// so arbitrary bytes still tokenize and round-trip.
+uint32_t decode_utf8(std::string_view text, size_t pos, size_t* len);
+
+}  // namespace mammoth::data
