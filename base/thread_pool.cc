@@ -48,7 +48,9 @@ class ThreadPool {
  private:
   void start(int n) {
     shutdown_ = false;
-    for (int i = 1; i < n; ++i) workers_.emplace_back([this] { worker_loop(); });
+    // Each worker starts from the current generation, so a job published before the thread
+    // first runs is still picked up.
+    for (int i = 1; i < n; ++i) workers_.emplace_back([this, g = generation_] { worker_loop(g); });
   }
 
   void stop() {
@@ -76,12 +78,7 @@ class ThreadPool {
     tls_in_parallel = false;
   }
 
-  void worker_loop() {
-    uint64_t seen = 0;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      seen = generation_;
-    }
+  void worker_loop(uint64_t seen) {
     for (;;) {
       {
         std::unique_lock<std::mutex> lock(mutex_);

@@ -57,8 +57,8 @@ bool needs_grad(const std::vector<Tensor>& inputs) {
 
 void record(const char* name, const std::vector<Tensor>& inputs,
             const std::vector<Tensor*>& outputs, BackwardFn fn) {
-  MAMMOTH_CHECK(is_listed_op(name)) << "[autograd] op '" << name
-                                    << "' is not in engine/op_list.h; add it with a gradient check";
+  MAMMOTH_CHECK(is_listed_op(name))
+      << "[autograd] op '" << name << "' is not in engine/op_list.h; add it with a gradient check";
   std::vector<Edge> edges(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
     const Tensor& t = inputs[i];

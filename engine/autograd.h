@@ -43,7 +43,9 @@ struct Edge {
 class Node {
  public:
   Node(std::string name, std::vector<Edge> edges, int num_outputs, BackwardFn fn)
-      : name_(std::move(name)), edges_(std::move(edges)), num_outputs_(num_outputs),
+      : name_(std::move(name)),
+        edges_(std::move(edges)),
+        num_outputs_(num_outputs),
         fn_(std::move(fn)) {}
   const std::string& name() const { return name_; }
   const std::vector<Edge>& edges() const { return edges_; }

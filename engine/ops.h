@@ -32,7 +32,7 @@ Tensor silu(const Tensor& x);
 Tensor add_scalar(const Tensor& x, double c);
 Tensor mul_scalar(const Tensor& x, double c);
 Tensor pow_scalar(const Tensor& x, double p);
-Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);  // cond: bool
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);     // cond: bool
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);  // mask: bool
 Tensor cast(const Tensor& x, DType dtype);
 
@@ -98,7 +98,7 @@ Tensor rope(const Tensor& x, double base = 10000.0, int64_t position_offset = 0,
 Tensor concat(const std::vector<Tensor>& tensors, int64_t dim);
 std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim);
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);  // index i64 [I]
-Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);  // torch.gather semantics
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);        // torch.gather semantics
 
 // ---- non-differentiable helpers ----
 // dst <- src (broadcast, cast), in place, under no grad. dst may be a strided view.

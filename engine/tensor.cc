@@ -40,8 +40,8 @@ std::string shape_str(const Shape& shape) {
 
 int64_t normalize_dim(int64_t dim, int64_t ndim, const char* op) {
   const int64_t d = dim < 0 ? dim + ndim : dim;
-  MAMMOTH_CHECK(d >= 0 && d < ndim) << "[" << op << "] dim " << dim
-                                    << " is out of range for a tensor with " << ndim << " dims";
+  MAMMOTH_CHECK(d >= 0 && d < ndim)
+      << "[" << op << "] dim " << dim << " is out of range for a tensor with " << ndim << " dims";
   return d;
 }
 
@@ -67,8 +67,8 @@ Storage::~Storage() {
 
 namespace {
 
-std::shared_ptr<TensorImpl> make_impl(std::shared_ptr<Storage> storage, int64_t offset,
-                                      Shape shape, Shape strides, DType dtype) {
+std::shared_ptr<TensorImpl> make_impl(std::shared_ptr<Storage> storage, int64_t offset, Shape shape,
+                                      Shape strides, DType dtype) {
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::move(storage);
   impl->offset = offset;
@@ -90,8 +90,7 @@ void check_shape(const Shape& shape, const char* op) {
 // A view sharing storage; records `backward` under op name `name` when needed.
 Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t offset, const char* name,
                  BackwardFn backward) {
-  Tensor out(make_impl(base.storage(), offset, std::move(shape), std::move(strides),
-                       base.dtype()));
+  Tensor out(make_impl(base.storage(), offset, std::move(shape), std::move(strides), base.dtype()));
   if (needs_grad({base})) record(name, {base}, {&out}, std::move(backward));
   return out;
 }
@@ -121,8 +120,8 @@ Tensor Tensor::scalar(double value, DType dtype) { return full({}, value, dtype)
 Tensor Tensor::from_vector(const std::vector<double>& values, const Shape& shape, DType dtype) {
   MAMMOTH_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape))
       << "[from_vector] " << values.size() << " values do not fill shape " << shape_str(shape);
-  Tensor src = from_blob(const_cast<double*>(values.data()), shape, DType::kF64, Device::cpu(),
-                         nullptr);
+  Tensor src =
+      from_blob(const_cast<double*>(values.data()), shape, DType::kF64, Device::cpu(), nullptr);
   Tensor t = empty(shape, dtype);
   copy_(t, src);
   return t;
@@ -131,8 +130,8 @@ Tensor Tensor::from_vector(const std::vector<double>& values, const Shape& shape
 Tensor Tensor::from_ints(const std::vector<int64_t>& values, const Shape& shape, DType dtype) {
   MAMMOTH_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape))
       << "[from_ints] " << values.size() << " values do not fill shape " << shape_str(shape);
-  Tensor src = from_blob(const_cast<int64_t*>(values.data()), shape, DType::kI64, Device::cpu(),
-                         nullptr);
+  Tensor src =
+      from_blob(const_cast<int64_t*>(values.data()), shape, DType::kI64, Device::cpu(), nullptr);
   Tensor t = empty(shape, dtype);
   copy_(t, src);
   return t;
@@ -310,8 +309,8 @@ Tensor Tensor::view(const Shape& new_shape_in) const {
     strides_out = contiguous_strides(new_shape);
   } else {
     MAMMOTH_CHECK(view_strides(shape(), strides(), new_shape, &strides_out))
-        << "[view] cannot view a non-contiguous tensor of shape " << shape_str(shape())
-        << " as " << shape_str(new_shape) << " without copying; use reshape()";
+        << "[view] cannot view a non-contiguous tensor of shape " << shape_str(shape()) << " as "
+        << shape_str(new_shape) << " without copying; use reshape()";
   }
   const Shape in_shape = shape();
   return make_view(*this, new_shape, strides_out, offset(), "view",
@@ -350,7 +349,8 @@ Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
 Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
   std::vector<int64_t> dims(static_cast<size_t>(dim()));
   std::iota(dims.begin(), dims.end(), 0);
-  std::swap(dims[normalize_dim(d0, dim(), "transpose")], dims[normalize_dim(d1, dim(), "transpose")]);
+  std::swap(dims[normalize_dim(d0, dim(), "transpose")],
+            dims[normalize_dim(d1, dim(), "transpose")]);
   return permute(dims);
 }
 
@@ -369,8 +369,8 @@ Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const 
   const DType dt = dtype();
   const Device dev = device();
   return make_view(*this, s, st, offset() + start * strides()[d], "slice",
-                   [in_shape, dt, dev, d, start, end, step](const std::vector<Tensor>& g)
-                       -> std::vector<Tensor> {
+                   [in_shape, dt, dev, d, start, end,
+                    step](const std::vector<Tensor>& g) -> std::vector<Tensor> {
                      Tensor gi = Tensor::zeros(in_shape, dt, dev);
                      copy_(gi.slice(d, start, end, step), g[0]);
                      return {gi};
@@ -460,9 +460,8 @@ Tensor Tensor::contiguous() const {
     copy_(out, *this);
   }
   if (needs_grad({*this})) {
-    record("contiguous", {*this}, {&out}, [](const std::vector<Tensor>& g) -> std::vector<Tensor> {
-      return {g[0]};
-    });
+    record("contiguous", {*this}, {&out},
+           [](const std::vector<Tensor>& g) -> std::vector<Tensor> { return {g[0]}; });
   }
   return out;
 }

@@ -108,13 +108,13 @@ class Tensor {
   double item() const;  // a one-element tensor's value
 
   // ---- views (differentiable) ----
-  Tensor view(const Shape& shape) const;  // needs compatible strides; -1 infers one dim
+  Tensor view(const Shape& shape) const;     // needs compatible strides; -1 infers one dim
   Tensor reshape(const Shape& shape) const;  // view when possible, else copies
   Tensor permute(const std::vector<int64_t>& dims) const;
   Tensor transpose(int64_t d0, int64_t d1) const;
   Tensor slice(int64_t dim, int64_t start, int64_t end, int64_t step = 1) const;
   Tensor select(int64_t dim, int64_t index) const;  // slice + squeeze
-  Tensor expand(const Shape& shape) const;           // broadcast, stride 0
+  Tensor expand(const Shape& shape) const;          // broadcast, stride 0
   Tensor unsqueeze(int64_t dim) const;
   Tensor squeeze(int64_t dim) const;
   Tensor flatten(int64_t start = 0, int64_t end = -1) const;

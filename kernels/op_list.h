@@ -8,64 +8,64 @@
 // Inputs marked "strided" accept any strides (broadcast = stride 0); all others are contiguous.
 #pragma once
 
-#define MAMMOTH_KERNELS(X)                                                                      \
-  /* elementwise, strided inputs, contiguous output of the broadcast shape */                   \
-  X(add)             /* (a, b) -> (y) */                                                        \
-  X(sub)             /* (a, b) -> (y) */                                                        \
-  X(mul)             /* (a, b) -> (y) */                                                        \
-  X(div)             /* (a, b) -> (y) */                                                        \
-  X(where)           /* (cond bool, a, b) -> (y) */                                             \
-  X(neg)             /* (x) -> (y) */                                                           \
-  X(exp)             /* (x) -> (y) */                                                           \
-  X(log)             /* (x) -> (y) */                                                           \
-  X(sqrt)            /* (x) -> (y) */                                                           \
-  X(rsqrt)           /* (x) -> (y) */                                                           \
-  X(tanh)            /* (x) -> (y) */                                                           \
-  X(relu)            /* (x) -> (y) */                                                           \
-  X(gelu)            /* (x) -> (y)  exact erf form */                                           \
-  X(gelu_tanh)       /* (x) -> (y)  tanh approximation */                                       \
-  X(silu)            /* (x) -> (y) */                                                           \
-  X(add_scalar)      /* (x) -> (y)  ScalarParams */                                             \
-  X(mul_scalar)      /* (x) -> (y)  ScalarParams */                                             \
-  X(pow_scalar)      /* (x) -> (y)  ScalarParams */                                             \
-  X(relu_backward)   /* (dy, x) -> (dx) */                                                      \
-  X(gelu_backward)   /* (dy, x) -> (dx) */                                                      \
-  X(gelu_tanh_backward) /* (dy, x) -> (dx) */                                                   \
-  X(silu_backward)   /* (dy, x) -> (dx) */                                                      \
-  X(copy)            /* (x strided, any dtype) -> (y strided, any dtype): copy and cast */      \
-  X(fill)            /* () -> (y) ScalarParams */                                               \
-  /* reductions over the last dim of a contiguous [M, R] view */                                \
-  X(sum_last)        /* (x [M,R]) -> (y [M]) */                                                 \
-  X(max_last)        /* (x [M,R]) -> (values [M], indices i64 [M]) */                           \
-  /* linear algebra */                                                                          \
-  X(matmul)          /* (a [B,M,K], b [B,K,N]) -> (c [B,M,N]) MatmulParams; a,b: one unit      \
-                        stride in the last two dims (transposed views allowed), batch stride    \
-                        may be 0 (broadcast) */                                                 \
-  /* normalisation and activations over the last dim */                                         \
-  X(softmax)                /* (x [M,N]) -> (y) */                                              \
-  X(softmax_backward)       /* (dy, y) -> (dx) */                                               \
-  X(log_softmax)            /* (x [M,N]) -> (y) */                                              \
-  X(log_softmax_backward)   /* (dy, y) -> (dx) */                                               \
-  X(layer_norm)             /* (x [M,N], w [N], b [N]) -> (y, mean [M], rstd [M]) NormParams */ \
-  X(layer_norm_backward)    /* (dy, x, w, mean, rstd) -> (dx, dw, db) */                        \
-  X(rms_norm)               /* (x [M,N], w [N]) -> (y, rstd [M]) NormParams */                  \
-  X(rms_norm_backward)      /* (dy, x, w, rstd) -> (dx, dw) */                                  \
-  X(cross_entropy)          /* (logits [M,V], target i64 [M]) -> (loss [M], lse [M]) CE */      \
-  X(cross_entropy_backward) /* (dloss [M], logits, target, lse) -> (dlogits) CrossEntropy */    \
-  /* indexing */                                                                                \
-  X(index_select)    /* (x [A,R,C], idx i64 [I]) -> (y [A,I,C]) */                              \
-  X(index_add)       /* (dy [A,I,C], idx i64 [I]) -> (dx [A,R,C]) accumulates, deterministic */ \
-  X(gather)          /* (x [A,R,C], idx i64 [A,I,C]) -> (y [A,I,C]) */                          \
-  X(scatter_add)     /* (dy [A,I,C], idx i64 [A,I,C]) -> (dx [A,R,C]) accumulates */            \
-  /* randomness, position encodings, attention */                                               \
-  X(dropout)         /* (x) -> (y, mask u8) DropoutParams (Philox 4x32-10 by seed, offset) */   \
-  X(rope)            /* (x [B,T,H,D]) -> (y) RopeParams; inverse=true rotates back */           \
-  X(attention)       /* (q [B,Hq,Tq,D], k [B,Hk,Tk,D], v, key_mask bool [B,Tk] or none) ->     \
-                        (out [B,Hq,Tq,D], lse f32 [B,Hq,Tq]) AttentionParams */                 \
-  X(attention_backward) /* (dout, q, k, v, out, lse, key_mask?) -> (dq, dk, dv) */              \
-  /* optimizers over flat buffers */                                                            \
-  X(adamw)           /* (param, grad, m, v) -> (param, m, v) in place, AdamWParams */           \
-  X(sgd)             /* (param, grad, momentum_buf) -> in place, SgdParams */
+#define MAMMOTH_KERNELS(X)                                                                       \
+  /* elementwise, strided inputs, contiguous output of the broadcast shape */                    \
+  X(add)                /* (a, b) -> (y) */                                                      \
+  X(sub)                /* (a, b) -> (y) */                                                      \
+  X(mul)                /* (a, b) -> (y) */                                                      \
+  X(div)                /* (a, b) -> (y) */                                                      \
+  X(where)              /* (cond bool, a, b) -> (y) */                                           \
+  X(neg)                /* (x) -> (y) */                                                         \
+  X(exp)                /* (x) -> (y) */                                                         \
+  X(log)                /* (x) -> (y) */                                                         \
+  X(sqrt)               /* (x) -> (y) */                                                         \
+  X(rsqrt)              /* (x) -> (y) */                                                         \
+  X(tanh)               /* (x) -> (y) */                                                         \
+  X(relu)               /* (x) -> (y) */                                                         \
+  X(gelu)               /* (x) -> (y)  exact erf form */                                         \
+  X(gelu_tanh)          /* (x) -> (y)  tanh approximation */                                     \
+  X(silu)               /* (x) -> (y) */                                                         \
+  X(add_scalar)         /* (x) -> (y)  ScalarParams */                                           \
+  X(mul_scalar)         /* (x) -> (y)  ScalarParams */                                           \
+  X(pow_scalar)         /* (x) -> (y)  ScalarParams */                                           \
+  X(relu_backward)      /* (dy, x) -> (dx) */                                                    \
+  X(gelu_backward)      /* (dy, x) -> (dx) */                                                    \
+  X(gelu_tanh_backward) /* (dy, x) -> (dx) */                                                    \
+  X(silu_backward)      /* (dy, x) -> (dx) */                                                    \
+  X(copy)               /* (x strided, any dtype) -> (y strided, any dtype): copy and cast */    \
+  X(fill)               /* () -> (y) ScalarParams */                                             \
+  /* reductions over the last dim of a contiguous [M, R] view */                                 \
+  X(sum_last) /* (x [M,R]) -> (y [M]) */                                                         \
+  X(max_last) /* (x [M,R]) -> (values [M], indices i64 [M]) */                                   \
+  /* linear algebra */                                                                           \
+  X(matmul) /* (a [B,M,K], b [B,K,N]) -> (c [B,M,N]) MatmulParams; a,b: one unit                 \
+               stride in the last two dims (transposed views allowed), batch stride              \
+               may be 0 (broadcast) */                                                           \
+  /* normalisation and activations over the last dim */                                          \
+  X(softmax)                /* (x [M,N]) -> (y) */                                               \
+  X(softmax_backward)       /* (dy, y) -> (dx) */                                                \
+  X(log_softmax)            /* (x [M,N]) -> (y) */                                               \
+  X(log_softmax_backward)   /* (dy, y) -> (dx) */                                                \
+  X(layer_norm)             /* (x [M,N], w [N], b [N]) -> (y, mean [M], rstd [M]) NormParams */  \
+  X(layer_norm_backward)    /* (dy, x, w, mean, rstd) -> (dx, dw, db) */                         \
+  X(rms_norm)               /* (x [M,N], w [N]) -> (y, rstd [M]) NormParams */                   \
+  X(rms_norm_backward)      /* (dy, x, w, rstd) -> (dx, dw) */                                   \
+  X(cross_entropy)          /* (logits [M,V], target i64 [M]) -> (loss [M], lse [M]) CE */       \
+  X(cross_entropy_backward) /* (dloss [M], logits, target, lse) -> (dlogits) CrossEntropy */     \
+  /* indexing */                                                                                 \
+  X(index_select) /* (x [A,R,C], idx i64 [I]) -> (y [A,I,C]) */                                  \
+  X(index_add)    /* (dy [A,I,C], idx i64 [I]) -> (dx [A,R,C]) accumulates, deterministic */     \
+  X(gather)       /* (x [A,R,C], idx i64 [A,I,C]) -> (y [A,I,C]) */                              \
+  X(scatter_add)  /* (dy [A,I,C], idx i64 [A,I,C]) -> (dx [A,R,C]) accumulates */                \
+  /* randomness, position encodings, attention */                                                \
+  X(dropout)            /* (x) -> (y, mask u8) DropoutParams (Philox 4x32-10 by seed, offset) */ \
+  X(rope)               /* (x [B,T,H,D]) -> (y) RopeParams; inverse=true rotates back */         \
+  X(attention)          /* (q [B,Hq,Tq,D], k [B,Hk,Tk,D], v, key_mask bool [B,Tk] or none) ->    \
+                           (out [B,Hq,Tq,D], lse f32 [B,Hq,Tq]) AttentionParams */               \
+  X(attention_backward) /* (dout, q, k, v, out, lse, key_mask?) -> (dq, dk, dv) */               \
+  /* optimizers over flat buffers */                                                             \
+  X(adamw) /* (param, grad, m, v) -> (param, m, v) in place, AdamWParams */                      \
+  X(sgd)   /* (param, grad, momentum_buf) -> in place, SgdParams */
 
 namespace mammoth::kernels {
 

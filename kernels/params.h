@@ -43,8 +43,8 @@ struct RopeParams {
 };
 
 struct AttentionParams {
-  double scale = 0.0;  // 0 means 1/sqrt(D)
-  bool causal = false;  // query i attends to keys j <= i + (Tk - Tq)
+  double scale = 0.0;         // 0 means 1/sqrt(D)
+  bool causal = false;        // query i attends to keys j <= i + (Tk - Tq)
   bool has_key_mask = false;  // inputs[3] is a bool [B, Tk] mask, true = attend
 };
 
@@ -54,7 +54,7 @@ struct AdamWParams {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.0;
-  int64_t step = 1;  // 1-based, for bias correction
+  int64_t step = 1;         // 1-based, for bias correction
   double grad_scale = 1.0;  // gradients are multiplied by this first (unscaling, clipping)
 };
 

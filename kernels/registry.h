@@ -44,6 +44,6 @@ void register_kernels(Registry& registry);
 namespace cuda {
 // Defined by the CUDA backend when it is built (MAMMOTH_WITH_CUDA).
 void register_kernels(Registry& registry);
-}
+}  // namespace cuda
 
 }  // namespace mammoth::kernels

@@ -12,8 +12,8 @@ void* CpuAllocator::allocate(size_t nbytes) {
   void* p = std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded);
   MAMMOTH_CHECK(p != nullptr) << "[cpu_allocator] out of host memory allocating " << nbytes
                               << " bytes (currently allocated: " << allocated_.load() << ")";
-  const int64_t now = allocated_.fetch_add(static_cast<int64_t>(nbytes)) +
-                      static_cast<int64_t>(nbytes);
+  const int64_t now =
+      allocated_.fetch_add(static_cast<int64_t>(nbytes)) + static_cast<int64_t>(nbytes);
   int64_t peak = peak_.load();
   while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
   }

@@ -125,12 +125,11 @@ Tensor div(const Tensor& a, const Tensor& b) {
   Tensor y = binary(Kernel::div, "div", a, b);
   if (needs_grad({a, b})) {
     const bool gb = b.requires_grad();
-    record("div", {a, b}, {&y},
-           [a = a.detach(), b = b.detach(), gb](const std::vector<Tensor>& g) {
-             Tensor ga = div(g[0], b);
-             Tensor gbv = gb ? sum_to_shape(neg(mul(ga, div(a, b))), b.shape()) : Tensor();
-             return std::vector<Tensor>{sum_to_shape(ga, a.shape()), gbv};
-           });
+    record("div", {a, b}, {&y}, [a = a.detach(), b = b.detach(), gb](const std::vector<Tensor>& g) {
+      Tensor ga = div(g[0], b);
+      Tensor gbv = gb ? sum_to_shape(neg(mul(ga, div(a, b))), b.shape()) : Tensor();
+      return std::vector<Tensor>{sum_to_shape(ga, a.shape()), gbv};
+    });
   }
   return y;
 }
@@ -139,9 +138,8 @@ Tensor neg(const Tensor& x) {
   check_defined(x, "neg", "x");
   Tensor y = unary(Kernel::neg, x);
   if (needs_grad({x})) {
-    record("neg", {x}, {&y}, [](const std::vector<Tensor>& g) {
-      return std::vector<Tensor>{neg(g[0])};
-    });
+    record("neg", {x}, {&y},
+           [](const std::vector<Tensor>& g) { return std::vector<Tensor>{neg(g[0])}; });
   }
   return y;
 }
@@ -202,27 +200,20 @@ Tensor tanh(const Tensor& x) {
   return y;
 }
 
-Tensor relu(const Tensor& x) {
-  return activation(Kernel::relu, Kernel::relu_backward, "relu", x);
-}
-Tensor gelu(const Tensor& x) {
-  return activation(Kernel::gelu, Kernel::gelu_backward, "gelu", x);
-}
+Tensor relu(const Tensor& x) { return activation(Kernel::relu, Kernel::relu_backward, "relu", x); }
+Tensor gelu(const Tensor& x) { return activation(Kernel::gelu, Kernel::gelu_backward, "gelu", x); }
 Tensor gelu_tanh(const Tensor& x) {
   return activation(Kernel::gelu_tanh, Kernel::gelu_tanh_backward, "gelu_tanh", x);
 }
-Tensor silu(const Tensor& x) {
-  return activation(Kernel::silu, Kernel::silu_backward, "silu", x);
-}
+Tensor silu(const Tensor& x) { return activation(Kernel::silu, Kernel::silu_backward, "silu", x); }
 
 Tensor add_scalar(const Tensor& x, double c) {
   check_defined(x, "add_scalar", "x");
   const kernels::ScalarParams p{c};
   Tensor y = unary(Kernel::add_scalar, x, &p);
   if (needs_grad({x})) {
-    record("add_scalar", {x}, {&y}, [](const std::vector<Tensor>& g) {
-      return std::vector<Tensor>{g[0]};
-    });
+    record("add_scalar", {x}, {&y},
+           [](const std::vector<Tensor>& g) { return std::vector<Tensor>{g[0]}; });
   }
   return y;
 }
@@ -232,9 +223,8 @@ Tensor mul_scalar(const Tensor& x, double c) {
   const kernels::ScalarParams p{c};
   Tensor y = unary(Kernel::mul_scalar, x, &p);
   if (needs_grad({x})) {
-    record("mul_scalar", {x}, {&y}, [c](const std::vector<Tensor>& g) {
-      return std::vector<Tensor>{mul_scalar(g[0], c)};
-    });
+    record("mul_scalar", {x}, {&y},
+           [c](const std::vector<Tensor>& g) { return std::vector<Tensor>{mul_scalar(g[0], c)}; });
   }
   return y;
 }
@@ -262,7 +252,8 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   Tensor y = Tensor::empty(shape, a.dtype(), a.device());
   {
     NoGradGuard ng;
-    detail::launch_for(a, Kernel::where, {cond.expand(shape), a.expand(shape), b.expand(shape)}, {y});
+    detail::launch_for(a, Kernel::where, {cond.expand(shape), a.expand(shape), b.expand(shape)},
+                       {y});
   }
   if (needs_grad({a, b})) {
     record("where", {a, b}, {&y},
@@ -284,7 +275,8 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   Tensor y = Tensor::empty(shape, x.dtype(), x.device());
   {
     NoGradGuard ng;
-    detail::launch_for(x, Kernel::where, {mask.expand(shape), fill.expand(shape), x.expand(shape)}, {y});
+    detail::launch_for(x, Kernel::where, {mask.expand(shape), fill.expand(shape), x.expand(shape)},
+                       {y});
   }
   if (needs_grad({x})) {
     record("masked_fill", {x}, {&y},
@@ -300,8 +292,8 @@ Tensor cast(const Tensor& x, DType dtype) {
   check_defined(x, "cast", "x");
   if (x.dtype() == dtype) return x;
   Tensor y = Tensor::empty(x.shape(), dtype, x.device());
-  kernels::launch(Kernel::copy, x.device().type, dtype, std::vector{x.arg()},
-                  std::vector{y.arg()}, nullptr);
+  kernels::launch(Kernel::copy, x.device().type, dtype, std::vector{x.arg()}, std::vector{y.arg()},
+                  nullptr);
   if (needs_grad({x}) && is_floating(dtype)) {
     record("cast", {x}, {&y}, [from = x.dtype()](const std::vector<Tensor>& g) {
       return std::vector<Tensor>{cast(g[0], from)};

@@ -14,9 +14,12 @@ struct ARC {
 ARC arc(const Shape& s, int64_t dim) {
   ARC r;
   for (int64_t d = 0; d < static_cast<int64_t>(s.size()); ++d) {
-    if (d < dim) r.A *= s[d];
-    else if (d == dim) r.R = s[d];
-    else r.C *= s[d];
+    if (d < dim)
+      r.A *= s[d];
+    else if (d == dim)
+      r.R = s[d];
+    else
+      r.C *= s[d];
   }
   return r;
 }
@@ -41,8 +44,7 @@ Tensor concat(const std::vector<Tensor>& tensors, int64_t dim) {
     bool match = t.dim() == first.dim();
     for (int64_t k = 0; match && k < t.dim(); ++k) match = k == d || t.size(k) == first.size(k);
     MAMMOTH_CHECK(match) << "[concat] tensor " << i << " of shape " << shape_str(t.shape())
-                         << " does not match " << shape_str(first.shape()) << " outside dim "
-                         << d;
+                         << " does not match " << shape_str(first.shape()) << " outside dim " << d;
     out_shape[d] += t.size(d);
   }
   Tensor y = Tensor::empty(out_shape, first.dtype(), first.device());
@@ -76,8 +78,7 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
     total += n;
   }
   MAMMOTH_CHECK(total == x.size(d)) << "[split] sizes sum to " << total << " but dim " << d
-                                    << " of shape " << shape_str(x.shape()) << " has "
-                                    << x.size(d);
+                                    << " of shape " << shape_str(x.shape()) << " has " << x.size(d);
   std::vector<Tensor> outs;
   {
     NoGradGuard ng;
@@ -91,8 +92,8 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
     std::vector<Tensor*> ptrs;
     for (Tensor& t : outs) ptrs.push_back(&t);
     record("split", {x}, ptrs,
-           [sizes, d, shape = x.shape(), dt = x.dtype(), dev = x.device()](
-               const std::vector<Tensor>& g) {
+           [sizes, d, shape = x.shape(), dt = x.dtype(),
+            dev = x.device()](const std::vector<Tensor>& g) {
              Tensor dx = Tensor::zeros(shape, dt, dev);
              int64_t s = 0;
              for (size_t i = 0; i < sizes.size(); ++i) {
@@ -135,8 +136,8 @@ Tensor index_select(const Tensor& x_in, int64_t dim, const Tensor& index) {
 Tensor embedding(const Tensor& ids, const Tensor& weight) {
   check_defined(weight, "embedding", "weight");
   check_index_tensor("embedding", ids);
-  MAMMOTH_CHECK(weight.dim() == 2) << "[embedding] weight must be [num_embeddings, dim], got "
-                                   << shape_str(weight.shape());
+  MAMMOTH_CHECK(weight.dim() == 2)
+      << "[embedding] weight must be [num_embeddings, dim], got " << shape_str(weight.shape());
   Tensor flat = ids.reshape({-1});
   Tensor rows;
   {
@@ -148,8 +149,8 @@ Tensor embedding(const Tensor& ids, const Tensor& weight) {
   Tensor y = rows.view(out_shape);
   if (needs_grad({weight})) {
     record("embedding", {weight}, {&y},
-           [flat = flat.contiguous(), wshape = weight.shape(), dt = weight.dtype()](
-               const std::vector<Tensor>& g) {
+           [flat = flat.contiguous(), wshape = weight.shape(),
+            dt = weight.dtype()](const std::vector<Tensor>& g) {
              Tensor dw = Tensor::zeros(wshape, dt, g[0].device());
              const int64_t I = flat.size(0);
              detail::launch(Kernel::index_add, {g[0].contiguous().view({1, I, wshape[1]}), flat},

@@ -57,9 +57,9 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     out_shape.push_back(b.size(1));
     return matmul(a.reshape({-1, a.size(-1)}), b).view(out_shape);
   }
-  const Shape batch = detail::broadcast_shapes(
-      "matmul", Shape(a.shape().begin(), a.shape().end() - 2),
-      Shape(b.shape().begin(), b.shape().end() - 2));
+  const Shape batch =
+      detail::broadcast_shapes("matmul", Shape(a.shape().begin(), a.shape().end() - 2),
+                               Shape(b.shape().begin(), b.shape().end() - 2));
   const int64_t M = a.size(-2), N = b.size(-1);
   Shape out_shape = batch;
   out_shape.push_back(M);

@@ -65,16 +65,16 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& w, const Tensor& b, double e
   Tensor mu = Tensor::empty({M}, x.dtype(), x.device());
   Tensor rstd = Tensor::empty({M}, x.dtype(), x.device());
   const kernels::NormParams p{eps};
-  detail::launch(Kernel::layer_norm, {x.contiguous(), w.contiguous(), b.contiguous()}, {y, mu, rstd},
-                 &p);
+  detail::launch(Kernel::layer_norm, {x.contiguous(), w.contiguous(), b.contiguous()},
+                 {y, mu, rstd}, &p);
   if (needs_grad({x, w, b})) {
     record("layer_norm", {x, w, b}, {&y},
            [x = x.detach(), w = w.detach(), mu, rstd](const std::vector<Tensor>& g) {
              Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
              Tensor dw = Tensor::empty(w.shape(), w.dtype(), w.device());
              Tensor db = Tensor::empty(w.shape(), w.dtype(), w.device());
-             detail::launch(Kernel::layer_norm_backward, {g[0].contiguous(), x, w.contiguous(), mu, rstd},
-                            {dx, dw, db});
+             detail::launch(Kernel::layer_norm_backward,
+                            {g[0].contiguous(), x, w.contiguous(), mu, rstd}, {dx, dw, db});
              return std::vector<Tensor>{dx, dw, db};
            });
   }
@@ -134,16 +134,17 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in,
     loss = mul_scalar(sum(loss_rows), count > 0 ? 1.0 / static_cast<double>(count) : NAN);
   }
   if (needs_grad({logits_in})) {
-    record("cross_entropy", {logits_in}, {&loss},
-           [logits = logits.detach(), targets, lse, p, count,
-            shape = logits_in.shape()](const std::vector<Tensor>& g) {
-             const int64_t M = logits.size(0);
-             Tensor dloss = mul_scalar(g[0].reshape({1}).expand({M}).contiguous(),
-                                       count > 0 ? 1.0 / static_cast<double>(count) : 0.0);
-             Tensor dx = Tensor::empty(logits.shape(), logits.dtype(), logits.device());
-             detail::launch(Kernel::cross_entropy_backward, {dloss, logits, targets, lse}, {dx}, &p);
-             return std::vector<Tensor>{dx.view(shape)};
-           });
+    record(
+        "cross_entropy", {logits_in}, {&loss},
+        [logits = logits.detach(), targets, lse, p, count,
+         shape = logits_in.shape()](const std::vector<Tensor>& g) {
+          const int64_t M = logits.size(0);
+          Tensor dloss = mul_scalar(g[0].reshape({1}).expand({M}).contiguous(),
+                                    count > 0 ? 1.0 / static_cast<double>(count) : 0.0);
+          Tensor dx = Tensor::empty(logits.shape(), logits.dtype(), logits.device());
+          detail::launch(Kernel::cross_entropy_backward, {dloss, logits, targets, lse}, {dx}, &p);
+          return std::vector<Tensor>{dx.view(shape)};
+        });
   }
   return loss;
 }
@@ -199,9 +200,8 @@ Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
   MAMMOTH_CHECK(q_in.dim() == 4 && k_in.dim() == 4 && v_in.dim() == 4)
       << "[attention] expects q, k, v of shape [B, H, T, D], got " << shape_str(q_in.shape())
       << ", " << shape_str(k_in.shape()) << ", " << shape_str(v_in.shape());
-  MAMMOTH_CHECK(k_in.shape() == v_in.shape())
-      << "[attention] k " << shape_str(k_in.shape()) << " and v " << shape_str(v_in.shape())
-      << " differ";
+  MAMMOTH_CHECK(k_in.shape() == v_in.shape()) << "[attention] k " << shape_str(k_in.shape())
+                                              << " and v " << shape_str(v_in.shape()) << " differ";
   MAMMOTH_CHECK(q_in.size(0) == k_in.size(0) && q_in.size(3) == k_in.size(3))
       << "[attention] q " << shape_str(q_in.shape()) << " and k " << shape_str(k_in.shape())
       << " differ in batch or head dim";

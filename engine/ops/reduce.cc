@@ -72,8 +72,7 @@ Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   check_defined(x, "mean", "x");
   detail::check_floating("mean", x);
   const ReducePlan p = plan_reduce(x, dims, "mean");
-  MAMMOTH_CHECK(p.R > 0) << "[mean] reducing over zero elements of shape "
-                         << shape_str(x.shape());
+  MAMMOTH_CHECK(p.R > 0) << "[mean] reducing over zero elements of shape " << shape_str(x.shape());
   Tensor y;
   {
     NoGradGuard ng;
@@ -81,8 +80,9 @@ Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   }
   if (needs_grad({x})) {
     record("mean", {x}, {&y}, [p, in_shape = x.shape()](const std::vector<Tensor>& g) {
-      return std::vector<Tensor>{
-          mul_scalar(g[0], 1.0 / static_cast<double>(p.R)).reshape(p.keepdim_shape).expand(in_shape)};
+      return std::vector<Tensor>{mul_scalar(g[0], 1.0 / static_cast<double>(p.R))
+                                     .reshape(p.keepdim_shape)
+                                     .expand(in_shape)};
     });
   }
   return y;
@@ -111,7 +111,8 @@ Tensor max(const Tensor& x, int64_t dim, bool keepdim) {
              Shape permuted;
              for (int64_t d : p.perm) permuted.push_back(in_shape[d]);
              std::vector<int64_t> inverse(p.perm.size());
-             for (size_t i = 0; i < p.perm.size(); ++i) inverse[p.perm[i]] = static_cast<int64_t>(i);
+             for (size_t i = 0; i < p.perm.size(); ++i)
+               inverse[p.perm[i]] = static_cast<int64_t>(i);
              return std::vector<Tensor>{rows.view(permuted).permute(inverse)};
            });
   }

@@ -71,29 +71,26 @@ T sigmoid(T x) {
   return T(1) / (T(1) + std::exp(-x));
 }
 
-#define MAMMOTH_BINARY(NAME, EXPR)                                                        \
-  template <typename T>                                                                   \
-  void NAME##_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,       \
-                     const void*) {                                                       \
-    binary_map<T>(in, out, [](T a, T b) { return EXPR; });                                \
+#define MAMMOTH_BINARY(NAME, EXPR)                                                                 \
+  template <typename T>                                                                            \
+  void NAME##_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out, const void*) { \
+    binary_map<T>(in, out, [](T a, T b) { return EXPR; });                                         \
   }
 MAMMOTH_BINARY(add, a + b)
 MAMMOTH_BINARY(sub, a - b)
 MAMMOTH_BINARY(mul, a* b)
 MAMMOTH_BINARY(div, a / b)
 MAMMOTH_BINARY(relu_backward, b > T(0) ? a : T(0))
-MAMMOTH_BINARY(gelu_backward,
-               a*(T(0.5) * (T(1) + std::erf(b * T(kInvSqrt2))) +
-                  b * T(kInvSqrt2Pi) * std::exp(T(-0.5) * b * b)))
+MAMMOTH_BINARY(gelu_backward, a*(T(0.5) * (T(1) + std::erf(b * T(kInvSqrt2))) +
+                                 b * T(kInvSqrt2Pi) * std::exp(T(-0.5) * b * b)))
 MAMMOTH_BINARY(gelu_tanh_backward, a* gelu_tanh_grad(b))
 MAMMOTH_BINARY(silu_backward, a* sigmoid(b) * (T(1) + b * (T(1) - sigmoid(b))))
 #undef MAMMOTH_BINARY
 
-#define MAMMOTH_UNARY(NAME, EXPR)                                                          \
-  template <typename T>                                                                    \
-  void NAME##_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,        \
-                     const void*) {                                                        \
-    unary_map<T>(in, out, [](T x) { return EXPR; });                                       \
+#define MAMMOTH_UNARY(NAME, EXPR)                                                                  \
+  template <typename T>                                                                            \
+  void NAME##_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out, const void*) { \
+    unary_map<T>(in, out, [](T x) { return EXPR; });                                               \
   }
 MAMMOTH_UNARY(neg, -x)
 MAMMOTH_UNARY(exp, std::exp(x))
@@ -107,12 +104,12 @@ MAMMOTH_UNARY(gelu_tanh, gelu_tanh_f(x))
 MAMMOTH_UNARY(silu, x* sigmoid(x))
 #undef MAMMOTH_UNARY
 
-#define MAMMOTH_SCALAR(NAME, EXPR)                                                         \
-  template <typename T>                                                                    \
-  void NAME##_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,        \
-                     const void* params) {                                                 \
-    const T c = static_cast<T>(static_cast<const ScalarParams*>(params)->value);           \
-    unary_map<T>(in, out, [c](T x) { return EXPR; });                                      \
+#define MAMMOTH_SCALAR(NAME, EXPR)                                                  \
+  template <typename T>                                                             \
+  void NAME##_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out, \
+                     const void* params) {                                          \
+    const T c = static_cast<T>(static_cast<const ScalarParams*>(params)->value);    \
+    unary_map<T>(in, out, [c](T x) { return EXPR; });                               \
   }
 MAMMOTH_SCALAR(add_scalar, x + c)
 MAMMOTH_SCALAR(mul_scalar, x* c)
@@ -182,14 +179,22 @@ void copy_typed(const TensorArg& x, const TensorArg& y) {
 template <typename Tin>
 void copy_from(const TensorArg& x, const TensorArg& y) {
   switch (y.dtype) {
-    case DType::kF32: return copy_typed<Tin, float>(x, y);
-    case DType::kF64: return copy_typed<Tin, double>(x, y);
-    case DType::kBF16: return copy_typed<Tin, bf16>(x, y);
-    case DType::kF16: return copy_typed<Tin, f16>(x, y);
-    case DType::kI32: return copy_typed<Tin, int32_t>(x, y);
-    case DType::kI64: return copy_typed<Tin, int64_t>(x, y);
-    case DType::kU8: return copy_typed<Tin, uint8_t>(x, y);
-    case DType::kBool: return copy_typed<Tin, bool>(x, y);
+    case DType::kF32:
+      return copy_typed<Tin, float>(x, y);
+    case DType::kF64:
+      return copy_typed<Tin, double>(x, y);
+    case DType::kBF16:
+      return copy_typed<Tin, bf16>(x, y);
+    case DType::kF16:
+      return copy_typed<Tin, f16>(x, y);
+    case DType::kI32:
+      return copy_typed<Tin, int32_t>(x, y);
+    case DType::kI64:
+      return copy_typed<Tin, int64_t>(x, y);
+    case DType::kU8:
+      return copy_typed<Tin, uint8_t>(x, y);
+    case DType::kBool:
+      return copy_typed<Tin, bool>(x, y);
   }
 }
 
@@ -197,14 +202,22 @@ void copy_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out, 
   const TensorArg& x = in[0];
   const TensorArg& y = out[0];
   switch (x.dtype) {
-    case DType::kF32: return copy_from<float>(x, y);
-    case DType::kF64: return copy_from<double>(x, y);
-    case DType::kBF16: return copy_from<bf16>(x, y);
-    case DType::kF16: return copy_from<f16>(x, y);
-    case DType::kI32: return copy_from<int32_t>(x, y);
-    case DType::kI64: return copy_from<int64_t>(x, y);
-    case DType::kU8: return copy_from<uint8_t>(x, y);
-    case DType::kBool: return copy_from<bool>(x, y);
+    case DType::kF32:
+      return copy_from<float>(x, y);
+    case DType::kF64:
+      return copy_from<double>(x, y);
+    case DType::kBF16:
+      return copy_from<bf16>(x, y);
+    case DType::kF16:
+      return copy_from<f16>(x, y);
+    case DType::kI32:
+      return copy_from<int32_t>(x, y);
+    case DType::kI64:
+      return copy_from<int64_t>(x, y);
+    case DType::kU8:
+      return copy_from<uint8_t>(x, y);
+    case DType::kBool:
+      return copy_from<bool>(x, y);
   }
 }
 
@@ -222,14 +235,22 @@ void fill_kernel(std::span<const TensorArg>, std::span<const TensorArg> out, con
   const double v = static_cast<const ScalarParams*>(params)->value;
   const TensorArg& y = out[0];
   switch (y.dtype) {
-    case DType::kF32: return fill_typed<float>(y, v);
-    case DType::kF64: return fill_typed<double>(y, v);
-    case DType::kBF16: return fill_typed<bf16>(y, v);
-    case DType::kF16: return fill_typed<f16>(y, v);
-    case DType::kI32: return fill_typed<int32_t>(y, v);
-    case DType::kI64: return fill_typed<int64_t>(y, v);
-    case DType::kU8: return fill_typed<uint8_t>(y, v);
-    case DType::kBool: return fill_typed<bool>(y, v);
+    case DType::kF32:
+      return fill_typed<float>(y, v);
+    case DType::kF64:
+      return fill_typed<double>(y, v);
+    case DType::kBF16:
+      return fill_typed<bf16>(y, v);
+    case DType::kF16:
+      return fill_typed<f16>(y, v);
+    case DType::kI32:
+      return fill_typed<int32_t>(y, v);
+    case DType::kI64:
+      return fill_typed<int64_t>(y, v);
+    case DType::kU8:
+      return fill_typed<uint8_t>(y, v);
+    case DType::kBool:
+      return fill_typed<bool>(y, v);
   }
 }
 

@@ -5,7 +5,7 @@
 // this header and instantiates gemm_serial with its own micro-kernel type, so the driver and
 // the packing loops are compiled (and auto-vectorised) with that file's -m flags. Kernel types
 // live in each file's anonymous namespace, which makes every instantiation a distinct symbol:
-// the linker can never pick an AVX-512 copy of the driver for the portable path.
+// the helpers below them sit in an anonymous namespace for the same reason (see there).
 //
 // Blocking (one thread's view; threads get independent row or column slabs of C):
 //   for pc in K step KC:                 beta is applied on the first K block only
@@ -59,6 +59,13 @@ const GemmKernels& avx512_kernels();
 // packed B, slot 2: edge tile). Defined in gemm.cc.
 void* gemm_scratch(int slot, size_t bytes);
 
+// Everything below is compiled once per ISA file with that file's -m flags. It sits in an
+// anonymous namespace so each translation unit keeps its own copy: with ordinary inline
+// functions or templates (pack_a<6, 1, float, float> is instantiated by both the AVX2 and the
+// AVX-512 file) the linker would keep one copy for all, and an AVX-512 copy could then run on
+// a CPU that only has AVX2.
+namespace {
+
 inline float bf16_bits_to_float(uint16_t h) {
   uint32_t u = static_cast<uint32_t>(h) << 16;
   float f;
@@ -79,15 +86,23 @@ inline Packed convert_element(In x) {
 // rounded up to KP. Element (i, k) of a panel sits at (k/KP)*MR*KP + i*KP + k%KP, so a
 // KP-wide k group of one row is contiguous (KP = 2 for the bf16 dot-product kernel).
 template <int MR, int KP, typename In, typename Packed>
-void pack_a(bool trans, const In* A, int64_t lda, int64_t i0, int64_t mc, int64_t p0, int64_t kc,
-            Packed* dst) {
+inline void pack_a(bool trans, const In* A, int64_t lda, int64_t i0, int64_t mc, int64_t p0,
+                   int64_t kc, Packed* dst) {
   const int64_t kcp = (kc + KP - 1) / KP * KP;
   for (int64_t ip = 0; ip < mc; ip += MR) {
     const int64_t rows = std::min<int64_t>(MR, mc - ip);
     Packed* panel = dst + (ip / MR) * kcp * MR;
     if (rows < MR || kcp != kc) std::memset(panel, 0, sizeof(Packed) * kcp * MR);
-    if (!trans) {
-      // Row i of op(A) is contiguous in k.
+    if (!trans && rows == MR) {
+      // Row i of op(A) is contiguous in k: read MR rows side by side so the panel is written
+      // sequentially (this packing dominates when N is one or two panels wide).
+      const In* src = A + (i0 + ip) * lda + p0;
+      for (int64_t k = 0; k < kc; ++k) {
+        Packed* d = panel + (k / KP) * MR * KP + k % KP;
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; ++i) d[i * KP] = convert_element<In, Packed>(src[i * lda + k]);
+      }
+    } else if (!trans) {
       for (int64_t i = 0; i < rows; ++i) {
         const In* src = A + (i0 + ip + i) * lda + p0;
         for (int64_t k = 0; k < kc; ++k) {
@@ -108,8 +123,8 @@ void pack_a(bool trans, const In* A, int64_t lda, int64_t i0, int64_t mc, int64_
 // Packs op(B)[p0:p0+kc, j0:j0+nc] into ceil(nc/NR) panels; element (k, j) of a panel sits at
 // (k/KP)*NR*KP + j*KP + k%KP.
 template <int NR, int KP, typename In, typename Packed>
-void pack_b(bool trans, const In* B, int64_t ldb, int64_t p0, int64_t kc, int64_t j0, int64_t nc,
-            Packed* dst) {
+inline void pack_b(bool trans, const In* B, int64_t ldb, int64_t p0, int64_t kc, int64_t j0,
+                   int64_t nc, Packed* dst) {
   const int64_t kcp = (kc + KP - 1) / KP * KP;
   for (int64_t jp = 0; jp < nc; jp += NR) {
     const int64_t cols = std::min<int64_t>(NR, nc - jp);
@@ -196,7 +211,7 @@ inline bool has_epilogue(const GemmEpilogue& ep) {
 //   static void micro(int64_t kcp, const Packed* a, const Packed* b, float* c, int64_t ldc,
 //                     float alpha, float beta);   full tile; beta == 0 must not read c
 template <typename Kern, typename In>
-void gemm_serial(const GemmArgs<In>& g, const GemmEpilogue& ep) {
+inline void gemm_serial(const GemmArgs<In>& g, const GemmEpilogue& ep) {
   using Packed = typename Kern::Packed;
   constexpr int MR = Kern::kMR, NR = Kern::kNR, KP = Kern::kKP;
   constexpr int64_t KC = Kern::kKC, MC = Kern::kMC, NC = Kern::kNC;
@@ -249,4 +264,5 @@ void gemm_serial(const GemmArgs<In>& g, const GemmEpilogue& ep) {
   }
 }
 
+}  // namespace
 }  // namespace mammoth::kernels::cpu::internal

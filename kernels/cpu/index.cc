@@ -10,7 +10,8 @@ namespace {
 constexpr int64_t kColBlock = 256;
 
 void check_index(const char* op, int64_t v, int64_t R) {
-  MAMMOTH_CHECK(v >= 0 && v < R) << "[" << op << "] index " << v << " is out of range for a dim of size " << R;
+  MAMMOTH_CHECK(v >= 0 && v < R) << "[" << op << "] index " << v
+                                 << " is out of range for a dim of size " << R;
 }
 
 template <typename T>
@@ -22,12 +23,13 @@ void index_select_kernel(std::span<const TensorArg> in, std::span<const TensorAr
   const T* xp = x.ptr<const T>();
   T* y = out[0].ptr<T>();
   for (int64_t i = 0; i < I; ++i) check_index("index_select", idx[i], R);
-  parallel_for(0, A * I, std::max<int64_t>(1, 4096 / std::max<int64_t>(C, 1)), [&](int64_t b, int64_t e) {
-    for (int64_t ai = b; ai < e; ++ai) {
-      const int64_t a = ai / I, i = ai % I;
-      std::copy(xp + (a * R + idx[i]) * C, xp + (a * R + idx[i] + 1) * C, y + ai * C);
-    }
-  });
+  parallel_for(0, A * I, std::max<int64_t>(1, 4096 / std::max<int64_t>(C, 1)),
+               [&](int64_t b, int64_t e) {
+                 for (int64_t ai = b; ai < e; ++ai) {
+                   const int64_t a = ai / I, i = ai % I;
+                   std::copy(xp + (a * R + idx[i]) * C, xp + (a * R + idx[i] + 1) * C, y + ai * C);
+                 }
+               });
 }
 
 template <typename T>
@@ -59,16 +61,17 @@ void gather_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out
   const int64_t* idx = in[1].ptr<const int64_t>();
   const T* xp = x.ptr<const T>();
   T* y = out[0].ptr<T>();
-  parallel_for(0, A * I, std::max<int64_t>(1, 4096 / std::max<int64_t>(C, 1)), [&](int64_t b, int64_t e) {
-    for (int64_t ai = b; ai < e; ++ai) {
-      const int64_t a = ai / I;
-      for (int64_t c = 0; c < C; ++c) {
-        const int64_t r = idx[ai * C + c];
-        check_index("gather", r, R);
-        y[ai * C + c] = xp[(a * R + r) * C + c];
-      }
-    }
-  });
+  parallel_for(0, A * I, std::max<int64_t>(1, 4096 / std::max<int64_t>(C, 1)),
+               [&](int64_t b, int64_t e) {
+                 for (int64_t ai = b; ai < e; ++ai) {
+                   const int64_t a = ai / I;
+                   for (int64_t c = 0; c < C; ++c) {
+                     const int64_t r = idx[ai * C + c];
+                     check_index("gather", r, R);
+                     y[ai * C + c] = xp[(a * R + r) * C + c];
+                   }
+                 }
+               });
 }
 
 template <typename T>

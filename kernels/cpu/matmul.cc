@@ -17,7 +17,8 @@ MatrixLayout layout_of(const TensorArg& t) {
   const int64_t rs = t.strides[t.ndim - 2], cs = t.strides[t.ndim - 1];
   const int64_t rows = t.shape[t.ndim - 2], cols = t.shape[t.ndim - 1];
   if (cs == 1 || cols == 1) return {false, std::max<int64_t>(rows == 1 ? cols : rs, 1)};
-  MAMMOTH_CHECK(rs == 1 || rows == 1) << "[matmul] operand needs a unit stride in its last two dims";
+  MAMMOTH_CHECK(rs == 1 || rows == 1)
+      << "[matmul] operand needs a unit stride in its last two dims";
   return {true, std::max<int64_t>(cs, 1)};
 }
 
@@ -25,29 +26,29 @@ MatrixLayout layout_of(const TensorArg& t) {
 template <typename T>
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
           const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
-  parallel_for(0, M, std::max<int64_t>(1, 4096 / std::max<int64_t>(N * K, 1)), [&](int64_t m0,
-                                                                                   int64_t m1) {
-    std::vector<T> acc(N);
-    for (int64_t m = m0; m < m1; ++m) {
-      std::fill(acc.begin(), acc.end(), T(0));
-      for (int64_t k = 0; k < K; ++k) {
-        const T a = ta ? A[k * lda + m] : A[m * lda + k];
-        if (a == T(0)) continue;
-        if (!tb) {
-          const T* brow = B + k * ldb;
-          for (int64_t n = 0; n < N; ++n) acc[n] += a * brow[n];
-        } else {
-          for (int64_t n = 0; n < N; ++n) acc[n] += a * B[n * ldb + k];
-        }
-      }
-      T* crow = C + m * ldc;
-      if (beta == T(0)) {
-        for (int64_t n = 0; n < N; ++n) crow[n] = alpha * acc[n];
-      } else {
-        for (int64_t n = 0; n < N; ++n) crow[n] = alpha * acc[n] + beta * crow[n];
-      }
-    }
-  });
+  parallel_for(0, M, std::max<int64_t>(1, 4096 / std::max<int64_t>(N * K, 1)),
+               [&](int64_t m0, int64_t m1) {
+                 std::vector<T> acc(N);
+                 for (int64_t m = m0; m < m1; ++m) {
+                   std::fill(acc.begin(), acc.end(), T(0));
+                   for (int64_t k = 0; k < K; ++k) {
+                     const T a = ta ? A[k * lda + m] : A[m * lda + k];
+                     if (a == T(0)) continue;
+                     if (!tb) {
+                       const T* brow = B + k * ldb;
+                       for (int64_t n = 0; n < N; ++n) acc[n] += a * brow[n];
+                     } else {
+                       for (int64_t n = 0; n < N; ++n) acc[n] += a * B[n * ldb + k];
+                     }
+                   }
+                   T* crow = C + m * ldc;
+                   if (beta == T(0)) {
+                     for (int64_t n = 0; n < N; ++n) crow[n] = alpha * acc[n];
+                   } else {
+                     for (int64_t n = 0; n < N; ++n) crow[n] = alpha * acc[n] + beta * crow[n];
+                   }
+                 }
+               });
 }
 
 template <typename T>

@@ -14,14 +14,15 @@ void sum_last_kernel(std::span<const TensorArg> in, std::span<const TensorArg> o
   const int64_t M = R == 0 ? out[0].numel() : in[0].numel() / R;
   const T* x = in[0].ptr<const T>();
   T* y = out[0].ptr<T>();
-  parallel_for(0, M, std::max<int64_t>(1, 16384 / std::max<int64_t>(R, 1)), [&](int64_t b, int64_t e) {
-    for (int64_t m = b; m < e; ++m) {
-      double acc = 0.0;
-      const T* row = x + m * R;
-      for (int64_t r = 0; r < R; ++r) acc += row[r];
-      y[m] = static_cast<T>(acc);
-    }
-  });
+  parallel_for(0, M, std::max<int64_t>(1, 16384 / std::max<int64_t>(R, 1)),
+               [&](int64_t b, int64_t e) {
+                 for (int64_t m = b; m < e; ++m) {
+                   double acc = 0.0;
+                   const T* row = x + m * R;
+                   for (int64_t r = 0; r < R; ++r) acc += row[r];
+                   y[m] = static_cast<T>(acc);
+                 }
+               });
 }
 
 // First index of the maximum; NaN propagates (a NaN row reports the first NaN).

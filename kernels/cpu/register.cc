@@ -13,5 +13,4 @@ void register_kernels(Registry& r) {
   register_optim(r);
 }
 
-
 }  // namespace mammoth::kernels::cpu

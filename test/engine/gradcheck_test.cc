@@ -1,5 +1,7 @@
 // Gradient checks for every differentiable op in engine/op_list.h (central differences, f64).
 // The first test fails when an op in the inventory has no case here.
+#include "test/testing/gradcheck.h"
+
 #include <catch2/catch.hpp>
 #include <functional>
 #include <map>
@@ -7,7 +9,6 @@
 
 #include "engine/op_list.h"
 #include "engine/ops.h"
-#include "test/testing/gradcheck.h"
 
 using namespace mammoth;
 using engine::Tensor;
@@ -41,15 +42,25 @@ std::map<std::string, std::vector<Case>> cases() {
   using namespace engine;
   std::map<std::string, std::vector<Case>> c;
   c["add"] = {{[](const Inputs& x) { return add(x[0], x[1]); },
-               [] { return Inputs{leaf({2, 3}, 1), leaf({3}, 2)}; }},
+               [] {
+                 return Inputs{leaf({2, 3}, 1), leaf({3}, 2)};
+               }},
               {[](const Inputs& x) { return x[0] + x[1]; },
-               [] { return Inputs{leaf({2, 1, 4}, 1), leaf({3, 1}, 2)}; }}};
+               [] {
+                 return Inputs{leaf({2, 1, 4}, 1), leaf({3, 1}, 2)};
+               }}};
   c["sub"] = {{[](const Inputs& x) { return sub(x[0], x[1]); },
-               [] { return Inputs{leaf({2, 1}, 3), leaf({2, 3}, 4)}; }}};
+               [] {
+                 return Inputs{leaf({2, 1}, 3), leaf({2, 3}, 4)};
+               }}};
   c["mul"] = {{[](const Inputs& x) { return mul(x[0], x[1]); },
-               [] { return Inputs{leaf({2, 3}, 5), leaf({1, 3}, 6)}; }}};
+               [] {
+                 return Inputs{leaf({2, 3}, 5), leaf({1, 3}, 6)};
+               }}};
   c["div"] = {{[](const Inputs& x) { return div(x[0], x[1]); },
-               [] { return Inputs{leaf({2, 3}, 7), leaf_uniform({2, 3}, 8, 0.5, 2.0)}; }}};
+               [] {
+                 return Inputs{leaf({2, 3}, 7), leaf_uniform({2, 3}, 8, 0.5, 2.0)};
+               }}};
   c["neg"] = {{[](const Inputs& x) { return neg(x[0]); }, [] { return Inputs{leaf({4}, 9)}; }}};
   c["exp"] = {{[](const Inputs& x) { return exp(x[0]); }, [] { return Inputs{leaf({4}, 10)}; }}};
   c["log"] = {{[](const Inputs& x) { return log(x[0]); },
@@ -59,8 +70,8 @@ std::map<std::string, std::vector<Case>> cases() {
   c["rsqrt"] = {{[](const Inputs& x) { return rsqrt(x[0]); },
                  [] { return Inputs{leaf_uniform({4}, 13, 0.5, 2.0)}; }}};
   c["tanh"] = {{[](const Inputs& x) { return tanh(x[0]); }, [] { return Inputs{leaf({5}, 14)}; }}};
-  c["relu"] = {{[](const Inputs& x) { return relu(x[0]); },
-                [] { return Inputs{away_from_zero({6}, 15)}; }}};
+  c["relu"] = {
+      {[](const Inputs& x) { return relu(x[0]); }, [] { return Inputs{away_from_zero({6}, 15)}; }}};
   c["gelu"] = {{[](const Inputs& x) { return gelu(x[0]); }, [] { return Inputs{leaf({6}, 16)}; }}};
   c["gelu_tanh"] = {
       {[](const Inputs& x) { return gelu_tanh(x[0]); }, [] { return Inputs{leaf({6}, 17)}; }}};
@@ -71,96 +82,184 @@ std::map<std::string, std::vector<Case>> cases() {
       {[](const Inputs& x) { return x[0] * -1.5; }, [] { return Inputs{leaf({3}, 20)}; }}};
   c["pow_scalar"] = {{[](const Inputs& x) { return pow_scalar(x[0], 2.5); },
                       [] { return Inputs{leaf_uniform({3}, 21, 0.5, 2.0)}; }}};
-  c["sum"] = {{[](const Inputs& x) { return sum(x[0], {1}); }, [] { return Inputs{leaf({2, 3, 4}, 22)}; }},
-              {[](const Inputs& x) { return sum(x[0], {0, 2}, true); },
-               [] { return Inputs{leaf({2, 3, 4}, 23)}; }},
-              {[](const Inputs& x) { return sum(x[0]); }, [] { return Inputs{leaf({2, 3}, 24)}; }}};
+  c["sum"] = {{[](const Inputs& x) { return sum(x[0], {1}); },
+               [] {
+                 return Inputs{leaf({2, 3, 4}, 22)};
+               }},
+              {[](const Inputs& x) {
+                 return sum(x[0], {0, 2}, true);
+               },
+               [] {
+                 return Inputs{leaf({2, 3, 4}, 23)};
+               }},
+              {[](const Inputs& x) { return sum(x[0]); },
+               [] {
+                 return Inputs{leaf({2, 3}, 24)};
+               }}};
   c["mean"] = {{[](const Inputs& x) { return mean(x[0], {-1}, true); },
-                [] { return Inputs{leaf({2, 5}, 25)}; }}};
-  c["max"] = {{[](const Inputs& x) { return max(x[0], 1); }, [] { return Inputs{leaf({3, 4, 2}, 26)}; }},
+                [] {
+                  return Inputs{leaf({2, 5}, 25)};
+                }}};
+  c["max"] = {{[](const Inputs& x) { return max(x[0], 1); },
+               [] {
+                 return Inputs{leaf({3, 4, 2}, 26)};
+               }},
               {[](const Inputs& x) { return max(x[0], -1, true); },
-               [] { return Inputs{leaf({3, 5}, 27)}; }}};
+               [] {
+                 return Inputs{leaf({3, 5}, 27)};
+               }}};
   c["matmul"] = {
       {[](const Inputs& x) { return matmul(x[0], x[1]); },
-       [] { return Inputs{leaf({3, 4}, 28), leaf({4, 2}, 29)}; }},
+       [] {
+         return Inputs{leaf({3, 4}, 28), leaf({4, 2}, 29)};
+       }},
       {[](const Inputs& x) { return matmul(x[0], x[1]); },  // [B,M,K] @ [K,N] folds the batch
-       [] { return Inputs{leaf({2, 3, 4}, 30), leaf({4, 5}, 31)}; }},
+       [] {
+         return Inputs{leaf({2, 3, 4}, 30), leaf({4, 5}, 31)};
+       }},
       {[](const Inputs& x) { return matmul(x[0], x[1].transpose(-1, -2)); },  // transposed view
-       [] { return Inputs{leaf({2, 3, 4}, 32), leaf({2, 5, 4}, 33)}; }},
+       [] {
+         return Inputs{leaf({2, 3, 4}, 32), leaf({2, 5, 4}, 33)};
+       }},
       {[](const Inputs& x) { return matmul(x[0].transpose(-1, -2), x[1]); },  // broadcast batch
-       [] { return Inputs{leaf({1, 4, 3}, 34), leaf({2, 4, 2}, 35)}; }}};
+       [] {
+         return Inputs{leaf({1, 4, 3}, 34), leaf({2, 4, 2}, 35)};
+       }}};
   c["softmax"] = {{[](const Inputs& x) { return softmax(x[0], -1); },
-                   [] { return Inputs{leaf({3, 5}, 36)}; }},
+                   [] {
+                     return Inputs{leaf({3, 5}, 36)};
+                   }},
                   {[](const Inputs& x) { return softmax(x[0], 0); },
-                   [] { return Inputs{leaf({3, 4}, 37)}; }}};
+                   [] {
+                     return Inputs{leaf({3, 4}, 37)};
+                   }}};
   c["log_softmax"] = {{[](const Inputs& x) { return log_softmax(x[0], -1); },
-                       [] { return Inputs{leaf({2, 3, 5}, 38)}; }}};
+                       [] {
+                         return Inputs{leaf({2, 3, 5}, 38)};
+                       }}};
   c["layer_norm"] = {{[](const Inputs& x) { return layer_norm(x[0], x[1], x[2], 1e-5); },
-                      [] { return Inputs{leaf({3, 2, 6}, 39), leaf({6}, 40), leaf({6}, 41)}; }}};
+                      [] {
+                        return Inputs{leaf({3, 2, 6}, 39), leaf({6}, 40), leaf({6}, 41)};
+                      }}};
   c["rms_norm"] = {{[](const Inputs& x) { return rms_norm(x[0], x[1], 1e-6); },
-                    [] { return Inputs{leaf({4, 5}, 42), leaf({5}, 43)}; }}};
-  c["embedding"] = {{[](const Inputs& x) { return embedding(ids({1, 3, 1, 0, 4, 3}, {2, 3}), x[0]); },
-                     [] { return Inputs{leaf({5, 4}, 44)}; }}};
-  c["cross_entropy"] = {
-      {[](const Inputs& x) { return cross_entropy(x[0], ids({1, 0, 4, 2, 3, 1}, {2, 3})); },
-       [] { return Inputs{leaf({2, 3, 5}, 45)}; }},
-      {[](const Inputs& x) {
-         return cross_entropy(x[0], ids({1, -100, 4, 2}, {4}), {.ignore_index = -100,
-                                                                 .label_smoothing = 0.1});
-       },
-       [] { return Inputs{leaf({4, 5}, 46)}; }}};
+                    [] {
+                      return Inputs{leaf({4, 5}, 42), leaf({5}, 43)};
+                    }}};
+  c["embedding"] = {{[](const Inputs& x) {
+                       return embedding(ids({1, 3, 1, 0, 4, 3}, {2, 3}), x[0]);
+                     },
+                     [] {
+                       return Inputs{leaf({5, 4}, 44)};
+                     }}};
+  c["cross_entropy"] = {{[](const Inputs& x) {
+                           return cross_entropy(x[0], ids({1, 0, 4, 2, 3, 1}, {2, 3}));
+                         },
+                         [] {
+                           return Inputs{leaf({2, 3, 5}, 45)};
+                         }},
+                        {[](const Inputs& x) {
+                           return cross_entropy(x[0], ids({1, -100, 4, 2}, {4}),
+                                                {.ignore_index = -100, .label_smoothing = 0.1});
+                         },
+                         [] {
+                           return Inputs{leaf({4, 5}, 46)};
+                         }}};
   c["dropout"] = {{[](const Inputs& x) { return dropout(x[0], 0.3, 7, 0); },
-                   [] { return Inputs{leaf({4, 8}, 47)}; }}};
+                   [] {
+                     return Inputs{leaf({4, 8}, 47)};
+                   }}};
   c["attention"] = {
       {[](const Inputs& x) { return attention(x[0], x[1], x[2], {.causal = true}); },
-       [] { return Inputs{leaf({1, 2, 4, 3}, 48), leaf({1, 2, 4, 3}, 49), leaf({1, 2, 4, 3}, 50)}; }},
+       [] {
+         return Inputs{leaf({1, 2, 4, 3}, 48), leaf({1, 2, 4, 3}, 49), leaf({1, 2, 4, 3}, 50)};
+       }},
       {[](const Inputs& x) {  // grouped-query, Tq != Tk, padding mask, custom scale
          Tensor mask = Tensor::from_ints({1, 1, 0, 1, 1, 0, 1, 1, 1, 1}, {2, 5}).to(DType::kBool);
          return attention(x[0], x[1], x[2], {.causal = false, .scale = 0.7, .key_mask = mask});
        },
-       [] { return Inputs{leaf({2, 4, 3, 2}, 51), leaf({2, 2, 5, 2}, 52), leaf({2, 2, 5, 2}, 53)}; }},
+       [] {
+         return Inputs{leaf({2, 4, 3, 2}, 51), leaf({2, 2, 5, 2}, 52), leaf({2, 2, 5, 2}, 53)};
+       }},
       {[](const Inputs& x) { return attention(x[0], x[1], x[2], {.causal = true}); },
-       [] { return Inputs{leaf({1, 1, 2, 3}, 54), leaf({1, 1, 4, 3}, 55), leaf({1, 1, 4, 3}, 56)}; }}};
+       [] {
+         return Inputs{leaf({1, 1, 2, 3}, 54), leaf({1, 1, 4, 3}, 55), leaf({1, 1, 4, 3}, 56)};
+       }}};
   c["rope"] = {{[](const Inputs& x) { return rope(x[0], 10000.0, 3); },
-                [] { return Inputs{leaf({2, 3, 2, 4}, 57)}; }},
+                [] {
+                  return Inputs{leaf({2, 3, 2, 4}, 57)};
+                }},
                {[](const Inputs& x) { return rope(x[0], 100.0, 0, 2); },  // partial rotary dim
-                [] { return Inputs{leaf({1, 4, 1, 6}, 58)}; }}};
-  c["concat"] = {{[](const Inputs& x) { return concat({x[0], x[1]}, 1); },
-                  [] { return Inputs{leaf({2, 3}, 59), leaf({2, 2}, 60)}; }}};
+                [] {
+                  return Inputs{leaf({1, 4, 1, 6}, 58)};
+                }}};
+  c["concat"] = {{[](const Inputs& x) {
+                    return concat({x[0], x[1]}, 1);
+                  },
+                  [] {
+                    return Inputs{leaf({2, 3}, 59), leaf({2, 2}, 60)};
+                  }}};
   c["split"] = {{[](const Inputs& x) {
                    auto parts = split(x[0], {1, 3}, 1);
                    return parts[0] * 2.0 + sum(parts[1], {1}, true);
                  },
-                 [] { return Inputs{leaf({2, 4}, 61)}; }}};
-  c["index_select"] = {{[](const Inputs& x) { return index_select(x[0], 1, ids({2, 0, 2}, {3})); },
-                        [] { return Inputs{leaf({2, 3, 2}, 62)}; }}};
+                 [] {
+                   return Inputs{leaf({2, 4}, 61)};
+                 }}};
+  c["index_select"] = {{[](const Inputs& x) {
+                          return index_select(x[0], 1, ids({2, 0, 2}, {3}));
+                        },
+                        [] {
+                          return Inputs{leaf({2, 3, 2}, 62)};
+                        }}};
   c["gather"] = {{[](const Inputs& x) {
                     return gather(x[0], 1, ids({0, 2, 2, 1, 0, 0}, {2, 3}));
                   },
-                  [] { return Inputs{leaf({2, 3}, 63)}; }}};
+                  [] {
+                    return Inputs{leaf({2, 3}, 63)};
+                  }}};
   c["where"] = {{[](const Inputs& x) {
                    Tensor cond = Tensor::from_ints({1, 0, 1, 0, 0, 1}, {2, 3}).to(DType::kBool);
                    return where(cond, x[0], x[1]);
                  },
-                 [] { return Inputs{leaf({2, 3}, 64), leaf({3}, 65)}; }}};
+                 [] {
+                   return Inputs{leaf({2, 3}, 64), leaf({3}, 65)};
+                 }}};
   c["masked_fill"] = {{[](const Inputs& x) {
                          Tensor m = Tensor::from_ints({1, 0, 0}, {3}).to(DType::kBool);
                          return masked_fill(x[0], m, -5.0);
                        },
-                       [] { return Inputs{leaf({2, 3}, 66)}; }}};
+                       [] {
+                         return Inputs{leaf({2, 3}, 66)};
+                       }}};
   c["cast"] = {{[](const Inputs& x) { return cast(x[0], DType::kF32).to(DType::kF64) * 3.0; },
                 [] { return Inputs{leaf({4}, 67)}; },
                 {.eps = 1e-2, .atol = 1e-4, .rtol = 1e-4}}};
-  c["view"] = {{[](const Inputs& x) { return x[0].view({3, 2}).unsqueeze(0) * x[0].reshape({3, 2}); },
-                [] { return Inputs{leaf({2, 3}, 68)}; }}};
-  c["permute"] = {{[](const Inputs& x) { return x[0].permute({2, 0, 1}).contiguous(); },
-                   [] { return Inputs{leaf({2, 3, 4}, 69)}; }}};
+  c["view"] = {{[](const Inputs& x) {
+                  return x[0].view({3, 2}).unsqueeze(0) * x[0].reshape({3, 2});
+                },
+                [] {
+                  return Inputs{leaf({2, 3}, 68)};
+                }}};
+  c["permute"] = {{[](const Inputs& x) {
+                     return x[0].permute({2, 0, 1}).contiguous();
+                   },
+                   [] {
+                     return Inputs{leaf({2, 3, 4}, 69)};
+                   }}};
   c["slice"] = {{[](const Inputs& x) { return x[0].slice(1, 1, 5, 2) * 2.0; },
-                 [] { return Inputs{leaf({2, 5}, 70)}; }}};
-  c["expand"] = {{[](const Inputs& x) { return x[0].expand({3, 2, 4}) * x[1]; },
-                  [] { return Inputs{leaf({2, 1}, 71), leaf({3, 2, 4}, 72)}; }}};
+                 [] {
+                   return Inputs{leaf({2, 5}, 70)};
+                 }}};
+  c["expand"] = {{[](const Inputs& x) {
+                    return x[0].expand({3, 2, 4}) * x[1];
+                  },
+                  [] {
+                    return Inputs{leaf({2, 1}, 71), leaf({3, 2, 4}, 72)};
+                  }}};
   c["contiguous"] = {{[](const Inputs& x) { return x[0].transpose(0, 1).contiguous(); },
-                      [] { return Inputs{leaf({3, 2}, 73)}; }}};
+                      [] {
+                        return Inputs{leaf({3, 2}, 73)};
+                      }}};
   return c;
 }
 

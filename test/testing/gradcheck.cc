@@ -31,7 +31,8 @@ std::string compare(const Tensor& actual, const Tensor& expected, double rtol, d
   double worst = 0;
   size_t at = 0;
   for (size_t i = 0; i < a.size(); ++i) {
-    const double err = std::fabs(a[i] - e[i]) / (atol + rtol * std::fabs(e[i]));
+    const double diff = std::fabs(a[i] - e[i]);
+    const double err = diff == 0 ? 0 : diff / (atol + rtol * std::fabs(e[i]));
     if (!(err <= worst)) {  // NaN counts as worst
       worst = err;
       at = i;
@@ -40,8 +41,8 @@ std::string compare(const Tensor& actual, const Tensor& expected, double rtol, d
   }
   if (worst <= 1.0) return "";
   std::ostringstream os;
-  os << "element " << at << ": got " << a[at] << ", expected " << e[at] << " (error ratio "
-     << worst << ")";
+  os << "element " << at << ": got " << a[at] << ", expected " << e[at] << " (error ratio " << worst
+     << ")";
   return os.str();
 }
 
@@ -74,10 +75,10 @@ std::string gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f
       data[i] = orig;
       numeric[i] = (plus - minus) / (2 * options.eps);
     }
-    const std::string err =
-        compare(analytic, Tensor::from_vector(numeric, x.shape(), DType::kF64), options.rtol,
-                options.atol);
-    if (!err.empty()) report << "input " << k << " " << engine::shape_str(x.shape()) << ": " << err << "; ";
+    const std::string err = compare(analytic, Tensor::from_vector(numeric, x.shape(), DType::kF64),
+                                    options.rtol, options.atol);
+    if (!err.empty())
+      report << "input " << k << " " << engine::shape_str(x.shape()) << ": " << err << "; ";
   }
   return report.str();
 }

@@ -1,0 +1,65 @@
+// Autograd mechanics: accumulation into .grad, shared subgraphs, no-grad mode, and the error
+// for a second backward through a freed graph.
+#include "engine/autograd.h"
+
+#include <catch2/catch.hpp>
+
+#include "engine/ops.h"
+
+using namespace mammoth;
+using engine::Tensor;
+
+TEST_CASE("gradients accumulate across backward calls and through shared nodes") {
+  Tensor x = Tensor::from_vector({1, 2, 3}, {3}, DType::kF64).requires_grad_();
+  Tensor y = engine::mul(x, x);         // used twice below
+  Tensor z = engine::sum(y + y * 3.0);  // dz/dx = 8x
+  z.backward();
+  CHECK(x.grad().to_vector() == std::vector<double>{8, 16, 24});
+  engine::sum(x * 2.0).backward();  // accumulates
+  CHECK(x.grad().to_vector() == std::vector<double>{10, 18, 26});
+  x.zero_grad();
+  CHECK(!x.grad().defined());
+}
+
+TEST_CASE("a second backward through the same graph is a clear error") {
+  Tensor x = Tensor::from_vector({1, 2}, {2}).requires_grad_();
+  Tensor loss = engine::sum(engine::exp(x));
+  loss.backward();
+  try {
+    loss.backward();
+    FAIL("expected an error");
+  } catch (const Error& e) {
+    CHECK(std::string(e.message()).find("second time") != std::string::npos);
+  }
+}
+
+TEST_CASE("no-grad mode records nothing") {
+  Tensor x = Tensor::from_vector({1, 2}, {2}).requires_grad_();
+  Tensor y;
+  {
+    engine::NoGradGuard ng;
+    y = engine::mul(x, x);
+  }
+  CHECK(!y.requires_grad());
+  CHECK(!y.grad_fn());
+  Tensor z = engine::mul(x, x);
+  CHECK(z.requires_grad());
+  CHECK(z.grad_fn()->name() == "mul");
+}
+
+TEST_CASE("backward needs a gradient for non-scalar roots") {
+  Tensor x = Tensor::from_vector({1, 2}, {2}).requires_grad_();
+  Tensor y = x * 3.0;
+  CHECK_THROWS_AS(y.backward(), Error);
+  y.backward(Tensor::from_vector({1, 10}, {2}));
+  CHECK(x.grad().to_vector() == std::vector<double>{3, 30});
+}
+
+TEST_CASE("gradients of broadcast inputs are summed to their shape") {
+  Tensor a = Tensor::from_vector({1, 2, 3}, {1, 3}).requires_grad_();
+  Tensor b = Tensor::from_vector({1, 1}, {2, 1}).requires_grad_();
+  engine::sum(engine::mul(a, b)).backward();
+  CHECK(a.grad().shape() == engine::Shape{1, 3});
+  CHECK(a.grad().to_vector() == std::vector<double>{2, 2, 2});
+  CHECK(b.grad().to_vector() == std::vector<double>{6, 6});
+}

@@ -1,0 +1,154 @@
+// Tensor basics: creation, views without copies, broadcasting, non-contiguous inputs, casts and
+// the errors a user gets for misuse.
+#include <catch2/catch.hpp>
+
+#include "engine/ops.h"
+#include "memory/allocator.h"
+#include "test/testing/gradcheck.h"
+
+using namespace mammoth;
+using engine::Tensor;
+
+namespace {
+std::vector<double> vals(const Tensor& t) { return t.to_vector(); }
+Tensor iota(const engine::Shape& s) {
+  std::vector<double> v(static_cast<size_t>(engine::shape_numel(s)));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(i);
+  return Tensor::from_vector(v, s);
+}
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.message();
+  }
+  return "";
+}
+}  // namespace
+
+TEST_CASE("views share storage and read the right elements") {
+  Tensor x = iota({2, 3, 4});
+  Tensor p = x.permute({2, 0, 1});
+  CHECK(p.shape() == engine::Shape{4, 2, 3});
+  CHECK(!p.is_contiguous());
+  CHECK(p.storage() == x.storage());
+  // p[i][j][k] = x[j][k][i]
+  CHECK(p.contiguous().to_vector()[1 * 6 + 1 * 3 + 2] == 1 * 12 + 2 * 4 + 1);
+  Tensor s = x.slice(2, 1, 4, 2);  // columns 1 and 3
+  CHECK(s.shape() == engine::Shape{2, 3, 2});
+  CHECK(vals(s.select(0, 1).select(0, 2)) == std::vector<double>{21, 23});
+  Tensor t = x.transpose(0, 1);
+  CHECK(t.reshape({3, 8}).shape() == engine::Shape{3, 8});
+  CHECK(vals(t.reshape({-1}))[4] == 12);  // t[0][1][0] = x[1][0][0]
+  Tensor e = Tensor::from_vector({1, 2}, {2, 1}).expand({2, 3});
+  CHECK(e.strides()[1] == 0);
+  CHECK(vals(e) == std::vector<double>{1, 1, 1, 2, 2, 2});
+  CHECK(x.view({6, 4}).storage() == x.storage());
+  CHECK(x.unsqueeze(1).shape() == engine::Shape{2, 1, 3, 4});
+  CHECK(x.unsqueeze(1).squeeze(1).shape() == x.shape());
+  CHECK(x.flatten(1).shape() == engine::Shape{2, 12});
+}
+
+TEST_CASE("view of a non-contiguous tensor works when strides allow and fails clearly otherwise") {
+  Tensor x = iota({4, 6});
+  Tensor s = x.slice(1, 0, 4);  // [4, 4] rows still stride 6
+  CHECK(s.view({4, 2, 2}).storage() == x.storage());
+  CHECK(vals(s.view({4, 2, 2}).select(0, 1).select(0, 1)) == std::vector<double>{8, 9});
+  const std::string err = error_of([&] { (void)s.view({16}); });
+  CHECK(err.find("[view]") != std::string::npos);
+  CHECK(err.find("reshape") != std::string::npos);
+  CHECK(vals(s.reshape({16}))[4] == 6);  // reshape copies instead
+}
+
+TEST_CASE("broadcasting binary ops") {
+  Tensor a = iota({2, 1, 3});
+  Tensor b = Tensor::from_vector({10, 20}, {2, 1});
+  Tensor y = engine::add(a, b);
+  CHECK(y.shape() == engine::Shape{2, 2, 3});
+  CHECK(vals(y) == std::vector<double>{10, 11, 12, 20, 21, 22, 13, 14, 15, 23, 24, 25});
+  Tensor z = engine::mul(Tensor::scalar(2.0), a);
+  CHECK(vals(z) == std::vector<double>{0, 2, 4, 6, 8, 10});
+}
+
+TEST_CASE("ops accept non-contiguous inputs") {
+  Tensor a = Tensor::randn({5, 7}, 1, 0, 1, DType::kF64);
+  Tensor b = Tensor::randn({7, 5}, 2, 0, 1, DType::kF64);
+  Tensor at = a.transpose(0, 1);  // [7, 5] strided
+  CHECK(testing::compare(engine::add(at, b), engine::add(at.contiguous(), b), 0, 0).empty());
+  CHECK(testing::compare(engine::matmul(at, a), engine::matmul(at.contiguous(), a), 1e-12, 1e-12)
+            .empty());
+  CHECK(testing::compare(engine::softmax(at, 0), engine::softmax(at.contiguous(), 0), 1e-12, 1e-12)
+            .empty());
+  CHECK(testing::compare(engine::sum(at, {1}), engine::sum(at.contiguous(), {1}), 1e-12, 1e-12)
+            .empty());
+}
+
+TEST_CASE("matmul matches a hand computation, including batch broadcast") {
+  Tensor a = Tensor::from_vector({1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor b = Tensor::from_vector({7, 8, 9, 10, 11, 12}, {3, 2});
+  CHECK(vals(engine::matmul(a, b)) == std::vector<double>{58, 64, 139, 154});
+  Tensor batch = engine::matmul(a.unsqueeze(0).expand({3, 2, 3}), b);
+  CHECK(batch.shape() == engine::Shape{3, 2, 2});
+  CHECK(vals(batch.select(0, 2)) == std::vector<double>{58, 64, 139, 154});
+}
+
+TEST_CASE("reductions") {
+  Tensor x = iota({2, 3});
+  CHECK(vals(engine::sum(x, {0})) == std::vector<double>{3, 5, 7});
+  CHECK(vals(engine::sum(x, {1}, true)) == std::vector<double>{3, 12});
+  CHECK(engine::sum(x, {1}, true).shape() == engine::Shape{2, 1});
+  CHECK(engine::sum(x).item() == 15);
+  CHECK(vals(engine::mean(x, {-1})) == std::vector<double>{1, 4});
+  CHECK(vals(engine::max(Tensor::from_vector({3, 9, 1, 4, 2, 8}, {2, 3}), 0)) ==
+        std::vector<double>{4, 9, 8});
+}
+
+TEST_CASE("casts cover every dtype pair") {
+  Tensor x = Tensor::from_vector({1.5, -2.0, 3.25, 0.0}, {4}, DType::kF64);
+  for (DType t : kAllDTypes) {
+    if (t == DType::kU8) continue;  // negative float -> u8 is undefined in C; checked below
+    Tensor y = x.to(t).to(DType::kF64);
+    INFO(dtype_name(t));
+    std::vector<double> expect{1.5, -2.0, 3.25, 0.0};
+    if (t == DType::kI32 || t == DType::kI64) expect = {1, -2, 3, 0};
+    if (t == DType::kBool) expect = {1, 1, 1, 0};
+    CHECK(vals(y) == expect);
+  }
+  CHECK(vals(Tensor::from_vector({7, 200}, {2}).to(DType::kU8)) == std::vector<double>{7, 200});
+  // bf16 keeps 8 mantissa bits: 1 + 2^-8 is a tie and rounds to even (1.0).
+  CHECK(Tensor::from_vector({1.0 + 1.0 / 256}, {1}).to(DType::kBF16).item() == 1.0);
+}
+
+TEST_CASE("clear errors for misuse") {
+  Tensor a = Tensor::zeros({4, 8});
+  Tensor b = Tensor::zeros({7, 3});
+  std::string err = error_of([&] { engine::matmul(a, b); });
+  CHECK(err == "[matmul] inner dimensions differ: (4, 8) x (7, 3)");
+  err = error_of([&] { engine::add(a, Tensor::zeros({3})); });
+  CHECK(err.find("cannot be broadcast") != std::string::npos);
+  err = error_of([&] { engine::add(a, Tensor::zeros({4, 8}, DType::kF64)); });
+  CHECK(err == "[add] dtype mismatch: f32 vs f64");
+  err = error_of([&] { engine::embedding(Tensor::from_ints({0, 9}, {2}), Tensor::zeros({5, 2})); });
+  CHECK(err.find("index 9 is out of range") != std::string::npos);
+  err = error_of([&] { a.slice(5, 0, 1); });
+  CHECK(err.find("dim 5 is out of range") != std::string::npos);
+  err = error_of([&] { a.view({5, -1}); });
+  CHECK(err.find("[view]") != std::string::npos);
+  err = error_of([&] {
+    engine::cross_entropy(Tensor::zeros({2, 3}), Tensor::from_ints({0, 3}, {2}));
+  });
+  CHECK(err.find("target 3") != std::string::npos);
+  err = error_of([&] { Tensor::zeros({2}, DType::kI64).requires_grad_(); });
+  CHECK(err.find("floating-point") != std::string::npos);
+}
+
+TEST_CASE("storage comes from the allocator and is returned") {
+  auto& alloc = memory::cpu_allocator();
+  const int64_t before = alloc.stats().allocated_bytes;
+  {
+    Tensor t = Tensor::zeros({1024});
+    CHECK(alloc.stats().allocated_bytes == before + 4096);
+    CHECK(reinterpret_cast<uintptr_t>(t.raw_data()) % 64 == 0);
+  }
+  CHECK(alloc.stats().allocated_bytes == before);
+}

@@ -1,0 +1,26 @@
+// Subcommands of the `mammoth` binary register themselves here.
+//
+// Each command lives in its own tools/cmd_<name>.cc and defines its Abseil flags there:
+//
+//   int run_eval(const std::vector<std::string>& args);   // positional args after flags
+//   MAMMOTH_COMMAND(eval, "mean cross-entropy of a model on a token file", run_eval);
+//
+// main() (tools/mammoth.cc) picks the command from argv[1], parses flags with Abseil (an
+// unknown flag is an error naming it) and calls it. mammoth::Error is printed without a stack.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace mammoth::tools {
+
+using CommandFn = int (*)(const std::vector<std::string>& args);
+
+struct CommandRegistration {
+  CommandRegistration(const char* name, const char* help, CommandFn fn);
+};
+
+}  // namespace mammoth::tools
+
+#define MAMMOTH_COMMAND(name, help, fn) \
+  static ::mammoth::tools::CommandRegistration mammoth_command_##name(#name, help, fn)
