@@ -163,10 +163,7 @@ int main(int argc, char** argv) {
                   static_cast<long>(s.N), static_cast<long>(s.K));
     for (int threads : {1, max_threads}) {
       if (only_threads > 0 && threads != only_threads) continue;
-      // base's pool loses a wake-up if parallel_for runs before a freshly started worker
-      // reaches its wait (reported to the lead); give new workers time to park first.
       mammoth::set_num_threads(threads);
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
       openblas_set_num_threads(threads);
       const double ours = median_seconds(reps, [&] {
         if (s.bf16) {

@@ -4,7 +4,6 @@
 #include "kernels/cpu/gemm.h"
 
 #include <catch2/catch.hpp>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -12,7 +11,6 @@
 #include <random>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "base/error.h"
@@ -31,18 +29,11 @@ std::vector<GemmIsa> supported_isas() {
   return isas;
 }
 
-// Sets the pool size. base's pool can lose the wake-up of a worker that has not reached its
-// wait yet when parallel_for follows set_num_threads at once, so give new workers a moment.
-void use_threads(int n) {
-  set_num_threads(n);
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
-}
-
 // Restores the automatic ISA and the default pool when a test ends, even on failure.
 struct IsaGuard {
   ~IsaGuard() {
     set_gemm_isa(GemmIsa::kAuto);
-    use_threads(0);
+    set_num_threads(0);
   }
 };
 
@@ -151,7 +142,7 @@ TEST_CASE("sgemm matches the reference on awkward sizes, every ISA, 1 and 2 thre
                               {1, 700, 1000}, {700, 1, 500},   {31, 45, 1000}, {4200, 17, 5},
                               {5, 1100, 9},   {130, 200, 400}, {64, 64, 64}};
   for (int threads : {1, 2}) {
-    use_threads(threads);
+    set_num_threads(threads);
     for (GemmIsa isa : supported_isas()) {
       set_gemm_isa(isa);
       REQUIRE(active_gemm_isa() == isa);
@@ -221,7 +212,7 @@ TEST_CASE("sgemm_strided_batched matches per-matrix references") {
   // Many small (one GEMM per thread), few large (each GEMM split across threads).
   const BatchCase shapes[] = {{33, 20, 17, 5}, {16, 16, 64, 16}, {130, 70, 90, 2}, {7, 3, 0, 3}};
   for (int threads : {1, 2}) {
-    use_threads(threads);
+    set_num_threads(threads);
     for (GemmIsa isa : supported_isas()) {
       set_gemm_isa(isa);
       for (const BatchCase& s : shapes) {
@@ -283,7 +274,7 @@ TEST_CASE("gemm_bf16 matches an fp32 reference on the bf16 values") {
   const int64_t shapes[][3] = {{1, 1, 1},      {7, 13, 3},     {33, 65, 31},  {127, 31, 257},
                                {13, 40, 1700}, {257, 257, 65}, {1, 300, 129}, {300, 1, 77}};
   for (int threads : {1, 2}) {
-    use_threads(threads);
+    set_num_threads(threads);
     for (GemmIsa isa : supported_isas()) {
       set_gemm_isa(isa);
       for (const auto& s : shapes) {
@@ -323,7 +314,7 @@ TEST_CASE("sgemm_fused adds the bias and applies GELU (tanh)") {
   IsaGuard guard;
   std::mt19937 rng(4);
   for (int threads : {1, 2}) {
-    use_threads(threads);
+    set_num_threads(threads);
     for (GemmIsa isa : supported_isas()) {
       set_gemm_isa(isa);
       for (GemmActivation act : {GemmActivation::kNone, GemmActivation::kGeluTanh}) {
@@ -364,7 +355,7 @@ TEST_CASE("dgemm matches the reference to double precision") {
   std::mt19937 rng(5);
   std::uniform_real_distribution<double> d(-1, 1);
   for (int threads : {1, 2}) {
-    use_threads(threads);
+    set_num_threads(threads);
     for (int t = 0; t < 4; ++t) {
       const bool ta = t & 1, tb = t & 2;
       for (const auto& s : {std::vector<int64_t>{1, 1, 1}, {7, 13, 31}, {65, 33, 127}, {3, 5, 0}}) {
