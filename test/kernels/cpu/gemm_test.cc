@@ -137,10 +137,24 @@ const int64_t kSizes[] = {1, 2, 3, 7, 13, 31, 33, 65, 127, 257};
 TEST_CASE("sgemm matches the reference on awkward sizes, every ISA, 1 and 2 threads") {
   IsaGuard guard;
   std::mt19937 rng(1);
-  // Mixed shapes: GEMV-like, K beyond one K block, M beyond one M block, N beyond one N block.
-  const int64_t mixed[][3] = {{1, 257, 33},   {257, 1, 65},    {13, 127, 7},   {33, 65, 257},
-                              {1, 700, 1000}, {700, 1, 500},   {31, 45, 1000}, {4200, 17, 5},
-                              {5, 1100, 9},   {130, 200, 400}, {64, 64, 64}};
+  // Mixed shapes (the parallel path starts at 4 MFLOP): GEMV-like, K beyond one K block, M beyond
+  // one M block, N beyond one N block.
+  const int64_t mixed[][3] = {
+      {1, 257, 33},
+      {257, 1, 65},
+      {13, 127, 7},
+      {33, 65, 257},
+      {1, 700, 1000},
+      {700, 1, 500},
+      {31, 45, 1000},
+      {4200, 17, 5},
+      {5, 1100, 9},
+      {130, 200, 400},
+      {64, 64, 64},
+      // Big enough (> 4 MFLOP) to be split over threads: by columns (few rows), and by rows.
+      {5, 1100, 500},
+      {2, 3000, 700},
+      {700, 5, 1500}};
   for (int threads : {1, 2}) {
     set_num_threads(threads);
     for (GemmIsa isa : supported_isas()) {
@@ -320,7 +334,9 @@ TEST_CASE("sgemm_fused adds the bias and applies GELU (tanh)") {
       for (GemmActivation act : {GemmActivation::kNone, GemmActivation::kGeluTanh}) {
         // K = 900 spans two K blocks: the epilogue must run once, after the last one.
         for (const Case& c : {Case{false, true, 67, 129, 900, 1.0f, 0.0f, 1},
-                              Case{true, false, 300, 40, 33, 0.5f, 1.0f, 0}}) {
+                              Case{true, false, 300, 40, 33, 0.5f, 1.0f, 0},
+                              // Split by columns over 2 threads: the bias must follow the slab.
+                              Case{true, true, 4, 700, 800, 1.0f, 0.0f, 3}}) {
           Mat A(c.ta ? c.K : c.M, c.ta ? c.M : c.K, c.pad, rng);
           Mat B(c.tb ? c.N : c.K, c.tb ? c.K : c.N, c.pad, rng);
           Mat C(c.M, c.N, c.pad, rng);
