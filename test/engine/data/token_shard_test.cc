@@ -1,0 +1,107 @@
+// Tests for engine/data/token_shard: llm.c shards, multi-shard datasets, and their errors.
+#include "engine/data/token_shard.h"
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <numeric>
+
+#include "base/error.h"
+#include "test/engine/data/test_dir.h"
+
+namespace mammoth::data {
+namespace {
+
+using testing::TestDir;
+
+std::vector<int32_t> iota_tokens(int n, int start) {
+  std::vector<int32_t> v(n);
+  for (int i = 0; i < n; ++i) v[i] = (start + i * 37) % 65536;
+  return v;
+}
+
+TEST_CASE("a shard round-trips with llm.c's header") {
+  TestDir dir;
+  const std::vector<int32_t> tokens = {0, 1, 50256, 65535, 7};
+  write_token_shard(dir.file("a.bin"), tokens);
+  const std::string raw = testing::read_bytes(dir.file("a.bin"));
+  REQUIRE(raw.size() == 1024 + 2 * tokens.size());
+  int32_t header[256];
+  std::memcpy(header, raw.data(), sizeof(header));
+  CHECK(header[0] == 20240520);
+  CHECK(header[1] == 1);
+  CHECK(header[2] == 5);
+  CHECK(std::all_of(header + 3, header + 256, [](int32_t x) { return x == 0; }));
+  const TokenShard s = TokenShard::open(dir.file("a.bin"));
+  REQUIRE(s.size() == 5);
+  for (size_t i = 0; i < tokens.size(); ++i) CHECK(s.data()[i] == tokens[i]);
+  CHECK(s.path() == dir.file("a.bin"));
+
+  write_token_shard(dir.file("empty.bin"), std::vector<int32_t>{});
+  CHECK(TokenShard::open(dir.file("empty.bin")).size() == 0);
+}
+
+TEST_CASE("a dataset reads several shards as one stream") {
+  TestDir dir;
+  std::vector<int32_t> all;
+  const int sizes[] = {10, 0, 25, 3};
+  for (int k = 0; k < 4; ++k) {
+    const auto t = iota_tokens(sizes[k], 1000 * k);
+    all.insert(all.end(), t.begin(), t.end());
+    write_token_shard(dir.file("train_00000" + std::to_string(k) + ".bin"), t);
+  }
+  dir.write("notes.txt", "not a shard");
+  for (const std::string& spec : {dir.path(), dir.file("train_*.bin")}) {
+    const TokenDataset d = TokenDataset::open(spec);
+    REQUIRE(d.num_shards() == 4);
+    REQUIRE(d.size() == static_cast<int64_t>(all.size()));
+    for (int64_t i = 0; i < d.size(); ++i) CHECK(d.at(i) == all[i]);
+    // Windows that cross the empty shard and several boundaries.
+    for (int64_t start : {0, 5, 9, 10, 30}) {
+      const int64_t n = std::min<int64_t>(8, d.size() - start);
+      std::vector<int32_t> out(n);
+      d.read(start, n, out.data());
+      CHECK(std::equal(out.begin(), out.end(), all.begin() + start));
+    }
+    std::vector<int32_t> whole(all.size());
+    d.read(0, d.size(), whole.data());
+    CHECK(whole == all);
+    std::vector<int32_t> one(1);
+    CHECK_THROWS_AS(d.read(d.size() - 2, 3, one.data()), Error);
+    CHECK_THROWS_AS(d.at(-1), Error);
+  }
+  CHECK(TokenDataset::open(dir.file("train_000002.bin")).size() == 25);
+}
+
+TEST_CASE("bad shards are errors naming the file") {
+  TestDir dir;
+  write_token_shard(dir.file("good.bin"), iota_tokens(100, 3));
+  const std::string good = testing::read_bytes(dir.file("good.bin"));
+
+  CHECK_THROWS_WITH(TokenShard::open(dir.file("missing.bin")), Catch::Contains("missing.bin"));
+  std::string bad_magic = good;
+  bad_magic[0] = 1;
+  dir.write("magic.bin", bad_magic);
+  CHECK_THROWS_WITH(TokenShard::open(dir.file("magic.bin")),
+                    Catch::Contains("magic.bin") && Catch::Contains("magic"));
+  std::string bad_version = good;
+  bad_version[4] = 2;
+  dir.write("version.bin", bad_version);
+  CHECK_THROWS_WITH(TokenShard::open(dir.file("version.bin")), Catch::Contains("version 2"));
+  dir.write("truncated.bin", good.substr(0, good.size() - 1));
+  CHECK_THROWS_WITH(TokenShard::open(dir.file("truncated.bin")),
+                    Catch::Contains("truncated.bin") && Catch::Contains("truncated"));
+  dir.write("short.bin", good.substr(0, 100));
+  CHECK_THROWS_WITH(TokenShard::open(dir.file("short.bin")), Catch::Contains("header"));
+  dir.write("long.bin", good + "xx");
+  CHECK_THROWS_WITH(TokenShard::open(dir.file("long.bin")), Catch::Contains("trailing"));
+
+  CHECK_THROWS_WITH(TokenDataset::open(dir.file("nothing_*.bin")), Catch::Contains("nothing_"));
+  TestDir empty;
+  CHECK_THROWS_WITH(TokenDataset::open(empty.path()), Catch::Contains("no *.bin"));
+  CHECK_THROWS_WITH(write_token_shard(dir.file("big.bin"), std::vector<int32_t>{1, 65536}),
+                    Catch::Contains("position 1"));
+  CHECK_THROWS_AS(write_token_shard(dir.file("neg.bin"), std::vector<int32_t>{-1}), Error);
+}
+
+}  // namespace
+}  // namespace mammoth::data
