@@ -1,0 +1,166 @@
+#!/bin/bash
+# The GPU check (DESIGN.md "GPU checks"): build here, run on a lent GPU machine.
+#
+#   bash tools/gpu_check.sh pack   # here (Bazel, CUDA toolkit, no GPU needed): builds the CUDA
+#                                  # kernel test and the GPU benchmark, packs them with the
+#                                  # non-CUDA shared libraries they load into gpu_pack/ (ignored)
+#   bash tools/gpu_check.sh run    # on the GPU machine (CUDA 13 toolkit + driver, PyTorch, no
+#                                  # Bazel): every CUDA-vs-CPU kernel test, then the benchmark
+#                                  # table beside PyTorch; writes gpu_pack/out/summary.md (and
+#                                  # copies gpu_pack/out to $OUT when that is set). ~3-4 minutes.
+#
+# A lent machine's command (the device tool): carry gpu_pack, run
+#   bash tools/gpu_check.sh run
+# `run` exits non-zero when a kernel test fails or nothing could be measured.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+PACK=gpu_pack
+TEST_BIN=bazel-bin/test/kernels/cuda/cuda_kernels_test_bin
+BENCH_BIN=bazel-bin/tools/bench/gpu/gpu_bench
+# Never packed: the GPU machine's own CUDA toolkit and driver provide these.
+CUDA_LIBS_RE='^(libcuda|libcudart|libcublas|libcublasLt|libnccl|libcudnn[a-z_]*|libnvidia-[a-z-]*|libnvrtc|libnvJitLink)\.so'
+# glibc's pieces go to their own folder: used only if the GPU machine's glibc is too old.
+GLIBC_RE='^(ld-linux-x86-64|libc|libm|libpthread|libdl|librt|libresolv|libutil)\.so'
+
+die() {
+  echo "[gpu_check] $*" >&2
+  exit 1
+}
+
+pack() {
+  command -v bazel >/dev/null || die "pack needs bazel (run it on the build machine)"
+  [[ -x /usr/local/cuda/bin/nvcc || -n "${MAMMOTH_CUDA_PATH:-}" ]] ||
+    die "pack needs the CUDA toolkit (nvcc) to build the CUDA backend"
+  bazel build //test/kernels/cuda:cuda_kernels_test_bin //tools/bench/gpu:gpu_bench ||
+    die "bazel build failed"
+  rm -rf "$PACK"
+  mkdir -p "$PACK/bin" "$PACK/lib" "$PACK/glibc"
+  for bin in "$TEST_BIN" "$BENCH_BIN"; do
+    [[ -x "$bin" ]] || die "missing $bin after the build"
+    # A CPU-only build would pack binaries that can only say "no CUDA backend".
+    [[ "$(readelf -S "$bin")" == *.nv_fatbin* ]] || die "$bin has no device code (CUDA disabled?)"
+    cp "$bin" "$PACK/bin/"
+    chmod u+w "$PACK/bin/$(basename "$bin")"
+    strip --strip-unneeded "$PACK/bin/$(basename "$bin")"
+    # "libfoo.so.1 => /path/libfoo.so.1 (0x...)" and the loader's "/lib64/ld-linux-x86-64.so.2 (0x...)"
+    ldd "$bin" | awk '/=>/ { print $1, $3; next } /ld-linux/ { print "ld-linux-x86-64.so.2", $1 }' |
+      while read -r name path; do
+        [[ -n "$path" && -e "$path" ]] || continue
+        if [[ "$name" =~ $CUDA_LIBS_RE ]]; then continue; fi
+        if [[ "$name" =~ $GLIBC_RE ]]; then
+          cp -L "$path" "$PACK/glibc/$name"
+        else
+          cp -L "$path" "$PACK/lib/$name"
+        fi
+      done
+  done
+  cp tools/bench/gpu/gpu_bench.py "$PACK/"
+  {
+    echo "commit $(git rev-parse HEAD 2>/dev/null)$(git diff --quiet 2>/dev/null || echo ' (dirty)')"
+    echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname)"
+    echo "nvcc $(/usr/local/cuda/bin/nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
+    echo "glibc $(ldd --version | head -1 | awk '{print $NF}')"
+    (cd "$PACK" && find . -type f -printf '%s %p\n' | sort -k2)
+  } >"$PACK/MANIFEST"
+  # Keep gpu_pack out of git even where .gitignore lacks it.
+  if [[ -d .git ]] && ! git check-ignore -q "$PACK/MANIFEST" 2>/dev/null; then
+    echo "/$PACK/" >>.git/info/exclude
+  fi
+  local size_mb
+  size_mb=$(du -sm "$PACK" | cut -f1)
+  echo "[gpu_check] packed $PACK/ (${size_mb} MiB):"
+  sed 's/^/  /' "$PACK/MANIFEST"
+  [[ $size_mb -lt 64 ]] || echo "[gpu_check] warning: $PACK is ${size_mb} MiB; the device tool carries at most 64 MiB"
+}
+
+find_cuda_lib_dir() {
+  local d
+  for d in "${CUDA_HOME:-}/lib64" /usr/local/cuda/lib64 /usr/local/cuda-13*/lib64 \
+    /usr/local/cuda/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu /usr/lib64; do
+    [[ -e "$d/libcudart.so.13" && -e "$d/libcublasLt.so.13" ]] && { echo "$d"; return 0; }
+  done
+  # As a last resort, the CUDA 13 wheels of a pip-installed PyTorch.
+  local py
+  py=$(python3 -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))' 2>/dev/null) || true
+  if [[ -n "$py" ]]; then
+    d=$(dirname "$(find "$py" -name 'libcudart.so.13' 2>/dev/null | head -1)" 2>/dev/null)
+    [[ -n "$d" && -e "$d/libcudart.so.13" ]] && { echo "$d"; return 0; }
+  fi
+  return 1
+}
+
+run() {
+  [[ -d "$PACK/bin" ]] || die "no $PACK/ here: run 'bash tools/gpu_check.sh pack' on the build machine and carry $PACK"
+  local out="$PACK/out"
+  rm -rf "$out"
+  mkdir -p "$out"
+  local cuda_dir libpath
+  cuda_dir=$(find_cuda_lib_dir) || die "no libcudart.so.13 / libcublasLt.so.13 found (set CUDA_HOME)"
+  libpath="$PWD/$PACK/lib:$cuda_dir"
+  # Prefer the machine's own glibc; fall back to the packed one (with its loader) if ours is newer.
+  local launcher="$out/launch.sh"
+  printf '#!/bin/bash\nexport LD_LIBRARY_PATH="%s${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"\nexec "$@"\n' \
+    "$libpath" >"$launcher"
+  chmod +x "$launcher"
+  "$launcher" "$PACK/bin/gpu_bench" --probe >/dev/null 2>&1
+  if [[ $? -ne 2 ]]; then
+    echo "[gpu_check] the system loader cannot start the binaries; using the packed glibc"
+    printf '#!/bin/bash\nexec "%s/%s/glibc/ld-linux-x86-64.so.2" --library-path "%s/%s/glibc:%s" "$@"\n' \
+      "$PWD" "$PACK" "$PWD" "$PACK" "$libpath" >"$launcher"
+    "$launcher" "$PACK/bin/gpu_bench" --probe >/dev/null 2>&1
+    [[ $? -eq 2 ]] || die "cannot start $PACK/bin/gpu_bench with either loader"
+  fi
+  local bench_wrapper="$out/gpu_bench"
+  printf '#!/bin/bash\nexec "%s" "%s/%s/bin/gpu_bench" "$@"\n' "$PWD/$launcher" "$PWD" "$PACK" >"$bench_wrapper"
+  chmod +x "$bench_wrapper"
+
+  local gpu
+  gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)
+  echo "[gpu_check] GPU: ${gpu:-unknown (no nvidia-smi)}; CUDA libraries: $cuda_dir"
+
+  echo "[gpu_check] (1) CUDA-vs-CPU kernel tests"
+  local t0=$SECONDS
+  timeout 150 "$launcher" "$PACK/bin/cuda_kernels_test_bin" >"$out/kernel_tests.log" 2>&1
+  local test_rc=$?
+  local test_s=$((SECONDS - t0))
+  tail -25 "$out/kernel_tests.log"
+  local test_line
+  test_line=$(grep -E "^(All tests passed|test cases:)" "$out/kernel_tests.log" | tail -1)
+  [[ $test_rc -eq 124 ]] && test_line="TIMED OUT after 150 s"
+  [[ -n "$test_line" ]] || test_line="exit status $test_rc (see kernel_tests.log)"
+
+  echo "[gpu_check] (2) benchmarks beside PyTorch"
+  t0=$SECONDS
+  timeout 200 python3 "$PACK/gpu_bench.py" --bench "$bench_wrapper" --json "$out/bench.json" \
+    --markdown "$out/bench.md" 2>&1 | tee "$out/bench.log"
+  local bench_rc=${PIPESTATUS[0]}
+  local bench_s=$((SECONDS - t0))
+
+  {
+    echo "## GPU check $(date -u +%Y-%m-%d)"
+    echo
+    echo "- machine: ${gpu:-unknown}"
+    echo "- build: $(sed -n 1p "$PACK/MANIFEST")"
+    echo "- command: bash tools/gpu_check.sh run"
+    echo "- kernel tests (${test_s} s): $test_line"
+    echo "- benchmarks (${bench_s} s, exit $bench_rc):"
+    echo
+    [[ -s "$out/bench.md" ]] && cat "$out/bench.md"
+  } >"$out/summary.md"
+  echo
+  cat "$out/summary.md"
+  if [[ -n "${OUT:-}" && -d "${OUT:-}" ]]; then
+    cp -r "$out/." "$OUT/"
+  fi
+  [[ $test_rc -eq 0 && $bench_rc -eq 0 ]]
+}
+
+case "${1:-}" in
+  pack) pack ;;
+  run) run ;;
+  *)
+    echo "usage: bash tools/gpu_check.sh pack|run" >&2
+    exit 2
+    ;;
+esac
