@@ -49,9 +49,6 @@ CachingAllocator::Block* CachingAllocator::find_free(Bin& bin, size_t size, void
   key.ptr = nullptr;
   auto it = bin.lower_bound(&key);
   if (it == bin.end() || (*it)->stream != stream) return nullptr;
-  // Don't hand a huge cached block to a small large-pool request: it could not be split
-  // usefully and would pin the whole segment.
-  if (!(*it)->small && (*it)->size >= kMinLargeAlloc && size < kMinLargeAlloc) return nullptr;
   Block* b = *it;
   bin.erase(it);
   return b;
