@@ -143,11 +143,17 @@ TEST_CASE("large requests: 20 MiB segments below 10 MiB, split when > 1 MiB rema
   CHECK(f.alloc->detailed_stats().reserved_bytes == static_cast<int64_t>(20 * kMiB));
   char* b = static_cast<char*>(f.alloc->allocate(5 * kMiB));
   CHECK(b == a + 3 * kMiB);
-  char* c = static_cast<char*>(f.alloc->allocate(11 * kMiB + 1));  // own segment, 2 MiB rounded
-  CHECK(f.alloc->detailed_stats().reserved_bytes == static_cast<int64_t>(32 * kMiB));
+  // 13 MiB does not fit the 12 MiB tail: its own segment, rounded to 2 MiB.
+  char* c = static_cast<char*>(f.alloc->allocate(13 * kMiB + 1));
+  CHECK(f.alloc->detailed_stats().reserved_bytes == static_cast<int64_t>(34 * kMiB));
+  // 11 MiB does fit the tail (best fit among the stream's free blocks): no new segment.
+  char* d = static_cast<char*>(f.alloc->allocate(11 * kMiB));
+  CHECK(d == a + 8 * kMiB);
+  CHECK(f.alloc->detailed_stats().reserved_bytes == static_cast<int64_t>(34 * kMiB));
+  f.alloc->deallocate(d, 11 * kMiB);
   f.alloc->deallocate(a, 3 * kMiB);
   f.alloc->deallocate(b, 5 * kMiB);
-  f.alloc->deallocate(c, 11 * kMiB + 1);
+  f.alloc->deallocate(c, 13 * kMiB + 1);
   CHECK(f.alloc->detailed_stats().allocated_bytes == 0);
   f.alloc->empty_cache();
   CHECK(f.alloc->detailed_stats().reserved_bytes == 0);
