@@ -52,6 +52,12 @@ const Shape kShapes[] = {
     {"qkv_fwd_wT", false, true, 4096, 2304, 768},
     {"qkv_dw", true, false, 768, 2304, 4096},
     {"proj_dw", true, false, 3072, 768, 4096},
+    // The tied LM head (wte [50257, 768]) on 1024 tokens, to keep the run short: logits =
+    // x @ wte^T (NT), dX = dlogits @ wte (NN), dwte = dlogits^T @ x (TN). N = 50257 has a
+    // ragged edge.
+    {"lmhead_fwd", false, true, 1024, 50257, 768},
+    {"lmhead_dx", false, false, 1024, 768, 50257},
+    {"lmhead_dw", true, false, 50257, 768, 1024},
     {"square2048", false, false, 2048, 2048, 2048},
     {"square2048_tt", true, true, 2048, 2048, 2048},
     {"fc_fwd_bf16", false, false, 4096, 3072, 768, true},
