@@ -67,6 +67,13 @@ const GemmKernels& portable_kernels() {
   return k;
 }
 
+namespace {
+std::atomic<bool> g_bf16_dot_allowed{true};
+}  // namespace
+
+void set_bf16_dot_allowed(bool allowed) { g_bf16_dot_allowed.store(allowed); }
+bool bf16_dot_allowed() { return g_bf16_dot_allowed.load(); }
+
 void* gemm_scratch(int slot, size_t bytes) {
   thread_local Scratch scratch;
   if (scratch.cap[slot] < bytes) {

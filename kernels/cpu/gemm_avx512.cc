@@ -148,7 +148,7 @@ void sgemm_avx512(const GemmArgs<float>& args, const GemmEpilogue& ep) {
 void gemm_bf16_avx512(const GemmArgs<uint16_t>& args) {
   // Without AVX512_BF16, convert to fp32 while packing and use the fp32 kernel.
   static const bool has_bf16 = __builtin_cpu_supports("avx512bf16");
-  if (has_bf16) {
+  if (has_bf16 && bf16_dot_allowed()) {
     gemm_serial<Bf16Kernel>(args, GemmEpilogue{});
   } else {
     gemm_serial<F32Kernel>(args, GemmEpilogue{});

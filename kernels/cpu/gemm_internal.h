@@ -59,6 +59,11 @@ const GemmKernels& avx512_kernels();
 // packed B, slot 2: edge tile). Defined in gemm.cc.
 void* gemm_scratch(int slot, size_t bytes);
 
+// Tests only: false makes the AVX-512 path convert bf16 to fp32 even on CPUs with AVX512_BF16,
+// so the conversion path is covered on this machine too. Defined in gemm.cc.
+void set_bf16_dot_allowed(bool allowed);
+bool bf16_dot_allowed();
+
 // Everything below is compiled once per ISA file with that file's -m flags. It sits in an
 // anonymous namespace so each translation unit keeps its own copy: with ordinary inline
 // functions or templates (pack_a<6, 1, float, float> is instantiated by both the AVX2 and the

@@ -15,6 +15,7 @@
 
 #include "base/error.h"
 #include "base/thread_pool.h"
+#include "kernels/cpu/gemm_internal.h"
 
 namespace mammoth::kernels::cpu {
 namespace {
@@ -291,35 +292,41 @@ TEST_CASE("gemm_bf16 matches an fp32 reference on the bf16 values") {
     set_num_threads(threads);
     for (GemmIsa isa : supported_isas()) {
       set_gemm_isa(isa);
-      for (const auto& s : shapes) {
-        for (int t = 0; t < 4; ++t) {
-          const Case c{static_cast<bool>(t & 1), static_cast<bool>(t & 2), s[0], s[1], s[2],
-                       t == 2 ? -0.5f : 1.0f,    t == 1 ? 0.5f : 0.0f,     2};
-          // Round the operands to bf16, then keep them as floats for the reference.
-          Mat A(c.ta ? c.K : c.M, c.ta ? c.M : c.K, c.pad, rng);
-          Mat B(c.tb ? c.N : c.K, c.tb ? c.K : c.N, c.pad, rng);
-          Mat C(c.M, c.N, c.pad, rng);
-          std::vector<uint16_t> Ab(A.v.size()), Bb(B.v.size());
-          for (size_t i = 0; i < A.v.size(); ++i) A.v[i] = from_bf16(Ab[i] = to_bf16(A.v[i]));
-          for (size_t i = 0; i < B.v.size(); ++i) B.v[i] = from_bf16(Bb[i] = to_bf16(B.v[i]));
-          if (c.beta == 0.0f) {
-            for (float& x : C.v) x = kNaN;
-          }
-          std::vector<double> ref, bound;
-          reference(c, A.v.data(), A.ld, B.v.data(), B.ld, C.v.data(), C.ld, ref, bound);
-          gemm_bf16(c.ta, c.tb, c.M, c.N, c.K, c.alpha, Ab.data(), A.ld, Bb.data(), B.ld, c.beta,
-                    C.v.data(), C.ld);
-          int64_t bad = 0;
-          for (int64_t i = 0; i < c.M; ++i) {
-            for (int64_t j = 0; j < c.N; ++j) {
-              const float got = C.v[i * C.ld + j];
-              if (!(std::fabs(got - ref[i * c.N + j]) <= bound[i * c.N + j])) ++bad;
+      // AVX-512 has two bf16 paths: vdpbf16ps (when the CPU has AVX512_BF16) and convert.
+      for (bool dot : {true, false}) {
+        if (!dot && isa != GemmIsa::kAvx512) continue;
+        internal::set_bf16_dot_allowed(dot);
+        for (const auto& s : shapes) {
+          for (int t = 0; t < 4; ++t) {
+            const Case c{static_cast<bool>(t & 1), static_cast<bool>(t & 2), s[0], s[1], s[2],
+                         t == 2 ? -0.5f : 1.0f,    t == 1 ? 0.5f : 0.0f,     2};
+            // Round the operands to bf16, then keep them as floats for the reference.
+            Mat A(c.ta ? c.K : c.M, c.ta ? c.M : c.K, c.pad, rng);
+            Mat B(c.tb ? c.N : c.K, c.tb ? c.K : c.N, c.pad, rng);
+            Mat C(c.M, c.N, c.pad, rng);
+            std::vector<uint16_t> Ab(A.v.size()), Bb(B.v.size());
+            for (size_t i = 0; i < A.v.size(); ++i) A.v[i] = from_bf16(Ab[i] = to_bf16(A.v[i]));
+            for (size_t i = 0; i < B.v.size(); ++i) B.v[i] = from_bf16(Bb[i] = to_bf16(B.v[i]));
+            if (c.beta == 0.0f) {
+              for (float& x : C.v) x = kNaN;
             }
+            std::vector<double> ref, bound;
+            reference(c, A.v.data(), A.ld, B.v.data(), B.ld, C.v.data(), C.ld, ref, bound);
+            gemm_bf16(c.ta, c.tb, c.M, c.N, c.K, c.alpha, Ab.data(), A.ld, Bb.data(), B.ld, c.beta,
+                      C.v.data(), C.ld);
+            int64_t bad = 0;
+            for (int64_t i = 0; i < c.M; ++i) {
+              for (int64_t j = 0; j < c.N; ++j) {
+                const float got = C.v[i * C.ld + j];
+                if (!(std::fabs(got - ref[i * c.N + j]) <= bound[i * c.N + j])) ++bad;
+              }
+            }
+            INFO("bf16 " << describe(c, isa, threads) << " dot=" << dot);
+            CHECK(bad == 0);
           }
-          INFO("bf16 " << describe(c, isa, threads));
-          CHECK(bad == 0);
         }
       }
+      internal::set_bf16_dot_allowed(true);
     }
   }
 }
