@@ -16,6 +16,11 @@ namespace mammoth::tools {
 
 using CommandFn = int (*)(const std::vector<std::string>& args);
 
+// "--micro-batch=4" -> "--micro_batch=4": flags are spelled with dashes on the command line.
+std::string normalize_flag(const std::string& arg);
+// Removes "--config FILE" from args and returns its JSON object's entries as flags.
+std::vector<std::string> config_file_flags(std::vector<std::string>& args);
+
 struct CommandRegistration {
   CommandRegistration(const char* name, const char* help, CommandFn fn);
 };

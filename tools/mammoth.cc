@@ -9,6 +9,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "base/error.h"
+#include "base/json.h"
 #include "tools/command.h"
 
 namespace mammoth::tools {
@@ -33,6 +34,42 @@ void print_usage() {
 
 }  // namespace
 
+std::string normalize_flag(const std::string& arg) {
+  if (arg.rfind("--", 0) != 0 || arg == "--") return arg;
+  const size_t eq = arg.find('=');
+  std::string flag = arg.substr(0, eq);
+  std::replace(flag.begin() + 2, flag.end(), '-', '_');
+  return eq == std::string::npos ? flag : flag + arg.substr(eq);
+}
+
+std::vector<std::string> config_file_flags(std::vector<std::string>& args) {
+  std::string path;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--config" && i + 1 < args.size()) {
+      path = args[i + 1];
+      args.erase(args.begin() + static_cast<long>(i), args.begin() + static_cast<long>(i) + 2);
+      break;
+    }
+    if (args[i].rfind("--config=", 0) == 0) {
+      path = args[i].substr(9);
+      args.erase(args.begin() + static_cast<long>(i));
+      break;
+    }
+  }
+  std::vector<std::string> out;
+  if (path.empty()) return out;
+  const json::Value config = json::parse_file(path);
+  MAMMOTH_CHECK(config.is_object()) << "[config] " << path << " must hold a JSON object of flags";
+  for (const json::Value& v : config) {
+    const std::string& key = v.key();
+    std::string value = v.is_string() ? v.as_string() : json::dump(v);
+    MAMMOTH_CHECK(!v.is_array() && !v.is_object())
+        << "[config] " << path << ": option '" << key << "' must be a string, number or bool";
+    out.push_back(normalize_flag("--" + key + "=" + value));
+  }
+  return out;
+}
+
 CommandRegistration::CommandRegistration(const char* name, const char* help, CommandFn fn) {
   commands()[name] = {help, fn};
 }
@@ -52,12 +89,16 @@ int main(int argc, char** argv) {
     mammoth::tools::print_usage();
     return 2;
   }
-  // Abseil sees "mammoth <command>" as the program name and the rest as flags.
-  std::string program = std::string(argv[0]) + " " + name;
-  std::vector<char*> args{program.data()};
-  for (int i = 2; i < argc; ++i) args.push_back(argv[i]);
   absl::SetProgramUsageMessage(std::string("mammoth ") + name + ": " + it->second.help);
   try {
+    // Abseil sees "mammoth <command>" as the program name and the rest as flags; values from
+    // --config come first so that the command line overrides them.
+    std::vector<std::string> raw(argv + 2, argv + argc);
+    std::vector<std::string> owned{std::string(argv[0]) + " " + name};
+    for (std::string& a : mammoth::tools::config_file_flags(raw)) owned.push_back(std::move(a));
+    for (const std::string& a : raw) owned.push_back(mammoth::tools::normalize_flag(a));
+    std::vector<char*> args;
+    for (std::string& a : owned) args.push_back(a.data());
     std::vector<char*> rest = absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
     std::vector<std::string> positional(rest.begin() + 1, rest.end());
     return it->second.fn(positional);

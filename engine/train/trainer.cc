@@ -1,0 +1,278 @@
+#include "engine/train/trainer.h"
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+
+#include "engine/autograd.h"
+#include "engine/data/sampler.h"
+#include "engine/nn/rng.h"
+#include "engine/ops.h"
+#include "engine/optim/optim.h"
+#include "engine/train/checkpoint.h"
+#include "memory/allocator.h"
+
+namespace mammoth::engine::train {
+namespace {
+
+std::atomic<int> g_signal{0};
+extern "C" void on_signal(int sig) { g_signal.store(sig); }
+
+// Installs SIGINT/SIGTERM handlers for the scope of a training run.
+class SignalScope {
+ public:
+  SignalScope() {
+    g_signal.store(0);
+    prev_int_ = std::signal(SIGINT, on_signal);
+    prev_term_ = std::signal(SIGTERM, on_signal);
+  }
+  ~SignalScope() {
+    std::signal(SIGINT, prev_int_);
+    std::signal(SIGTERM, prev_term_);
+  }
+
+ private:
+  void (*prev_int_)(int);
+  void (*prev_term_)(int);
+};
+
+// Input and target ids [B, T] of the given windows.
+std::pair<Tensor, Tensor> make_batch(const data::TokenDataset& d, const data::WindowSampler& s,
+                                     const std::vector<int64_t>& windows) {
+  const int64_t B = static_cast<int64_t>(windows.size()), T = s.seq_len();
+  std::vector<int32_t> in(static_cast<size_t>(B * T)), tg(static_cast<size_t>(B * T));
+  for (int64_t b = 0; b < B; ++b) {
+    data::read_window(d, s, windows[b], in.data() + b * T, tg.data() + b * T);
+  }
+  auto to_tensor = [&](std::vector<int32_t>& v) {
+    Tensor t = Tensor::from_blob(v.data(), {B, T}, DType::kI32, Device::cpu(), nullptr);
+    return t.to(DType::kI64);
+  };
+  return {to_tensor(in), to_tensor(tg)};
+}
+
+std::string format_duration(double seconds) {
+  const int64_t s = static_cast<int64_t>(std::max(0.0, seconds));
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%lld:%02lld:%02lld", static_cast<long long>(s / 3600),
+                static_cast<long long>(s / 60 % 60), static_cast<long long>(s % 60));
+  return buf;
+}
+
+// Fields whose change makes a checkpoint's continuation meaningless.
+void check_resume_compatible(const json::Value& saved, const json::Value& now) {
+  for (const char* key : {"model", "micro_batch", "seq_len", "grad_accum", "seed"}) {
+    const json::Value* a = saved.find(key);
+    const json::Value* b = now.find(key);
+    if (a == nullptr || b == nullptr) continue;
+    MAMMOTH_CHECK(json::dump(*a) == json::dump(*b))
+        << "[train] --resume: the checkpoint was written with " << key << " = " << json::dump(*a)
+        << " but this run has " << key << " = " << json::dump(*b);
+  }
+}
+
+}  // namespace
+
+json::Value options_to_json(const TrainOptions& o) {
+  json::Value v = json::Value::object();
+  v.set("steps", json::Value(o.steps));
+  v.set("micro_batch", json::Value(o.micro_batch));
+  v.set("seq_len", json::Value(o.seq_len));
+  v.set("grad_accum", json::Value(o.grad_accum));
+  v.set("lr", json::Value(o.lr));
+  v.set("min_lr_ratio", json::Value(o.min_lr_ratio));
+  v.set("warmup", json::Value(o.warmup));
+  v.set("schedule", json::Value(o.schedule));
+  v.set("weight_decay", json::Value(o.weight_decay));
+  v.set("beta1", json::Value(o.beta1));
+  v.set("beta2", json::Value(o.beta2));
+  v.set("grad_clip", json::Value(o.grad_clip));
+  v.set("seed", json::Value(static_cast<int64_t>(o.seed)));
+  v.set("eval_every", json::Value(o.eval_every));
+  v.set("eval_batches", json::Value(o.eval_batches));
+  v.set("val_fraction", json::Value(o.val_fraction));
+  return v;
+}
+
+TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDataset& data,
+                  const data::TokenDataset& val, const TrainOptions& o, const json::Value& config) {
+  MAMMOTH_CHECK(o.steps >= 0) << "[train] --steps must be >= 0, got " << o.steps;
+  MAMMOTH_CHECK(o.micro_batch > 0) << "[train] --micro-batch must be > 0, got " << o.micro_batch;
+  MAMMOTH_CHECK(o.seq_len > 0) << "[train] --seq-len must be > 0, got " << o.seq_len;
+  MAMMOTH_CHECK(o.grad_accum > 0) << "[train] --grad-accum must be > 0, got " << o.grad_accum;
+  MAMMOTH_CHECK(!o.resume || !o.save_dir.empty()) << "[train] --resume needs --save-dir";
+  const bool own_val = val.size() > 0;
+  data::WindowSampler sampler(data.size(), o.seq_len, o.seed, own_val ? 0.0 : o.val_fraction);
+  MAMMOTH_CHECK(sampler.num_train_windows() > 0)
+      << "[train] the training data has " << data.size() << " tokens: too few for one window of "
+      << o.seq_len + 1;
+  // Validation windows in order: all of `val`, or the held-out tail of `data`.
+  data::WindowSampler val_sampler(own_val ? val.size() : data.size(), o.seq_len, o.seed,
+                                  own_val ? 0.0 : o.val_fraction, false);
+  const data::TokenDataset& val_data = own_val ? val : data;
+  const bool can_eval =
+      own_val ? val_sampler.num_train_windows() > 0 : val_sampler.num_val_windows() > 0;
+  auto val_windows = [&](int64_t k) {
+    return own_val ? val_sampler.batch_indices(k, o.micro_batch)
+                   : val_sampler.val_batch_indices(k, o.micro_batch);
+  };
+
+  optim::AdamWOptions ao;
+  ao.lr = o.lr;
+  ao.beta1 = o.beta1;
+  ao.beta2 = o.beta2;
+  ao.weight_decay = o.weight_decay;
+  const nn::NamedTensors params = model.named_parameters();
+  optim::AdamW opt(params, ao);
+  optim::LrSchedule sched;
+  sched.kind = optim::LrSchedule::parse_kind(o.schedule);
+  sched.warmup_steps = o.warmup;
+  sched.total_steps = o.steps;
+  sched.min_lr_ratio = o.min_lr_ratio;
+
+  json::Value run_config = config.is_object() ? config : json::Value::object();
+  for (const auto& key : {"micro_batch", "seq_len", "grad_accum", "seed"}) {
+    run_config.set(key, options_to_json(o).at(key));
+  }
+
+  TrainResult result;
+  result.last_val_loss = NAN;
+  int64_t step = 0;
+  nn::rng_state() = {o.seed, 0};
+  if (o.resume) {
+    if (auto dir = latest_checkpoint(o.save_dir)) {
+      const json::Value state = load_checkpoint(*dir, params, opt.state());
+      check_resume_compatible(state.at("config"), run_config);
+      step = state.at("step").as_int();
+      opt.set_step_count(state.at("optimizer_step").as_int());
+      nn::rng_state() = {static_cast<uint64_t>(state.at("rng_seed").as_int()),
+                         static_cast<uint64_t>(state.at("rng_offset").as_int())};
+      if (!o.quiet)
+        std::fprintf(stderr, "[train] resumed from %s at step %lld\n", dir->c_str(),
+                     static_cast<long long>(step));
+    } else if (!o.quiet) {
+      std::fprintf(stderr, "[train] --resume: no checkpoint in %s yet, starting fresh\n",
+                   o.save_dir.c_str());
+    }
+  }
+  result.first_step = step;
+
+  std::ofstream metrics;
+  if (!o.metrics_path.empty()) {
+    metrics.open(o.metrics_path, o.resume ? std::ios::app : std::ios::trunc);
+    MAMMOTH_CHECK(metrics.good()) << "[train] cannot open --metrics " << o.metrics_path;
+  }
+
+  auto save = [&](int64_t at_step) {
+    if (o.save_dir.empty()) return;
+    json::Value state = json::Value::object();
+    state.set("step", json::Value(at_step));
+    state.set("optimizer_step", json::Value(opt.step_count()));
+    state.set("rng_seed", json::Value(static_cast<int64_t>(nn::rng_state().seed)));
+    state.set("rng_offset", json::Value(static_cast<int64_t>(nn::rng_state().offset)));
+    state.set("loss_scale", json::Value(1.0));
+    state.set("config", run_config);
+    const nn::NamedTensors opt_state = opt.state();
+    const std::string dir =
+        save_checkpoint(o.save_dir, at_step, {&params, &opt_state, state}, o.keep_last);
+    if (!o.quiet) std::fprintf(stderr, "[train] saved checkpoint %s\n", dir.c_str());
+  };
+
+  auto evaluate = [&]() {
+    NoGradGuard ng;
+    model.eval();
+    double total = 0;
+    for (int64_t k = 0; k < o.eval_batches; ++k) {
+      auto [in, tg] = make_batch(val_data, val_sampler, val_windows(k));
+      total += loss_fn(in, tg).item();
+    }
+    model.train();
+    return total / static_cast<double>(o.eval_batches);
+  };
+
+  SignalScope signals;
+  model.train();
+  const int64_t global_batch = o.micro_batch * o.grad_accum;
+  const double tokens_per_step = static_cast<double>(global_batch * o.seq_len);
+  const auto t_start = std::chrono::steady_clock::now();
+  const int64_t start_step = step;
+  while (step < o.steps) {
+    const auto t0 = std::chrono::steady_clock::now();
+    memory::cpu_allocator().reset_peak();
+    const double lr = sched.at(step, o.lr);
+    opt.set_lr(lr);
+    const std::vector<int64_t> windows = sampler.batch_indices(step, global_batch);
+    double step_loss = 0;
+    for (int64_t m = 0; m < o.grad_accum; ++m) {
+      const std::vector<int64_t> part(windows.begin() + m * o.micro_batch,
+                                      windows.begin() + (m + 1) * o.micro_batch);
+      auto [in, tg] = make_batch(data, sampler, part);
+      Tensor loss = loss_fn(in, tg);
+      step_loss += loss.item() / static_cast<double>(o.grad_accum);
+      (o.grad_accum > 1 ? mul_scalar(loss, 1.0 / static_cast<double>(o.grad_accum)) : loss)
+          .backward();
+    }
+    const double norm = optim::grad_norm(params);
+    MAMMOTH_CHECK(std::isfinite(step_loss) && std::isfinite(norm))
+        << "[train] step " << step << ": loss " << step_loss << ", grad norm " << norm
+        << " is not finite; lower --lr or check the data";
+    opt.step(optim::clip_factor(norm, o.grad_clip));
+    opt.zero_grad();
+    ++step;
+    result.losses.push_back(step_loss);
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+    const double tok_s = tokens_per_step / dt;
+    const double eta =
+        elapsed / static_cast<double>(step - start_step) * static_cast<double>(o.steps - step);
+    double val_loss = NAN;
+    if (can_eval && o.eval_every > 0 && (step % o.eval_every == 0 || step == o.steps)) {
+      val_loss = evaluate();
+      result.last_val_loss = val_loss;
+    }
+    const int64_t peak = memory::cpu_allocator().stats().peak_bytes;
+    const double mfu =
+        o.flops_per_token > 0 && o.peak_flops > 0 ? o.flops_per_token * tok_s / o.peak_flops : 0;
+    if (metrics.is_open()) {
+      json::Value m = json::Value::object();
+      m.set("step", json::Value(step));
+      m.set("loss", json::Value(step_loss));
+      m.set("lr", json::Value(lr));
+      m.set("grad_norm", json::Value(norm));
+      m.set("loss_scale", json::Value(1.0));
+      m.set("skipped_steps", json::Value(int64_t{0}));
+      m.set("tokens_per_s", json::Value(tok_s));
+      if (o.flops_per_token > 0 && o.peak_flops > 0) m.set("mfu", json::Value(mfu));
+      m.set("peak_mem_bytes", json::Value(peak));
+      if (!std::isnan(val_loss)) m.set("val_loss", json::Value(val_loss));
+      metrics << json::dump(m) << "\n";
+      metrics.flush();
+    }
+    if (!o.quiet && (step % std::max<int64_t>(o.log_every, 1) == 0 || step == o.steps ||
+                     !std::isnan(val_loss))) {
+      std::fprintf(stderr,
+                   "step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s | ETA %s",
+                   static_cast<long long>(step), static_cast<long long>(o.steps), step_loss, lr,
+                   norm, tok_s, format_duration(eta).c_str());
+      if (!std::isnan(val_loss)) std::fprintf(stderr, " | val %.4f", val_loss);
+      std::fprintf(stderr, "\n");
+    }
+    if (o.save_every > 0 && step % o.save_every == 0 && step < o.steps) save(step);
+    if (g_signal.load() != 0) {
+      if (!o.quiet)
+        std::fprintf(stderr, "[train] signal %d: saving and stopping at step %lld\n",
+                     g_signal.load(), static_cast<long long>(step));
+      result.interrupted = true;
+      break;
+    }
+  }
+  if (step > start_step || result.interrupted) save(step);
+  result.last_step = step;
+  return result;
+}
+
+}  // namespace mammoth::engine::train

@@ -1,0 +1,68 @@
+// The single-process training loop: micro-batches with gradient accumulation, AdamW with
+// warmup + cosine/linear decay, global-norm clipping, periodic evaluation, progress lines,
+// JSON metrics per step, checkpoints with exact resume, and a checkpoint on SIGINT/SIGTERM.
+//
+// The loop knows nothing about model families: it trains any Module through a loss function
+// of (input ids [B, T], target ids [B, T]) over llm.c token data read by a WindowSampler.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "base/json.h"
+#include "engine/data/token_shard.h"
+#include "engine/nn/module.h"
+
+namespace mammoth::engine::train {
+
+struct TrainOptions {
+  int64_t steps = 200;
+  int64_t micro_batch = 8;
+  int64_t seq_len = 64;
+  int64_t grad_accum = 1;
+  double lr = 1e-3;
+  double min_lr_ratio = 0.1;
+  int64_t warmup = 20;
+  std::string schedule = "cosine";  // constant | cosine | linear
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double grad_clip = 1.0;  // <= 0 disables
+  uint64_t seed = 1337;
+  int64_t eval_every = 50;  // 0 disables periodic evaluation
+  int64_t eval_batches = 4;
+  double val_fraction = 0.05;  // held out of the training data when no validation data is given
+  std::string save_dir;        // empty: no checkpoints
+  int64_t save_every = 0;      // 0: only at the end (and on a signal)
+  int keep_last = 3;
+  bool resume = false;  // continue from save_dir/latest
+  std::string metrics_path;
+  int64_t log_every = 1;
+  double flops_per_token = 0;  // model FLOPs per token (fwd+bwd) for MFU; 0: not reported
+  double peak_flops = 0;       // the machine's peak FLOP/s for MFU
+  bool quiet = false;          // no progress lines
+};
+
+using LossFn = std::function<Tensor(const Tensor& input, const Tensor& target)>;
+
+struct TrainResult {
+  std::vector<double> losses;  // training loss of every step run in this call
+  double last_val_loss = 0;    // NaN when never evaluated
+  int64_t first_step = 0;      // 0, or the resumed step
+  int64_t last_step = 0;       // steps completed in total
+  bool interrupted = false;    // stopped by SIGINT/SIGTERM
+};
+
+// Trains `model` for options.steps steps (resuming when asked). `val` may be empty (size 0):
+// then the last val_fraction of `data` is held out. `config` is stored in checkpoints and
+// compared on resume (a different model or batch layout is an error naming the field).
+TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDataset& data,
+                  const data::TokenDataset& val, const TrainOptions& options,
+                  const json::Value& config);
+
+// The fields of TrainOptions as JSON (stored in checkpoints and printed at start).
+json::Value options_to_json(const TrainOptions& options);
+
+}  // namespace mammoth::engine::train

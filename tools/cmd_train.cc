@@ -1,0 +1,174 @@
+// `mammoth train`: trains a model-zoo language model on llm.c token shards, or, with no
+// --data, on the embedded default corpus (tokenized once and cached).
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "base/error.h"
+#include "base/thread_pool.h"
+#include "engine/data/bpe.h"
+#include "engine/data/build_shards.h"
+#include "engine/data/token_shard.h"
+#include "engine/train/trainer.h"
+#include "models/registry.h"
+#include "tools/command.h"
+
+ABSL_FLAG(std::string, model, "gpt2-tiny", "registered model name or Hugging Face model directory");
+ABSL_FLAG(std::string, data, "",
+          "token shards (file, glob or directory of llm.c .bin files); empty: the embedded corpus");
+ABSL_FLAG(std::string, val_data, "", "validation shards; empty: hold out --val-fraction of --data");
+ABSL_FLAG(int64_t, steps, 300, "optimizer steps");
+ABSL_FLAG(int64_t, micro_batch, 8, "sequences per micro-batch");
+ABSL_FLAG(int64_t, seq_len, 64, "tokens per sequence");
+ABSL_FLAG(int64_t, grad_accum, 1, "micro-batches accumulated per step");
+ABSL_FLAG(double, lr, 3e-3, "peak learning rate");
+ABSL_FLAG(double, min_lr_ratio, 0.1, "final learning rate as a fraction of --lr");
+ABSL_FLAG(int64_t, warmup, 30, "linear warmup steps");
+ABSL_FLAG(std::string, schedule, "cosine", "learning-rate decay: constant, cosine or linear");
+ABSL_FLAG(double, weight_decay, 0.1, "AdamW weight decay (matrices only)");
+ABSL_FLAG(double, grad_clip, 1.0, "global gradient-norm clip (0: off)");
+ABSL_FLAG(double, dropout, 0.0, "dropout probability");
+ABSL_FLAG(int64_t, seed, 1337, "seed for initialisation, data order and dropout");
+ABSL_FLAG(std::string, amp, "fp32", "compute precision: fp32 (bf16 and fp16 are not built yet)");
+ABSL_FLAG(int, threads, 0, "CPU threads (0: all cores)");
+ABSL_FLAG(std::string, save_dir, "", "checkpoint directory (empty: no checkpoints)");
+ABSL_FLAG(int64_t, save_every, 0, "checkpoint every N steps (0: only at the end)");
+ABSL_FLAG(int, keep_last, 3, "checkpoints kept in --save-dir");
+ABSL_FLAG(bool, resume, false, "continue from the latest checkpoint in --save-dir");
+ABSL_FLAG(std::string, metrics, "", "append one JSON line per step to this file");
+ABSL_FLAG(int64_t, eval_every, 50, "evaluate on held-out data every N steps (0: never)");
+ABSL_FLAG(int64_t, eval_batches, 4, "micro-batches per evaluation");
+ABSL_FLAG(double, val_fraction, 0.05, "fraction of --data held out when --val-data is empty");
+ABSL_FLAG(int64_t, log_every, 10, "print a progress line every N steps");
+ABSL_FLAG(int, vocab_size, 1024, "BPE vocabulary trained for the embedded corpus");
+ABSL_FLAG(double, peak_gflops, 0, "machine peak GFLOP/s for MFU (0: not reported)");
+
+namespace mammoth::tools {
+namespace {
+
+std::string cache_dir() {
+  const char* home = std::getenv("HOME");
+  return std::string(home && *home ? home : "/tmp") + "/.cache/mammoth";
+}
+
+// Tokenizes the embedded corpus once per vocabulary size and reuses the shards afterwards.
+data::BuildShardsResult default_data(int vocab_size) {
+  const std::string dir = cache_dir() + "/default-corpus-v1-bpe" + std::to_string(vocab_size);
+  const std::string train = dir + "/train_000000.bin", val = dir + "/val_000000.bin";
+  data::BuildShardsResult r;
+  if (std::filesystem::exists(train) && std::filesystem::exists(val)) {
+    r.train_shards = {train};
+    r.val_shards = {val};
+    // Training stops early when the corpus runs out of pairs to merge: read the real size.
+    r.vocab_size = data::BpeTokenizer::load(dir + "/vocab.json", dir + "/merges.txt").vocab_size();
+    return r;
+  }
+  std::fprintf(stderr, "[train] tokenizing the embedded corpus into %s (once)\n", dir.c_str());
+  data::BuildShardsOptions o;
+  o.out_dir = dir;
+  o.vocab_size = vocab_size;
+  o.val_fraction = 0.05;
+  return data::build_shards(o);
+}
+
+int run_train(const std::vector<std::string>& args) {
+  MAMMOTH_CHECK(args.empty()) << "[train] unexpected argument '" << args[0] << "'";
+  const std::string amp = absl::GetFlag(FLAGS_amp);
+  MAMMOTH_CHECK(amp == "fp32" || amp == "bf16" || amp == "fp16")
+      << "[train] --amp must be fp32, bf16 or fp16, got '" << amp << "'";
+  MAMMOTH_CHECK(amp == "fp32") << "[train] --amp " << amp
+                               << " is not available yet: mixed precision is not built in this "
+                                  "version (use --amp fp32)";
+  set_num_threads(absl::GetFlag(FLAGS_threads));
+
+  data::TokenDataset train_data, val_data;
+  int64_t vocab = 0;
+  if (absl::GetFlag(FLAGS_data).empty()) {
+    const data::BuildShardsResult r = default_data(absl::GetFlag(FLAGS_vocab_size));
+    train_data = data::TokenDataset::open(r.train_shards);
+    val_data = data::TokenDataset::open(r.val_shards);
+    vocab = r.vocab_size;
+  } else {
+    train_data = data::TokenDataset::open(absl::GetFlag(FLAGS_data));
+    if (!absl::GetFlag(FLAGS_val_data).empty()) {
+      val_data = data::TokenDataset::open(absl::GetFlag(FLAGS_val_data));
+    }
+  }
+
+  models::ModelOptions mo;
+  if (vocab > 0) mo.vocab_size = vocab;
+  mo.max_seq = std::max<int64_t>(absl::GetFlag(FLAGS_seq_len), 1);
+  mo.dropout = absl::GetFlag(FLAGS_dropout);
+  mo.seed = static_cast<uint64_t>(absl::GetFlag(FLAGS_seed));
+  const std::string model_name = absl::GetFlag(FLAGS_model);
+  std::shared_ptr<models::LanguageModel> model = models::create_language_model(model_name, mo);
+  const models::ModelConfig& cfg = model->config();
+  MAMMOTH_CHECK(absl::GetFlag(FLAGS_seq_len) <= cfg.max_seq)
+      << "[train] --seq-len " << absl::GetFlag(FLAGS_seq_len) << " exceeds the model's "
+      << cfg.max_seq << " positions";
+
+  engine::train::TrainOptions o;
+  o.steps = absl::GetFlag(FLAGS_steps);
+  o.micro_batch = absl::GetFlag(FLAGS_micro_batch);
+  o.seq_len = absl::GetFlag(FLAGS_seq_len);
+  o.grad_accum = absl::GetFlag(FLAGS_grad_accum);
+  o.lr = absl::GetFlag(FLAGS_lr);
+  o.min_lr_ratio = absl::GetFlag(FLAGS_min_lr_ratio);
+  o.warmup = absl::GetFlag(FLAGS_warmup);
+  o.schedule = absl::GetFlag(FLAGS_schedule);
+  o.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  o.grad_clip = absl::GetFlag(FLAGS_grad_clip);
+  o.seed = static_cast<uint64_t>(absl::GetFlag(FLAGS_seed));
+  o.eval_every = absl::GetFlag(FLAGS_eval_every);
+  o.eval_batches = absl::GetFlag(FLAGS_eval_batches);
+  o.val_fraction = absl::GetFlag(FLAGS_val_fraction);
+  o.save_dir = absl::GetFlag(FLAGS_save_dir);
+  o.save_every = absl::GetFlag(FLAGS_save_every);
+  o.keep_last = absl::GetFlag(FLAGS_keep_last);
+  o.resume = absl::GetFlag(FLAGS_resume);
+  o.metrics_path = absl::GetFlag(FLAGS_metrics);
+  o.log_every = absl::GetFlag(FLAGS_log_every);
+  // Model FLOPs per trained token (PaLM's count): 6 per parameter plus attention's
+  // 12 * layers * d_model * seq_len; recomputation is never counted.
+  o.flops_per_token = 6.0 * static_cast<double>(model->num_parameters()) +
+                      12.0 * static_cast<double>(cfg.n_layer * cfg.d_model * o.seq_len);
+  o.peak_flops = absl::GetFlag(FLAGS_peak_gflops) * 1e9;
+
+  std::fprintf(
+      stderr,
+      "[train] model %s: %lld parameters | data: %lld training tokens%s | threads %d\n"
+      "[train] batch %lld x %lld tokens x %lld accumulation = %lld tokens/step, %lld steps\n",
+      model_name.c_str(), static_cast<long long>(model->num_parameters()),
+      static_cast<long long>(train_data.size()),
+      val_data.size() ? (", " + std::to_string(val_data.size()) + " validation").c_str() : "",
+      num_threads(), static_cast<long long>(o.micro_batch), static_cast<long long>(o.seq_len),
+      static_cast<long long>(o.grad_accum),
+      static_cast<long long>(o.micro_batch * o.seq_len * o.grad_accum),
+      static_cast<long long>(o.steps));
+
+  json::Value config = json::Value::object();
+  config.set("model", json::Value(model_name));
+  config.set("model_config", models::config_to_hf_json(cfg));
+  const engine::train::TrainResult r = engine::train::train(
+      *model,
+      [&](const engine::Tensor& in, const engine::Tensor& tg) { return model->loss(in, tg); },
+      train_data, val_data, o, config);
+  if (!r.losses.empty()) {
+    std::fprintf(stderr, "[train] done: steps %lld..%lld, loss %.4f -> %.4f",
+                 static_cast<long long>(r.first_step), static_cast<long long>(r.last_step),
+                 r.losses.front(), r.losses.back());
+    if (r.last_val_loss == r.last_val_loss)
+      std::fprintf(stderr, ", validation %.4f", r.last_val_loss);
+    std::fprintf(stderr, "%s\n", r.interrupted ? " (interrupted; checkpoint saved)" : "");
+  }
+  return r.interrupted ? 130 : 0;
+}
+
+}  // namespace
+
+MAMMOTH_COMMAND(train, "train a model (default: gpt2-tiny on the embedded corpus)", run_train);
+
+}  // namespace mammoth::tools
