@@ -118,7 +118,8 @@ __global__ void attn_delta(const T* __restrict__ dout, const T* __restrict__ out
   const int lane = threadIdx.x & 31;
   if (row >= rows) return;
   float s = 0.0f;
-  for (int64_t d = lane; d < D; d += 32) s += to_float(dout[row * D + d]) * to_float(out[row * D + d]);
+  for (int64_t d = lane; d < D; d += 32)
+    s += to_float(dout[row * D + d]) * to_float(out[row * D + d]);
   s = warp_sum(s);
   if (lane == 0) delta[row] = s;
 }
@@ -273,7 +274,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     attn_fwd_flash(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                    T* __restrict__ o, float* __restrict__ lse, DevGeom g) {
   namespace wmma = nvcuda::wmma;
-  extern __shared__ __align__(16) unsigned char smem[];
+  extern __shared__ __align__(128) unsigned char smem[];  // WMMA pointers need 32 B
   T* sQ = reinterpret_cast<T*>(smem);
   T* sK = sQ + kBr * kHLd<D>;
   T* sV = sK + kBc * kHLd<D>;
@@ -391,9 +392,8 @@ void launch_flash(const T* q, const T* k, const T* v, T* o, float* lse, const Ge
   constexpr size_t smem = flash_smem_bytes<D>();
   static bool configured = false;  // per instantiation; the attribute is per-device-function
   if (!configured) {
-    CUDA_CHECK(cudaFuncSetAttribute(attn_fwd_flash<T, D>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(smem)));
+    CUDA_CHECK(cudaFuncSetAttribute(
+        attn_fwd_flash<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     configured = true;
   }
   MAMMOTH_CHECK(g.B * g.Hq <= 65535) << "[attention] batch*heads " << g.B * g.Hq << " > 65535";
@@ -436,8 +436,9 @@ void attention_kernel(std::span<const TensorArg> in, std::span<const TensorArg> 
     if (ok && g.D == 96) return launch_flash<T, 96>(q, k, v, o, lse, g);
   }
   with_per_lane(g.D, [&]<int kPerLane>() {
-    attn_fwd_rows<T, kPerLane><<<static_cast<unsigned>(ceil_div(rows, kRowWarps)), kRowWarps * 32,
-                                 0, stream()>>>(q, k, v, o, lse, dev(g));
+    attn_fwd_rows<T, kPerLane>
+        <<<static_cast<unsigned>(ceil_div(rows, kRowWarps)), kRowWarps * 32, 0, stream()>>>(
+            q, k, v, o, lse, dev(g));
     CUDA_CHECK_LAUNCH("attention");
   });
 }
@@ -457,23 +458,25 @@ void attention_backward_kernel(std::span<const TensorArg> in, std::span<const Te
   T* dq = out[0].ptr<T>();
   T* dk = out[1].ptr<T>();
   T* dv = out[2].ptr<T>();
-  memory::cuda::DeviceBuffer delta(static_cast<size_t>(std::max<int64_t>(qrows, 1)) * sizeof(float));
+  memory::cuda::DeviceBuffer delta(static_cast<size_t>(std::max<int64_t>(qrows, 1)) *
+                                   sizeof(float));
   if (qrows > 0) {
-    attn_delta<T><<<static_cast<unsigned>(ceil_div(qrows, kRowWarps)), kRowWarps * 32, 0,
-                    stream()>>>(dout, o, delta.as<float>(), qrows, g.D);
+    attn_delta<T>
+        <<<static_cast<unsigned>(ceil_div(qrows, kRowWarps)), kRowWarps * 32, 0, stream()>>>(
+            dout, o, delta.as<float>(), qrows, g.D);
     CUDA_CHECK_LAUNCH("attention_backward delta");
   }
   with_per_lane(g.D, [&]<int kPerLane>() {
     if (qrows > 0) {
-      attn_bwd_dq_rows<T, kPerLane><<<static_cast<unsigned>(ceil_div(qrows, kRowWarps)),
-                                      kRowWarps * 32, 0, stream()>>>(dout, q, k, v, lse,
-                                                                     delta.as<float>(), dq, dev(g));
+      attn_bwd_dq_rows<T, kPerLane>
+          <<<static_cast<unsigned>(ceil_div(qrows, kRowWarps)), kRowWarps * 32, 0, stream()>>>(
+              dout, q, k, v, lse, delta.as<float>(), dq, dev(g));
       CUDA_CHECK_LAUNCH("attention_backward dq");
     }
     if (krows > 0) {
-      attn_bwd_dkdv_rows<T, kPerLane><<<static_cast<unsigned>(ceil_div(krows, kRowWarps)),
-                                        kRowWarps * 32, 0, stream()>>>(
-          dout, q, k, v, lse, delta.as<float>(), dk, dv, dev(g));
+      attn_bwd_dkdv_rows<T, kPerLane>
+          <<<static_cast<unsigned>(ceil_div(krows, kRowWarps)), kRowWarps * 32, 0, stream()>>>(
+              dout, q, k, v, lse, delta.as<float>(), dk, dv, dev(g));
       CUDA_CHECK_LAUNCH("attention_backward dk dv");
     }
   });

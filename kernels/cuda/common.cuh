@@ -33,7 +33,8 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Blocks for a grid-stride loop over n items: enough to fill the device, never more than needed.
 inline unsigned grid_for(int64_t n, int threads) {
-  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(ceil_div(n, threads), 65536)));
+  return static_cast<unsigned>(
+      std::max<int64_t>(1, std::min<int64_t>(ceil_div(n, threads), 65536)));
 }
 
 // ---- conversions --------------------------------------------------------------------------
@@ -74,11 +75,11 @@ constexpr DType dtype_of<f16_t>() {
 }
 
 // Registers fn<float>, fn<bf16_t>, fn<f16_t> for kernel K on CUDA.
-#define MAMMOTH_CUDA_REG3(r, K, fn)                                \
-  do {                                                             \
-    (r).add(Kernel::K, DeviceType::kCUDA, DType::kF32, fn<float>);  \
+#define MAMMOTH_CUDA_REG3(r, K, fn)                                  \
+  do {                                                               \
+    (r).add(Kernel::K, DeviceType::kCUDA, DType::kF32, fn<float>);   \
     (r).add(Kernel::K, DeviceType::kCUDA, DType::kBF16, fn<bf16_t>); \
-    (r).add(Kernel::K, DeviceType::kCUDA, DType::kF16, fn<f16_t>);  \
+    (r).add(Kernel::K, DeviceType::kCUDA, DType::kF16, fn<f16_t>);   \
   } while (0)
 
 // ---- reductions ---------------------------------------------------------------------------
@@ -194,9 +195,7 @@ class ErrorFlag {
   ErrorFlag() : buf_(2 * sizeof(int64_t)) {
     CUDA_CHECK(cudaMemsetAsync(buf_.get(), 0xff, 2 * sizeof(int64_t), stream()));
   }
-  DeviceError device() const {
-    return {buf_.as<unsigned long long>(), buf_.as<long long>() + 1};
-  }
+  DeviceError device() const { return {buf_.as<unsigned long long>(), buf_.as<long long>() + 1}; }
   // Returns true (and the position and value) when a kernel reported an error.
   bool failed(int64_t* position, int64_t* value) const {
     long long host[2];

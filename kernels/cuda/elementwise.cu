@@ -1,5 +1,6 @@
 // CUDA elementwise kernels: binary and unary maps with broadcasting, activation backwards,
-// where, copy/cast between every dtype pair, and fill. Same semantics as kernels/cpu/elementwise.cc.
+// where, copy/cast between every dtype pair, and fill. Same semantics as
+// kernels/cpu/elementwise.cc.
 //
 // Contiguous operands take a flat grid-stride loop (8 elements per thread, vector loads when
 // aligned); anything else goes through Indexer, one div/mod per merged dim.
@@ -26,14 +27,13 @@ __device__ __forceinline__ float gelu_tanh_f(float x) {
 __device__ __forceinline__ float gelu_tanh_grad(float x) {
   const float u = kSqrt2OverPi * (x + kGeluC * x * x * x);
   const float t = tanhf(u);
-  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * kGeluC * x * x);
+  return 0.5f * (1.0f + t) +
+         0.5f * x * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * kGeluC * x * x);
 }
 
-#define MAMMOTH_BINARY_OP(NAME, EXPR)                                       \
-  struct NAME##_op {                                                        \
-    __device__ __forceinline__ float operator()(float a, float b) const {   \
-      return EXPR;                                                          \
-    }                                                                       \
+#define MAMMOTH_BINARY_OP(NAME, EXPR)                                                    \
+  struct NAME##_op {                                                                     \
+    __device__ __forceinline__ float operator()(float a, float b) const { return EXPR; } \
   };
 MAMMOTH_BINARY_OP(add, a + b)
 MAMMOTH_BINARY_OP(sub, a - b)
@@ -46,12 +46,10 @@ MAMMOTH_BINARY_OP(gelu_tanh_backward, a* gelu_tanh_grad(b))
 MAMMOTH_BINARY_OP(silu_backward, a* sigmoidf(b) * (1.0f + b * (1.0f - sigmoidf(b))))
 #undef MAMMOTH_BINARY_OP
 
-#define MAMMOTH_UNARY_OP(NAME, EXPR)                                      \
-  struct NAME##_op {                                                      \
-    float c = 0.0f;                                                       \
-    __device__ __forceinline__ float operator()(float x) const {          \
-      return EXPR;                                                        \
-    }                                                                     \
+#define MAMMOTH_UNARY_OP(NAME, EXPR)                                            \
+  struct NAME##_op {                                                            \
+    float c = 0.0f;                                                             \
+    __device__ __forceinline__ float operator()(float x) const { return EXPR; } \
   };
 MAMMOTH_UNARY_OP(neg, -x)
 MAMMOTH_UNARY_OP(exp, expf(x))
@@ -137,11 +135,10 @@ void unary_map(std::span<const TensorArg> in, std::span<const TensorArg> out, Op
   CUDA_CHECK_LAUNCH("unary_map");
 }
 
-#define MAMMOTH_BINARY(NAME)                                                                 \
-  template <typename T>                                                                      \
-  void NAME##_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,          \
-                     const void*) {                                                          \
-    binary_map<T>(in, out, NAME##_op{});                                                     \
+#define MAMMOTH_BINARY(NAME)                                                                       \
+  template <typename T>                                                                            \
+  void NAME##_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out, const void*) { \
+    binary_map<T>(in, out, NAME##_op{});                                                           \
   }
 MAMMOTH_BINARY(add)
 MAMMOTH_BINARY(sub)
@@ -153,11 +150,10 @@ MAMMOTH_BINARY(gelu_tanh_backward)
 MAMMOTH_BINARY(silu_backward)
 #undef MAMMOTH_BINARY
 
-#define MAMMOTH_UNARY(NAME)                                                                  \
-  template <typename T>                                                                      \
-  void NAME##_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,          \
-                     const void*) {                                                          \
-    unary_map<T>(in, out, NAME##_op{});                                                      \
+#define MAMMOTH_UNARY(NAME)                                                                        \
+  template <typename T>                                                                            \
+  void NAME##_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out, const void*) { \
+    unary_map<T>(in, out, NAME##_op{});                                                            \
   }
 MAMMOTH_UNARY(neg)
 MAMMOTH_UNARY(exp)
@@ -171,13 +167,13 @@ MAMMOTH_UNARY(gelu_tanh)
 MAMMOTH_UNARY(silu)
 #undef MAMMOTH_UNARY
 
-#define MAMMOTH_SCALAR(NAME)                                                                 \
-  template <typename T>                                                                      \
-  void NAME##_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,          \
-                     const void* params) {                                                   \
-    NAME##_op op;                                                                            \
-    op.c = static_cast<float>(static_cast<const ScalarParams*>(params)->value);              \
-    unary_map<T>(in, out, op);                                                               \
+#define MAMMOTH_SCALAR(NAME)                                                        \
+  template <typename T>                                                             \
+  void NAME##_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out, \
+                     const void* params) {                                          \
+    NAME##_op op;                                                                   \
+    op.c = static_cast<float>(static_cast<const ScalarParams*>(params)->value);     \
+    unary_map<T>(in, out, op);                                                      \
   }
 MAMMOTH_SCALAR(add_scalar)
 MAMMOTH_SCALAR(mul_scalar)
@@ -210,32 +206,52 @@ void where_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,
 // float -> bf16/f16 rounds from float, which is what double -> float -> half does too).
 __device__ __forceinline__ double load_as_double(const char* base, int64_t off, DType t) {
   switch (t) {
-    case DType::kF32: return reinterpret_cast<const float*>(base)[off];
-    case DType::kF64: return reinterpret_cast<const double*>(base)[off];
-    case DType::kBF16: return __bfloat162float(reinterpret_cast<const bf16_t*>(base)[off]);
-    case DType::kF16: return __half2float(reinterpret_cast<const f16_t*>(base)[off]);
-    case DType::kI32: return reinterpret_cast<const int32_t*>(base)[off];
-    case DType::kI64: return static_cast<double>(reinterpret_cast<const int64_t*>(base)[off]);
-    case DType::kU8: return reinterpret_cast<const uint8_t*>(base)[off];
-    case DType::kBool: return reinterpret_cast<const bool*>(base)[off] ? 1.0 : 0.0;
+    case DType::kF32:
+      return reinterpret_cast<const float*>(base)[off];
+    case DType::kF64:
+      return reinterpret_cast<const double*>(base)[off];
+    case DType::kBF16:
+      return __bfloat162float(reinterpret_cast<const bf16_t*>(base)[off]);
+    case DType::kF16:
+      return __half2float(reinterpret_cast<const f16_t*>(base)[off]);
+    case DType::kI32:
+      return reinterpret_cast<const int32_t*>(base)[off];
+    case DType::kI64:
+      return static_cast<double>(reinterpret_cast<const int64_t*>(base)[off]);
+    case DType::kU8:
+      return reinterpret_cast<const uint8_t*>(base)[off];
+    case DType::kBool:
+      return reinterpret_cast<const bool*>(base)[off] ? 1.0 : 0.0;
   }
   return 0.0;
 }
 
 __device__ __forceinline__ void store_from_double(char* base, int64_t off, DType t, double v) {
   switch (t) {
-    case DType::kF32: reinterpret_cast<float*>(base)[off] = static_cast<float>(v); return;
-    case DType::kF64: reinterpret_cast<double*>(base)[off] = v; return;
+    case DType::kF32:
+      reinterpret_cast<float*>(base)[off] = static_cast<float>(v);
+      return;
+    case DType::kF64:
+      reinterpret_cast<double*>(base)[off] = v;
+      return;
     case DType::kBF16:
       reinterpret_cast<bf16_t*>(base)[off] = __float2bfloat16_rn(static_cast<float>(v));
       return;
     case DType::kF16:
       reinterpret_cast<f16_t*>(base)[off] = __float2half_rn(static_cast<float>(v));
       return;
-    case DType::kI32: reinterpret_cast<int32_t*>(base)[off] = static_cast<int32_t>(v); return;
-    case DType::kI64: reinterpret_cast<int64_t*>(base)[off] = static_cast<int64_t>(v); return;
-    case DType::kU8: reinterpret_cast<uint8_t*>(base)[off] = static_cast<uint8_t>(v); return;
-    case DType::kBool: reinterpret_cast<bool*>(base)[off] = v != 0.0; return;
+    case DType::kI32:
+      reinterpret_cast<int32_t*>(base)[off] = static_cast<int32_t>(v);
+      return;
+    case DType::kI64:
+      reinterpret_cast<int64_t*>(base)[off] = static_cast<int64_t>(v);
+      return;
+    case DType::kU8:
+      reinterpret_cast<uint8_t*>(base)[off] = static_cast<uint8_t>(v);
+      return;
+    case DType::kBool:
+      reinterpret_cast<bool*>(base)[off] = v != 0.0;
+      return;
   }
 }
 
@@ -302,10 +318,18 @@ void copy_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out, 
   const unsigned g = grid_for(n, kThreads);
   if (x.dtype == y.dtype) {
     switch (dtype_size(x.dtype)) {
-      case 1: copy_bits<<<g, kThreads, 0, stream()>>>(x.ptr<const uint8_t>(), y.ptr<uint8_t>(), n, ix); break;
-      case 2: copy_bits<<<g, kThreads, 0, stream()>>>(x.ptr<const uint16_t>(), y.ptr<uint16_t>(), n, ix); break;
-      case 4: copy_bits<<<g, kThreads, 0, stream()>>>(x.ptr<const uint32_t>(), y.ptr<uint32_t>(), n, ix); break;
-      default: copy_bits<<<g, kThreads, 0, stream()>>>(x.ptr<const uint64_t>(), y.ptr<uint64_t>(), n, ix); break;
+      case 1:
+        copy_bits<<<g, kThreads, 0, stream()>>>(x.ptr<const uint8_t>(), y.ptr<uint8_t>(), n, ix);
+        break;
+      case 2:
+        copy_bits<<<g, kThreads, 0, stream()>>>(x.ptr<const uint16_t>(), y.ptr<uint16_t>(), n, ix);
+        break;
+      case 4:
+        copy_bits<<<g, kThreads, 0, stream()>>>(x.ptr<const uint32_t>(), y.ptr<uint32_t>(), n, ix);
+        break;
+      default:
+        copy_bits<<<g, kThreads, 0, stream()>>>(x.ptr<const uint64_t>(), y.ptr<uint64_t>(), n, ix);
+        break;
     }
     CUDA_CHECK_LAUNCH("copy");
     return;
@@ -339,22 +363,54 @@ void fill_kernel(std::span<const TensorArg>, std::span<const TensorArg> out, con
   // The value's bit pattern, converted on the host exactly as the CPU kernel converts it.
   uint64_t bits = 0;
   switch (y.dtype) {
-    case DType::kF32: { const float f = static_cast<float>(v); std::memcpy(&bits, &f, 4); break; }
-    case DType::kF64: std::memcpy(&bits, &v, 8); break;
-    case DType::kBF16: bits = float_to_bf16(static_cast<float>(v)).bits; break;
-    case DType::kF16: bits = float_to_f16(static_cast<float>(v)).bits; break;
-    case DType::kI32: { const int32_t i = static_cast<int32_t>(v); std::memcpy(&bits, &i, 4); break; }
-    case DType::kI64: { const int64_t i = static_cast<int64_t>(v); std::memcpy(&bits, &i, 8); break; }
-    case DType::kU8: bits = static_cast<uint8_t>(v); break;
-    case DType::kBool: bits = v != 0.0 ? 1 : 0; break;
+    case DType::kF32: {
+      const float f = static_cast<float>(v);
+      std::memcpy(&bits, &f, 4);
+      break;
+    }
+    case DType::kF64:
+      std::memcpy(&bits, &v, 8);
+      break;
+    case DType::kBF16:
+      bits = float_to_bf16(static_cast<float>(v)).bits;
+      break;
+    case DType::kF16:
+      bits = float_to_f16(static_cast<float>(v)).bits;
+      break;
+    case DType::kI32: {
+      const int32_t i = static_cast<int32_t>(v);
+      std::memcpy(&bits, &i, 4);
+      break;
+    }
+    case DType::kI64: {
+      const int64_t i = static_cast<int64_t>(v);
+      std::memcpy(&bits, &i, 8);
+      break;
+    }
+    case DType::kU8:
+      bits = static_cast<uint8_t>(v);
+      break;
+    case DType::kBool:
+      bits = v != 0.0 ? 1 : 0;
+      break;
   }
   const Indexer<1> ix = make_indexer<1>({&y});
   const unsigned g = grid_for(n, kThreads);
   switch (dtype_size(y.dtype)) {
-    case 1: fill_bits<<<g, kThreads, 0, stream()>>>(y.ptr<uint8_t>(), static_cast<uint8_t>(bits), n, ix); break;
-    case 2: fill_bits<<<g, kThreads, 0, stream()>>>(y.ptr<uint16_t>(), static_cast<uint16_t>(bits), n, ix); break;
-    case 4: fill_bits<<<g, kThreads, 0, stream()>>>(y.ptr<uint32_t>(), static_cast<uint32_t>(bits), n, ix); break;
-    default: fill_bits<<<g, kThreads, 0, stream()>>>(y.ptr<uint64_t>(), bits, n, ix); break;
+    case 1:
+      fill_bits<<<g, kThreads, 0, stream()>>>(y.ptr<uint8_t>(), static_cast<uint8_t>(bits), n, ix);
+      break;
+    case 2:
+      fill_bits<<<g, kThreads, 0, stream()>>>(y.ptr<uint16_t>(), static_cast<uint16_t>(bits), n,
+                                              ix);
+      break;
+    case 4:
+      fill_bits<<<g, kThreads, 0, stream()>>>(y.ptr<uint32_t>(), static_cast<uint32_t>(bits), n,
+                                              ix);
+      break;
+    default:
+      fill_bits<<<g, kThreads, 0, stream()>>>(y.ptr<uint64_t>(), bits, n, ix);
+      break;
   }
   CUDA_CHECK_LAUNCH("fill");
 }

@@ -26,10 +26,14 @@ constexpr int kMaxDevices = 64;
 
 cudaDataType_t cuda_type(DType t) {
   switch (t) {
-    case DType::kF32: return CUDA_R_32F;
-    case DType::kBF16: return CUDA_R_16BF;
-    case DType::kF16: return CUDA_R_16F;
-    default: MAMMOTH_THROW() << "[gemm] unsupported dtype " << dtype_name(t) << " (f32, bf16, f16)";
+    case DType::kF32:
+      return CUDA_R_32F;
+    case DType::kBF16:
+      return CUDA_R_16BF;
+    case DType::kF16:
+      return CUDA_R_16F;
+    default:
+      MAMMOTH_THROW() << "[gemm] unsupported dtype " << dtype_name(t) << " (f32, bf16, f16)";
   }
 }
 
@@ -67,9 +71,9 @@ int alignment_of(const void* p) {
   return a;
 }
 
-using PlanKey = std::tuple<int, int, bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t,
-                           int64_t, int64_t, int64_t, int64_t, int64_t, int, bool, int, int, int,
-                           int, bool>;
+using PlanKey =
+    std::tuple<int, int, bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+               int64_t, int64_t, int64_t, int, bool, int, int, int, int, bool>;
 
 struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
@@ -115,16 +119,24 @@ Plan make_plan(const GemmArgs& g, int device, bool tf32, bool has_bias) {
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
   cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
   switch (g.epilogue) {
-    case Epilogue::kNone: break;
-    case Epilogue::kBias: epi = CUBLASLT_EPILOGUE_BIAS; break;
-    case Epilogue::kGeluTanh: epi = CUBLASLT_EPILOGUE_GELU; break;
-    case Epilogue::kBiasGeluTanh: epi = CUBLASLT_EPILOGUE_GELU_BIAS; break;
+    case Epilogue::kNone:
+      break;
+    case Epilogue::kBias:
+      epi = CUBLASLT_EPILOGUE_BIAS;
+      break;
+    case Epilogue::kGeluTanh:
+      epi = CUBLASLT_EPILOGUE_GELU;
+      break;
+    case Epilogue::kBiasGeluTanh:
+      epi = CUBLASLT_EPILOGUE_GELU_BIAS;
+      break;
   }
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+  CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
   if (has_bias) {
     const cudaDataType_t bt = t;
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt,
-                                                sizeof(bt)));
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
   }
   // Stored shapes: our B is [K, N] row-major = column-major [N, K] (or [K, N] when trans_b).
   const int64_t ar = g.trans_b ? g.K : g.N, ac = g.trans_b ? g.N : g.K;
@@ -173,20 +185,22 @@ __global__ void scale_matrix(T* c, int64_t rows, int64_t cols, int64_t ld, float
 
 // K == 0: op(A) op(B) is all zeros, so C = beta * C (and the epilogue of a zero product).
 void gemm_empty_k(const GemmArgs& g) {
-  MAMMOTH_CHECK(g.epilogue == Epilogue::kNone)
-      << "[gemm] K == 0 with an epilogue is not supported";
+  MAMMOTH_CHECK(g.epilogue == Epilogue::kNone) << "[gemm] K == 0 with an epilogue is not supported";
   for (int64_t i = 0; i < g.batch; ++i) {
     const int64_t n = g.M * g.N;
     const unsigned grid = grid_for(n, 256);
     switch (g.dtype) {
       case DType::kF32:
-        scale_matrix<<<grid, 256, 0, stream()>>>(static_cast<float*>(g.C) + i * g.stride_c, g.M, g.N, g.ldc, g.beta);
+        scale_matrix<<<grid, 256, 0, stream()>>>(static_cast<float*>(g.C) + i * g.stride_c, g.M,
+                                                 g.N, g.ldc, g.beta);
         break;
       case DType::kBF16:
-        scale_matrix<<<grid, 256, 0, stream()>>>(static_cast<bf16_t*>(g.C) + i * g.stride_c, g.M, g.N, g.ldc, g.beta);
+        scale_matrix<<<grid, 256, 0, stream()>>>(static_cast<bf16_t*>(g.C) + i * g.stride_c, g.M,
+                                                 g.N, g.ldc, g.beta);
         break;
       default:
-        scale_matrix<<<grid, 256, 0, stream()>>>(static_cast<f16_t*>(g.C) + i * g.stride_c, g.M, g.N, g.ldc, g.beta);
+        scale_matrix<<<grid, 256, 0, stream()>>>(static_cast<f16_t*>(g.C) + i * g.stride_c, g.M,
+                                                 g.N, g.ldc, g.beta);
         break;
     }
     CUDA_CHECK_LAUNCH("gemm_empty_k");
@@ -247,7 +261,8 @@ void gemm(const GemmArgs& g) {
   {
     std::lock_guard<std::mutex> lock(cache.mu);
     auto it = cache.plans.find(key);
-    if (it == cache.plans.end()) it = cache.plans.emplace(key, make_plan(g, device, tf32, has_bias)).first;
+    if (it == cache.plans.end())
+      it = cache.plans.emplace(key, make_plan(g, device, tf32, has_bias)).first;
     plan = it->second;
   }
   if (has_bias) {
@@ -278,7 +293,8 @@ MatrixLayout layout_of(const TensorArg& t) {
   const int64_t rs = t.strides[t.ndim - 2], cs = t.strides[t.ndim - 1];
   const int64_t rows = t.shape[t.ndim - 2], cols = t.shape[t.ndim - 1];
   // cuBLASLt needs ld >= the stored leading extent even where a size-1 dim makes it unused.
-  if (cs == 1 || cols == 1) return {false, std::max<int64_t>(rows == 1 ? cols : rs, std::max<int64_t>(cols, 1))};
+  if (cs == 1 || cols == 1)
+    return {false, std::max<int64_t>(rows == 1 ? cols : rs, std::max<int64_t>(cols, 1))};
   MAMMOTH_CHECK(rs == 1 || rows == 1)
       << "[matmul] operand needs a unit stride in its last two dims (strides " << rs << ", " << cs
       << ")";

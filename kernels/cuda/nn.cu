@@ -16,18 +16,30 @@ namespace {
 
 __device__ __forceinline__ float load_any(const void* p, DType t, int64_t i) {
   switch (t) {
-    case DType::kBF16: return __bfloat162float(static_cast<const bf16_t*>(p)[i]);
-    case DType::kF16: return __half2float(static_cast<const f16_t*>(p)[i]);
-    case DType::kF64: return static_cast<float>(static_cast<const double*>(p)[i]);
-    default: return static_cast<const float*>(p)[i];
+    case DType::kBF16:
+      return __bfloat162float(static_cast<const bf16_t*>(p)[i]);
+    case DType::kF16:
+      return __half2float(static_cast<const f16_t*>(p)[i]);
+    case DType::kF64:
+      return static_cast<float>(static_cast<const double*>(p)[i]);
+    default:
+      return static_cast<const float*>(p)[i];
   }
 }
 __device__ __forceinline__ void store_any(void* p, DType t, int64_t i, float v) {
   switch (t) {
-    case DType::kBF16: static_cast<bf16_t*>(p)[i] = __float2bfloat16_rn(v); return;
-    case DType::kF16: static_cast<f16_t*>(p)[i] = __float2half_rn(v); return;
-    case DType::kF64: static_cast<double*>(p)[i] = v; return;
-    default: static_cast<float*>(p)[i] = v; return;
+    case DType::kBF16:
+      static_cast<bf16_t*>(p)[i] = __float2bfloat16_rn(v);
+      return;
+    case DType::kF16:
+      static_cast<f16_t*>(p)[i] = __float2half_rn(v);
+      return;
+    case DType::kF64:
+      static_cast<double*>(p)[i] = v;
+      return;
+    default:
+      static_cast<float*>(p)[i] = v;
+      return;
   }
 }
 
@@ -55,7 +67,8 @@ __global__ void softmax_rows(const T* __restrict__ x, T* __restrict__ y, int64_t
   sum = block_sum(sum);
   if (kLog) {
     const float lse = mx + logf(sum);
-    for (int64_t n = threadIdx.x; n < N; n += blockDim.x) yr[n] = from_float<T>(to_float(xr[n]) - lse);
+    for (int64_t n = threadIdx.x; n < N; n += blockDim.x)
+      yr[n] = from_float<T>(to_float(xr[n]) - lse);
   } else {
     const float inv = 1.0f / sum;
     for (int64_t n = threadIdx.x; n < N; n += blockDim.x) {
@@ -102,7 +115,8 @@ void softmax_kernel(std::span<const TensorArg> in, std::span<const TensorArg> ou
   softmax_impl<T, false>(in, out);
 }
 template <typename T>
-void log_softmax_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out, const void*) {
+void log_softmax_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,
+                        const void*) {
   softmax_impl<T, true>(in, out);
 }
 template <typename T>
@@ -193,11 +207,13 @@ void norm_forward(const TensorArg& x, const T* w, const T* b, const TensorArg& y
   const unsigned grid = static_cast<unsigned>(M);
   if (N <= 1024 * kCache) {
     const int threads = row_threads(ceil_div(N, kCache), 1024);
-    norm_forward_rows<T, kRms, true><<<grid, threads, 0, stream()>>>(
-        x.ptr<const T>(), w, b, y.ptr<T>(), mean, rstd.data, rstd.dtype, N, static_cast<float>(eps));
+    norm_forward_rows<T, kRms, true>
+        <<<grid, threads, 0, stream()>>>(x.ptr<const T>(), w, b, y.ptr<T>(), mean, rstd.data,
+                                         rstd.dtype, N, static_cast<float>(eps));
   } else {
-    norm_forward_rows<T, kRms, false><<<grid, 1024, 0, stream()>>>(
-        x.ptr<const T>(), w, b, y.ptr<T>(), mean, rstd.data, rstd.dtype, N, static_cast<float>(eps));
+    norm_forward_rows<T, kRms, false>
+        <<<grid, 1024, 0, stream()>>>(x.ptr<const T>(), w, b, y.ptr<T>(), mean, rstd.data,
+                                      rstd.dtype, N, static_cast<float>(eps));
   }
   CUDA_CHECK_LAUNCH(kRms ? "rms_norm" : "layer_norm");
 }
@@ -409,7 +425,8 @@ __global__ void cross_entropy_backward_rows(const void* dloss, DType dloss_t,
                                             const T* __restrict__ x,
                                             const int64_t* __restrict__ target, const void* lse,
                                             DType lse_t, T* __restrict__ dx, int64_t V,
-                                            int64_t ignore_index, float smoothing, DeviceError err) {
+                                            int64_t ignore_index, float smoothing,
+                                            DeviceError err) {
   const int64_t m = blockIdx.x;
   const int64_t t = target[m];
   T* dr = dx + m * V;

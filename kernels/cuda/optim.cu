@@ -63,9 +63,11 @@ __global__ void __launch_bounds__(kThreads) adamw_batch(AdamWBatch batch, AdamWC
       *reinterpret_cast<float4*>(m + i) = m4;
       *reinterpret_cast<float4*>(v + i) = v4;
     }
-    for (int64_t i = vend + threadIdx.x; i < end; i += kThreads) adamw_one(p[i], g[i], m[i], v[i], c);
+    for (int64_t i = vend + threadIdx.x; i < end; i += kThreads)
+      adamw_one(p[i], g[i], m[i], v[i], c);
   } else {
-    for (int64_t i = start + threadIdx.x; i < end; i += kThreads) adamw_one(p[i], g[i], m[i], v[i], c);
+    for (int64_t i = start + threadIdx.x; i < end; i += kThreads)
+      adamw_one(p[i], g[i], m[i], v[i], c);
   }
 }
 
@@ -112,9 +114,12 @@ void sgd_kernel(std::span<const TensorArg> in, std::span<const TensorArg>, const
   const auto* p = static_cast<const SgdParams*>(params);
   const int64_t n = in[0].numel();
   if (n == 0) return;
-  const SgdConsts c{static_cast<float>(p->lr),          static_cast<float>(p->momentum),
-                    static_cast<float>(1.0 - p->dampening), static_cast<float>(p->weight_decay),
-                    static_cast<float>(p->grad_scale),  p->nesterov,
+  const SgdConsts c{static_cast<float>(p->lr),
+                    static_cast<float>(p->momentum),
+                    static_cast<float>(1.0 - p->dampening),
+                    static_cast<float>(p->weight_decay),
+                    static_cast<float>(p->grad_scale),
+                    p->nesterov,
                     p->first_step};
   float* buf = p->momentum != 0.0 ? in[2].ptr<float>() : nullptr;
   sgd_update<<<grid_for(n, 256), 256, 0, stream()>>>(in[0].ptr<float>(), in[1].ptr<const float>(),

@@ -55,9 +55,10 @@ CachingAllocator::Block* CachingAllocator::find_free(Bin& bin, size_t size, void
 }
 
 CachingAllocator::Block* CachingAllocator::new_segment(size_t size, void* stream, bool small) {
-  size_t seg = small ? kSmallSegment
-                     : (size < kMinLargeAlloc ? kLargeSegment
-                                              : (size + kRoundLarge - 1) / kRoundLarge * kRoundLarge);
+  size_t seg = small
+                   ? kSmallSegment
+                   : (size < kMinLargeAlloc ? kLargeSegment
+                                            : (size + kRoundLarge - 1) / kRoundLarge * kRoundLarge);
   void* p = backend_->raw_allocate(seg);
   if (p == nullptr) {
     // Out of memory: wait for nothing, but give back every cached segment and try once more.
@@ -84,7 +85,9 @@ CachingAllocator::Block* CachingAllocator::new_segment(size_t size, void* stream
   return b;
 }
 
-void* CachingAllocator::allocate(size_t nbytes) { return allocate(nbytes, backend_->current_stream()); }
+void* CachingAllocator::allocate(size_t nbytes) {
+  return allocate(nbytes, backend_->current_stream());
+}
 
 void* CachingAllocator::allocate(size_t nbytes, void* stream) {
   std::lock_guard<std::mutex> lock(mu_);

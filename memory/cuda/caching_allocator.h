@@ -52,10 +52,10 @@ struct CachingAllocatorStats {
   int64_t reserved_bytes = 0;   // device memory held in segments (live + cached)
   int64_t peak_reserved_bytes = 0;
   int64_t num_allocs = 0;
-  int64_t num_cache_hits = 0;     // allocations served without a new segment
-  int64_t num_device_allocs = 0;  // segments obtained from the device
-  int64_t num_device_frees = 0;   // segments returned (empty_cache, out-of-memory retry)
-  int64_t num_oom_retries = 0;    // times the cache was flushed to satisfy a request
+  int64_t num_cache_hits = 0;       // allocations served without a new segment
+  int64_t num_device_allocs = 0;    // segments obtained from the device
+  int64_t num_device_frees = 0;     // segments returned (empty_cache, out-of-memory retry)
+  int64_t num_oom_retries = 0;      // times the cache was flushed to satisfy a request
   int64_t pending_free_blocks = 0;  // freed, waiting for other streams' events
 };
 

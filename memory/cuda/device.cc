@@ -13,17 +13,28 @@ namespace mammoth::memory::cuda {
 const char* cublas_status_string(int status) {
   // Values of cublasStatus_t (cublas_api.h); the header is not needed to decode them.
   switch (status) {
-    case 0: return "CUBLAS_STATUS_SUCCESS";
-    case 1: return "CUBLAS_STATUS_NOT_INITIALIZED (the library was not initialized)";
-    case 3: return "CUBLAS_STATUS_ALLOC_FAILED (resource allocation failed)";
-    case 7: return "CUBLAS_STATUS_INVALID_VALUE (an invalid value was used as an argument)";
-    case 8: return "CUBLAS_STATUS_ARCH_MISMATCH (architecture mismatch)";
-    case 11: return "CUBLAS_STATUS_MAPPING_ERROR (an access to GPU memory space failed)";
-    case 13: return "CUBLAS_STATUS_EXECUTION_FAILED (the GPU program failed to execute)";
-    case 14: return "CUBLAS_STATUS_INTERNAL_ERROR (an internal operation failed)";
-    case 15: return "CUBLAS_STATUS_NOT_SUPPORTED (the functionality requested is not supported)";
-    case 16: return "CUBLAS_STATUS_LICENSE_ERROR (license error)";
-    default: return "unknown cuBLAS status";
+    case 0:
+      return "CUBLAS_STATUS_SUCCESS";
+    case 1:
+      return "CUBLAS_STATUS_NOT_INITIALIZED (the library was not initialized)";
+    case 3:
+      return "CUBLAS_STATUS_ALLOC_FAILED (resource allocation failed)";
+    case 7:
+      return "CUBLAS_STATUS_INVALID_VALUE (an invalid value was used as an argument)";
+    case 8:
+      return "CUBLAS_STATUS_ARCH_MISMATCH (architecture mismatch)";
+    case 11:
+      return "CUBLAS_STATUS_MAPPING_ERROR (an access to GPU memory space failed)";
+    case 13:
+      return "CUBLAS_STATUS_EXECUTION_FAILED (the GPU program failed to execute)";
+    case 14:
+      return "CUBLAS_STATUS_INTERNAL_ERROR (an internal operation failed)";
+    case 15:
+      return "CUBLAS_STATUS_NOT_SUPPORTED (the functionality requested is not supported)";
+    case 16:
+      return "CUBLAS_STATUS_LICENSE_ERROR (license error)";
+    default:
+      return "unknown cuBLAS status";
   }
 }
 
@@ -200,9 +211,8 @@ cudaMemcpyKind kind_of(Device dst, Device src) {
 void copy_bytes_async(void* dst, Device dst_dev, const void* src, Device src_dev, size_t n,
                       cudaStream_t stream) {
   if (n == 0) return;
-  MAMMOTH_CHECK(dst != nullptr && src != nullptr)
-      << "[copy_bytes] null pointer copying " << n << " bytes from " << src_dev << " to "
-      << dst_dev;
+  MAMMOTH_CHECK(dst != nullptr && src != nullptr) << "[copy_bytes] null pointer copying " << n
+                                                  << " bytes from " << src_dev << " to " << dst_dev;
   if (dst_dev.is_cpu() && src_dev.is_cpu()) {
     std::memcpy(dst, src, n);
     return;

@@ -33,8 +33,8 @@ void PinnedHostAllocator::process_events() {
 }
 
 void* PinnedHostAllocator::allocate(size_t nbytes) {
-  const size_t size = std::max<size_t>(kPinnedRound, (nbytes + kPinnedRound - 1) / kPinnedRound *
-                                                         kPinnedRound);
+  const size_t size =
+      std::max<size_t>(kPinnedRound, (nbytes + kPinnedRound - 1) / kPinnedRound * kPinnedRound);
   std::lock_guard<std::mutex> lock(mu_);
   process_events();
   void* p = nullptr;

@@ -9,7 +9,6 @@
 // also fails if some kernel in the inventory has no test case here.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -40,27 +39,89 @@ std::set<int> g_tested;
 // ---- host encoding of values ----------------------------------------------------------------
 void encode(double v, DType t, char* dst) {
   switch (t) {
-    case DType::kF32: { const float f = static_cast<float>(v); std::memcpy(dst, &f, 4); return; }
-    case DType::kF64: std::memcpy(dst, &v, 8); return;
-    case DType::kBF16: { const bf16 h = float_to_bf16(static_cast<float>(v)); std::memcpy(dst, &h, 2); return; }
-    case DType::kF16: { const f16 h = float_to_f16(static_cast<float>(v)); std::memcpy(dst, &h, 2); return; }
-    case DType::kI32: { const int32_t i = static_cast<int32_t>(v); std::memcpy(dst, &i, 4); return; }
-    case DType::kI64: { const int64_t i = static_cast<int64_t>(v); std::memcpy(dst, &i, 8); return; }
-    case DType::kU8: { const uint8_t i = static_cast<uint8_t>(v); std::memcpy(dst, &i, 1); return; }
-    case DType::kBool: { const bool b = v != 0.0; std::memcpy(dst, &b, 1); return; }
+    case DType::kF32: {
+      const float f = static_cast<float>(v);
+      std::memcpy(dst, &f, 4);
+      return;
+    }
+    case DType::kF64:
+      std::memcpy(dst, &v, 8);
+      return;
+    case DType::kBF16: {
+      const bf16 h = float_to_bf16(static_cast<float>(v));
+      std::memcpy(dst, &h, 2);
+      return;
+    }
+    case DType::kF16: {
+      const f16 h = float_to_f16(static_cast<float>(v));
+      std::memcpy(dst, &h, 2);
+      return;
+    }
+    case DType::kI32: {
+      const int32_t i = static_cast<int32_t>(v);
+      std::memcpy(dst, &i, 4);
+      return;
+    }
+    case DType::kI64: {
+      const int64_t i = static_cast<int64_t>(v);
+      std::memcpy(dst, &i, 8);
+      return;
+    }
+    case DType::kU8: {
+      const uint8_t i = static_cast<uint8_t>(v);
+      std::memcpy(dst, &i, 1);
+      return;
+    }
+    case DType::kBool: {
+      const bool b = v != 0.0;
+      std::memcpy(dst, &b, 1);
+      return;
+    }
   }
 }
 
 double decode(const char* src, DType t) {
   switch (t) {
-    case DType::kF32: { float f; std::memcpy(&f, src, 4); return f; }
-    case DType::kF64: { double d; std::memcpy(&d, src, 8); return d; }
-    case DType::kBF16: { bf16 h; std::memcpy(&h, src, 2); return bf16_to_float(h); }
-    case DType::kF16: { f16 h; std::memcpy(&h, src, 2); return f16_to_float(h); }
-    case DType::kI32: { int32_t i; std::memcpy(&i, src, 4); return i; }
-    case DType::kI64: { int64_t i; std::memcpy(&i, src, 8); return static_cast<double>(i); }
-    case DType::kU8: { uint8_t i; std::memcpy(&i, src, 1); return i; }
-    case DType::kBool: { bool b; std::memcpy(&b, src, 1); return b ? 1.0 : 0.0; }
+    case DType::kF32: {
+      float f;
+      std::memcpy(&f, src, 4);
+      return f;
+    }
+    case DType::kF64: {
+      double d;
+      std::memcpy(&d, src, 8);
+      return d;
+    }
+    case DType::kBF16: {
+      bf16 h;
+      std::memcpy(&h, src, 2);
+      return bf16_to_float(h);
+    }
+    case DType::kF16: {
+      f16 h;
+      std::memcpy(&h, src, 2);
+      return f16_to_float(h);
+    }
+    case DType::kI32: {
+      int32_t i;
+      std::memcpy(&i, src, 4);
+      return i;
+    }
+    case DType::kI64: {
+      int64_t i;
+      std::memcpy(&i, src, 8);
+      return static_cast<double>(i);
+    }
+    case DType::kU8: {
+      uint8_t i;
+      std::memcpy(&i, src, 1);
+      return i;
+    }
+    case DType::kBool: {
+      bool b;
+      std::memcpy(&b, src, 1);
+      return b ? 1.0 : 0.0;
+    }
   }
   return 0.0;
 }
@@ -123,7 +184,9 @@ Arg Fixed(DType t, Shape shape, std::vector<double> values) {
   return a;
 }
 Arg Out(Shape shape) { return {shape, std::vector<double>(numel(shape), 0.0)}; }
-Arg OutFixed(DType t, Shape shape) { return Fixed(t, shape, std::vector<double>(numel(shape), 0.0)); }
+Arg OutFixed(DType t, Shape shape) {
+  return Fixed(t, shape, std::vector<double>(numel(shape), 0.0));
+}
 // A view with explicit strides over `storage` elements of random values.
 Arg Strided(Shape shape, Shape strides, int64_t storage) {
   Arg a{shape, randn(storage)};
@@ -159,7 +222,8 @@ TensorArg make_arg(const Arg& a, DType t, void* data) {
 std::vector<char> host_bytes(const Arg& a, DType t) {
   const DType dt = dtype_of(a, t);
   std::vector<char> b(std::max<size_t>(1, a.values.size()) * dtype_size(dt));
-  for (size_t i = 0; i < a.values.size(); ++i) encode(a.values[i], dt, b.data() + i * dtype_size(dt));
+  for (size_t i = 0; i < a.values.size(); ++i)
+    encode(a.values[i], dt, b.data() + i * dtype_size(dt));
   return b;
 }
 
@@ -211,7 +275,8 @@ std::vector<std::vector<double>> run(Kernel k, DeviceType dev, DType t, const st
     result.push_back(decode_all(host[j], all[j]->values.size(), dtype_of(*all[j], t)));
   }
   for (size_t i = 0; i < in.size(); ++i) {
-    if (in[i].compare) result.push_back(decode_all(host[i], in[i].values.size(), dtype_of(in[i], t)));
+    if (in[i].compare)
+      result.push_back(decode_all(host[i], in[i].values.size(), dtype_of(in[i], t)));
   }
   return result;
 }
@@ -222,9 +287,12 @@ struct Tolerance {
 
 Tolerance tolerance(DType t, double scale) {
   switch (t) {
-    case DType::kBF16: return {1e-2 * scale, 1.6e-2 * scale};
-    case DType::kF16: return {2e-3 * scale, 2e-3 * scale};
-    default: return {2e-5 * scale, 1e-4 * scale};
+    case DType::kBF16:
+      return {1e-2 * scale, 1.6e-2 * scale};
+    case DType::kF16:
+      return {2e-3 * scale, 2e-3 * scale};
+    default:
+      return {2e-5 * scale, 1e-4 * scale};
   }
 }
 
@@ -331,7 +399,8 @@ TEST_CASE("scalar ops") {
   ScalarParams add{0.75}, mul{-1.5}, pw{2.5};
   check({"add_scalar", Kernel::add_scalar, {Fr({333})}, {Out({333})}, &add});
   check({"mul_scalar", Kernel::mul_scalar, {Fr({333})}, {Out({333})}, &mul});
-  check({"pow_scalar", Kernel::pow_scalar, {F({333}, uniform(333, 0.1, 3))}, {Out({333})}, &pw, 2.0});
+  check(
+      {"pow_scalar", Kernel::pow_scalar, {F({333}, uniform(333, 0.1, 3))}, {Out({333})}, &pw, 2.0});
 }
 
 TEST_CASE("activation backwards") {
@@ -358,7 +427,7 @@ TEST_CASE("copy and cast between dtypes, strided") {
       Case c{"copy", Kernel::copy, {x}, {OutFixed(to, {6, 10})}, nullptr, 0.0, {DType::kF32}};
       check(c);
       Case same{"copy contiguous", Kernel::copy, {Fixed(from, {60}, v)}, {OutFixed(to, {60})},
-                nullptr, 0.0, {DType::kF32}};
+                nullptr,           0.0,          {DType::kF32}};
       check(same);
     }
   }
@@ -381,7 +450,9 @@ TEST_CASE("sum_last and max_last") {
   check({"sum_last", Kernel::sum_last, {Fr({37, 129})}, {Out({37})}, nullptr, 4.0});
   check({"sum_last long rows", Kernel::sum_last, {Fr({3, 5000})}, {Out({3})}, nullptr, 30.0});
   check({"max_last", Kernel::max_last, {Fr({37, 129})}, {Out({37}), OutFixed(DType::kI64, {37})}});
-  check({"max_last ties", Kernel::max_last, {F({4, 9}, ints(36, 0, 3))},
+  check({"max_last ties",
+         Kernel::max_last,
+         {F({4, 9}, ints(36, 0, 3))},
          {Out({4}), OutFixed(DType::kI64, {4})}});
 }
 
@@ -391,13 +462,24 @@ TEST_CASE("matmul: transposes from strides, batch broadcast, accumulate") {
   MatmulParams plain, acc{0.5, 1.0};
   const double s = 3.0;  // K-term sums
   check({"nn", Kernel::matmul, {Fr({B, M, K}), Fr({B, K, N})}, {Out({B, M, N})}, &plain, s});
-  check({"tn", Kernel::matmul, {Strided({B, M, K}, {M * K, 1, M}, B * M * K), Fr({B, K, N})},
-         {Out({B, M, N})}, &plain, s});
-  check({"nt", Kernel::matmul, {Fr({B, M, K}), Strided({B, K, N}, {K * N, 1, K}, B * K * N)},
-         {Out({B, M, N})}, &plain, s});
-  check({"tt broadcast b", Kernel::matmul,
+  check({"tn",
+         Kernel::matmul,
+         {Strided({B, M, K}, {M * K, 1, M}, B * M * K), Fr({B, K, N})},
+         {Out({B, M, N})},
+         &plain,
+         s});
+  check({"nt",
+         Kernel::matmul,
+         {Fr({B, M, K}), Strided({B, K, N}, {K * N, 1, K}, B * K * N)},
+         {Out({B, M, N})},
+         &plain,
+         s});
+  check({"tt broadcast b",
+         Kernel::matmul,
          {Strided({B, M, K}, {M * K, 1, M}, B * M * K), Strided({B, K, N}, {0, 1, K}, K * N)},
-         {Out({B, M, N})}, &plain, s});
+         {Out({B, M, N})},
+         &plain,
+         s});
   Arg c = Fr({B, M, N});
   check({"accumulate", Kernel::matmul, {Fr({B, M, K}), Fr({B, K, N})}, {c}, &acc, s});
   check({"vector", Kernel::matmul, {Fr({1, 1, K}), Fr({1, K, 1})}, {Out({1, 1, 1})}, &plain, s});
@@ -406,10 +488,11 @@ TEST_CASE("matmul: transposes from strides, batch broadcast, accumulate") {
 TEST_CASE("gemm epilogues: bias and GELU") {
   // Against the CPU: matmul, then + bias, then gelu_tanh, composed from CPU kernels.
   const int64_t M = 33, K = 48, N = 40;
-  for (cuda::Epilogue e : {cuda::Epilogue::kBias, cuda::Epilogue::kGeluTanh,
-                           cuda::Epilogue::kBiasGeluTanh}) {
+  for (cuda::Epilogue e :
+       {cuda::Epilogue::kBias, cuda::Epilogue::kGeluTanh, cuda::Epilogue::kBiasGeluTanh}) {
     std::vector<double> a = randn(M * K), b = randn(K * N), bias = randn(N);
-    std::vector<float> af(a.begin(), a.end()), bf(b.begin(), b.end()), biasf(bias.begin(), bias.end());
+    std::vector<float> af(a.begin(), a.end()), bf(b.begin(), b.end()),
+        biasf(bias.begin(), bias.end());
     std::vector<float> want(M * N);
     for (int64_t m = 0; m < M; ++m) {
       for (int64_t n = 0; n < N; ++n) {
@@ -443,7 +526,8 @@ TEST_CASE("gemm epilogues: bias and GELU") {
     std::vector<float> got(M * N);
     CUDA_CHECK(cudaMemcpy(got.data(), dc.get(), got.size() * 4, cudaMemcpyDeviceToHost));
     int bad = 0;
-    for (size_t i = 0; i < got.size(); ++i) bad += std::fabs(got[i] - want[i]) > 1e-3 + 1e-3 * std::fabs(want[i]);
+    for (size_t i = 0; i < got.size(); ++i)
+      bad += std::fabs(got[i] - want[i]) > 1e-3 + 1e-3 * std::fabs(want[i]);
     INFO("epilogue " << static_cast<int>(e) << ": " << bad << " elements differ");
     CHECK(bad == 0);
   }
@@ -453,10 +537,18 @@ TEST_CASE("gemm epilogues: bias and GELU") {
 TEST_CASE("softmax family") {
   check({"softmax", Kernel::softmax, {Fr({33, 257}, 3.0)}, {Out({33, 257})}});
   check({"log_softmax", Kernel::log_softmax, {Fr({33, 257}, 3.0)}, {Out({33, 257})}, nullptr, 2.0});
-  check({"softmax_backward", Kernel::softmax_backward, {Fr({33, 257}), F({33, 257}, uniform(33 * 257, 0, 1))},
-         {Out({33, 257})}, nullptr, 4.0});
-  check({"log_softmax_backward", Kernel::log_softmax_backward,
-         {Fr({33, 257}), F({33, 257}, uniform(33 * 257, -6, 0))}, {Out({33, 257})}, nullptr, 8.0});
+  check({"softmax_backward",
+         Kernel::softmax_backward,
+         {Fr({33, 257}), F({33, 257}, uniform(33 * 257, 0, 1))},
+         {Out({33, 257})},
+         nullptr,
+         4.0});
+  check({"log_softmax_backward",
+         Kernel::log_softmax_backward,
+         {Fr({33, 257}), F({33, 257}, uniform(33 * 257, -6, 0))},
+         {Out({33, 257})},
+         nullptr,
+         8.0});
 }
 
 TEST_CASE("layer_norm and rms_norm, forward and backward") {
@@ -464,18 +556,32 @@ TEST_CASE("layer_norm and rms_norm, forward and backward") {
   for (int64_t N : {300, 9001}) {  // register-cached rows and long rows
     const int64_t M = N > 8192 ? 3 : 45;
     INFO("N = " << N);
-    check({"layer_norm", Kernel::layer_norm, {F({M, N}, uniform(M * N, -2, 4)), Fr({N}), Fr({N})},
-           {Out({M, N}), Out({M}), Out({M})}, &p, 2.0});
-    check({"rms_norm", Kernel::rms_norm, {F({M, N}, uniform(M * N, -2, 4)), Fr({N})},
-           {Out({M, N}), Out({M})}, &p, 2.0});
+    check({"layer_norm",
+           Kernel::layer_norm,
+           {F({M, N}, uniform(M * N, -2, 4)), Fr({N}), Fr({N})},
+           {Out({M, N}), Out({M}), Out({M})},
+           &p,
+           2.0});
+    check({"rms_norm",
+           Kernel::rms_norm,
+           {F({M, N}, uniform(M * N, -2, 4)), Fr({N})},
+           {Out({M, N}), Out({M})},
+           &p,
+           2.0});
   }
   const int64_t M = 301, N = 70;  // many row blocks for the weight gradients
-  check({"layer_norm_backward", Kernel::layer_norm_backward,
+  check({"layer_norm_backward",
+         Kernel::layer_norm_backward,
          {Fr({M, N}), Fr({M, N}), Fr({N}), Fr({M}, 0.5), F({M}, uniform(M, 0.5, 2))},
-         {Out({M, N}), Out({N}), Out({N})}, &p, 20.0});
-  check({"rms_norm_backward", Kernel::rms_norm_backward,
+         {Out({M, N}), Out({N}), Out({N})},
+         &p,
+         20.0});
+  check({"rms_norm_backward",
+         Kernel::rms_norm_backward,
          {Fr({M, N}), Fr({M, N}), Fr({N}), F({M}, uniform(M, 0.5, 2))},
-         {Out({M, N}), Out({N})}, &p, 20.0});
+         {Out({M, N}), Out({N})},
+         &p,
+         20.0});
 }
 
 std::vector<double> targets(int64_t M, int64_t V) {
@@ -489,11 +595,17 @@ TEST_CASE("cross_entropy forward and backward") {
   static CrossEntropyParams plain, smooth{-100, 0.1};
   for (const CrossEntropyParams* p : {&plain, &smooth}) {
     const std::vector<double> t = targets(M, V);
-    check({"cross_entropy", Kernel::cross_entropy,
-           {Fr({M, V}, 3.0), Fixed(DType::kI64, {M}, t)}, {Out({M}), Out({M})}, p, 4.0});
-    Case bw{"cross_entropy_backward", Kernel::cross_entropy_backward,
+    check({"cross_entropy",
+           Kernel::cross_entropy,
+           {Fr({M, V}, 3.0), Fixed(DType::kI64, {M}, t)},
+           {Out({M}), Out({M})},
+           p,
+           4.0});
+    Case bw{"cross_entropy_backward",
+            Kernel::cross_entropy_backward,
             {Fr({M}), Fr({M, V}, 3.0), Fixed(DType::kI64, {M}, t), Out({M})},
-            {Out({M, V})}, p};
+            {Out({M, V})},
+            p};
     bw.prepare = [M, V](DType dt, std::vector<Arg>& in) {
       for (int64_t m = 0; m < M; ++m) {  // the rows' real log-sum-exp
         double mx = -1e300, s = 0;
@@ -520,38 +632,60 @@ TEST_CASE("cross_entropy reports an out-of-range target") {
 
 // ---- indexing -------------------------------------------------------------------------------
 TEST_CASE("index_select, index_add (duplicates), gather, scatter_add") {
-  check({"index_select", Kernel::index_select,
-         {Fr({2, 50, 33}), Fixed(DType::kI64, {70}, ints(70, 0, 50))}, {Out({2, 70, 33})}});
+  check({"index_select",
+         Kernel::index_select,
+         {Fr({2, 50, 33}), Fixed(DType::kI64, {70}, ints(70, 0, 50))},
+         {Out({2, 70, 33})}});
   Arg dx = Fr({2, 50, 33});  // accumulates into existing values
-  check({"index_add", Kernel::index_add,
-         {Fr({2, 70, 33}), Fixed(DType::kI64, {70}, ints(70, 0, 10))}, {dx}, nullptr, 4.0});
+  check({"index_add",
+         Kernel::index_add,
+         {Fr({2, 70, 33}), Fixed(DType::kI64, {70}, ints(70, 0, 10))},
+         {dx},
+         nullptr,
+         4.0});
   Arg emb = Fr({1, 1000, 65});
-  check({"index_add embedding", Kernel::index_add,
-         {Fr({1, 4099, 65}), Fixed(DType::kI64, {4099}, ints(4099, 0, 1000))}, {emb}, nullptr, 4.0});
-  check({"gather", Kernel::gather,
+  check({"index_add embedding",
+         Kernel::index_add,
+         {Fr({1, 4099, 65}), Fixed(DType::kI64, {4099}, ints(4099, 0, 1000))},
+         {emb},
+         nullptr,
+         4.0});
+  check({"gather",
+         Kernel::gather,
          {Fr({3, 20, 17}), Fixed(DType::kI64, {3, 11, 17}, ints(3 * 11 * 17, 0, 20))},
          {Out({3, 11, 17})}});
   Arg sx = Fr({3, 20, 17});
-  check({"scatter_add", Kernel::scatter_add,
-         {Fr({3, 11, 17}), Fixed(DType::kI64, {3, 11, 17}, ints(3 * 11 * 17, 0, 20))}, {sx},
-         nullptr, 2.0});
-  CHECK_THROWS_WITH(run(Kernel::index_select, DeviceType::kCUDA, DType::kF32,
-                        {Fr({1, 5, 3}), Fixed(DType::kI64, {2}, {1, 5})}, {Out({1, 2, 3})}, nullptr),
-                    Catch::Contains("index 5"));
+  check({"scatter_add",
+         Kernel::scatter_add,
+         {Fr({3, 11, 17}), Fixed(DType::kI64, {3, 11, 17}, ints(3 * 11 * 17, 0, 20))},
+         {sx},
+         nullptr,
+         2.0});
+  CHECK_THROWS_WITH(
+      run(Kernel::index_select, DeviceType::kCUDA, DType::kF32,
+          {Fr({1, 5, 3}), Fixed(DType::kI64, {2}, {1, 5})}, {Out({1, 2, 3})}, nullptr),
+      Catch::Contains("index 5"));
 }
 
 // ---- dropout, rope ----------------------------------------------------------------------------
 TEST_CASE("dropout reproduces the CPU's Philox masks") {
   static DropoutParams p{0.3, 1234, 77};
   static DropoutParams all{1.0, 9, 0};
-  check({"dropout", Kernel::dropout, {Fr({1001})}, {Out({1001}), OutFixed(DType::kU8, {1001})}, &p});
-  check({"dropout p=1", Kernel::dropout, {Fr({13})}, {Out({13}), OutFixed(DType::kU8, {13})}, &all});
+  check(
+      {"dropout", Kernel::dropout, {Fr({1001})}, {Out({1001}), OutFixed(DType::kU8, {1001})}, &p});
+  check(
+      {"dropout p=1", Kernel::dropout, {Fr({13})}, {Out({13}), OutFixed(DType::kU8, {13})}, &all});
 }
 
 TEST_CASE("rope") {
   static RopeParams full{10000.0, 5, 0, false}, partial{500000.0, 0, 24, true};
   check({"rope full", Kernel::rope, {Fr({2, 13, 3, 40})}, {Out({2, 13, 3, 40})}, &full, 2.0});
-  check({"rope partial inverse", Kernel::rope, {Fr({2, 13, 3, 40})}, {Out({2, 13, 3, 40})}, &partial, 2.0});
+  check({"rope partial inverse",
+         Kernel::rope,
+         {Fr({2, 13, 3, 40})},
+         {Out({2, 13, 3, 40})},
+         &partial,
+         2.0});
 }
 
 // ---- attention ----------------------------------------------------------------------------
@@ -568,18 +702,31 @@ void attention_cases(int64_t D) {
       INFO("D=" << D << " causal=" << causal << " masked=" << masked);
       std::vector<Arg> qkv = {Fr({B, Hq, Tq, D}), Fr({B, Hk, Tk, D}), Fr({B, Hk, Tk, D})};
       if (masked) qkv.push_back(Fixed(DType::kBool, {B, Tk}, mask));
-      check({"attention", Kernel::attention, qkv, {Out({B, Hq, Tq, D}), OutFixed(DType::kF32, {B, Hq, Tq})},
-             &p, 3.0});
+      check({"attention",
+             Kernel::attention,
+             qkv,
+             {Out({B, Hq, Tq, D}), OutFixed(DType::kF32, {B, Hq, Tq})},
+             &p,
+             3.0});
       // Backward: out and lse are the CPU forward of the (rounded) inputs.
-      std::vector<Arg> in = {Fr({B, Hq, Tq, D}), qkv[0], qkv[1], qkv[2], Out({B, Hq, Tq, D}),
+      std::vector<Arg> in = {Fr({B, Hq, Tq, D}),
+                             qkv[0],
+                             qkv[1],
+                             qkv[2],
+                             Out({B, Hq, Tq, D}),
                              OutFixed(DType::kF32, {B, Hq, Tq})};
       if (masked) in.push_back(qkv[3]);
-      Case bw{"attention_backward", Kernel::attention_backward, in,
-              {Out({B, Hq, Tq, D}), Out({B, Hk, Tk, D}), Out({B, Hk, Tk, D})}, &p, 6.0};
+      Case bw{"attention_backward",
+              Kernel::attention_backward,
+              in,
+              {Out({B, Hq, Tq, D}), Out({B, Hk, Tk, D}), Out({B, Hk, Tk, D})},
+              &p,
+              6.0};
       bw.prepare = [&p, masked](DType dt, std::vector<Arg>& a) {
         std::vector<Arg> fin = {a[1], a[2], a[3]};
         if (masked) fin.push_back(a[6]);
-        const auto fwd = run(Kernel::attention, DeviceType::kCPU, DType::kF32, fin, {a[4], a[5]}, &p);
+        const auto fwd =
+            run(Kernel::attention, DeviceType::kCPU, DType::kF32, fin, {a[4], a[5]}, &p);
         a[4].values = fwd[0];
         for (double& x : a[4].values) x = quantize(x, dt);
         a[5].values = fwd[1];
@@ -619,7 +766,8 @@ TEST_CASE("adamw_multi_tensor over many awkward tensors equals per-tensor CPU up
       std::vector<double> v = k == 3 ? uniform(n, 0, 0.01) : randn(n);
       host[k].emplace_back(v.begin(), v.end());
       dev.emplace_back(n * sizeof(float));
-      CUDA_CHECK(cudaMemcpy(dev.back().get(), host[k].back().data(), n * 4, cudaMemcpyHostToDevice));
+      CUDA_CHECK(
+          cudaMemcpy(dev.back().get(), host[k].back().data(), n * 4, cudaMemcpyHostToDevice));
     }
     const size_t b = dev.size() - 4;
     ts.push_back({dev[b].as<float>(), dev[b + 1].as<float>(), dev[b + 2].as<float>(),
@@ -640,14 +788,16 @@ TEST_CASE("adamw_multi_tensor over many awkward tensors equals per-tensor CPU up
     cpu(std::span<const TensorArg>(a, 4), {}, &ap);
     std::vector<float> got(n);
     CUDA_CHECK(cudaMemcpy(got.data(), ts[t].param, n * 4, cudaMemcpyDeviceToHost));
-    for (int64_t i = 0; i < n; ++i) bad += std::fabs(got[i] - host[0][t][i]) > 1e-6 + 1e-5 * std::fabs(host[0][t][i]);
+    for (int64_t i = 0; i < n; ++i)
+      bad += std::fabs(got[i] - host[0][t][i]) > 1e-6 + 1e-5 * std::fabs(host[0][t][i]);
   }
   CHECK(bad == 0);
 }
 
 // ---- memory ---------------------------------------------------------------------------------
 TEST_CASE("caching allocator reuses blocks and tracks allocated, reserved, peak") {
-  memory::cuda::CachingAllocator& a = memory::cuda::device_allocator(memory::cuda::current_device());
+  memory::cuda::CachingAllocator& a =
+      memory::cuda::device_allocator(memory::cuda::current_device());
   a.empty_cache();
   const auto s0 = a.detailed_stats();
   void* p = a.allocate(3000);
@@ -693,9 +843,10 @@ int main(int argc, char** argv) {
   std::string reason;
   try {
     if (!memory::cuda::cuda_available(&reason)) {
-      std::printf("[cuda_kernels_test] no CUDA device (%s): this test needs a GPU; "
-                  "run it with tools/gpu_check.sh on a GPU machine\n",
-                  reason.c_str());
+      std::printf(
+          "[cuda_kernels_test] no CUDA device (%s): this test needs a GPU; "
+          "run it with tools/gpu_check.sh on a GPU machine\n",
+          reason.c_str());
       return 1;
     }
     memory::cuda::select_device();
@@ -716,6 +867,7 @@ int main(int argc, char** argv) {
       missing.push_back(std::string(kernels::kKernelNames[k]) + " (no CUDA f32 kernel)");
     }
   }
-  for (const std::string& m : missing) std::printf("[cuda_kernels_test] not covered: %s\n", m.c_str());
+  for (const std::string& m : missing)
+    std::printf("[cuda_kernels_test] not covered: %s\n", m.c_str());
   return rc != 0 ? rc : (missing.empty() ? 0 : 1);
 }

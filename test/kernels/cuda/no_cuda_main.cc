@@ -3,7 +3,8 @@
 #include <cstdio>
 
 int main() {
-  std::printf("[cuda_kernels_test] no CUDA device: this build has no CUDA backend (no toolkit, or "
-              "--//third_party/cuda:enable_cuda=false)\n");
+  std::printf(
+      "[cuda_kernels_test] no CUDA device: this build has no CUDA backend (no toolkit, or "
+      "--//third_party/cuda:enable_cuda=false)\n");
   return 1;
 }

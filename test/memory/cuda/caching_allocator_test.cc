@@ -1,15 +1,15 @@
 // The caching device allocator's logic (size classes, splitting, merging, stream-aware reuse,
 // out-of-memory retry, statistics), tested without a GPU: host memory and hand-driven events
 // stand in for the device through DeviceMemoryBackend.
-#include <catch2/catch.hpp>
+#include "memory/cuda/caching_allocator.h"
 
+#include <catch2/catch.hpp>
 #include <cstdlib>
 #include <map>
 #include <memory>
 #include <set>
 
 #include "base/error.h"
-#include "memory/cuda/caching_allocator.h"
 
 namespace mammoth::memory::cuda {
 namespace {

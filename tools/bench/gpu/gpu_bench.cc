@@ -34,7 +34,8 @@ bool g_json = false;
 
 void report(const std::string& name, double value, const char* unit) {
   if (g_json) {
-    std::printf("{\"name\": \"%s\", \"value\": %.4f, \"unit\": \"%s\"}\n", name.c_str(), value, unit);
+    std::printf("{\"name\": \"%s\", \"value\": %.4f, \"unit\": \"%s\"}\n", name.c_str(), value,
+                unit);
   } else {
     std::printf("%-44s %12.2f %s\n", name.c_str(), value, unit);
   }
@@ -60,8 +61,14 @@ DeviceBuffer random_buffer(int64_t n, DType t, double scale, uint64_t seed) {
   for (int64_t i = 0; i < n; ++i) {
     const float v = d(g);
     if (t == DType::kF32) std::memcpy(host.data() + 4 * i, &v, 4);
-    if (t == DType::kBF16) { const bf16 h = float_to_bf16(v); std::memcpy(host.data() + 2 * i, &h, 2); }
-    if (t == DType::kF16) { const f16 h = float_to_f16(v); std::memcpy(host.data() + 2 * i, &h, 2); }
+    if (t == DType::kBF16) {
+      const bf16 h = float_to_bf16(v);
+      std::memcpy(host.data() + 2 * i, &h, 2);
+    }
+    if (t == DType::kF16) {
+      const f16 h = float_to_f16(v);
+      std::memcpy(host.data() + 2 * i, &h, 2);
+    }
   }
   DeviceBuffer b(host.size());
   CUDA_CHECK(cudaMemcpy(b.get(), host.data(), host.size(), cudaMemcpyHostToDevice));
@@ -91,12 +98,13 @@ void bench_gemm(bool quick) {
   };
   const int64_t S = quick ? 2048 : 4096;
   const std::vector<G> cases = {
-      {DType::kBF16, false, S, S, S, "bf16"},   {DType::kF16, false, S, S, S, "f16"},
-      {DType::kF32, true, S, S, S, "tf32"},     {DType::kF32, false, S, S, S, "f32"},
+      {DType::kBF16, false, S, S, S, "bf16"},         {DType::kF16, false, S, S, S, "f16"},
+      {DType::kF32, true, S, S, S, "tf32"},           {DType::kF32, false, S, S, S, "f32"},
       {DType::kBF16, false, 8192, 3072, 768, "bf16"},  // GPT-2 MLP up-projection, 8k tokens
   };
   for (const G& c : cases) {
-    DeviceBuffer a = random_buffer(c.M * c.K, c.t, 1.0, 1), b = random_buffer(c.K * c.N, c.t, 1.0, 2);
+    DeviceBuffer a = random_buffer(c.M * c.K, c.t, 1.0, 1),
+                 b = random_buffer(c.K * c.N, c.t, 1.0, 2);
     DeviceBuffer out(c.M * c.N * dtype_size(c.t));
     kernels::cuda::set_allow_tf32(c.tf32);
     kernels::cuda::GemmArgs g;
@@ -123,8 +131,8 @@ void bench_attention(bool quick) {
     int64_t B, H, T, D;
     bool causal;
   };
-  const std::vector<A> cases = {{4, 16, 2048, 64, true}, {4, 16, 2048, 128, true},
-                                {4, 16, 2048, 128, false}};
+  const std::vector<A> cases = {
+      {4, 16, 2048, 64, true}, {4, 16, 2048, 128, true}, {4, 16, 2048, 128, false}};
   for (const A& c : cases) {
     const DType t = DType::kBF16;
     const int64_t n = c.B * c.H * c.T * c.D;
@@ -141,12 +149,13 @@ void bench_attention(bool quick) {
         kernels::Registry::instance().get(Kernel::attention_backward, DeviceType::kCUDA, t);
     // FLOPs as FlashAttention counts them: 4*B*H*T*T*D forward (halved when causal), 2.5x backward.
     const double flops = 4.0 * c.B * c.H * c.T * c.T * c.D / (c.causal ? 2.0 : 1.0);
-    const std::string tag = "attn_bf16_B" + std::to_string(c.B) + "_H" + std::to_string(c.H) + "_T" +
-                            std::to_string(c.T) + "_D" + std::to_string(c.D) +
+    const std::string tag = "attn_bf16_B" + std::to_string(c.B) + "_H" + std::to_string(c.H) +
+                            "_T" + std::to_string(c.T) + "_D" + std::to_string(c.D) +
                             (c.causal ? "_causal" : "");
     const double fms = time_ms([&] { fwd(fin, fout, &p); }, 2, quick ? 3 : 10);
     report(tag + "_fwd", flops / (fms * 1e-3) / 1e12, "TFLOP/s");
-    const std::vector<TensorArg> bin = {arg(dout, t, shp), fin[0], fin[1], fin[2], fout[0], fout[1]};
+    const std::vector<TensorArg> bin = {arg(dout, t, shp), fin[0], fin[1], fin[2],
+                                        fout[0],           fout[1]};
     const std::vector<TensorArg> bout = {arg(dq, t, shp), arg(dk, t, shp), arg(dv, t, shp)};
     const double bms = time_ms([&] { bwd(bin, bout, &p); }, 1, quick ? 1 : 3);
     report(tag + "_bwd", 2.5 * flops / (bms * 1e-3) / 1e12, "TFLOP/s");
@@ -157,10 +166,11 @@ void bench_layer_norm(bool quick) {
   for (DType t : {DType::kBF16, DType::kF32}) {
     const int64_t M = quick ? 4096 : 16384, N = 4096;
     DeviceBuffer x = random_buffer(M * N, t, 1.0, 7), w = random_buffer(N, t, 1.0, 8),
-                 b = random_buffer(N, t, 1.0, 9), y(M * N * dtype_size(t)), mean(M * 4), rstd(M * 4);
+                 b = random_buffer(N, t, 1.0, 9), y(M * N * dtype_size(t)), mean(M * 4),
+                 rstd(M * 4);
     const std::vector<TensorArg> in = {arg(x, t, {M, N}), arg(w, t, {N}), arg(b, t, {N})};
     const std::vector<TensorArg> out = {arg(y, t, {M, N}), arg(mean, DType::kF32, {M}),
-                              arg(rstd, DType::kF32, {M})};
+                                        arg(rstd, DType::kF32, {M})};
     kernels::NormParams p{1e-5};
     const kernels::KernelFn fn =
         kernels::Registry::instance().get(Kernel::layer_norm, DeviceType::kCUDA, t);
@@ -200,8 +210,10 @@ void bench_adamw(bool quick) {
 int run(int argc, char** argv) {
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--json") == 0) g_json = true;
-    else if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+    if (std::strcmp(argv[i], "--json") == 0)
+      g_json = true;
+    else if (std::strcmp(argv[i], "--quick") == 0)
+      quick = true;
     else {
       std::fprintf(stderr, "[gpu_bench] unknown option %s (use --json, --quick)\n", argv[i]);
       return 2;
