@@ -5,7 +5,10 @@
 #include <sstream>
 
 #include "base/error.h"
+#include "models/bert/bert.h"
 #include "models/gpt2/gpt2.h"
+#include "models/llama/llama.h"
+#include "models/vit/vit.h"
 #include "models/weights.h"
 
 namespace mammoth::models {
@@ -318,9 +321,9 @@ std::shared_ptr<Model> build_model(const ModelConfig& config, uint64_t seed) {
   std::shared_ptr<Model> m;
   switch (config.family) {
     case Family::kGpt2: m = std::make_shared<Gpt2>(config); break;
-    default:
-      MAMMOTH_THROW() << "[build_model] family " << family_name(config.family)
-                      << " is not built yet";
+    case Family::kLlama: m = std::make_shared<Llama>(config); break;
+    case Family::kBert: m = std::make_shared<Bert>(config); break;
+    case Family::kVit: m = std::make_shared<Vit>(config); break;
   }
   m->init(seed);
   return m;

@@ -1,0 +1,202 @@
+#include "models/bert/bert.h"
+
+#include "engine/ops.h"
+
+namespace mammoth::models {
+
+using engine::Tensor;
+using engine::nn::Dropout;
+using engine::nn::Embedding;
+using engine::nn::LayerNorm;
+using engine::nn::Linear;
+
+BertEmbeddings::BertEmbeddings(const ModelConfig& c) {
+  word_embeddings = register_module(
+      "word_embeddings", std::make_shared<Embedding>(c.vocab_size, c.d_model, c.dtype));
+  position_embeddings = register_module(
+      "position_embeddings", std::make_shared<Embedding>(c.max_seq, c.d_model, c.dtype));
+  token_type_embeddings = register_module(
+      "token_type_embeddings", std::make_shared<Embedding>(c.type_vocab_size, c.d_model, c.dtype));
+  LayerNorm = register_module("LayerNorm", std::make_shared<engine::nn::LayerNorm>(
+                                               c.d_model, c.norm_eps, c.dtype));
+  dropout = register_module("dropout", std::make_shared<Dropout>(c.dropout));
+}
+
+Tensor BertEmbeddings::forward(const Tensor& ids, const Tensor& token_type_ids) const {
+  const int64_t T = ids.size(1);
+  MAMMOTH_CHECK(T <= position_embeddings->weight.size(0))
+      << "[Bert::forward] sequence length " << T << " exceeds max_seq "
+      << position_embeddings->weight.size(0);
+  Tensor x = word_embeddings->forward(ids) + position_embeddings->forward(positions(0, T));
+  x = x + token_type_embeddings->forward(token_type_ids);
+  return dropout->forward(LayerNorm->forward(x));
+}
+
+BertSelfAttention::BertSelfAttention(const ModelConfig& c) : config_(c) {
+  query = register_module("query", std::make_shared<Linear>(c.d_model, c.d_model, true, c.dtype));
+  key = register_module("key", std::make_shared<Linear>(c.d_model, c.d_model, true, c.dtype));
+  value = register_module("value", std::make_shared<Linear>(c.d_model, c.d_model, true, c.dtype));
+}
+
+Tensor BertSelfAttention::forward(const Tensor& x, const Tensor& key_mask) const {
+  const int64_t H = config_.n_head;
+  Tensor y = attend(split_heads(query->forward(x), H), split_heads(key->forward(x), H),
+                    split_heads(value->forward(x), H), {.key_mask = key_mask},
+                    config_.attn_dropout, is_training());
+  return merge_heads(y);
+}
+
+BertResidualOutput::BertResidualOutput(const ModelConfig& c, int64_t in) {
+  dense = register_module("dense", std::make_shared<Linear>(in, c.d_model, true, c.dtype));
+  LayerNorm = register_module("LayerNorm", std::make_shared<engine::nn::LayerNorm>(
+                                               c.d_model, c.norm_eps, c.dtype));
+  dropout = register_module("dropout", std::make_shared<Dropout>(c.dropout));
+}
+
+Tensor BertResidualOutput::forward(const Tensor& x, const Tensor& residual) const {
+  return LayerNorm->forward(dropout->forward(dense->forward(x)) + residual);
+}
+
+BertAttention::BertAttention(const ModelConfig& c) {
+  self = register_module("self", std::make_shared<BertSelfAttention>(c));
+  output = register_module("output", std::make_shared<BertResidualOutput>(c, c.d_model));
+}
+
+Tensor BertAttention::forward(const Tensor& x, const Tensor& key_mask) const {
+  return output->forward(self->forward(x, key_mask), x);
+}
+
+BertIntermediate::BertIntermediate(const ModelConfig& c) {
+  dense = register_module("dense", std::make_shared<Linear>(c.d_model, c.d_ff, true, c.dtype));
+}
+
+Tensor BertIntermediate::forward(const Tensor& x) const {
+  return engine::gelu(dense->forward(x));
+}
+
+BertLayer::BertLayer(const ModelConfig& c) {
+  attention = register_module("attention", std::make_shared<BertAttention>(c));
+  intermediate = register_module("intermediate", std::make_shared<BertIntermediate>(c));
+  output = register_module("output", std::make_shared<BertResidualOutput>(c, c.d_ff));
+}
+
+Tensor BertLayer::forward(const Tensor& x, const Tensor& key_mask) const {
+  Tensor a = attention->forward(x, key_mask);
+  return output->forward(intermediate->forward(a), a);
+}
+
+BertEncoder::BertEncoder(const ModelConfig& c) {
+  layer = register_module("layer", std::make_shared<ModuleList<BertLayer>>());
+  for (int64_t l = 0; l < c.n_layer; ++l) layer->add(std::make_shared<BertLayer>(c));
+}
+
+BertPooler::BertPooler(const ModelConfig& c) {
+  dense = register_module("dense", std::make_shared<Linear>(c.d_model, c.d_model, true, c.dtype));
+}
+
+Tensor BertPooler::forward(const Tensor& hidden) const {
+  return engine::tanh(dense->forward(hidden.select(1, 0)));
+}
+
+BertModel::BertModel(const ModelConfig& c) {
+  embeddings = register_module("embeddings", std::make_shared<BertEmbeddings>(c));
+  encoder = register_module("encoder", std::make_shared<BertEncoder>(c));
+  pooler = register_module("pooler", std::make_shared<BertPooler>(c));
+}
+
+BertPredictionHeadTransform::BertPredictionHeadTransform(const ModelConfig& c) {
+  dense = register_module("dense", std::make_shared<Linear>(c.d_model, c.d_model, true, c.dtype));
+  LayerNorm = register_module("LayerNorm", std::make_shared<engine::nn::LayerNorm>(
+                                               c.d_model, c.norm_eps, c.dtype));
+}
+
+Tensor BertPredictionHeadTransform::forward(const Tensor& x) const {
+  return LayerNorm->forward(engine::gelu(dense->forward(x)));
+}
+
+BertLMPredictionHead::BertLMPredictionHead(const ModelConfig& c) {
+  transform = register_module("transform", std::make_shared<BertPredictionHeadTransform>(c));
+  bias = register_parameter("bias", Tensor::zeros({c.vocab_size}, c.dtype));
+}
+
+BertOnlyMLMHead::BertOnlyMLMHead(const ModelConfig& c) {
+  predictions = register_module("predictions", std::make_shared<BertLMPredictionHead>(c));
+}
+
+Bert::Bert(ModelConfig config) : config_(std::move(config)) {
+  config_.validate();
+  MAMMOTH_CHECK(config_.tie_embeddings)
+      << "[Bert] the MLM decoder is tied to the word embeddings; tie_embeddings=false is not "
+         "supported";
+  bert = register_module("bert", std::make_shared<BertModel>(config_));
+  cls = register_module("cls", std::make_shared<BertOnlyMLMHead>(config_));
+  dropout_ = register_module("dropout", std::make_shared<Dropout>(config_.dropout));
+  if (config_.num_labels > 0) {
+    classifier = register_module("classifier", std::make_shared<Linear>(
+                                                   config_.d_model, config_.num_labels, true,
+                                                   config_.dtype));
+  }
+}
+
+Tensor Bert::encode(const Tensor& ids, const Tensor& token_type_ids,
+                    const Tensor& attention_mask) const {
+  MAMMOTH_CHECK(ids.dim() == 2 && ids.dtype() == DType::kI64)
+      << "[Bert::encode] ids must be i64 [B, T], got " << dtype_name(ids.dtype()) << " "
+      << engine::shape_str(ids.shape());
+  Tensor types = token_type_ids.defined() ? token_type_ids
+                                          : Tensor::zeros(ids.shape(), DType::kI64);
+  MAMMOTH_CHECK(types.shape() == ids.shape())
+      << "[Bert::encode] token_type_ids " << engine::shape_str(types.shape())
+      << " must match ids " << engine::shape_str(ids.shape());
+  Tensor key_mask;
+  if (attention_mask.defined()) {
+    MAMMOTH_CHECK(attention_mask.shape() == ids.shape())
+        << "[Bert::encode] attention_mask " << engine::shape_str(attention_mask.shape())
+        << " must match ids " << engine::shape_str(ids.shape());
+    key_mask = attention_mask.dtype() == DType::kBool ? attention_mask
+                                                      : engine::cast(attention_mask, DType::kBool);
+  }
+  Tensor x = bert->embeddings->forward(ids, types);
+  const ModuleList<BertLayer>& layers = *bert->encoder->layer;
+  for (size_t l = 0; l < layers.size(); ++l) x = layers[l].forward(x, key_mask);
+  return x;
+}
+
+Tensor Bert::mlm_logits(const Tensor& hidden) const {
+  const BertLMPredictionHead& p = *cls->predictions;
+  return engine::linear(p.transform->forward(hidden), bert->embeddings->word_embeddings->weight,
+                        p.bias);
+}
+
+Tensor Bert::pooled(const Tensor& hidden) const { return bert->pooler->forward(hidden); }
+
+Tensor Bert::classify(const Tensor& hidden) const {
+  MAMMOTH_CHECK(classifier != nullptr) << "[Bert::classify] the model has no classification head "
+                                          "(num_labels = 0)";
+  return classifier->forward(dropout_->forward(pooled(hidden)));
+}
+
+Tensor Bert::forward(const Tensor& ids) { return mlm_logits(encode(ids, Tensor(), Tensor())); }
+
+Tensor Bert::loss(const Tensor& ids, const Tensor& targets) {
+  MAMMOTH_CHECK(targets.defined())
+      << "[Bert::loss] BERT is a masked LM: pass targets [B, T] with -100 at unmasked positions";
+  return LanguageModel::loss(ids, targets);
+}
+
+HfLayout Bert::hf_layout() const {
+  HfLayout layout = Model::hf_layout();
+  for (HfParam& p : layout.params) {
+    // Task heads HF initialises afresh when a checkpoint lacks them (BertForMaskedLM files
+    // have no pooler, pre-training files no classifier).
+    if (p.param.rfind("classifier.", 0) == 0 || p.param.rfind("bert.pooler.", 0) == 0)
+      p.optional = true;
+  }
+  // BertModel checkpoints spell "embeddings..." without the "bert." prefix.
+  layout.prefix_aliases = {{"bert.", ""}};
+  layout.ignored = {"cls.predictions.decoder.weight", "cls.predictions.decoder.bias",
+                    "cls.seq_relationship*", "*.position_ids"};
+  return layout;
+}
+
+}  // namespace mammoth::models

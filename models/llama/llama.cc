@@ -1,0 +1,121 @@
+#include "models/llama/llama.h"
+
+#include <tuple>
+
+#include "engine/ops.h"
+
+namespace mammoth::models {
+
+using engine::Tensor;
+using engine::nn::Embedding;
+using engine::nn::Linear;
+using engine::nn::RMSNorm;
+
+LlamaAttention::LlamaAttention(const ModelConfig& c) : config_(c) {
+  const int64_t D = c.head_dim();
+  q_proj = register_module("q_proj", std::make_shared<Linear>(c.d_model, c.n_head * D, false,
+                                                              c.dtype));
+  k_proj = register_module("k_proj", std::make_shared<Linear>(c.d_model, c.n_kv_head * D, false,
+                                                              c.dtype));
+  v_proj = register_module("v_proj", std::make_shared<Linear>(c.d_model, c.n_kv_head * D, false,
+                                                              c.dtype));
+  o_proj = register_module("o_proj", std::make_shared<Linear>(c.n_head * D, c.d_model, false,
+                                                              c.dtype));
+}
+
+Tensor LlamaAttention::forward(const Tensor& x, KVCache* cache, int64_t layer) const {
+  const int64_t B = x.size(0), T = x.size(1), D = config_.head_dim();
+  const int64_t offset = cache != nullptr ? cache->length : 0;
+  // rope works on [B, T, H, D]; attention wants [B, H, T, D].
+  auto project = [&](const Linear& proj, int64_t heads, bool rotate) {
+    Tensor t = proj.forward(x).view({B, T, heads, D});
+    if (rotate) t = engine::rope(t, config_.rope_base, offset);
+    return t.permute({0, 2, 1, 3});
+  };
+  Tensor q = project(*q_proj, config_.n_head, true);
+  Tensor k = project(*k_proj, config_.n_kv_head, true);
+  Tensor v = project(*v_proj, config_.n_kv_head, false);
+  if (cache != nullptr) std::tie(k, v) = cache->append(layer, k, v);
+  Tensor y = attend(q, k, v, {.causal = true}, config_.attn_dropout, is_training());
+  return o_proj->forward(merge_heads(y));
+}
+
+LlamaMlp::LlamaMlp(const ModelConfig& c) {
+  gate_proj = register_module("gate_proj",
+                              std::make_shared<Linear>(c.d_model, c.d_ff, false, c.dtype));
+  up_proj = register_module("up_proj", std::make_shared<Linear>(c.d_model, c.d_ff, false, c.dtype));
+  down_proj = register_module("down_proj",
+                              std::make_shared<Linear>(c.d_ff, c.d_model, false, c.dtype));
+}
+
+Tensor LlamaMlp::forward(const Tensor& x) const {
+  return down_proj->forward(engine::silu(gate_proj->forward(x)) * up_proj->forward(x));
+}
+
+LlamaDecoderLayer::LlamaDecoderLayer(const ModelConfig& c) {
+  input_layernorm = register_module("input_layernorm",
+                                    std::make_shared<RMSNorm>(c.d_model, c.norm_eps, c.dtype));
+  self_attn = register_module("self_attn", std::make_shared<LlamaAttention>(c));
+  post_attention_layernorm = register_module(
+      "post_attention_layernorm", std::make_shared<RMSNorm>(c.d_model, c.norm_eps, c.dtype));
+  mlp = register_module("mlp", std::make_shared<LlamaMlp>(c));
+}
+
+Tensor LlamaDecoderLayer::forward(const Tensor& x, KVCache* cache, int64_t layer) const {
+  Tensor h = x + self_attn->forward(input_layernorm->forward(x), cache, layer);
+  return h + mlp->forward(post_attention_layernorm->forward(h));
+}
+
+LlamaModel::LlamaModel(const ModelConfig& c) : config_(c) {
+  embed_tokens = register_module("embed_tokens",
+                                 std::make_shared<Embedding>(c.vocab_size, c.d_model, c.dtype));
+  layers = register_module("layers", std::make_shared<ModuleList<LlamaDecoderLayer>>());
+  for (int64_t l = 0; l < c.n_layer; ++l) layers->add(std::make_shared<LlamaDecoderLayer>(c));
+  norm = register_module("norm", std::make_shared<RMSNorm>(c.d_model, c.norm_eps, c.dtype));
+}
+
+Tensor LlamaModel::forward(const Tensor& ids, KVCache* cache) const {
+  MAMMOTH_CHECK(ids.dim() == 2 && ids.dtype() == DType::kI64)
+      << "[Llama::forward] ids must be i64 [B, T], got " << dtype_name(ids.dtype()) << " "
+      << engine::shape_str(ids.shape());
+  const int64_t offset = cache != nullptr ? cache->length : 0;
+  MAMMOTH_CHECK(offset + ids.size(1) <= config_.max_seq)
+      << "[Llama::forward] positions up to " << offset + ids.size(1) << " exceed max_seq "
+      << config_.max_seq;
+  Tensor x = embed_tokens->forward(ids);
+  for (size_t l = 0; l < layers->size(); ++l)
+    x = (*layers)[l].forward(x, cache, static_cast<int64_t>(l));
+  if (cache != nullptr) cache->length += ids.size(1);
+  return norm->forward(x);
+}
+
+Llama::Llama(ModelConfig config) : config_(std::move(config)) {
+  config_.validate();
+  model = register_module("model", std::make_shared<LlamaModel>(config_));
+  if (!config_.tie_embeddings) {
+    lm_head = register_module("lm_head", std::make_shared<Linear>(
+                                             config_.d_model, config_.vocab_size, false,
+                                             config_.dtype));
+  }
+}
+
+Tensor Llama::run(const Tensor& ids, KVCache* cache) {
+  Tensor h = model->forward(ids, cache);
+  return lm_head ? lm_head->forward(h) : engine::linear(h, model->embed_tokens->weight);
+}
+
+Tensor Llama::forward(const Tensor& ids) { return run(ids, nullptr); }
+
+Tensor Llama::forward_cached(const Tensor& ids, KVCache* cache) {
+  MAMMOTH_CHECK(cache != nullptr) << "[Llama::forward_cached] cache is null";
+  return run(ids, cache);
+}
+
+HfLayout Llama::hf_layout() const {
+  HfLayout layout = Model::hf_layout();
+  layout.ignored = {"*.rotary_emb.inv_freq"};
+  if (config_.tie_embeddings) layout.ignored.push_back("lm_head.weight");
+  return layout;
+}
+
+}  // namespace mammoth::models

@@ -1,0 +1,75 @@
+// LLaMA as in Hugging Face's LlamaForCausalLM: pre-norm RMSNorm blocks, rotary position
+// embeddings (rotate-half form), SwiGLU MLP, grouped-query attention, untied LM head (tied
+// when the config says tie_word_embeddings).
+//
+// Parameter names are HF's: "model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
+// "model.layers.0.mlp.gate_proj.weight", "model.norm.weight", "lm_head.weight".
+#pragma once
+
+#include <memory>
+
+#include "engine/nn/module.h"
+#include "models/layers.h"
+#include "models/model.h"
+
+namespace mammoth::models {
+
+class LlamaAttention : public engine::nn::Module {
+ public:
+  explicit LlamaAttention(const ModelConfig& c);
+  engine::Tensor forward(const engine::Tensor& x, KVCache* cache, int64_t layer) const;
+  std::shared_ptr<engine::nn::Linear> q_proj, k_proj, v_proj, o_proj;
+
+ private:
+  const ModelConfig& config_;
+};
+
+class LlamaMlp : public engine::nn::Module {
+ public:
+  explicit LlamaMlp(const ModelConfig& c);
+  // down(silu(gate(x)) * up(x))
+  engine::Tensor forward(const engine::Tensor& x) const;
+  std::shared_ptr<engine::nn::Linear> gate_proj, up_proj, down_proj;
+};
+
+class LlamaDecoderLayer : public engine::nn::Module {
+ public:
+  explicit LlamaDecoderLayer(const ModelConfig& c);
+  engine::Tensor forward(const engine::Tensor& x, KVCache* cache, int64_t layer) const;
+  std::shared_ptr<engine::nn::RMSNorm> input_layernorm, post_attention_layernorm;
+  std::shared_ptr<LlamaAttention> self_attn;
+  std::shared_ptr<LlamaMlp> mlp;
+};
+
+// HF's LlamaModel: the decoder stack without the head.
+class LlamaModel : public engine::nn::Module {
+ public:
+  explicit LlamaModel(const ModelConfig& c);
+  // ids [B, T] -> final normed hidden states [B, T, C]
+  engine::Tensor forward(const engine::Tensor& ids, KVCache* cache) const;
+  std::shared_ptr<engine::nn::Embedding> embed_tokens;
+  std::shared_ptr<ModuleList<LlamaDecoderLayer>> layers;
+  std::shared_ptr<engine::nn::RMSNorm> norm;
+
+ private:
+  const ModelConfig& config_;
+};
+
+class Llama : public LanguageModel {
+ public:
+  explicit Llama(ModelConfig config);
+  engine::Tensor forward(const engine::Tensor& ids) override;
+  bool supports_kv_cache() const override { return true; }
+  engine::Tensor forward_cached(const engine::Tensor& ids, KVCache* cache) override;
+  const ModelConfig& config() const override { return config_; }
+  HfLayout hf_layout() const override;
+
+  std::shared_ptr<LlamaModel> model;
+  std::shared_ptr<engine::nn::Linear> lm_head;  // null when tied to model.embed_tokens
+
+ private:
+  engine::Tensor run(const engine::Tensor& ids, KVCache* cache);
+  ModelConfig config_;
+};
+
+}  // namespace mammoth::models

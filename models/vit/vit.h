@@ -1,0 +1,118 @@
+// ViT (Dosovitskiy et al. 2020) as in Hugging Face's ViTForImageClassification: patch embedding,
+// class token, learned positions, pre-LN encoder with exact GELU, final LayerNorm, linear
+// classifier on the class token.
+//
+// The patch embedding is HF's Conv2d(kernel = stride = patch) with weight [D, C, P, P]; such a
+// convolution is a linear map on non-overlapping patches, so we keep HF's parameter as is and
+// apply it as [D, C*P*P] to patches flattened in (c, y, x) order. Names are HF's:
+// "vit.embeddings.cls_token", "vit.embeddings.patch_embeddings.projection.weight",
+// "vit.encoder.layer.0.attention.attention.query.weight", "vit.layernorm.weight", "classifier.weight".
+#pragma once
+
+#include <memory>
+
+#include "engine/nn/module.h"
+#include "models/layers.h"
+#include "models/model.h"
+
+namespace mammoth::models {
+
+// HF's Conv2d "projection": weight [D, C, P, P], bias [D].
+class PatchProjection : public engine::nn::Module {
+ public:
+  PatchProjection(const ModelConfig& c);
+  // pixels [B, C, H, W] -> [B, N, D], N = (H/P) * (W/P) in row-major patch order.
+  engine::Tensor forward(const engine::Tensor& pixels) const;
+  engine::Tensor weight, bias;
+
+ private:
+  int64_t patch_;
+};
+
+class VitPatchEmbeddings : public engine::nn::Module {
+ public:
+  explicit VitPatchEmbeddings(const ModelConfig& c);
+  std::shared_ptr<PatchProjection> projection;
+};
+
+class VitEmbeddings : public engine::nn::Module {
+ public:
+  explicit VitEmbeddings(const ModelConfig& c);
+  engine::Tensor forward(const engine::Tensor& pixels) const;  // -> [B, N+1, D]
+  engine::Tensor cls_token;            // [1, 1, D]
+  engine::Tensor position_embeddings;  // [1, N+1, D]
+  std::shared_ptr<VitPatchEmbeddings> patch_embeddings;
+  std::shared_ptr<engine::nn::Dropout> dropout;
+};
+
+class VitSelfAttention : public engine::nn::Module {
+ public:
+  explicit VitSelfAttention(const ModelConfig& c);
+  engine::Tensor forward(const engine::Tensor& x) const;
+  std::shared_ptr<engine::nn::Linear> query, key, value;
+
+ private:
+  const ModelConfig& config_;
+};
+
+// A Linear named "dense" followed by dropout (ViTSelfOutput, ViTIntermediate, ViTOutput).
+class VitDense : public engine::nn::Module {
+ public:
+  VitDense(const ModelConfig& c, int64_t in, int64_t out, bool dropout);
+  engine::Tensor forward(const engine::Tensor& x) const;
+  std::shared_ptr<engine::nn::Linear> dense;
+
+ private:
+  std::shared_ptr<engine::nn::Dropout> dropout_;
+};
+
+class VitAttention : public engine::nn::Module {
+ public:
+  explicit VitAttention(const ModelConfig& c);
+  engine::Tensor forward(const engine::Tensor& x) const;
+  std::shared_ptr<VitSelfAttention> attention;
+  std::shared_ptr<VitDense> output;
+};
+
+class VitLayer : public engine::nn::Module {
+ public:
+  explicit VitLayer(const ModelConfig& c);
+  engine::Tensor forward(const engine::Tensor& x) const;
+  std::shared_ptr<engine::nn::LayerNorm> layernorm_before, layernorm_after;
+  std::shared_ptr<VitAttention> attention;
+  std::shared_ptr<VitDense> intermediate, output;
+};
+
+class VitEncoder : public engine::nn::Module {
+ public:
+  explicit VitEncoder(const ModelConfig& c);
+  std::shared_ptr<ModuleList<VitLayer>> layer;
+};
+
+class VitModel : public engine::nn::Module {
+ public:
+  explicit VitModel(const ModelConfig& c);
+  engine::Tensor forward(const engine::Tensor& pixels) const;  // -> normed hidden [B, N+1, D]
+  std::shared_ptr<VitEmbeddings> embeddings;
+  std::shared_ptr<VitEncoder> encoder;
+  std::shared_ptr<engine::nn::LayerNorm> layernorm;
+};
+
+class Vit : public Model {
+ public:
+  explicit Vit(ModelConfig config);
+  // pixels [B, C, H, W] (H = W = image_size) -> class logits [B, num_labels]
+  engine::Tensor forward(const engine::Tensor& pixels);
+  // Mean cross-entropy of forward(pixels) against labels i64 [B].
+  engine::Tensor loss(const engine::Tensor& pixels, const engine::Tensor& labels);
+  const ModelConfig& config() const override { return config_; }
+  HfLayout hf_layout() const override;
+
+  std::shared_ptr<VitModel> vit;
+  std::shared_ptr<engine::nn::Linear> classifier;
+
+ private:
+  ModelConfig config_;
+};
+
+}  // namespace mammoth::models
