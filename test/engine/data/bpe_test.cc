@@ -14,12 +14,12 @@
 #include "base/json.h"
 #include "engine/data/corpus.h"
 #include "engine/data/unicode_class.h"
-#include "test/engine/data/test_dir.h"
+#include "test/testing/test_dir.h"
 
 namespace mammoth::data {
 namespace {
 
-using testing::TestDir;
+using mammoth::testing::TestDir;
 
 std::vector<std::string> split(std::string_view text) {
   std::vector<std::string> out;

@@ -8,12 +8,12 @@
 #include "engine/data/bpe.h"
 #include "engine/data/corpus.h"
 #include "engine/data/token_shard.h"
-#include "test/engine/data/test_dir.h"
+#include "test/testing/test_dir.h"
 
 namespace mammoth::data {
 namespace {
 
-using testing::TestDir;
+using mammoth::testing::TestDir;
 
 std::vector<int32_t> all_tokens(const std::vector<std::string>& shards) {
   std::vector<int32_t> out;

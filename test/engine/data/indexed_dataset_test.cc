@@ -6,12 +6,12 @@
 #include <cstring>
 
 #include "base/error.h"
-#include "test/engine/data/test_dir.h"
+#include "test/testing/test_dir.h"
 
 namespace mammoth::data {
 namespace {
 
-using testing::TestDir;
+using mammoth::testing::TestDir;
 
 TEST_CASE("indexed dataset round trip with multi-sequence documents") {
   for (IndexedDType dtype : {IndexedDType::kU16, IndexedDType::kI32, IndexedDType::kU8,

@@ -8,7 +8,7 @@
 #include <set>
 
 #include "base/error.h"
-#include "test/engine/data/test_dir.h"
+#include "test/testing/test_dir.h"
 
 namespace mammoth::data {
 namespace {
@@ -129,7 +129,7 @@ TEST_CASE("validation batches read held-out windows in order") {
 }
 
 TEST_CASE("read_window gives inputs and next-token targets") {
-  testing::TestDir dir;
+  mammoth::testing::TestDir dir;
   std::vector<int32_t> tokens(50);
   std::iota(tokens.begin(), tokens.end(), 100);
   write_token_shard(dir.file("a.bin"), std::vector<int32_t>(tokens.begin(), tokens.begin() + 23));

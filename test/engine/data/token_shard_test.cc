@@ -6,12 +6,12 @@
 #include <numeric>
 
 #include "base/error.h"
-#include "test/engine/data/test_dir.h"
+#include "test/testing/test_dir.h"
 
 namespace mammoth::data {
 namespace {
 
-using testing::TestDir;
+using mammoth::testing::TestDir;
 
 std::vector<int32_t> iota_tokens(int n, int start) {
   std::vector<int32_t> v(n);

@@ -8,7 +8,7 @@
 #include <fstream>
 #include <string>
 
-namespace mammoth::data::testing {
+namespace mammoth::testing {
 
 class TestDir {
  public:
@@ -42,4 +42,4 @@ inline std::string read_bytes(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-}  // namespace mammoth::data::testing
+}  // namespace mammoth::testing
