@@ -10,6 +10,9 @@
 #include "kernels/params.h"
 #include "kernels/registry.h"
 #include "memory/allocator.h"
+#ifdef MAMMOTH_WITH_CUDA
+#include "memory/cuda/device.h"
+#endif
 
 namespace mammoth::engine {
 
@@ -223,14 +226,14 @@ kernels::TensorArg Tensor::arg() const {
 std::vector<double> Tensor::to_vector() const {
   std::vector<double> v(static_cast<size_t>(numel()));
   Tensor dst = from_blob(v.data(), shape(), DType::kF64, Device::cpu(), nullptr);
-  copy_(dst, *this);
+  copy_(dst, to(Device::cpu()));
   return v;
 }
 
 std::vector<int64_t> Tensor::to_int_vector() const {
   std::vector<int64_t> v(static_cast<size_t>(numel()));
   Tensor dst = from_blob(v.data(), shape(), DType::kI64, Device::cpu(), nullptr);
-  copy_(dst, *this);
+  copy_(dst, to(Device::cpu()));
   return v;
 }
 
@@ -467,6 +470,19 @@ Tensor Tensor::contiguous() const {
 }
 
 Tensor Tensor::to(DType t) const { return cast(*this, t); }
+
+Tensor Tensor::to(Device d) const {
+  if (device() == d) return *this;
+  const Tensor src = contiguous();
+  Tensor out = empty(shape(), dtype(), d);
+#ifdef MAMMOTH_WITH_CUDA
+  memory::cuda::copy_bytes(out.raw_data(), d, src.raw_data(), src.device(), src.nbytes());
+#else
+  MAMMOTH_THROW() << "[to] cannot copy from " << device() << " to " << d
+                  << ": this build has no CUDA backend";
+#endif
+  return out;
+}
 
 Tensor Tensor::clone() const {
   Tensor out = empty(shape(), dtype(), device());

@@ -120,6 +120,9 @@ class Tensor {
   Tensor flatten(int64_t start = 0, int64_t end = -1) const;
   Tensor contiguous() const;
   Tensor to(DType dtype) const;  // cast (differentiable between float types)
+  // A copy on `device` (this tensor itself when already there). Not differentiable: move
+  // parameters and data before building a graph.
+  Tensor to(Device device) const;
   Tensor clone() const;
   Tensor detach() const;  // same storage, no autograd history
   // Low level, not differentiable: a view with explicit shape, strides and element offset.
