@@ -1,0 +1,447 @@
+// MPI backend of Communicator: non-blocking MPI collectives completed by a polling wait with a
+// deadline (see mpi_communicator.h).
+#include "parallel/comm/mpi_communicator.h"
+
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "base/error.h"
+#include "parallel/comm/buffer_checks.h"
+
+namespace mammoth::parallel {
+namespace {
+
+using engine::Tensor;
+
+// ---- 16-bit float reductions (MPI has no bf16/f16; the data travels as MPI_UINT16_T) ----
+
+template <typename T, float (*Load)(T), T (*Store)(float), bool kMax>
+void reduce16(void* in, void* inout, int* len, MPI_Datatype*) {
+  const T* a = static_cast<const T*>(in);
+  T* b = static_cast<T*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    const float x = Load(a[i]), y = Load(b[i]);
+    b[i] = Store(kMax ? (x > y ? x : y) : x + y);
+  }
+}
+
+}  // namespace
+
+// ---- runtime ----
+
+void mpi_check(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) {
+    std::snprintf(text, sizeof(text), "error code %d", rc);
+  }
+  MAMMOTH_THROW() << "[" << what << "] MPI error: " << text;
+}
+
+MpiRuntime::MpiRuntime() {
+  int initialized = 0;
+  mpi_check(MPI_Initialized(&initialized), "MPI_Initialized");
+  if (initialized) {
+    mpi_check(MPI_Query_thread(&thread_level_), "MPI_Query_thread");
+  } else {
+    mpi_check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &thread_level_),
+              "MPI_Init_thread");
+    initialized_here_ = true;
+  }
+  // Errors come back as return codes (checked and thrown), not MPI's default abort.
+  mpi_check(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+  mpi_check(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_), "MPI_Comm_rank");
+  mpi_check(MPI_Comm_size(MPI_COMM_WORLD, &world_size_), "MPI_Comm_size");
+  mpi_check(MPI_Op_create(&reduce16<bf16, bf16_to_float, float_to_bf16, false>, 1, &bf16_sum_),
+            "MPI_Op_create");
+  mpi_check(MPI_Op_create(&reduce16<bf16, bf16_to_float, float_to_bf16, true>, 1, &bf16_max_),
+            "MPI_Op_create");
+  mpi_check(MPI_Op_create(&reduce16<f16, f16_to_float, float_to_f16, false>, 1, &f16_sum_),
+            "MPI_Op_create");
+  mpi_check(MPI_Op_create(&reduce16<f16, f16_to_float, float_to_f16, true>, 1, &f16_max_),
+            "MPI_Op_create");
+}
+
+MpiRuntime::~MpiRuntime() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  for (MPI_Op* op : {&bf16_sum_, &bf16_max_, &f16_sum_, &f16_max_}) {
+    if (*op != MPI_OP_NULL) MPI_Op_free(op);
+  }
+  if (initialized_here_) {
+    const int rc = MPI_Finalize();
+    if (rc != MPI_SUCCESS) std::fprintf(stderr, "[mpi_runtime] MPI_Finalize failed (%d)\n", rc);
+  }
+}
+
+MpiRuntime& mpi_runtime() {
+  // Constructed on first use; destroyed (finalizing MPI) after every object created later,
+  // such as communicators held in other function-local statics.
+  static MpiRuntime runtime;
+  return runtime;
+}
+
+void abort_job_on_timeout(const std::string& message) {
+  std::fprintf(stderr, "[comm] %s\n", message.c_str());
+  std::fflush(stderr);
+  std::fflush(stdout);
+  MPI_Abort(MPI_COMM_WORLD, kCommTimeoutExitCode);
+  std::_Exit(kCommTimeoutExitCode);  // MPI_Abort does not return; this is in case it does
+}
+
+namespace {
+
+struct MpiType {
+  MPI_Datatype type;
+  MPI_Op sum;
+  MPI_Op max;
+};
+
+MpiType mpi_type(DType dtype) {
+  const MpiRuntime& rt = mpi_runtime();
+  switch (dtype) {
+    case DType::kF32:
+      return {MPI_FLOAT, MPI_SUM, MPI_MAX};
+    case DType::kF64:
+      return {MPI_DOUBLE, MPI_SUM, MPI_MAX};
+    case DType::kBF16:
+      return {MPI_UINT16_T, rt.bf16_sum(), rt.bf16_max()};
+    case DType::kF16:
+      return {MPI_UINT16_T, rt.f16_sum(), rt.f16_max()};
+    case DType::kI32:
+      return {MPI_INT32_T, MPI_SUM, MPI_MAX};
+    case DType::kI64:
+      return {MPI_INT64_T, MPI_SUM, MPI_MAX};
+    case DType::kU8:
+    case DType::kBool:
+      return {MPI_UINT8_T, MPI_SUM, MPI_MAX};
+  }
+  MAMMOTH_THROW() << "[mpi_type] unknown dtype " << static_cast<int>(dtype);
+}
+
+MPI_Op mpi_op(ReduceOp op, DType dtype) {
+  const MpiType t = mpi_type(dtype);
+  return op == ReduceOp::kMax ? t.max : t.sum;  // avg = sum, then divide on completion
+}
+
+int mpi_count(int64_t n, const char* op, const Communicator& comm) {
+  MAMMOTH_CHECK(n <= INT_MAX) << detail::where(op, comm) << ": " << n
+                              << " elements exceed MPI's int count (" << INT_MAX
+                              << "); split the buffer";
+  return static_cast<int>(n);
+}
+
+// What an operation is, kept cheap to record (no string is built unless a deadline passes):
+// "all_reduce(sum, f32, 1024 elements)", "recv(from 1, f32, 8 elements)", "barrier()".
+struct OpInfo {
+  const char* op;
+  const char* detail = "";  // "sum", "root ", "to ", "from " (+ value when value >= 0)
+  int value = -1;
+  bool has_tensor = false;
+  DType dtype = DType::kF32;
+  int64_t numel = 0;
+
+  std::string str() const {
+    std::string s = std::string(op) + "(" + detail;
+    if (value >= 0) s += std::to_string(value);
+    if (has_tensor) {
+      if (*detail) s += ", ";
+      s += std::string(dtype_name(dtype)) + ", " + std::to_string(numel) + " elements";
+    }
+    return s + ")";
+  }
+};
+
+OpInfo op_info(const char* op, const char* detail, int value, const Tensor& t) {
+  return OpInfo{op, detail, value, true, t.dtype(), t.numel()};
+}
+
+// One posted MPI request, the tensors it reads and writes (kept alive until it completes), and
+// what to do once it has (avg's division, moving an in-place reduce_scatter shard).
+class MpiWork final : public Work {
+ public:
+  MpiWork(const MpiCommunicator& comm, OpInfo info, std::vector<Tensor> keep_alive)
+      : comm_(comm), info_(info), keep_alive_(std::move(keep_alive)) {}
+
+  ~MpiWork() override {
+    if (request_ != MPI_REQUEST_NULL && !done_) {
+      try {
+        wait();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "[comm] %s\n", e.what());
+      }
+    }
+  }
+
+  MPI_Request* request() { return &request_; }
+  void set_finish(std::function<void()> finish) { finish_ = std::move(finish); }
+
+  bool test() override {
+    if (done_) return true;
+    int flag = 0;
+    mpi_check(MPI_Test(&request_, &flag, MPI_STATUS_IGNORE), "MPI_Test");
+    if (flag) complete();
+    return done_;
+  }
+
+  void wait() override {
+    poll_with_deadline(
+        [this] { return test(); }, comm_.options(),
+        [this] {
+          char buf[64];
+          std::snprintf(buf, sizeof(buf), "%g", comm_.options().timeout_s);
+          return "rank " + std::to_string(comm_.rank()) + " (world rank " +
+                 std::to_string(mpi_runtime().world_rank()) + "): " + info_.str() + " on group '" +
+                 comm_.name() + "' (mpi, " + std::to_string(comm_.size()) +
+                 " ranks) did not complete within " + buf +
+                 " s (--comm-timeout); another rank of the group stalled or called a different "
+                 "operation. Aborting the job.";
+        });
+  }
+
+ private:
+  void complete() {
+    done_ = true;
+    if (finish_) finish_();
+    finish_ = nullptr;
+    keep_alive_.clear();
+  }
+
+  // A Work must not outlive its communicator (as an MPI request must not outlive its MPI_Comm).
+  const MpiCommunicator& comm_;
+  OpInfo info_;
+  std::vector<Tensor> keep_alive_;
+  std::function<void()> finish_;
+  MPI_Request request_ = MPI_REQUEST_NULL;
+  bool done_ = false;
+};
+
+}  // namespace
+
+// ---- communicator ----
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, CommOptions options)
+    : comm_(comm), name_(std::move(name)), options_(options) {
+  mpi_runtime();
+  MAMMOTH_CHECK(comm_ != MPI_COMM_NULL)
+      << "[MpiCommunicator] group '" << name_ << "': MPI_COMM_NULL";
+  mpi_check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+  mpi_check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
+  mpi_check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && comm_ != MPI_COMM_WORLD && comm_ != MPI_COMM_SELF && comm_ != MPI_COMM_NULL) {
+    MPI_Comm_free(&comm_);
+  }
+}
+
+std::unique_ptr<MpiCommunicator> mpi_world(const CommOptions& options) {
+  mpi_runtime();
+  MPI_Comm dup = MPI_COMM_NULL;
+  mpi_check(MPI_Comm_dup(MPI_COMM_WORLD, &dup), "MPI_Comm_dup");
+  return std::make_unique<MpiCommunicator>(dup, "world", options);
+}
+
+std::unique_ptr<Work> MpiCommunicator::iall_reduce(const Tensor& in, const Tensor& out,
+                                                   ReduceOp op) {
+  constexpr const char* kOp = "all_reduce";
+  detail::check_tensor(in, "in", kOp, *this, DeviceType::kCPU);
+  detail::check_tensor(out, "out", kOp, *this, DeviceType::kCPU);
+  detail::check_same_kind(in, out, kOp, *this);
+  detail::check_reduce_dtype(op, in.dtype(), kOp, *this);
+  MAMMOTH_CHECK(in.numel() == out.numel()) << detail::where(kOp, *this) << ": in has " << in.numel()
+                                           << " elements but out has " << out.numel();
+  const bool in_place = in.raw_data() == out.raw_data();
+  MAMMOTH_CHECK(in_place ||
+                !detail::overlaps(in.raw_data(), in.nbytes(), out.raw_data(), out.nbytes()))
+      << detail::where(kOp, *this) << ": in and out overlap without being the same buffer";
+  if (in.numel() == 0) return std::make_unique<CompletedWork>();
+  const int count = mpi_count(in.numel(), kOp, *this);
+  auto work = std::make_unique<MpiWork>(*this, op_info(kOp, reduce_op_name(op), -1, in),
+                                        std::vector<Tensor>{in, out});
+  mpi_check(
+      MPI_Iallreduce(in_place ? MPI_IN_PLACE : in.raw_data(), out.raw_data(), count,
+                     mpi_type(in.dtype()).type, mpi_op(op, in.dtype()), comm_, work->request()),
+      "MPI_Iallreduce");
+  if (op == ReduceOp::kAvg && size_ > 1) {
+    work->set_finish([out, n = size_] { detail::divide_cpu(out, n); });
+  }
+  return work;
+}
+
+std::unique_ptr<Work> MpiCommunicator::ireduce_scatter(const Tensor& in, const Tensor& out,
+                                                       ReduceOp op) {
+  constexpr const char* kOp = "reduce_scatter";
+  detail::check_tensor(in, "in", kOp, *this, DeviceType::kCPU);
+  detail::check_tensor(out, "out", kOp, *this, DeviceType::kCPU);
+  detail::check_same_kind(in, out, kOp, *this);
+  detail::check_reduce_dtype(op, in.dtype(), kOp, *this);
+  const int64_t n = out.numel();
+  MAMMOTH_CHECK(in.numel() == n * size_)
+      << detail::where(kOp, *this) << ": in must hold size (" << size_ << ") x out (" << n
+      << ") elements, got " << in.numel();
+  const size_t shard_bytes = out.nbytes();
+  char* const shard = static_cast<char*>(in.raw_data()) + shard_bytes * rank_;
+  const bool in_place = out.raw_data() == shard;
+  MAMMOTH_CHECK(in_place ||
+                !detail::overlaps(in.raw_data(), in.nbytes(), out.raw_data(), out.nbytes()))
+      << detail::where(kOp, *this)
+      << ": out overlaps in without being this rank's shard of it (in place)";
+  if (n == 0) return std::make_unique<CompletedWork>();
+  const int count = mpi_count(n, kOp, *this);
+  auto work = std::make_unique<MpiWork>(*this, op_info(kOp, reduce_op_name(op), -1, in),
+                                        std::vector<Tensor>{in, out});
+  // MPI's in-place form leaves the result at the start of the buffer; move it to this rank's
+  // shard afterwards (n elements, 1/size of the input).
+  mpi_check(MPI_Ireduce_scatter_block(
+                in_place ? MPI_IN_PLACE : in.raw_data(), in_place ? in.raw_data() : out.raw_data(),
+                count, mpi_type(in.dtype()).type, mpi_op(op, in.dtype()), comm_, work->request()),
+            "MPI_Ireduce_scatter_block");
+  const bool divide = op == ReduceOp::kAvg && size_ > 1;
+  if ((in_place && rank_ != 0) || divide) {
+    work->set_finish([in, out, in_place, divide, shard_bytes, r = rank_, s = size_] {
+      if (in_place && r != 0) std::memmove(out.raw_data(), in.raw_data(), shard_bytes);
+      if (divide) detail::divide_cpu(out, s);
+    });
+  }
+  return work;
+}
+
+std::unique_ptr<Work> MpiCommunicator::iall_gather(const Tensor& in, const Tensor& out) {
+  constexpr const char* kOp = "all_gather";
+  detail::check_tensor(in, "in", kOp, *this, DeviceType::kCPU);
+  detail::check_tensor(out, "out", kOp, *this, DeviceType::kCPU);
+  detail::check_same_kind(in, out, kOp, *this);
+  const int64_t n = in.numel();
+  MAMMOTH_CHECK(out.numel() == n * size_)
+      << detail::where(kOp, *this) << ": out must hold size (" << size_ << ") x in (" << n
+      << ") elements, got " << out.numel();
+  const bool in_place = in.raw_data() == static_cast<char*>(out.raw_data()) + in.nbytes() * rank_;
+  MAMMOTH_CHECK(in_place ||
+                !detail::overlaps(in.raw_data(), in.nbytes(), out.raw_data(), out.nbytes()))
+      << detail::where(kOp, *this)
+      << ": in overlaps out without being this rank's block of it (in place)";
+  if (n == 0) return std::make_unique<CompletedWork>();
+  const int count = mpi_count(n, kOp, *this);
+  const MPI_Datatype type = mpi_type(in.dtype()).type;
+  auto work =
+      std::make_unique<MpiWork>(*this, op_info(kOp, "", -1, in), std::vector<Tensor>{in, out});
+  mpi_check(MPI_Iallgather(in_place ? MPI_IN_PLACE : in.raw_data(), count, type, out.raw_data(),
+                           count, type, comm_, work->request()),
+            "MPI_Iallgather");
+  return work;
+}
+
+std::unique_ptr<Work> MpiCommunicator::ibroadcast(const Tensor& in, const Tensor& out, int root) {
+  constexpr const char* kOp = "broadcast";
+  detail::check_tensor(out, "out", kOp, *this, DeviceType::kCPU);
+  MAMMOTH_CHECK(root >= 0 && root < size_) << detail::where(kOp, *this) << ": root " << root
+                                           << " is not a rank of this group of " << size_;
+  if (rank_ == root) {
+    detail::check_tensor(in, "in", kOp, *this, DeviceType::kCPU);
+    detail::check_same_kind(in, out, kOp, *this);
+    MAMMOTH_CHECK(in.numel() == out.numel())
+        << detail::where(kOp, *this) << ": in has " << in.numel() << " elements but out has "
+        << out.numel();
+    if (in.raw_data() != out.raw_data()) {
+      MAMMOTH_CHECK(!detail::overlaps(in.raw_data(), in.nbytes(), out.raw_data(), out.nbytes()))
+          << detail::where(kOp, *this) << ": in and out overlap without being the same buffer";
+      std::memcpy(out.raw_data(), in.raw_data(), in.nbytes());
+    }
+  }
+  if (out.numel() == 0) return std::make_unique<CompletedWork>();
+  const int count = mpi_count(out.numel(), kOp, *this);
+  auto work =
+      std::make_unique<MpiWork>(*this, op_info(kOp, "root ", root, out), std::vector<Tensor>{out});
+  mpi_check(
+      MPI_Ibcast(out.raw_data(), count, mpi_type(out.dtype()).type, root, comm_, work->request()),
+      "MPI_Ibcast");
+  return work;
+}
+
+std::unique_ptr<Work> MpiCommunicator::iall_to_all(const Tensor& in, const Tensor& out) {
+  constexpr const char* kOp = "all_to_all";
+  detail::check_tensor(in, "in", kOp, *this, DeviceType::kCPU);
+  detail::check_tensor(out, "out", kOp, *this, DeviceType::kCPU);
+  detail::check_same_kind(in, out, kOp, *this);
+  MAMMOTH_CHECK(in.numel() == out.numel() && in.numel() % size_ == 0)
+      << detail::where(kOp, *this) << ": in (" << in.numel() << ") and out (" << out.numel()
+      << ") must hold the same multiple of the group size " << size_;
+  const bool in_place = in.raw_data() == out.raw_data();
+  MAMMOTH_CHECK(in_place ||
+                !detail::overlaps(in.raw_data(), in.nbytes(), out.raw_data(), out.nbytes()))
+      << detail::where(kOp, *this) << ": in and out overlap without being the same buffer";
+  if (in.numel() == 0) return std::make_unique<CompletedWork>();
+  const int count = mpi_count(in.numel() / size_, kOp, *this);
+  // In place, the blocks are sent from a copy: MPI's non-blocking all-to-all does not promise
+  // MPI_IN_PLACE everywhere, and the copy is cheap next to the exchange.
+  const Tensor send = in_place ? in.clone() : in;
+  const MPI_Datatype type = mpi_type(in.dtype()).type;
+  auto work =
+      std::make_unique<MpiWork>(*this, op_info(kOp, "", -1, in), std::vector<Tensor>{send, out});
+  mpi_check(MPI_Ialltoall(send.raw_data(), count, type, out.raw_data(), count, type, comm_,
+                          work->request()),
+            "MPI_Ialltoall");
+  return work;
+}
+
+std::unique_ptr<Work> MpiCommunicator::isend(const Tensor& t, int peer, int tag) {
+  constexpr const char* kOp = "send";
+  detail::check_tensor(t, "tensor", kOp, *this, DeviceType::kCPU);
+  detail::check_peer(peer, kOp, *this);
+  MAMMOTH_CHECK(tag >= 0) << detail::where(kOp, *this) << ": tag " << tag << " is negative";
+  const int count = mpi_count(t.numel(), kOp, *this);
+  auto work =
+      std::make_unique<MpiWork>(*this, op_info(kOp, "to ", peer, t), std::vector<Tensor>{t});
+  mpi_check(
+      MPI_Isend(t.raw_data(), count, mpi_type(t.dtype()).type, peer, tag, comm_, work->request()),
+      "MPI_Isend");
+  return work;
+}
+
+std::unique_ptr<Work> MpiCommunicator::irecv(const Tensor& t, int peer, int tag) {
+  constexpr const char* kOp = "recv";
+  detail::check_tensor(t, "tensor", kOp, *this, DeviceType::kCPU);
+  detail::check_peer(peer, kOp, *this);
+  MAMMOTH_CHECK(tag >= 0) << detail::where(kOp, *this) << ": tag " << tag << " is negative";
+  const int count = mpi_count(t.numel(), kOp, *this);
+  auto work =
+      std::make_unique<MpiWork>(*this, op_info(kOp, "from ", peer, t), std::vector<Tensor>{t});
+  mpi_check(
+      MPI_Irecv(t.raw_data(), count, mpi_type(t.dtype()).type, peer, tag, comm_, work->request()),
+      "MPI_Irecv");
+  return work;
+}
+
+std::unique_ptr<Work> MpiCommunicator::ibarrier() {
+  auto work = std::make_unique<MpiWork>(*this, OpInfo{"barrier"}, std::vector<Tensor>{});
+  mpi_check(MPI_Ibarrier(comm_, work->request()), "MPI_Ibarrier");
+  return work;
+}
+
+std::unique_ptr<MpiCommunicator> MpiCommunicator::split_mpi(int color, int key,
+                                                            const std::string& name) {
+  MPI_Comm sub = MPI_COMM_NULL;
+  // MPI_Comm_split is blocking; a barrier with a deadline first makes a rank that never arrives
+  // abort the job instead of hanging it.
+  barrier();
+  mpi_check(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &sub), "MPI_Comm_split");
+  if (sub == MPI_COMM_NULL) return nullptr;
+  return std::make_unique<MpiCommunicator>(sub, name, options_);
+}
+
+std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key, const std::string& name) {
+  return split_mpi(color, key, name);
+}
+
+}  // namespace mammoth::parallel

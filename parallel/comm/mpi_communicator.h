@@ -1,0 +1,135 @@
+// The MPI backend of Communicator (CPU tensors), the process-wide MPI runtime, and the helpers
+// every backend shares: return-code checks and the deadline that turns a hang into an abort.
+//
+// Every operation is posted as a non-blocking MPI call (MPI_Iallreduce, MPI_Ireduce_scatter_block,
+// ...) and completed by polling MPI_Test: back to back for CommOptions::spin_polls polls, then
+// yielding the core between polls, until the deadline (CommOptions::timeout_s). Open MPI makes
+// progress inside MPI_Test, so polling is what moves the bytes; the yield keeps an
+// oversubscribed machine (2 ranks on 2 cores plus other work) from starving the peer rank.
+// bench comm (tools/bench/comm_bench.cc) measures the wrapper against the raw blocking calls.
+#pragma once
+
+#include <mpi.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "parallel/comm/communicator.h"
+
+namespace mammoth::parallel {
+
+// Exit code of a job aborted because an operation outlived its deadline (as timeout(1) uses).
+inline constexpr int kCommTimeoutExitCode = 124;
+
+// MPI for this process: initialised once (MPI_Init_thread, asking for MPI_THREAD_MULTIPLE so a
+// progress or prefetch thread may call MPI later) on first use, finalized when the process exits
+// (by this singleton's destructor) if this process initialised it. An explicit, documented
+// singleton: MPI itself is process-global state. Its errors return to the caller
+// (MPI_ERRORS_RETURN) and are thrown as mammoth::Error with MPI_Error_string's text.
+class MpiRuntime {
+ public:
+  int world_rank() const { return world_rank_; }
+  int world_size() const { return world_size_; }
+  int thread_level() const { return thread_level_; }  // MPI_THREAD_* that MPI provides
+  // User-defined reduction ops for 16-bit floats (MPI has no bf16/f16 types).
+  MPI_Op bf16_sum() const { return bf16_sum_; }
+  MPI_Op bf16_max() const { return bf16_max_; }
+  MPI_Op f16_sum() const { return f16_sum_; }
+  MPI_Op f16_max() const { return f16_max_; }
+
+  MpiRuntime(const MpiRuntime&) = delete;
+  MpiRuntime& operator=(const MpiRuntime&) = delete;
+  ~MpiRuntime();
+
+ private:
+  friend MpiRuntime& mpi_runtime();
+  MpiRuntime();
+
+  bool initialized_here_ = false;
+  int world_rank_ = 0;
+  int world_size_ = 1;
+  int thread_level_ = 0;
+  MPI_Op bf16_sum_ = MPI_OP_NULL;
+  MPI_Op bf16_max_ = MPI_OP_NULL;
+  MPI_Op f16_sum_ = MPI_OP_NULL;
+  MPI_Op f16_max_ = MPI_OP_NULL;
+};
+
+// The runtime, initialising MPI on the first call (thread-safe).
+MpiRuntime& mpi_runtime();
+
+// Throws mammoth::Error "[what] MPI error: <MPI_Error_string>" when rc != MPI_SUCCESS.
+void mpi_check(int rc, const char* what);
+
+// Prints `message` (prefixed with "[comm] ") to stderr and aborts every rank of the job with
+// kCommTimeoutExitCode. Used by all backends when a deadline passes.
+[[noreturn]] void abort_job_on_timeout(const std::string& message);
+
+// Polls `done` until it returns true: `options.spin_polls` back-to-back polls, then a yield
+// between polls. When options.timeout_s > 0 and it elapses first, calls
+// abort_job_on_timeout(describe()). `describe` is called only then, so it may build a string.
+template <typename Done, typename Describe>
+void poll_with_deadline(Done&& done, const CommOptions& options, Describe&& describe) {
+  if (done()) return;
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  const bool bounded = options.timeout_s > 0;
+  const auto limit = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(bounded ? options.timeout_s : 0.0));
+  for (long polls = 1;; ++polls) {
+    if (done()) return;
+    if (polls >= options.spin_polls) std::this_thread::yield();
+    // The clock costs ~20 ns; reading it every 16 polls keeps it out of the spin.
+    if (bounded && (polls & 15) == 0 && Clock::now() - start > limit) {
+      abort_job_on_timeout(describe());
+    }
+  }
+}
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // Takes ownership of `comm` (freed in the destructor unless it is MPI_COMM_WORLD/SELF).
+  MpiCommunicator(MPI_Comm comm, std::string name, CommOptions options);
+  ~MpiCommunicator() override;
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& name() const override { return name_; }
+  const char* backend() const override { return "mpi"; }
+  const CommOptions& options() const override { return options_; }
+  MPI_Comm comm() const { return comm_; }  // for bootstrapping other backends and benchmarks
+
+  std::unique_ptr<Work> iall_reduce(const engine::Tensor& in, const engine::Tensor& out,
+                                    ReduceOp op) override;
+  std::unique_ptr<Work> ireduce_scatter(const engine::Tensor& in, const engine::Tensor& out,
+                                        ReduceOp op) override;
+  std::unique_ptr<Work> iall_gather(const engine::Tensor& in, const engine::Tensor& out) override;
+  std::unique_ptr<Work> ibroadcast(const engine::Tensor& in, const engine::Tensor& out,
+                                   int root) override;
+  std::unique_ptr<Work> iall_to_all(const engine::Tensor& in, const engine::Tensor& out) override;
+  std::unique_ptr<Work> isend(const engine::Tensor& t, int peer, int tag) override;
+  std::unique_ptr<Work> irecv(const engine::Tensor& t, int peer, int tag) override;
+  std::unique_ptr<Work> ibarrier() override;
+  std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override;
+
+  // A typed split for callers that need the MPI handle (the mesh bootstraps NCCL from it).
+  std::unique_ptr<MpiCommunicator> split_mpi(int color, int key, const std::string& name);
+
+ private:
+  MPI_Comm comm_;
+  std::string name_;
+  CommOptions options_;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+// A communicator over all ranks of the job (a duplicate of MPI_COMM_WORLD named "world"), so its
+// traffic never matches messages of code that uses MPI_COMM_WORLD directly.
+std::unique_ptr<MpiCommunicator> mpi_world(const CommOptions& options = {});
+
+}  // namespace mammoth::parallel

@@ -1,0 +1,337 @@
+// Tests of the MPI Communicator, run under mpirun with 2 and 4 ranks (and 1). Every rank fills
+// its buffers with values that depend on (rank, index) through a formula every rank can
+// evaluate, so each checks the collective's result on its own. Values are small integers,
+// exact in every dtype, so sums and maxima compare exactly; avg compares within the dtype's
+// rounding.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "engine/tensor.h"
+#include "parallel/comm/mpi_communicator.h"
+
+namespace mammoth::parallel {
+namespace {
+
+using engine::Tensor;
+
+MpiCommunicator& world() {
+  // A short deadline: a test that leaves the ranks out of step aborts instead of hanging CI.
+  static std::unique_ptr<MpiCommunicator> w = mpi_world(CommOptions{.timeout_s = 60});
+  return *w;
+}
+
+const DType kReduceTypes[] = {DType::kF32, DType::kF64, DType::kBF16, DType::kF16,
+                              DType::kI32, DType::kI64, DType::kU8};
+const int64_t kSizes[] = {0, 1, 7, 1000, 65537};
+
+// In 0..30: sums over up to 8 ranks fit u8 and are exact in bf16 (<= 256).
+double value(int rank, int64_t i, DType dtype) {
+  const double v = static_cast<double>((i * 7 + rank * 13 + 3) % 31);
+  return dtype == DType::kBool ? std::fmod(v, 2.0) : v;
+}
+
+Tensor filled(int rank, int64_t n, DType dtype, int64_t index_offset = 0) {
+  std::vector<double> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[i] = value(rank, i + index_offset, dtype);
+  return Tensor::from_vector(v, {n}, dtype);
+}
+
+double reduce_expected(ReduceOp op, int64_t i, int size, DType dtype) {
+  double sum = 0, mx = -1e30;
+  for (int r = 0; r < size; ++r) {
+    sum += value(r, i, dtype);
+    mx = std::max(mx, value(r, i, dtype));
+  }
+  if (op == ReduceOp::kMax) return mx;
+  if (op == ReduceOp::kAvg) return sum / size;
+  return sum;
+}
+
+double tolerance(DType dtype, double v) {
+  switch (dtype) {
+    case DType::kBF16:
+      return std::fabs(v) * 1.0 / 128 + 1e-6;
+    case DType::kF16:
+      return std::fabs(v) * 1.0 / 1024 + 1e-6;
+    case DType::kF32:
+      return std::fabs(v) * 1e-6 + 1e-9;
+    default:
+      return 1e-12;
+  }
+}
+
+// Checks out[i] == expected(i) for every i; reports the first few mismatches with context.
+template <typename Expected>
+void check_values(const Tensor& out, Expected expected, const std::string& what) {
+  const std::vector<double> got = out.to_vector();
+  int bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double e = expected(static_cast<int64_t>(i));
+    if (std::fabs(got[i] - e) > tolerance(out.dtype(), e)) {
+      if (++bad <= 3) {
+        FAIL_CHECK(what << " rank " << world().rank() << " index " << i << ": got " << got[i]
+                        << ", expected " << e);
+      }
+    }
+  }
+  CHECK(bad == 0);
+}
+
+std::vector<ReduceOp> ops_for(DType dtype) {
+  if (is_floating(dtype)) return {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax};
+  return {ReduceOp::kSum, ReduceOp::kMax};
+}
+
+TEST_CASE("all_reduce sum/avg/max, in place and out of place, every reducible dtype") {
+  MpiCommunicator& w = world();
+  for (DType dtype : kReduceTypes) {
+    for (int64_t n : kSizes) {
+      for (ReduceOp op : ops_for(dtype)) {
+        const std::string what = std::string("all_reduce ") + reduce_op_name(op) + " " +
+                                 dtype_name(dtype) + " n=" + std::to_string(n);
+        auto expected = [&](int64_t i) { return reduce_expected(op, i, w.size(), dtype); };
+        Tensor t = filled(w.rank(), n, dtype);
+        w.all_reduce(t, op);
+        check_values(t, expected, what + " in place");
+
+        Tensor in = filled(w.rank(), n, dtype);
+        Tensor out = Tensor::zeros({n}, dtype);
+        w.all_reduce(in, out, op);
+        check_values(out, expected, what + " out of place");
+        check_values(
+            in, [&](int64_t i) { return value(w.rank(), i, dtype); }, what + " input untouched");
+      }
+    }
+  }
+}
+
+TEST_CASE("reduce_scatter sum/avg/max, in place and out of place") {
+  MpiCommunicator& w = world();
+  const int s = w.size(), r = w.rank();
+  for (DType dtype : kReduceTypes) {
+    for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{5}, int64_t{4099}}) {
+      for (ReduceOp op : ops_for(dtype)) {
+        const std::string what = std::string("reduce_scatter ") + reduce_op_name(op) + " " +
+                                 dtype_name(dtype) + " shard=" + std::to_string(n);
+        // Element j of my shard is element r*n + j of the full buffer.
+        auto expected = [&](int64_t j) { return reduce_expected(op, r * n + j, s, dtype); };
+        Tensor in = filled(r, n * s, dtype);
+        Tensor out = Tensor::zeros({n}, dtype);
+        w.reduce_scatter(in, out, op);
+        check_values(out, expected, what + " out of place");
+
+        Tensor buf = filled(r, n * s, dtype);
+        Tensor shard = buf.slice(0, r * n, (r + 1) * n);
+        w.reduce_scatter(buf, shard, op);
+        check_values(shard, expected, what + " in place");
+      }
+    }
+  }
+}
+
+TEST_CASE("all_gather, in place and out of place, every dtype") {
+  MpiCommunicator& w = world();
+  const int s = w.size(), r = w.rank();
+  for (DType dtype : kAllDTypes) {
+    for (int64_t n : kSizes) {
+      const std::string what =
+          std::string("all_gather ") + dtype_name(dtype) + " n=" + std::to_string(n);
+      // Rank q's block holds value(q, j).
+      auto expected = [&](int64_t i) { return value(static_cast<int>(i / n), i % n, dtype); };
+      Tensor in = filled(r, n, dtype);
+      Tensor out = Tensor::zeros({n * s}, dtype);
+      w.all_gather(in, out);
+      check_values(out, expected, what + " out of place");
+
+      Tensor buf = Tensor::zeros({n * s}, dtype);
+      Tensor mine = buf.slice(0, r * n, (r + 1) * n);
+      if (n > 0) std::memcpy(mine.raw_data(), in.raw_data(), in.nbytes());
+      w.all_gather(mine, buf);
+      check_values(buf, expected, what + " in place");
+    }
+  }
+}
+
+TEST_CASE("broadcast from every root, every dtype") {
+  MpiCommunicator& w = world();
+  for (DType dtype : kAllDTypes) {
+    for (int64_t n : {int64_t{0}, int64_t{3}, int64_t{1001}}) {
+      for (int root = 0; root < w.size(); ++root) {
+        const std::string what = std::string("broadcast ") + dtype_name(dtype) +
+                                 " n=" + std::to_string(n) + " root=" + std::to_string(root);
+        auto expected = [&](int64_t i) { return value(root, i, dtype); };
+        Tensor t = filled(w.rank(), n, dtype);
+        w.broadcast(t, root);
+        check_values(t, expected, what + " in place");
+
+        Tensor in = filled(w.rank(), n, dtype);
+        Tensor out = Tensor::zeros({n}, dtype);
+        w.broadcast(in, out, root);
+        check_values(out, expected, what + " out of place");
+      }
+    }
+  }
+}
+
+TEST_CASE("all_to_all, in place and out of place, every dtype") {
+  MpiCommunicator& w = world();
+  const int s = w.size(), r = w.rank();
+  for (DType dtype : kAllDTypes) {
+    for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{3}, int64_t{2049}}) {
+      const std::string what =
+          std::string("all_to_all ") + dtype_name(dtype) + " block=" + std::to_string(n);
+      // My block j is addressed to rank j: value(my rank, j*n + k). I receive block i from rank
+      // i, which it filled with value(i, r*n + k).
+      auto expected = [&](int64_t idx) {
+        const int64_t i = idx / n, k = idx % n;
+        return value(static_cast<int>(i), r * n + k, dtype);
+      };
+      Tensor in = filled(r, n * s, dtype);
+      Tensor out = Tensor::zeros({n * s}, dtype);
+      w.all_to_all(in, out);
+      check_values(out, expected, what + " out of place");
+
+      Tensor buf = filled(r, n * s, dtype);
+      w.all_to_all(buf, buf);
+      check_values(buf, expected, what + " in place");
+    }
+  }
+}
+
+TEST_CASE("send/recv around a ring with tags, and async handles") {
+  MpiCommunicator& w = world();
+  const int s = w.size(), r = w.rank();
+  const int next = (r + 1) % s, prev = (r + s - 1) % s;
+  for (DType dtype : {DType::kF32, DType::kI64, DType::kBF16}) {
+    for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{777}}) {
+      // Two messages with different tags, posted in the opposite order on the receiver.
+      Tensor a = filled(r, n, dtype, 0), b = filled(r, n, dtype, 100);
+      Tensor ra = Tensor::zeros({n}, dtype), rb = Tensor::zeros({n}, dtype);
+      auto recv_b = w.irecv(rb, prev, 2);
+      auto recv_a = w.irecv(ra, prev, 1);
+      auto send_a = w.isend(a, next, 1);
+      auto send_b = w.isend(b, next, 2);
+      recv_a->wait();
+      recv_b->wait();
+      send_a->wait();
+      send_b->wait();
+      CHECK(recv_a->test());
+      recv_a->wait();  // idempotent
+      const std::string what = std::string("ring ") + dtype_name(dtype) + " n=" + std::to_string(n);
+      check_values(
+          ra, [&](int64_t i) { return value(prev, i, dtype); }, what + " tag 1");
+      check_values(
+          rb, [&](int64_t i) { return value(prev, i + 100, dtype); }, what + " tag 2");
+    }
+  }
+}
+
+TEST_CASE("several async all_reduces in flight complete independently") {
+  MpiCommunicator& w = world();
+  std::vector<Tensor> bufs;
+  std::vector<std::unique_ptr<Work>> works;
+  for (int k = 0; k < 6; ++k) {
+    bufs.push_back(filled(w.rank(), 10000 + k, DType::kF32, k));
+    works.push_back(w.iall_reduce(bufs.back(), bufs.back(), ReduceOp::kSum));
+  }
+  // Complete them out of order, partly by test() polling.
+  for (int k = 5; k >= 0; --k) {
+    if (k % 2 == 0) {
+      while (!works[k]->test()) {
+      }
+    } else {
+      works[k]->wait();
+    }
+    check_values(
+        bufs[k],
+        [&](int64_t i) { return reduce_expected(ReduceOp::kSum, i + k, w.size(), DType::kF32); },
+        "async #" + std::to_string(k));
+  }
+  // A Work destroyed unfinished waits for its operation.
+  Tensor t = filled(w.rank(), 50000, DType::kF64);
+  w.iall_reduce(t, t, ReduceOp::kMax).reset();
+  check_values(
+      t, [&](int64_t i) { return reduce_expected(ReduceOp::kMax, i, w.size(), DType::kF64); },
+      "destroyed unfinished");
+  w.barrier();
+}
+
+TEST_CASE("split into sub-communicators by color and key") {
+  MpiCommunicator& w = world();
+  const int s = w.size(), r = w.rank();
+  // Even and odd ranks, each ordered by descending world rank (key = -rank).
+  const int color = r % 2;
+  auto sub = w.split(color, -r, "parity" + std::to_string(color));
+  REQUIRE(sub != nullptr);
+  std::vector<int> members;
+  for (int q = s - 1; q >= 0; --q) {
+    if (q % 2 == color) members.push_back(q);
+  }
+  CHECK(sub->size() == static_cast<int>(members.size()));
+  const int expected_rank =
+      static_cast<int>(std::find(members.begin(), members.end(), r) - members.begin());
+  CHECK(sub->rank() == expected_rank);
+  CHECK(sub->name() == "parity" + std::to_string(color));
+  CHECK(std::string(sub->backend()) == "mpi");
+
+  // all_gather of world ranks over the sub-group lists its members in sub-rank order.
+  Tensor mine = Tensor::from_ints({r}, {1}, DType::kI32);
+  Tensor all = Tensor::zeros({sub->size()}, DType::kI32);
+  sub->all_gather(mine, all);
+  std::vector<int64_t> got = all.to_int_vector();
+  CHECK(got == std::vector<int64_t>(members.begin(), members.end()));
+
+  // A sub-group's all_reduce involves only its members.
+  Tensor x = Tensor::from_vector({static_cast<double>(r + 1)}, {1}, DType::kF64);
+  sub->all_reduce(x, ReduceOp::kSum);
+  double sum = 0;
+  for (int q : members) sum += q + 1;
+  CHECK(x.item() == sum);
+
+  // Splits of splits, and ranks that opt out (color < 0) get no communicator.
+  auto firsts = sub->split(sub->rank() == 0 ? 0 : -1, 0, "first");
+  CHECK((firsts != nullptr) == (sub->rank() == 0));
+  if (firsts) CHECK(firsts->size() == 1);
+  w.barrier();
+}
+
+TEST_CASE("bad arguments throw naming the operation and group, before any communication") {
+  MpiCommunicator& w = world();
+  auto message = [](auto fn) {
+    try {
+      fn();
+    } catch (const Error& e) {
+      return e.message();
+    }
+    return std::string("no error");
+  };
+  Tensor f = Tensor::zeros({4 * w.size()}, DType::kF32);
+  Tensor d = Tensor::zeros({4 * w.size()}, DType::kF64);
+  Tensor i = Tensor::zeros({4}, DType::kI32);
+  Tensor b = Tensor::zeros({4}, DType::kBool);
+  CHECK_THAT(message([&] { w.all_reduce(f, d); }),
+             Catch::Contains("[all_reduce] group 'world' (mpi)") && Catch::Contains("f64"));
+  CHECK_THAT(message([&] { w.all_reduce(i, ReduceOp::kAvg); }),
+             Catch::Contains("avg needs a floating dtype"));
+  CHECK_THAT(message([&] { w.all_reduce(b, ReduceOp::kSum); }), Catch::Contains("bool"));
+  Tensor m = Tensor::zeros({4, 6}, DType::kF32).transpose(0, 1);
+  CHECK_THAT(message([&] { w.all_reduce(m); }), Catch::Contains("must be contiguous"));
+  CHECK_THAT(message([&] { w.reduce_scatter(f, f.slice(0, 0, 3)); }),
+             Catch::Contains("[reduce_scatter]"));
+  if (w.size() > 1) {
+    CHECK_THAT(message([&] { w.all_gather(f, f); }), Catch::Contains("[all_gather]"));
+  }
+  CHECK_THAT(message([&] { w.send(f, w.size()); }),
+             Catch::Contains("peer " + std::to_string(w.size())));
+  CHECK_THAT(message([&] { w.broadcast(f, -1); }), Catch::Contains("root -1"));
+  CHECK_THAT(message([&] { w.all_to_all(Tensor::zeros({4 * w.size() + 1}), f); }),
+             Catch::Contains("[all_to_all]"));
+  w.barrier();
+}
+
+}  // namespace
+}  // namespace mammoth::parallel
