@@ -1,0 +1,125 @@
+#include "models/analyze.h"
+
+namespace mammoth::models {
+namespace {
+
+// Parameters of one transformer block.
+int64_t block_params(const ModelConfig& c) {
+  const int64_t d = c.d_model, f = c.d_ff;
+  switch (c.family) {
+    case Family::kLlama: {
+      const int64_t kv = c.n_kv_head * c.head_dim();
+      return 2 * d                       // two RMSNorm weights
+             + d * d + 2 * d * kv + d * d  // q, k, v, o (no biases)
+             + 3 * d * f;                // gate, up, down
+    }
+    case Family::kGpt2:
+    case Family::kBert:
+    case Family::kVit:
+      return 2 * 2 * d                  // two LayerNorms
+             + 4 * (d * d + d)          // q, k, v, o with biases
+             + (d * f + f) + (f * d + d);  // MLP with biases
+  }
+  return 0;
+}
+
+// Matmul FLOPs per token of one block, forward.
+double block_flops(const ModelConfig& c, int64_t T) {
+  const double d = c.d_model, f = c.d_ff;
+  const double kv = static_cast<double>(c.n_kv_head * c.head_dim());
+  const double attn_dim = static_cast<double>(c.n_head * c.head_dim());
+  const double proj = c.family == Family::kLlama ? d * attn_dim + 2 * d * kv + attn_dim * d
+                                                 : 4 * d * d;
+  const double mlp = c.family == Family::kLlama ? 3 * d * f : 2 * d * f;
+  return 2 * (proj + mlp) + 2 * 2 * static_cast<double>(T) * attn_dim;
+}
+
+}  // namespace
+
+int64_t count_parameters(const ModelConfig& c) {
+  const int64_t d = c.d_model, V = c.vocab_size;
+  int64_t n = c.n_layer * block_params(c);
+  switch (c.family) {
+    case Family::kGpt2:
+      n += V * d + c.max_seq * d + 2 * d;  // wte, wpe, ln_f
+      break;
+    case Family::kLlama:
+      n += V * d + d + (c.tie_embeddings ? 0 : V * d);  // embed, norm, lm_head
+      break;
+    case Family::kBert:
+      n += (V + c.max_seq + c.type_vocab_size) * d + 2 * d;  // embeddings + LayerNorm
+      n += d * d + d;                                        // pooler
+      n += d * d + d + 2 * d + V;                            // MLM transform + decoder bias
+      if (c.num_labels > 0) n += c.num_labels * d + c.num_labels;
+      break;
+    case Family::kVit:
+      n += d + (c.num_patches() + 1) * d;                              // cls, positions
+      n += d * c.num_channels * c.patch_size * c.patch_size + d;       // patch projection
+      n += 2 * d + c.num_labels * d + c.num_labels;                    // layernorm, classifier
+      break;
+  }
+  return n;
+}
+
+ModelAnalysis analyze(const ModelConfig& c, int64_t seq_len) {
+  ModelAnalysis a;
+  a.config = c;
+  a.params = count_parameters(c);
+  const int64_t d = c.d_model, V = c.vocab_size;
+  a.seq_len = seq_len > 0 ? seq_len : (c.family == Family::kVit ? c.num_patches() + 1 : c.max_seq);
+  const int64_t T = a.seq_len;
+  double head = 0;
+  switch (c.family) {
+    case Family::kGpt2:
+      a.embedding_params = (V + c.max_seq) * d;
+      head = 2.0 * d * V;
+      break;
+    case Family::kLlama:
+      a.embedding_params = V * d;
+      head = 2.0 * d * V;
+      break;
+    case Family::kBert:
+      a.embedding_params = (V + c.max_seq + c.type_vocab_size) * d;
+      head = 2.0 * d * d + 2.0 * d * V;  // MLM transform + decoder on every token
+      break;
+    case Family::kVit:
+      // Patch projection on every patch token; the classifier once per image, amortised.
+      a.embedding_params = (c.num_patches() + 1) * d;
+      head = 2.0 * d * c.num_channels * c.patch_size * c.patch_size *
+                 (static_cast<double>(c.num_patches()) / T) +
+             2.0 * d * c.num_labels / T;
+      break;
+  }
+  a.flops_per_token_forward = c.n_layer * block_flops(c, T) + head;
+  a.flops_per_token_train = 3 * a.flops_per_token_forward;
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    MemoryEstimate m;
+    m.dtype = dt;
+    m.weights_bytes = a.params * static_cast<int64_t>(dtype_size(dt));
+    m.grads_bytes = m.weights_bytes;
+    m.optimizer_bytes = a.params * (dt == DType::kF32 ? 8 : 12);
+    a.memory.push_back(m);
+  }
+  return a;
+}
+
+json::Value analysis_to_json(const ModelAnalysis& a) {
+  json::Value v = json::Value::object();
+  v.set("model", a.config.name).set("family", family_name(a.config.family));
+  v.set("params", a.params).set("embedding_params", a.embedding_params);
+  v.set("seq_len", a.seq_len);
+  v.set("flops_per_token_forward", a.flops_per_token_forward);
+  v.set("flops_per_token_train", a.flops_per_token_train);
+  json::Value mem = json::Value::object();
+  for (const MemoryEstimate& m : a.memory) {
+    mem.set(dtype_name(m.dtype), json::Value::object()
+                                     .set("weights_bytes", m.weights_bytes)
+                                     .set("grads_bytes", m.grads_bytes)
+                                     .set("optimizer_bytes", m.optimizer_bytes)
+                                     .set("total_bytes", m.total_bytes()));
+  }
+  v.set("memory", std::move(mem));
+  return v;
+}
+
+}  // namespace mammoth::models

@@ -1,0 +1,103 @@
+// models/registry: named configs, overrides, HF config.json directories, save_pretrained.
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+
+#include "engine/autograd.h"
+#include "engine/ops.h"
+#include "models/registry.h"
+
+namespace mammoth::models {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string temp_dir(const std::string& name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  fs::path p = fs::path(base ? base : fs::temp_directory_path().string()) / name;
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+TEST_CASE("registry knows every family's tiny and real configs") {
+  for (const std::string name :
+       {"gpt2-tiny", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "llama-tiny", "llama-7b",
+        "llama-70b", "bert-tiny", "bert-base", "bert-large", "vit-tiny", "vit-base-patch16-224",
+        "vit-large-patch16-224", "vit-huge-patch16-224"}) {
+    INFO(name);
+    CHECK(is_registered(name));
+    CHECK_NOTHROW(resolve_config(name).validate());
+  }
+  const ModelConfig l = resolve_config("llama-70b");
+  CHECK(l.n_kv_head == 8);
+  CHECK(l.n_head == 64);
+  CHECK_THROWS_WITH(resolve_config("gpt5"), Catch::Contains("gpt2-tiny"));
+}
+
+TEST_CASE("options override vocab, sequence length, dropout; bad values name the field") {
+  auto m = create_language_model("gpt2-tiny", {.vocab_size = 777, .max_seq = 32, .dropout = 0.1});
+  CHECK(m->config().vocab_size == 777);
+  CHECK(m->config().max_seq == 32);
+  CHECK(m->config().dropout == 0.1);
+  CHECK_THROWS_WITH(create_model("gpt2-tiny", {.vocab_size = 0}), Catch::Contains("vocab_size"));
+  CHECK_THROWS_WITH(create_language_model("vit-tiny"), Catch::Contains("not a language model"));
+}
+
+TEST_CASE("HF config.json of each family parses to the same config") {
+  for (const std::string name : {"gpt2", "llama-70b", "bert-base", "vit-base-patch16-224"}) {
+    INFO(name);
+    const ModelConfig c = resolve_config(name);
+    const ModelConfig back = config_from_hf_json(
+        json::parse(json::dump(config_to_hf_json(c))), "test");
+    CHECK(back.family == c.family);
+    CHECK(back.vocab_size == c.vocab_size);
+    CHECK(back.n_layer == c.n_layer);
+    CHECK(back.n_head == c.n_head);
+    CHECK(back.n_kv_head == c.n_kv_head);
+    CHECK(back.d_model == c.d_model);
+    CHECK(back.d_ff == c.d_ff);
+    CHECK(back.max_seq == c.max_seq);
+    CHECK(back.norm_eps == c.norm_eps);
+    CHECK(back.rope_base == c.rope_base);
+    CHECK(back.tie_embeddings == c.tie_embeddings);
+    CHECK(back.num_labels == c.num_labels);
+    CHECK(back.image_size == c.image_size);
+    CHECK(back.patch_size == c.patch_size);
+  }
+}
+
+TEST_CASE("a real GPT-2 config.json (HF hub layout) is read") {
+  const std::string text = R"({"activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"],
+    "attn_pdrop": 0.1, "bos_token_id": 50256, "embd_pdrop": 0.1, "eos_token_id": 50256,
+    "initializer_range": 0.02, "layer_norm_epsilon": 1e-05, "model_type": "gpt2", "n_ctx": 1024,
+    "n_embd": 768, "n_head": 12, "n_layer": 12, "n_positions": 1024, "resid_pdrop": 0.1,
+    "vocab_size": 50257})";
+  const ModelConfig c = config_from_hf_json(json::parse(text), "gpt2");
+  CHECK(c.d_model == 768);
+  CHECK(c.d_ff == 3072);
+  CHECK(c.max_seq == 1024);
+  CHECK_THROWS_WITH(config_from_hf_json(json::parse(R"({"model_type": "t5"})"), "x"),
+                    Catch::Contains("t5"));
+}
+
+TEST_CASE("save_pretrained then create_model(dir) reproduces the model") {
+  for (const std::string name : {"gpt2-tiny", "llama-tiny", "bert-tiny", "vit-tiny"}) {
+    INFO(name);
+    const std::string dir = temp_dir("pretrained_" + name);
+    auto a = create_model(name, {.seed = 11});
+    save_pretrained(*a, dir);
+    auto b = create_model(dir, {.seed = 99});  // weights come from the file, not the seed
+    CHECK(b->config().family == a->config().family);
+    auto pa = a->named_parameters(), pb = b->named_parameters();
+    REQUIRE(pa.size() == pb.size());
+    for (size_t i = 0; i < pa.size(); ++i) {
+      INFO(pa[i].first);
+      CHECK(pa[i].first == pb[i].first);
+      CHECK(engine::max_abs(pa[i].second - pb[i].second) == 0.0);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mammoth::models
