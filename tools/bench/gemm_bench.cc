@@ -2,8 +2,8 @@
 //
 // For every shape x transpose x {1 thread, all threads} it prints our GFLOP/s, OpenBLAS's
 // GFLOP/s (the anchor, measured in the same run) and the ratio; each number is the median of
-// a few timed runs after a warm-up. --json FILE writes the rows as a JSON array, one object
-// per row: {name, shape, threads, ours, anchor, unit, ratio}.
+// a few timed runs after a warm-up, ours and OpenBLAS alternating. --json FILE writes the rows as a
+// JSON array, one object per row: {name, shape, threads, ours, anchor, unit, ratio}.
 //
 // Debian's OpenBLAS 0.3.21 does not know Zen 4; unless OPENBLAS_CORETYPE is already set, the
 // binary sets it to SkylakeX (the AVX-512 kernels) and re-executes itself, because OpenBLAS
@@ -22,6 +22,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "base/thread_pool.h"
@@ -67,17 +68,27 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
-template <typename F>
-double median_seconds(int reps, const F& f) {
-  f();  // warm-up: page faults, packing buffers, thread wake-up
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) {
-    auto start = std::chrono::steady_clock::now();
-    f();
-    t.push_back(seconds_since(start));
-  }
+double median(std::vector<double> t) {
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
+}
+
+// Times ours and the anchor alternately (a warm-up each, then `reps` pairs) so a neighbour's
+// load on a shared machine hits both sides alike; returns the median seconds of each.
+template <typename F, typename G>
+std::pair<double, double> time_pair(int reps, const F& ours, const G& anchor) {
+  std::vector<double> t_ours, t_anchor;
+  for (int r = 0; r <= reps; ++r) {  // r == 0 is the warm-up: page faults, scratch, threads
+    auto start = std::chrono::steady_clock::now();
+    ours();
+    if (r > 0) t_ours.push_back(seconds_since(start));
+    start = std::chrono::steady_clock::now();
+    anchor();
+    if (r > 0) t_anchor.push_back(seconds_since(start));
+    // OpenBLAS's workers spin for a while after a call; let them sleep before we time ours.
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  }
+  return {median(t_ours), median(t_anchor)};
 }
 
 // Single-core fp32 FMA peak: 12 independent FMA chains (enough to cover latency x pipes), with
@@ -214,22 +225,22 @@ int main(int argc, char** argv) {
       if (only_threads > 0 && threads != only_threads) continue;
       mammoth::set_num_threads(threads);
       openblas_set_num_threads(threads);
-      const double ours = median_seconds(reps, [&] {
-        if (s.bf16) {
-          kc::gemm_bf16(s.trans_a, s.trans_b, s.M, s.N, s.K, 1.0f, Ab.data(), a_cols, Bb.data(),
+      const auto [ours, anchor] = time_pair(
+          reps,
+          [&] {
+            if (s.bf16) {
+              kc::gemm_bf16(s.trans_a, s.trans_b, s.M, s.N, s.K, 1.0f, Ab.data(), a_cols, Bb.data(),
+                            b_cols, 0.0f, C1.data(), s.N);
+            } else {
+              kc::sgemm(s.trans_a, s.trans_b, s.M, s.N, s.K, 1.0f, A.data(), a_cols, B.data(),
                         b_cols, 0.0f, C1.data(), s.N);
-        } else {
-          kc::sgemm(s.trans_a, s.trans_b, s.M, s.N, s.K, 1.0f, A.data(), a_cols, B.data(), b_cols,
-                    0.0f, C1.data(), s.N);
-        }
-      });
-      const double anchor = median_seconds(reps, [&] {
-        cblas_sgemm(CblasRowMajor, s.trans_a ? CblasTrans : CblasNoTrans,
-                    s.trans_b ? CblasTrans : CblasNoTrans, s.M, s.N, s.K, 1.0f, A.data(), a_cols,
-                    B.data(), b_cols, 0.0f, C2.data(), s.N);
-      });
-      // OpenBLAS's workers spin for a while after a call; let them sleep before we time ours.
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+            }
+          },
+          [&] {
+            cblas_sgemm(CblasRowMajor, s.trans_a ? CblasTrans : CblasNoTrans,
+                        s.trans_b ? CblasTrans : CblasNoTrans, s.M, s.N, s.K, 1.0f, A.data(),
+                        a_cols, B.data(), b_cols, 0.0f, C2.data(), s.N);
+          });
       double max_rel = 0, scale = 0;
       for (size_t i = 0; i < C1.size(); ++i) scale = std::max(scale, std::fabs((double)C2[i]));
       for (size_t i = 0; i < C1.size(); ++i) {
