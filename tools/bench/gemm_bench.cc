@@ -2,14 +2,15 @@
 //
 // For every shape x transpose x {1 thread, all threads} it prints our GFLOP/s, OpenBLAS's
 // GFLOP/s (the anchor, measured in the same run) and the ratio; each number is the median of
-// a few timed runs after a warm-up, ours and OpenBLAS alternating. --json FILE writes the rows as a
-// JSON array, one object per row: {name, shape, threads, ours, anchor, unit, ratio}.
+// a few timed runs after a warm-up, ours and OpenBLAS alternating. --json FILE writes the
+// rows as a JSON array, one object per row: {name, shape, threads, ours, anchor, unit, ratio}.
 //
 // Debian's OpenBLAS 0.3.21 does not know Zen 4; unless OPENBLAS_CORETYPE is already set, the
 // binary sets it to SkylakeX (the AVX-512 kernels) and re-executes itself, because OpenBLAS
-// reads it when the library is loaded. Usage: gemm_bench [--json FILE] [--reps N] [--quick]
-// [--filter NAME]
-// [--threads N] [--isa avx512|avx2|portable]
+// reads it when the library is loaded.
+//
+// Usage: gemm_bench [--json FILE] [--reps N] [--quick] [--filter NAME] [--threads N]
+//                   [--isa avx512|avx2|portable]
 #include <cblas.h>
 #include <unistd.h>
 
