@@ -1,5 +1,6 @@
 // CPU matmul: batched, with transposes read from strides, over the packed GEMM.
 #include "base/error.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/register.h"
 #include "kernels/params.h"
 
@@ -22,33 +23,14 @@ MatrixLayout layout_of(const TensorArg& t) {
   return {true, std::max<int64_t>(cs, 1)};
 }
 
-// Reference blocked GEMM: C = alpha * op(A) op(B) + beta * C, row-major.
-template <typename T>
-void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
-          const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
-  parallel_for(0, M, std::max<int64_t>(1, 4096 / std::max<int64_t>(N * K, 1)),
-               [&](int64_t m0, int64_t m1) {
-                 std::vector<T> acc(N);
-                 for (int64_t m = m0; m < m1; ++m) {
-                   std::fill(acc.begin(), acc.end(), T(0));
-                   for (int64_t k = 0; k < K; ++k) {
-                     const T a = ta ? A[k * lda + m] : A[m * lda + k];
-                     if (a == T(0)) continue;
-                     if (!tb) {
-                       const T* brow = B + k * ldb;
-                       for (int64_t n = 0; n < N; ++n) acc[n] += a * brow[n];
-                     } else {
-                       for (int64_t n = 0; n < N; ++n) acc[n] += a * B[n * ldb + k];
-                     }
-                   }
-                   T* crow = C + m * ldc;
-                   if (beta == T(0)) {
-                     for (int64_t n = 0; n < N; ++n) crow[n] = alpha * acc[n];
-                   } else {
-                     for (int64_t n = 0; n < N; ++n) crow[n] = alpha * acc[n] + beta * crow[n];
-                   }
-                 }
-               });
+// The packed GEMM of kernels/cpu/gemm.h for f32 and f64.
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+          int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A,
+          int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
+  dgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 template <typename T>
@@ -62,9 +44,9 @@ void matmul_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out
   const T* bp = b.ptr<const T>();
   T* cp = c.ptr<T>();
   for (int64_t i = 0; i < batch; ++i) {
-    gemm<T>(la.trans, lb.trans, M, N, K, static_cast<T>(p->alpha), ap + i * a.strides[0], la.ld,
-            bp + i * b.strides[0], lb.ld, static_cast<T>(p->beta), cp + i * c.strides[0],
-            c.strides[1]);
+    gemm(la.trans, lb.trans, M, N, K, static_cast<T>(p->alpha), ap + i * a.strides[0], la.ld,
+         bp + i * b.strides[0], lb.ld, static_cast<T>(p->beta), cp + i * c.strides[0],
+         c.strides[1]);
   }
 }
 
