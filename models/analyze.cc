@@ -9,15 +9,15 @@ int64_t block_params(const ModelConfig& c) {
   switch (c.family) {
     case Family::kLlama: {
       const int64_t kv = c.n_kv_head * c.head_dim();
-      return 2 * d                       // two RMSNorm weights
+      return 2 * d                         // two RMSNorm weights
              + d * d + 2 * d * kv + d * d  // q, k, v, o (no biases)
-             + 3 * d * f;                // gate, up, down
+             + 3 * d * f;                  // gate, up, down
     }
     case Family::kGpt2:
     case Family::kBert:
     case Family::kVit:
-      return 2 * 2 * d                  // two LayerNorms
-             + 4 * (d * d + d)          // q, k, v, o with biases
+      return 2 * 2 * d                     // two LayerNorms
+             + 4 * (d * d + d)             // q, k, v, o with biases
              + (d * f + f) + (f * d + d);  // MLP with biases
   }
   return 0;
@@ -28,8 +28,8 @@ double block_flops(const ModelConfig& c, int64_t T) {
   const double d = c.d_model, f = c.d_ff;
   const double kv = static_cast<double>(c.n_kv_head * c.head_dim());
   const double attn_dim = static_cast<double>(c.n_head * c.head_dim());
-  const double proj = c.family == Family::kLlama ? d * attn_dim + 2 * d * kv + attn_dim * d
-                                                 : 4 * d * d;
+  const double proj =
+      c.family == Family::kLlama ? d * attn_dim + 2 * d * kv + attn_dim * d : 4 * d * d;
   const double mlp = c.family == Family::kLlama ? 3 * d * f : 2 * d * f;
   return 2 * (proj + mlp) + 2 * 2 * static_cast<double>(T) * attn_dim;
 }
@@ -53,9 +53,9 @@ int64_t count_parameters(const ModelConfig& c) {
       if (c.num_labels > 0) n += c.num_labels * d + c.num_labels;
       break;
     case Family::kVit:
-      n += d + (c.num_patches() + 1) * d;                              // cls, positions
-      n += d * c.num_channels * c.patch_size * c.patch_size + d;       // patch projection
-      n += 2 * d + c.num_labels * d + c.num_labels;                    // layernorm, classifier
+      n += d + (c.num_patches() + 1) * d;                         // cls, positions
+      n += d * c.num_channels * c.patch_size * c.patch_size + d;  // patch projection
+      n += 2 * d + c.num_labels * d + c.num_labels;               // layernorm, classifier
       break;
   }
   return n;

@@ -33,7 +33,7 @@ struct ModelAnalysis {
   int64_t embedding_params = 0;  // token, position and token-type tables (lookups, no FLOPs)
   int64_t seq_len = 0;           // context length the FLOPs assume (ViT: patches + 1)
   double flops_per_token_forward = 0;
-  double flops_per_token_train = 0;  // forward + backward
+  double flops_per_token_train = 0;    // forward + backward
   std::vector<MemoryEstimate> memory;  // f32, bf16, f16
 };
 

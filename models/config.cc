@@ -6,10 +6,14 @@ namespace mammoth::models {
 
 const char* family_name(Family f) {
   switch (f) {
-    case Family::kGpt2: return "gpt2";
-    case Family::kLlama: return "llama";
-    case Family::kBert: return "bert";
-    case Family::kVit: return "vit";
+    case Family::kGpt2:
+      return "gpt2";
+    case Family::kLlama:
+      return "llama";
+    case Family::kBert:
+      return "bert";
+    case Family::kVit:
+      return "vit";
   }
   return "?";
 }
@@ -40,12 +44,12 @@ void ModelConfig::validate() const {
     MAMMOTH_CHECK(max_seq > 0) << where << "max_seq must be positive, got " << max_seq;
   }
   if (family == Family::kLlama) {
-    MAMMOTH_CHECK(head_dim() % 2 == 0) << where << "rotary embeddings need an even head_dim, got "
-                                       << head_dim();
+    MAMMOTH_CHECK(head_dim() % 2 == 0)
+        << where << "rotary embeddings need an even head_dim, got " << head_dim();
   } else {
-    MAMMOTH_CHECK(n_kv_head == n_head) << where << family_name(family)
-                                       << " has no grouped-query attention: n_kv_head "
-                                       << n_kv_head << " != n_head " << n_head;
+    MAMMOTH_CHECK(n_kv_head == n_head)
+        << where << family_name(family) << " has no grouped-query attention: n_kv_head "
+        << n_kv_head << " != n_head " << n_head;
   }
   if (family == Family::kBert) {
     MAMMOTH_CHECK(type_vocab_size > 0)
@@ -55,8 +59,8 @@ void ModelConfig::validate() const {
     MAMMOTH_CHECK(patch_size > 0 && image_size > 0 && image_size % patch_size == 0)
         << where << "image_size " << image_size << " must be a positive multiple of patch_size "
         << patch_size;
-    MAMMOTH_CHECK(num_channels > 0) << where << "num_channels must be positive, got "
-                                    << num_channels;
+    MAMMOTH_CHECK(num_channels > 0)
+        << where << "num_channels must be positive, got " << num_channels;
   }
   MAMMOTH_CHECK(num_labels >= 0) << where << "num_labels must be >= 0, got " << num_labels;
 }

@@ -19,20 +19,20 @@ const char* family_name(Family f);
 Family family_from_name(const std::string& name);  // throws naming the value
 
 struct ModelConfig {
-  std::string name;      // registry name or the directory it came from
+  std::string name;  // registry name or the directory it came from
   Family family = Family::kGpt2;
-  int64_t vocab_size = 0;  // token embedding rows (ViT: unused, 0)
-  int64_t n_layer = 0;     // transformer blocks
-  int64_t n_head = 0;      // query heads
-  int64_t n_kv_head = 0;   // key/value heads (grouped-query attention); == n_head except LLaMA
-  int64_t d_model = 0;     // hidden size
-  int64_t d_ff = 0;        // MLP inner size (GPT-2: 4 d_model; LLaMA: SwiGLU width)
-  int64_t max_seq = 0;     // learned position table size (GPT-2, BERT); LLaMA: context length
-  double norm_eps = 1e-5;  // LayerNorm / RMSNorm epsilon
+  int64_t vocab_size = 0;      // token embedding rows (ViT: unused, 0)
+  int64_t n_layer = 0;         // transformer blocks
+  int64_t n_head = 0;          // query heads
+  int64_t n_kv_head = 0;       // key/value heads (grouped-query attention); == n_head except LLaMA
+  int64_t d_model = 0;         // hidden size
+  int64_t d_ff = 0;            // MLP inner size (GPT-2: 4 d_model; LLaMA: SwiGLU width)
+  int64_t max_seq = 0;         // learned position table size (GPT-2, BERT); LLaMA: context length
+  double norm_eps = 1e-5;      // LayerNorm / RMSNorm epsilon
   double rope_base = 10000.0;  // LLaMA rotary base (rope_theta)
   bool tie_embeddings = true;  // LM head shares the token embedding (GPT-2, BERT MLM)
-  double dropout = 0.0;        // residual/embedding/MLP dropout (GPT-2 resid/embd_pdrop, BERT hidden)
-  double attn_dropout = 0.0;   // dropout on attention probabilities
+  double dropout = 0.0;  // residual/embedding/MLP dropout (GPT-2 resid/embd_pdrop, BERT hidden)
+  double attn_dropout = 0.0;  // dropout on attention probabilities
   // BERT only.
   int64_t type_vocab_size = 0;  // token-type (segment) embeddings
   // BERT / ViT classification head (0: no head).

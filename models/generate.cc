@@ -13,13 +13,11 @@ namespace mammoth::models {
 
 using engine::Tensor;
 
-int64_t sample_token(const std::vector<double>& logits, const GenerateOptions& o,
-                     double uniform) {
+int64_t sample_token(const std::vector<double>& logits, const GenerateOptions& o, double uniform) {
   MAMMOTH_CHECK(!logits.empty()) << "[sample_token] empty logits";
-  MAMMOTH_CHECK(o.temperature >= 0) << "[generate] temperature must be >= 0, got "
-                                    << o.temperature;
-  MAMMOTH_CHECK(o.top_p > 0 && o.top_p <= 1) << "[generate] top_p must be in (0, 1], got "
-                                             << o.top_p;
+  MAMMOTH_CHECK(o.temperature >= 0) << "[generate] temperature must be >= 0, got " << o.temperature;
+  MAMMOTH_CHECK(o.top_p > 0 && o.top_p <= 1)
+      << "[generate] top_p must be in (0, 1], got " << o.top_p;
   MAMMOTH_CHECK(o.top_k >= 0) << "[generate] top_k must be >= 0, got " << o.top_k;
   const int64_t V = static_cast<int64_t>(logits.size());
   if (o.temperature == 0.0) {
@@ -69,8 +67,8 @@ std::vector<int64_t> generate(LanguageModel& model, const std::vector<int64_t>& 
   const int64_t P = static_cast<int64_t>(prompt.size());
   MAMMOTH_CHECK(P <= model.config().max_seq)
       << "[generate] prompt of " << P << " tokens exceeds max_seq " << model.config().max_seq;
-  const int64_t capacity = std::min(P + std::max<int64_t>(o.max_new_tokens, 0),
-                                    model.config().max_seq);
+  const int64_t capacity =
+      std::min(P + std::max<int64_t>(o.max_new_tokens, 0), model.config().max_seq);
   engine::NoGradGuard ng;
   const bool was_training = model.is_training();
   model.eval();

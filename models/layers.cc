@@ -35,8 +35,8 @@ Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v,
     std::vector<double> future(static_cast<size_t>(Tq * Tk));
     for (int64_t i = 0; i < Tq; ++i)
       for (int64_t j = 0; j < Tk; ++j) future[i * Tk + j] = j > i + (Tk - Tq) ? 1.0 : 0.0;
-    scores = engine::masked_fill(scores, Tensor::from_vector(future, {Tq, Tk}, DType::kBool),
-                                 -1e30);
+    scores =
+        engine::masked_fill(scores, Tensor::from_vector(future, {Tq, Tk}, DType::kBool), -1e30);
   }
   if (options.key_mask.defined()) {
     // keep 1 -> +0, pad 0 -> -1e30, broadcast over heads and queries

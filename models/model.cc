@@ -13,14 +13,12 @@ HfLayout Model::hf_layout() const {
   return layout;
 }
 
-std::pair<Tensor, Tensor> KVCache::append(int64_t layer, const Tensor& k_new,
-                                          const Tensor& v_new) {
+std::pair<Tensor, Tensor> KVCache::append(int64_t layer, const Tensor& k_new, const Tensor& v_new) {
   MAMMOTH_CHECK(layer >= 0 && layer < static_cast<int64_t>(k.size()))
       << "[KVCache::append] layer " << layer << " out of range, cache has " << k.size();
   const int64_t t = k_new.size(2);
-  MAMMOTH_CHECK(length + t <= capacity)
-      << "[KVCache::append] " << length << " cached + " << t << " new positions exceed capacity "
-      << capacity;
+  MAMMOTH_CHECK(length + t <= capacity) << "[KVCache::append] " << length << " cached + " << t
+                                        << " new positions exceed capacity " << capacity;
   {
     engine::NoGradGuard ng;
     engine::copy_(k[layer].slice(2, length, length + t), k_new);

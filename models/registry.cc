@@ -14,8 +14,8 @@
 namespace mammoth::models {
 namespace {
 
-ModelConfig gpt2(const std::string& name, int64_t vocab, int64_t layers, int64_t heads,
-                 int64_t d, int64_t seq, double dropout) {
+ModelConfig gpt2(const std::string& name, int64_t vocab, int64_t layers, int64_t heads, int64_t d,
+                 int64_t seq, double dropout) {
   ModelConfig c;
   c.name = name;
   c.family = Family::kGpt2;
@@ -50,8 +50,8 @@ ModelConfig llama(const std::string& name, int64_t vocab, int64_t layers, int64_
   return c;
 }
 
-ModelConfig bert(const std::string& name, int64_t vocab, int64_t layers, int64_t heads,
-                 int64_t d, int64_t seq, double dropout) {
+ModelConfig bert(const std::string& name, int64_t vocab, int64_t layers, int64_t heads, int64_t d,
+                 int64_t seq, double dropout) {
   ModelConfig c;
   c.name = name;
   c.family = Family::kBert;
@@ -216,8 +216,8 @@ ModelConfig config_from_hf_json(const json::Value& hf, const std::string& what) 
       c.tie_embeddings = true;
       if (const json::Value* pe = hf.find("position_embedding_type"); pe && !pe->is_null()) {
         MAMMOTH_CHECK(pe->as_string() == "absolute")
-            << "[config_from_hf_json] " << what << ": position_embedding_type '"
-            << pe->as_string() << "' is not supported";
+            << "[config_from_hf_json] " << what << ": position_embedding_type '" << pe->as_string()
+            << "' is not supported";
       }
     } else {
       c.image_size = get_int(hf, "image_size", 224);
@@ -262,8 +262,8 @@ json::Value config_to_hf_json(const ModelConfig& c) {
     case Family::kBert:
     case Family::kVit: {
       const bool bert = c.family == Family::kBert;
-      v.set("architectures", json::Value::array().push_back(
-                                 bert ? "BertForMaskedLM" : "ViTForImageClassification"));
+      v.set("architectures",
+            json::Value::array().push_back(bert ? "BertForMaskedLM" : "ViTForImageClassification"));
       v.set("hidden_size", c.d_model).set("num_hidden_layers", c.n_layer);
       v.set("num_attention_heads", c.n_head).set("intermediate_size", c.d_ff);
       v.set("hidden_act", "gelu").set("layer_norm_eps", c.norm_eps);
@@ -284,7 +284,7 @@ json::Value config_to_hf_json(const ModelConfig& c) {
       break;
     }
   }
-  v.set("torch_dtype", c.dtype == DType::kBF16   ? "bfloat16"
+  v.set("torch_dtype", c.dtype == DType::kBF16  ? "bfloat16"
                        : c.dtype == DType::kF16 ? "float16"
                                                 : "float32");
   return v;
@@ -320,10 +320,18 @@ ModelConfig apply_options(ModelConfig c, const ModelOptions& o) {
 std::shared_ptr<Model> build_model(const ModelConfig& config, uint64_t seed) {
   std::shared_ptr<Model> m;
   switch (config.family) {
-    case Family::kGpt2: m = std::make_shared<Gpt2>(config); break;
-    case Family::kLlama: m = std::make_shared<Llama>(config); break;
-    case Family::kBert: m = std::make_shared<Bert>(config); break;
-    case Family::kVit: m = std::make_shared<Vit>(config); break;
+    case Family::kGpt2:
+      m = std::make_shared<Gpt2>(config);
+      break;
+    case Family::kLlama:
+      m = std::make_shared<Llama>(config);
+      break;
+    case Family::kBert:
+      m = std::make_shared<Bert>(config);
+      break;
+    case Family::kVit:
+      m = std::make_shared<Vit>(config);
+      break;
   }
   m->init(seed);
   return m;
@@ -345,8 +353,7 @@ std::shared_ptr<LanguageModel> create_language_model(const std::string& name_or_
   std::shared_ptr<Model> m = create_model(name_or_dir, options);
   auto lm = std::dynamic_pointer_cast<LanguageModel>(m);
   MAMMOTH_CHECK(lm != nullptr) << "[create_language_model] '" << name_or_dir << "' is a "
-                               << family_name(m->config().family)
-                               << " model, not a language model";
+                               << family_name(m->config().family) << " model, not a language model";
   return lm;
 }
 

@@ -24,11 +24,11 @@ namespace mammoth::models {
 struct ModelOptions {
   std::optional<int64_t> vocab_size;  // e.g. the trainer's tokenizer size
   std::optional<int64_t> max_seq;
-  std::optional<double> dropout;       // sets dropout and attn_dropout
-  std::optional<int64_t> num_labels;   // BERT / ViT classification head
-  std::optional<DType> dtype;          // parameter storage dtype
-  uint64_t seed = 0;                   // init(seed) when no weights are loaded
-  bool load_weights = true;            // load DIR/model.safetensors when a directory has one
+  std::optional<double> dropout;      // sets dropout and attn_dropout
+  std::optional<int64_t> num_labels;  // BERT / ViT classification head
+  std::optional<DType> dtype;         // parameter storage dtype
+  uint64_t seed = 0;                  // init(seed) when no weights are loaded
+  bool load_weights = true;           // load DIR/model.safetensors when a directory has one
 };
 
 // Registered config names, in registration order.

@@ -91,8 +91,8 @@ LoadReport load_named(const engine::nn::NamedTensors& params, const HfLayout& la
     used.insert(view->name);
     Shape expected = param.shape();
     if (p.transposed) {
-      MAMMOTH_CHECK(expected.size() == 2) << "[load_weights] '" << p.param
-                                          << "' is marked transposed but is not 2-D";
+      MAMMOTH_CHECK(expected.size() == 2)
+          << "[load_weights] '" << p.param << "' is marked transposed but is not 2-D";
       std::swap(expected[0], expected[1]);
     }
     bool ok = true;
@@ -170,8 +170,8 @@ void save_named(const engine::nn::NamedTensors& params, const HfLayout& layout,
     if (p.transposed) t = t.transpose(0, 1);
     t = t.contiguous();
     keep.push_back(t);
-    views.push_back({p.hf_name, t.dtype(), t.shape(), static_cast<const uint8_t*>(t.raw_data()),
-                     t.nbytes()});
+    views.push_back(
+        {p.hf_name, t.dtype(), t.shape(), static_cast<const uint8_t*>(t.raw_data()), t.nbytes()});
   }
   metadata.emplace("format", "pt");
   io::write_safetensors(path, views, metadata);

@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/nn/module.h"
 #include "engine/io/safetensors.h"
+#include "engine/nn/module.h"
 #include "models/model.h"
 
 namespace mammoth::models {

@@ -11,14 +11,14 @@ using engine::nn::LayerNorm;
 using engine::nn::Linear;
 
 BertEmbeddings::BertEmbeddings(const ModelConfig& c) {
-  word_embeddings = register_module(
-      "word_embeddings", std::make_shared<Embedding>(c.vocab_size, c.d_model, c.dtype));
-  position_embeddings = register_module(
-      "position_embeddings", std::make_shared<Embedding>(c.max_seq, c.d_model, c.dtype));
+  word_embeddings = register_module("word_embeddings",
+                                    std::make_shared<Embedding>(c.vocab_size, c.d_model, c.dtype));
+  position_embeddings = register_module("position_embeddings",
+                                        std::make_shared<Embedding>(c.max_seq, c.d_model, c.dtype));
   token_type_embeddings = register_module(
       "token_type_embeddings", std::make_shared<Embedding>(c.type_vocab_size, c.d_model, c.dtype));
-  LayerNorm = register_module("LayerNorm", std::make_shared<engine::nn::LayerNorm>(
-                                               c.d_model, c.norm_eps, c.dtype));
+  LayerNorm = register_module(
+      "LayerNorm", std::make_shared<engine::nn::LayerNorm>(c.d_model, c.norm_eps, c.dtype));
   dropout = register_module("dropout", std::make_shared<Dropout>(c.dropout));
 }
 
@@ -41,15 +41,15 @@ BertSelfAttention::BertSelfAttention(const ModelConfig& c) : config_(c) {
 Tensor BertSelfAttention::forward(const Tensor& x, const Tensor& key_mask) const {
   const int64_t H = config_.n_head;
   Tensor y = attend(split_heads(query->forward(x), H), split_heads(key->forward(x), H),
-                    split_heads(value->forward(x), H), {.key_mask = key_mask},
-                    config_.attn_dropout, is_training());
+                    split_heads(value->forward(x), H), {.key_mask = key_mask}, config_.attn_dropout,
+                    is_training());
   return merge_heads(y);
 }
 
 BertResidualOutput::BertResidualOutput(const ModelConfig& c, int64_t in) {
   dense = register_module("dense", std::make_shared<Linear>(in, c.d_model, true, c.dtype));
-  LayerNorm = register_module("LayerNorm", std::make_shared<engine::nn::LayerNorm>(
-                                               c.d_model, c.norm_eps, c.dtype));
+  LayerNorm = register_module(
+      "LayerNorm", std::make_shared<engine::nn::LayerNorm>(c.d_model, c.norm_eps, c.dtype));
   dropout = register_module("dropout", std::make_shared<Dropout>(c.dropout));
 }
 
@@ -70,9 +70,7 @@ BertIntermediate::BertIntermediate(const ModelConfig& c) {
   dense = register_module("dense", std::make_shared<Linear>(c.d_model, c.d_ff, true, c.dtype));
 }
 
-Tensor BertIntermediate::forward(const Tensor& x) const {
-  return engine::gelu(dense->forward(x));
-}
+Tensor BertIntermediate::forward(const Tensor& x) const { return engine::gelu(dense->forward(x)); }
 
 BertLayer::BertLayer(const ModelConfig& c) {
   attention = register_module("attention", std::make_shared<BertAttention>(c));
@@ -106,8 +104,8 @@ BertModel::BertModel(const ModelConfig& c) {
 
 BertPredictionHeadTransform::BertPredictionHeadTransform(const ModelConfig& c) {
   dense = register_module("dense", std::make_shared<Linear>(c.d_model, c.d_model, true, c.dtype));
-  LayerNorm = register_module("LayerNorm", std::make_shared<engine::nn::LayerNorm>(
-                                               c.d_model, c.norm_eps, c.dtype));
+  LayerNorm = register_module(
+      "LayerNorm", std::make_shared<engine::nn::LayerNorm>(c.d_model, c.norm_eps, c.dtype));
 }
 
 Tensor BertPredictionHeadTransform::forward(const Tensor& x) const {
@@ -132,9 +130,9 @@ Bert::Bert(ModelConfig config) : config_(std::move(config)) {
   cls = register_module("cls", std::make_shared<BertOnlyMLMHead>(config_));
   dropout_ = register_module("dropout", std::make_shared<Dropout>(config_.dropout));
   if (config_.num_labels > 0) {
-    classifier = register_module("classifier", std::make_shared<Linear>(
-                                                   config_.d_model, config_.num_labels, true,
-                                                   config_.dtype));
+    classifier = register_module(
+        "classifier",
+        std::make_shared<Linear>(config_.d_model, config_.num_labels, true, config_.dtype));
   }
 }
 
@@ -143,11 +141,11 @@ Tensor Bert::encode(const Tensor& ids, const Tensor& token_type_ids,
   MAMMOTH_CHECK(ids.dim() == 2 && ids.dtype() == DType::kI64)
       << "[Bert::encode] ids must be i64 [B, T], got " << dtype_name(ids.dtype()) << " "
       << engine::shape_str(ids.shape());
-  Tensor types = token_type_ids.defined() ? token_type_ids
-                                          : Tensor::zeros(ids.shape(), DType::kI64);
+  Tensor types =
+      token_type_ids.defined() ? token_type_ids : Tensor::zeros(ids.shape(), DType::kI64);
   MAMMOTH_CHECK(types.shape() == ids.shape())
-      << "[Bert::encode] token_type_ids " << engine::shape_str(types.shape())
-      << " must match ids " << engine::shape_str(ids.shape());
+      << "[Bert::encode] token_type_ids " << engine::shape_str(types.shape()) << " must match ids "
+      << engine::shape_str(ids.shape());
   Tensor key_mask;
   if (attention_mask.defined()) {
     MAMMOTH_CHECK(attention_mask.shape() == ids.shape())

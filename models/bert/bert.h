@@ -131,9 +131,9 @@ class Bert : public LanguageModel {
   // (bool, or integers with 1 = token, 0 = padding) or undefined. -> hidden [B, T, C]
   engine::Tensor encode(const engine::Tensor& ids, const engine::Tensor& token_type_ids,
                         const engine::Tensor& attention_mask) const;
-  engine::Tensor mlm_logits(const engine::Tensor& hidden) const;       // [B, T, V]
-  engine::Tensor pooled(const engine::Tensor& hidden) const;           // [B, C]
-  engine::Tensor classify(const engine::Tensor& hidden) const;         // [B, num_labels]
+  engine::Tensor mlm_logits(const engine::Tensor& hidden) const;  // [B, T, V]
+  engine::Tensor pooled(const engine::Tensor& hidden) const;      // [B, C]
+  engine::Tensor classify(const engine::Tensor& hidden) const;    // [B, num_labels]
 
   std::shared_ptr<BertModel> bert;
   std::shared_ptr<BertOnlyMLMHead> cls;

@@ -15,8 +15,8 @@ using engine::nn::Linear;
 
 Gpt2Attention::Gpt2Attention(const ModelConfig& c) : config_(c) {
   const double proj_std = 0.02 / std::sqrt(2.0 * c.n_layer);
-  c_attn = register_module("c_attn", std::make_shared<Linear>(c.d_model, 3 * c.d_model, true,
-                                                              c.dtype));
+  c_attn =
+      register_module("c_attn", std::make_shared<Linear>(c.d_model, 3 * c.d_model, true, c.dtype));
   c_proj = register_module(
       "c_proj", std::make_shared<ScaledLinear>(c.d_model, c.d_model, true, c.dtype, proj_std));
   resid_dropout_ = register_module("resid_dropout", std::make_shared<Dropout>(c.dropout));
@@ -25,7 +25,7 @@ Gpt2Attention::Gpt2Attention(const ModelConfig& c) : config_(c) {
 Tensor Gpt2Attention::forward(const Tensor& x, KVCache* cache, int64_t layer) const {
   const int64_t C = config_.d_model;
   std::vector<Tensor> qkv = engine::split(c_attn->forward(x), {C, C, C}, -1);  // [B, T, C] each
-  Tensor q = split_heads(qkv[0], config_.n_head);  // [B, H, T, D]
+  Tensor q = split_heads(qkv[0], config_.n_head);                              // [B, H, T, D]
   Tensor k = split_heads(qkv[1], config_.n_head);
   Tensor v = split_heads(qkv[2], config_.n_head);
   if (cache != nullptr) std::tie(k, v) = cache->append(layer, k, v);
@@ -77,8 +77,7 @@ Tensor Gpt2::run(const Tensor& ids, KVCache* cache) {
   const int64_t T = ids.size(1);
   const int64_t offset = cache != nullptr ? cache->length : 0;
   MAMMOTH_CHECK(offset + T <= config_.max_seq)
-      << "[Gpt2::forward] positions up to " << offset + T << " exceed max_seq "
-      << config_.max_seq;
+      << "[Gpt2::forward] positions up to " << offset + T << " exceed max_seq " << config_.max_seq;
   Tensor x = wte->forward(ids) + wpe->forward(positions(offset, T));  // [B, T, C]
   x = drop_->forward(x);
   for (size_t l = 0; l < h->size(); ++l) x = (*h)[l].forward(x, cache, static_cast<int64_t>(l));

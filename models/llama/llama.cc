@@ -13,14 +13,14 @@ using engine::nn::RMSNorm;
 
 LlamaAttention::LlamaAttention(const ModelConfig& c) : config_(c) {
   const int64_t D = c.head_dim();
-  q_proj = register_module("q_proj", std::make_shared<Linear>(c.d_model, c.n_head * D, false,
-                                                              c.dtype));
-  k_proj = register_module("k_proj", std::make_shared<Linear>(c.d_model, c.n_kv_head * D, false,
-                                                              c.dtype));
-  v_proj = register_module("v_proj", std::make_shared<Linear>(c.d_model, c.n_kv_head * D, false,
-                                                              c.dtype));
-  o_proj = register_module("o_proj", std::make_shared<Linear>(c.n_head * D, c.d_model, false,
-                                                              c.dtype));
+  q_proj =
+      register_module("q_proj", std::make_shared<Linear>(c.d_model, c.n_head * D, false, c.dtype));
+  k_proj = register_module("k_proj",
+                           std::make_shared<Linear>(c.d_model, c.n_kv_head * D, false, c.dtype));
+  v_proj = register_module("v_proj",
+                           std::make_shared<Linear>(c.d_model, c.n_kv_head * D, false, c.dtype));
+  o_proj =
+      register_module("o_proj", std::make_shared<Linear>(c.n_head * D, c.d_model, false, c.dtype));
 }
 
 Tensor LlamaAttention::forward(const Tensor& x, KVCache* cache, int64_t layer) const {
@@ -41,11 +41,11 @@ Tensor LlamaAttention::forward(const Tensor& x, KVCache* cache, int64_t layer) c
 }
 
 LlamaMlp::LlamaMlp(const ModelConfig& c) {
-  gate_proj = register_module("gate_proj",
-                              std::make_shared<Linear>(c.d_model, c.d_ff, false, c.dtype));
+  gate_proj =
+      register_module("gate_proj", std::make_shared<Linear>(c.d_model, c.d_ff, false, c.dtype));
   up_proj = register_module("up_proj", std::make_shared<Linear>(c.d_model, c.d_ff, false, c.dtype));
-  down_proj = register_module("down_proj",
-                              std::make_shared<Linear>(c.d_ff, c.d_model, false, c.dtype));
+  down_proj =
+      register_module("down_proj", std::make_shared<Linear>(c.d_ff, c.d_model, false, c.dtype));
 }
 
 Tensor LlamaMlp::forward(const Tensor& x) const {
@@ -53,8 +53,8 @@ Tensor LlamaMlp::forward(const Tensor& x) const {
 }
 
 LlamaDecoderLayer::LlamaDecoderLayer(const ModelConfig& c) {
-  input_layernorm = register_module("input_layernorm",
-                                    std::make_shared<RMSNorm>(c.d_model, c.norm_eps, c.dtype));
+  input_layernorm =
+      register_module("input_layernorm", std::make_shared<RMSNorm>(c.d_model, c.norm_eps, c.dtype));
   self_attn = register_module("self_attn", std::make_shared<LlamaAttention>(c));
   post_attention_layernorm = register_module(
       "post_attention_layernorm", std::make_shared<RMSNorm>(c.d_model, c.norm_eps, c.dtype));
@@ -93,9 +93,9 @@ Llama::Llama(ModelConfig config) : config_(std::move(config)) {
   config_.validate();
   model = register_module("model", std::make_shared<LlamaModel>(config_));
   if (!config_.tie_embeddings) {
-    lm_head = register_module("lm_head", std::make_shared<Linear>(
-                                             config_.d_model, config_.vocab_size, false,
-                                             config_.dtype));
+    lm_head = register_module(
+        "lm_head",
+        std::make_shared<Linear>(config_.d_model, config_.vocab_size, false, config_.dtype));
   }
 }
 

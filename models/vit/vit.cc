@@ -23,9 +23,8 @@ Tensor PatchProjection::forward(const Tensor& pixels) const {
       << ", got " << engine::shape_str(pixels.shape());
   const int64_t B = pixels.size(0), h = pixels.size(2) / P, w = pixels.size(3) / P;
   // [B, C, h, P, w, P] -> [B, h, w, C, P, P] -> [B, h*w, C*P*P]
-  Tensor patches = pixels.reshape({B, C, h, P, w, P})
-                       .permute({0, 2, 4, 1, 3, 5})
-                       .reshape({B, h * w, C * P * P});
+  Tensor patches =
+      pixels.reshape({B, C, h, P, w, P}).permute({0, 2, 4, 1, 3, 5}).reshape({B, h * w, C * P * P});
   return engine::linear(patches, weight.reshape({D, C * P * P}), bias);
 }
 
@@ -107,8 +106,8 @@ VitEncoder::VitEncoder(const ModelConfig& c) {
 VitModel::VitModel(const ModelConfig& c) {
   embeddings = register_module("embeddings", std::make_shared<VitEmbeddings>(c));
   encoder = register_module("encoder", std::make_shared<VitEncoder>(c));
-  layernorm = register_module("layernorm",
-                              std::make_shared<LayerNorm>(c.d_model, c.norm_eps, c.dtype));
+  layernorm =
+      register_module("layernorm", std::make_shared<LayerNorm>(c.d_model, c.norm_eps, c.dtype));
 }
 
 Tensor VitModel::forward(const Tensor& pixels) const {
@@ -124,9 +123,9 @@ Vit::Vit(ModelConfig config) : config_(std::move(config)) {
                                            "classification head, got "
                                         << config_.num_labels;
   vit = register_module("vit", std::make_shared<VitModel>(config_));
-  classifier = register_module("classifier", std::make_shared<Linear>(
-                                                 config_.d_model, config_.num_labels, true,
-                                                 config_.dtype));
+  classifier = register_module(
+      "classifier",
+      std::make_shared<Linear>(config_.d_model, config_.num_labels, true, config_.dtype));
 }
 
 Tensor Vit::forward(const Tensor& pixels) {

@@ -6,7 +6,8 @@
 // convolution is a linear map on non-overlapping patches, so we keep HF's parameter as is and
 // apply it as [D, C*P*P] to patches flattened in (c, y, x) order. Names are HF's:
 // "vit.embeddings.cls_token", "vit.embeddings.patch_embeddings.projection.weight",
-// "vit.encoder.layer.0.attention.attention.query.weight", "vit.layernorm.weight", "classifier.weight".
+// "vit.encoder.layer.0.attention.attention.query.weight", "vit.layernorm.weight",
+// "classifier.weight".
 #pragma once
 
 #include <memory>
@@ -39,8 +40,8 @@ class VitEmbeddings : public engine::nn::Module {
  public:
   explicit VitEmbeddings(const ModelConfig& c);
   engine::Tensor forward(const engine::Tensor& pixels) const;  // -> [B, N+1, D]
-  engine::Tensor cls_token;            // [1, 1, D]
-  engine::Tensor position_embeddings;  // [1, N+1, D]
+  engine::Tensor cls_token;                                    // [1, 1, D]
+  engine::Tensor position_embeddings;                          // [1, N+1, D]
   std::shared_ptr<VitPatchEmbeddings> patch_embeddings;
   std::shared_ptr<engine::nn::Dropout> dropout;
 };

@@ -1,8 +1,9 @@
 // models/analyze: parameter counts against the built modules and published sizes; FLOPs
 // against Megatron-LM's GPT formula and the 6N rule; memory per dtype.
+#include "models/analyze.h"
+
 #include <catch2/catch.hpp>
 
-#include "models/analyze.h"
 #include "models/registry.h"
 
 namespace mammoth::models {

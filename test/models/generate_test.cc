@@ -1,10 +1,11 @@
 // models/generate: sampling rules and KV-cache generation against step-by-step full forwards.
+#include "models/generate.h"
+
 #include <catch2/catch.hpp>
 #include <map>
 
 #include "engine/autograd.h"
 #include "engine/ops.h"
-#include "models/generate.h"
 #include "models/registry.h"
 
 namespace mammoth::models {
@@ -42,8 +43,8 @@ TEST_CASE("generate: greedy with a KV cache equals argmax of repeated full forwa
     auto m = create_language_model(name, {.seed = 5});
     m->eval();
     const std::vector<int64_t> prompt{1, 7, 42, 3};
-    const std::vector<int64_t> got = generate(*m, prompt, {.max_new_tokens = 10,
-                                                           .temperature = 0.0});
+    const std::vector<int64_t> got =
+        generate(*m, prompt, {.max_new_tokens = 10, .temperature = 0.0});
     REQUIRE(got.size() == 10);
     std::vector<int64_t> seq = prompt;
     engine::NoGradGuard ng;
@@ -71,8 +72,8 @@ TEST_CASE("generate: stops at eos and at max_seq") {
   auto m = create_language_model("gpt2-tiny", {.max_seq = 8, .seed = 2});
   const auto all = generate(*m, {1, 2, 3}, {.max_new_tokens = 20, .temperature = 0.0});
   CHECK(all.size() == 6);  // positions 3..7 fed back, plus the token predicted at position 7
-  const auto stop = generate(*m, {1, 2, 3}, {.max_new_tokens = 20, .temperature = 0.0,
-                                             .eos_token = all[1]});
+  const auto stop =
+      generate(*m, {1, 2, 3}, {.max_new_tokens = 20, .temperature = 0.0, .eos_token = all[1]});
   CHECK(stop.size() <= 2);
   CHECK(stop.back() == all[1]);
 }

@@ -1,11 +1,12 @@
 // GPT-2: shapes, initial loss, gradients reach every parameter, KV-cache decoding equals the
 // full forward, dropout is active only in training.
+#include "models/gpt2/gpt2.h"
+
 #include <catch2/catch.hpp>
 #include <cmath>
 
 #include "engine/autograd.h"
 #include "engine/ops.h"
-#include "models/gpt2/gpt2.h"
 #include "models/registry.h"
 
 namespace mammoth::models {
@@ -48,8 +49,8 @@ TEST_CASE("gpt2-tiny: explicit targets equal the next-token loss") {
   for (int b = 0; b < 2; ++b)
     for (int i = 0; i + 1 < 10; ++i) t[b * 10 + i] = v[b * 10 + i + 1];
   engine::NoGradGuard ng;
-  CHECK(m->loss(ids).item() == Approx(m->loss(ids, Tensor::from_ints(t, {2, 10}))
-                                          .item()).epsilon(1e-6));
+  CHECK(m->loss(ids).item() ==
+        Approx(m->loss(ids, Tensor::from_ints(t, {2, 10})).item()).epsilon(1e-6));
 }
 
 TEST_CASE("gpt2-tiny: KV-cache decoding matches the full forward") {
@@ -61,7 +62,8 @@ TEST_CASE("gpt2-tiny: KV-cache decoding matches the full forward") {
   KVCache cache = m->make_cache(2, 12);
   Tensor a = m->forward_cached(ids.slice(1, 0, 5), &cache);  // prompt of 5
   std::vector<Tensor> parts{a};
-  for (int64_t t = 5; t < 12; ++t) parts.push_back(m->forward_cached(ids.slice(1, t, t + 1), &cache));
+  for (int64_t t = 5; t < 12; ++t)
+    parts.push_back(m->forward_cached(ids.slice(1, t, t + 1), &cache));
   REQUIRE(cache.length == 12);
   Tensor inc = engine::concat(parts, 1);
   CHECK(engine::max_abs(inc - full) < 1e-4);

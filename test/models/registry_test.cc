@@ -1,11 +1,12 @@
 // models/registry: named configs, overrides, HF config.json directories, save_pretrained.
+#include "models/registry.h"
+
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
 
 #include "engine/autograd.h"
 #include "engine/ops.h"
-#include "models/registry.h"
 
 namespace mammoth::models {
 namespace {
@@ -48,8 +49,8 @@ TEST_CASE("HF config.json of each family parses to the same config") {
   for (const std::string name : {"gpt2", "llama-70b", "bert-base", "vit-base-patch16-224"}) {
     INFO(name);
     const ModelConfig c = resolve_config(name);
-    const ModelConfig back = config_from_hf_json(
-        json::parse(json::dump(config_to_hf_json(c))), "test");
+    const ModelConfig back =
+        config_from_hf_json(json::parse(json::dump(config_to_hf_json(c))), "test");
     CHECK(back.family == c.family);
     CHECK(back.vocab_size == c.vocab_size);
     CHECK(back.n_layer == c.n_layer);
@@ -68,7 +69,8 @@ TEST_CASE("HF config.json of each family parses to the same config") {
 }
 
 TEST_CASE("a real GPT-2 config.json (HF hub layout) is read") {
-  const std::string text = R"({"activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"],
+  const std::string text =
+      R"({"activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"],
     "attn_pdrop": 0.1, "bos_token_id": 50256, "embd_pdrop": 0.1, "eos_token_id": 50256,
     "initializer_range": 0.02, "layer_norm_epsilon": 1e-05, "model_type": "gpt2", "n_ctx": 1024,
     "n_embd": 768, "n_head": 12, "n_layer": 12, "n_positions": 1024, "resid_pdrop": 0.1,

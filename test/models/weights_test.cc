@@ -1,4 +1,6 @@
 // models/weights: HF names and layouts in safetensors, every mismatch reported at once.
+#include "models/weights.h"
+
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
@@ -6,7 +8,6 @@
 
 #include "engine/ops.h"
 #include "models/registry.h"
-#include "models/weights.h"
 
 namespace mammoth::models {
 namespace {
@@ -36,7 +37,8 @@ void rewrite(const std::string& src, const std::string& dst,
 double max_diff(const Model& a, const Model& b) {
   double d = 0;
   auto pa = a.named_parameters(), pb = b.named_parameters();
-  for (size_t i = 0; i < pa.size(); ++i) d = std::max(d, engine::max_abs(pa[i].second - pb[i].second));
+  for (size_t i = 0; i < pa.size(); ++i)
+    d = std::max(d, engine::max_abs(pa[i].second - pb[i].second));
   return d;
 }
 
@@ -67,8 +69,11 @@ TEST_CASE("GPT-2 loads bare and transformer.-prefixed names, skipping HF buffers
   save_weights(*a, bare);
   const std::vector<float> mask(16, 1.0f);
   rewrite(bare, prefixed, [](const std::string& n) { return "transformer." + n; },
-          {{"transformer.h.0.attn.bias", DType::kF32, {1, 1, 4, 4},
-            reinterpret_cast<const uint8_t*>(mask.data()), 64}});
+          {{"transformer.h.0.attn.bias",
+            DType::kF32,
+            {1, 1, 4, 4},
+            reinterpret_cast<const uint8_t*>(mask.data()),
+            64}});
   for (const std::string& path : {bare, prefixed}) {
     INFO(path);
     auto b = create_model("gpt2-tiny", {.seed = 2});
@@ -86,16 +91,19 @@ TEST_CASE("loading reports every mismatch at once and changes nothing") {
   save_weights(*a, good);
   const std::vector<float> junk(64, 0.5f);
   const std::vector<int64_t> ints(128, 1);
-  rewrite(good, bad,
-          [](const std::string& n) {
-            if (n == "ln_f.weight" || n == "h.1.ln_2.bias" || n == "wpe.weight") return std::string();
-            return n;
-          },
-          {{"ln_f.weight", DType::kF32, {64}, reinterpret_cast<const uint8_t*>(junk.data()), 256},
-           {"h.1.ln_2.bias", DType::kI64, {128}, reinterpret_cast<const uint8_t*>(ints.data()),
-            1024},
-           {"mystery.weight", DType::kF32, {8, 8}, reinterpret_cast<const uint8_t*>(junk.data()),
-            256}});
+  rewrite(
+      good, bad,
+      [](const std::string& n) {
+        if (n == "ln_f.weight" || n == "h.1.ln_2.bias" || n == "wpe.weight") return std::string();
+        return n;
+      },
+      {{"ln_f.weight", DType::kF32, {64}, reinterpret_cast<const uint8_t*>(junk.data()), 256},
+       {"h.1.ln_2.bias", DType::kI64, {128}, reinterpret_cast<const uint8_t*>(ints.data()), 1024},
+       {"mystery.weight",
+        DType::kF32,
+        {8, 8},
+        reinterpret_cast<const uint8_t*>(junk.data()),
+        256}});
   auto b = create_model("gpt2-tiny", {.seed = 2});
   auto before = b->named_parameters()[0].second.clone();
   try {

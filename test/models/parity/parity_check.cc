@@ -8,10 +8,10 @@
 // Error per tensor: max |ours - torch| / max |torch|, relative to the tensor's scale so that
 // near-zero entries do not dominate. A gradient that is zero in exact arithmetic (attention key
 // biases: softmax ignores a constant added to every score; the float64 reference is ~1e-17
-// there) is rounding noise on both sides; it is measured against the model's largest gradient. Prints one
-// line per tensor and a JSON summary; exits 1 when any error exceeds the tolerance (default
-// 1e-4 for f32; 1e-6 for f64, because engine::attention saves its log-sum-exp in f32 and the
-// LLaMA path rotates in f32 precision, so f64 gradients are good to ~1e-7, not 1e-15).
+// there) is rounding noise on both sides; it is measured against the model's largest gradient.
+// Prints one line per tensor and a JSON summary; exits 1 when any error exceeds the tolerance
+// (default 1e-4 for f32; 1e-6 for f64, because engine::attention saves its log-sum-exp in f32 and
+// the LLaMA path rotates in f32 precision, so f64 gradients are good to ~1e-7, not 1e-15).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -40,9 +40,8 @@ Tensor load(const io::SafetensorsFile& f, const std::string& name) {
 }
 
 double rel_error(const Tensor& ours, const Tensor& ref, double floor = 0) {
-  MAMMOTH_CHECK(ours.shape() == ref.shape())
-      << "[parity] shape " << engine::shape_str(ours.shape()) << " vs reference "
-      << engine::shape_str(ref.shape());
+  MAMMOTH_CHECK(ours.shape() == ref.shape()) << "[parity] shape " << engine::shape_str(ours.shape())
+                                             << " vs reference " << engine::shape_str(ref.shape());
   const std::vector<double> a = ours.to_vector(), b = ref.to_vector();
   double diff = 0, scale = 0;
   for (size_t i = 0; i < a.size(); ++i) {
