@@ -80,6 +80,12 @@ void record(const char* name, const std::vector<Tensor>& inputs,
   }
 }
 
+void set_grad_ready_hook(const Tensor& param, std::function<void()> hook) {
+  MAMMOTH_CHECK(param.defined() && param.is_leaf())
+      << "[autograd] gradient hooks attach to leaf tensors only";
+  param.impl()->grad_ready_hook = std::move(hook);
+}
+
 void run_backward(const Tensor& root, const Tensor& gradient) {
   MAMMOTH_CHECK(root.requires_grad())
       << "[backward] the tensor does not require grad and has no grad_fn";
@@ -100,16 +106,20 @@ void run_backward(const Tensor& root, const Tensor& gradient) {
   };
   if (!root.grad_fn()) {  // a leaf root
     accumulate_leaf(root.impl(), seed);
+    if (root.impl()->grad_ready_hook) root.impl()->grad_ready_hook();
     return;
   }
   // Count, for every node reachable from the root, how many edges point at it.
+  // Leaves count their incoming edges too, so their hooks fire after the last contribution.
   std::unordered_map<Node*, int> deps;
+  std::unordered_map<TensorImpl*, int> leaf_deps;
   std::vector<Node*> stack{root.grad_fn().get()};
   std::unordered_set<Node*> seen{root.grad_fn().get()};
   while (!stack.empty()) {
     Node* n = stack.back();
     stack.pop_back();
     for (const Edge& e : n->edges()) {
+      if (e.leaf) ++leaf_deps[e.leaf.get()];
       if (!e.node) continue;
       ++deps[e.node.get()];
       if (seen.insert(e.node.get()).second) stack.push_back(e.node.get());
@@ -132,7 +142,9 @@ void run_backward(const Tensor& root, const Tensor& gradient) {
     for (size_t i = 0; i < edges.size(); ++i) {
       const Edge& e = edges[i];
       if (e.leaf) {
-        if (grads_in[i].defined()) accumulate_leaf(e.leaf.get(), grads_in[i]);
+        TensorImpl* leaf = e.leaf.get();
+        if (grads_in[i].defined()) accumulate_leaf(leaf, grads_in[i]);
+        if (--leaf_deps[leaf] == 0 && leaf->grad_ready_hook) leaf->grad_ready_hook();
       } else if (e.node) {
         Node* next = e.node.get();
         auto& slot = pending[next];

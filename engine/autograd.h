@@ -69,6 +69,12 @@ bool needs_grad(const std::vector<Tensor>& inputs);
 void record(const char* name, const std::vector<Tensor>& inputs,
             const std::vector<Tensor*>& outputs, BackwardFn fn);
 
+// Calls `hook` during every backward that reaches the leaf `param`, right after its gradient
+// has received the last contribution of that backward (a parameter used twice, like tied
+// embeddings, fires once). Data parallelism starts reducing a gradient bucket from here while
+// backward goes on. An empty hook removes it.
+void set_grad_ready_hook(const Tensor& param, std::function<void()> hook);
+
 // Runs backward from `root` seeded with `gradient`.
 void run_backward(const Tensor& root, const Tensor& gradient);
 

@@ -157,6 +157,9 @@ struct TensorImpl {
   Tensor grad;
   std::shared_ptr<Node> grad_fn;
   int output_nr = 0;
+  // Leaves only: called once per backward, after the last contribution to .grad (see
+  // set_grad_ready_hook in engine/autograd.h).
+  std::function<void()> grad_ready_hook;
 };
 
 std::ostream& operator<<(std::ostream& os, const Tensor& t);

@@ -138,3 +138,14 @@ TEST_CASE("set_num_threads(0) means hardware concurrency", "[thread_pool]") {
   mammoth::set_num_threads(2);
   REQUIRE(mammoth::num_threads() == 2);
 }
+
+TEST_CASE("start-up and resize never lose a job (regression: a worker missed the first job)") {
+  // Each resize starts new workers; the first parallel_for after it must be picked up by them.
+  for (int iter = 0; iter < 300; ++iter) {
+    mammoth::set_num_threads(1 + iter % 3);
+    std::atomic<int64_t> total{0};
+    mammoth::parallel_for(0, 64, 1, [&](int64_t b, int64_t e) { total += e - b; });
+    REQUIRE(total.load() == 64);
+  }
+  mammoth::set_num_threads(0);
+}

@@ -63,3 +63,24 @@ TEST_CASE("gradients of broadcast inputs are summed to their shape") {
   CHECK(a.grad().to_vector() == std::vector<double>{2, 2, 2});
   CHECK(b.grad().to_vector() == std::vector<double>{6, 6});
 }
+
+TEST_CASE("gradient-ready hooks fire once, after the last contribution") {
+  Tensor w = Tensor::from_vector({1, 2}, {2}, DType::kF64).requires_grad_();
+  Tensor unused = Tensor::from_vector({5}, {1}, DType::kF64).requires_grad_();
+  std::vector<double> seen_at_hook;
+  int calls = 0, unused_calls = 0;
+  engine::set_grad_ready_hook(w, [&] {
+    ++calls;
+    seen_at_hook = w.grad().to_vector();
+  });
+  engine::set_grad_ready_hook(unused, [&] { ++unused_calls; });
+  // w is used three times; the hook must see the full gradient 1 + 2*w + 3 = (6, 8).
+  Tensor loss = engine::sum(w + w * w + w * 3.0);
+  loss.backward();
+  CHECK(calls == 1);
+  CHECK(seen_at_hook == std::vector<double>{6, 8});
+  CHECK(unused_calls == 0);
+  engine::set_grad_ready_hook(w, nullptr);
+  engine::sum(w).backward();
+  CHECK(calls == 1);
+}
