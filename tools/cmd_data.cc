@@ -1,0 +1,152 @@
+// `mammoth data`: text files in, llm.c token shards and a GPT-2 tokenizer out.
+//
+//   mammoth data --out DIR [--vocab-size 1024 | --vocab-json F --merges F] TEXT...
+//
+// Each TEXT is a file, a directory (its regular files, sorted) or a glob ("books/*.txt").
+// Without --vocab-json/--merges a byte-level BPE of --vocab-size is trained on the text and
+// saved beside the shards as vocab.json/merges.txt (GPT-2's two-file format); with them, the
+// given vocabulary (e.g. GPT-2's own) is used and copied there. With no TEXT at all the
+// embedded default corpus is tokenized. `mammoth train --data DIR/train_*.bin` reads the result.
+#include <glob.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "base/error.h"
+#include "base/thread_pool.h"
+#include "engine/data/build_shards.h"
+#include "tools/command.h"
+
+ABSL_FLAG(std::string, out, "", "output directory for shards, vocab.json and merges.txt");
+ABSL_FLAG(std::string, vocab_json, "", "an existing GPT-2 style vocab.json (with --merges)");
+ABSL_FLAG(std::string, merges, "", "an existing GPT-2 style merges.txt (with --vocab-json)");
+ABSL_FLAG(std::string, shard_size, "100M", "tokens per shard file (K/M/G suffixes accepted)");
+ABSL_FLAG(std::string, train_max_bytes, "256M",
+          "text bytes the tokenizer is trained on at most (K/M/G suffixes accepted)");
+// Shared with `mammoth train` (one flag namespace per binary): --vocab-size, --val-fraction and
+// --threads mean the same thing there.
+ABSL_DECLARE_FLAG(int, vocab_size);
+ABSL_DECLARE_FLAG(double, val_fraction);
+ABSL_DECLARE_FLAG(int, threads);
+ABSL_FLAG(bool, quiet, false, "no progress lines");
+
+namespace mammoth::tools {
+namespace {
+
+namespace fs = std::filesystem;
+
+// "100M" -> 100'000'000; the option name goes into the error.
+int64_t parse_size(const std::string& text, const char* option) {
+  MAMMOTH_CHECK(!text.empty()) << "[data] --" << option << " is empty";
+  int64_t mult = 1;
+  std::string digits = text;
+  switch (text.back()) {
+    case 'K':
+    case 'k':
+      mult = 1'000;
+      break;
+    case 'M':
+    case 'm':
+      mult = 1'000'000;
+      break;
+    case 'G':
+    case 'g':
+      mult = 1'000'000'000;
+      break;
+    default:
+      break;
+  }
+  if (mult != 1) digits.pop_back();
+  size_t used = 0;
+  int64_t v = 0;
+  try {
+    v = std::stoll(digits, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  MAMMOTH_CHECK(used == digits.size() && used > 0 && v > 0)
+      << "[data] --" << option << " must be a positive count like 1000, 64K or 100M, got '" << text
+      << "'";
+  return v * mult;
+}
+
+// A file is itself, a directory its regular files, anything else a glob; each sorted.
+std::vector<std::string> expand_inputs(const std::vector<std::string>& specs) {
+  std::vector<std::string> files;
+  for (const std::string& spec : specs) {
+    std::error_code ec;
+    if (fs::is_regular_file(spec, ec)) {
+      files.push_back(spec);
+      continue;
+    }
+    std::vector<std::string> found;
+    if (fs::is_directory(spec, ec)) {
+      for (const auto& e : fs::directory_iterator(spec)) {
+        if (e.is_regular_file()) found.push_back(e.path().string());
+      }
+    } else {
+      glob_t g{};
+      const int rc = ::glob(spec.c_str(), 0, nullptr, &g);
+      for (size_t i = 0; rc == 0 && i < g.gl_pathc; ++i) {
+        if (fs::is_regular_file(g.gl_pathv[i], ec)) found.emplace_back(g.gl_pathv[i]);
+      }
+      ::globfree(&g);
+    }
+    MAMMOTH_CHECK(!found.empty()) << "[data] input '" << spec
+                                  << "' is not a file and matches no file (directory or glob)";
+    std::sort(found.begin(), found.end());
+    files.insert(files.end(), found.begin(), found.end());
+  }
+  return files;
+}
+
+int run_data(const std::vector<std::string>& args) {
+  const std::string out = absl::GetFlag(FLAGS_out);
+  MAMMOTH_CHECK(!out.empty()) << "[data] --out DIR is required (where shards and vocab go)";
+  const std::string vocab_json = absl::GetFlag(FLAGS_vocab_json);
+  const std::string merges = absl::GetFlag(FLAGS_merges);
+  MAMMOTH_CHECK(vocab_json.empty() == merges.empty())
+      << "[data] give both --vocab-json and --merges, or neither to train a tokenizer (got "
+      << "--vocab-json '" << vocab_json << "', --merges '" << merges << "')";
+  for (const std::string* f : {&vocab_json, &merges}) {
+    MAMMOTH_CHECK(f->empty() || fs::is_regular_file(*f))
+        << "[data] tokenizer file '" << *f << "' does not exist";
+  }
+  set_num_threads(absl::GetFlag(FLAGS_threads));
+
+  data::BuildShardsOptions o;
+  o.text_files = expand_inputs(args);
+  o.out_dir = out;
+  o.vocab_size = absl::GetFlag(FLAGS_vocab_size);
+  o.vocab_json = vocab_json;
+  o.merges_txt = merges;
+  o.val_fraction = absl::GetFlag(FLAGS_val_fraction);
+  o.shard_tokens = parse_size(absl::GetFlag(FLAGS_shard_size), "shard-size");
+  o.train_max_bytes = parse_size(absl::GetFlag(FLAGS_train_max_bytes), "train-max-bytes");
+  o.verbose = !absl::GetFlag(FLAGS_quiet);
+  const bool same_vocab = !vocab_json.empty() && fs::exists(out + "/vocab.json") &&
+                          fs::equivalent(vocab_json, out + "/vocab.json");
+  MAMMOTH_CHECK(!same_vocab) << "[data] --vocab-json " << vocab_json
+                             << " is the output's own vocab.json; copy it elsewhere first";
+
+  const data::BuildShardsResult r = data::build_shards(o);
+  std::printf(
+      "%s: %lld documents -> %lld train tokens in %zu shard(s), %lld validation tokens "
+      "in %zu shard(s); vocabulary %d tokens (%s, %s)\n",
+      out.c_str(), static_cast<long long>(r.num_documents), static_cast<long long>(r.train_tokens),
+      r.train_shards.size(), static_cast<long long>(r.val_tokens), r.val_shards.size(),
+      r.vocab_size, r.vocab_json.c_str(), r.merges_txt.c_str());
+  return 0;
+}
+
+}  // namespace
+
+MAMMOTH_COMMAND(data, "tokenize text files into llm.c token shards (GPT-2 byte-level BPE)",
+                run_data);
+
+}  // namespace mammoth::tools
