@@ -32,7 +32,14 @@ ABSL_FLAG(double, weight_decay, 0.1, "AdamW weight decay (matrices only)");
 ABSL_FLAG(double, grad_clip, 1.0, "global gradient-norm clip (0: off)");
 ABSL_FLAG(double, dropout, 0.0, "dropout probability");
 ABSL_FLAG(int64_t, seed, 1337, "seed for initialisation, data order and dropout");
-ABSL_FLAG(std::string, amp, "fp32", "compute precision: fp32 (bf16 and fp16 are not built yet)");
+ABSL_FLAG(std::string, amp, "fp32",
+          "compute precision: fp32, bf16 (autocast matmuls, fp32 master weights) or fp16 "
+          "(autocast plus dynamic loss scaling)");
+ABSL_FLAG(double, loss_scale, 65536.0, "--amp fp16: initial loss scale");
+ABSL_FLAG(int64_t, loss_scale_window, 2000,
+          "--amp fp16: clean steps after which the loss scale doubles");
+ABSL_FLAG(std::string, tensorboard, "",
+          "write TensorBoard event files (scalars) to this directory");
 ABSL_FLAG(int, threads, 0, "CPU threads (0: all cores)");
 ABSL_FLAG(std::string, save_dir, "", "checkpoint directory (empty: no checkpoints)");
 ABSL_FLAG(int64_t, save_every, 0, "checkpoint every N steps (0: only at the end)");
@@ -41,9 +48,12 @@ ABSL_FLAG(bool, resume, false, "continue from the latest checkpoint in --save-di
 ABSL_FLAG(std::string, metrics, "", "append one JSON line per step to this file");
 ABSL_FLAG(int64_t, eval_every, 50, "evaluate on held-out data every N steps (0: never)");
 ABSL_FLAG(int64_t, eval_batches, 4, "micro-batches per evaluation");
-ABSL_FLAG(double, val_fraction, 0.05, "fraction of --data held out when --val-data is empty");
+ABSL_FLAG(double, val_fraction, 0.05,
+          "fraction of --data held out when --val-data is empty (train); of the token stream "
+          "written as validation shards (data)");
 ABSL_FLAG(int64_t, log_every, 10, "print a progress line every N steps");
-ABSL_FLAG(int, vocab_size, 1024, "BPE vocabulary trained for the embedded corpus");
+ABSL_FLAG(int, vocab_size, 1024,
+          "BPE vocabulary trained for the embedded corpus (train) or the inputs (data)");
 ABSL_FLAG(double, peak_gflops, 0, "machine peak GFLOP/s for MFU (0: not reported)");
 
 namespace mammoth::tools {
@@ -79,9 +89,6 @@ int run_train(const std::vector<std::string>& args) {
   const std::string amp = absl::GetFlag(FLAGS_amp);
   MAMMOTH_CHECK(amp == "fp32" || amp == "bf16" || amp == "fp16")
       << "[train] --amp must be fp32, bf16 or fp16, got '" << amp << "'";
-  MAMMOTH_CHECK(amp == "fp32") << "[train] --amp " << amp
-                               << " is not available yet: mixed precision is not built in this "
-                                  "version (use --amp fp32)";
   set_num_threads(absl::GetFlag(FLAGS_threads));
 
   data::TokenDataset train_data, val_data;
@@ -131,6 +138,14 @@ int run_train(const std::vector<std::string>& args) {
   o.resume = absl::GetFlag(FLAGS_resume);
   o.metrics_path = absl::GetFlag(FLAGS_metrics);
   o.log_every = absl::GetFlag(FLAGS_log_every);
+  o.amp = amp;
+  o.init_loss_scale = absl::GetFlag(FLAGS_loss_scale);
+  o.loss_scale_growth_interval = absl::GetFlag(FLAGS_loss_scale_window);
+  MAMMOTH_CHECK(o.init_loss_scale > 0)
+      << "[train] --loss-scale must be > 0, got " << o.init_loss_scale;
+  MAMMOTH_CHECK(o.loss_scale_growth_interval > 0)
+      << "[train] --loss-scale-window must be > 0, got " << o.loss_scale_growth_interval;
+  o.tensorboard_dir = absl::GetFlag(FLAGS_tensorboard);
   // Model FLOPs per trained token (PaLM's count): 6 per parameter plus attention's
   // 12 * layers * d_model * seq_len; recomputation is never counted.
   o.flops_per_token = 6.0 * static_cast<double>(model->num_parameters()) +
@@ -162,6 +177,9 @@ int run_train(const std::vector<std::string>& args) {
                  r.losses.front(), r.losses.back());
     if (r.last_val_loss == r.last_val_loss)
       std::fprintf(stderr, ", validation %.4f", r.last_val_loss);
+    if (amp == "fp16")
+      std::fprintf(stderr, ", %lld step(s) skipped, loss scale %g",
+                   static_cast<long long>(r.skipped_steps), r.loss_scale);
     std::fprintf(stderr, "%s\n", r.interrupted ? " (interrupted; checkpoint saved)" : "");
   }
   return r.interrupted ? 130 : 0;

@@ -6,13 +6,16 @@
 #include <csignal>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 
+#include "engine/amp/amp.h"
 #include "engine/autograd.h"
 #include "engine/data/sampler.h"
 #include "engine/nn/rng.h"
 #include "engine/ops.h"
 #include "engine/optim/optim.h"
 #include "engine/train/checkpoint.h"
+#include "engine/train/tensorboard.h"
 #include "memory/allocator.h"
 
 namespace mammoth::engine::train {
@@ -94,6 +97,7 @@ json::Value options_to_json(const TrainOptions& o) {
   v.set("eval_every", json::Value(o.eval_every));
   v.set("eval_batches", json::Value(o.eval_batches));
   v.set("val_fraction", json::Value(o.val_fraction));
+  v.set("amp", json::Value(o.amp));
   return v;
 }
 
@@ -104,6 +108,12 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
   MAMMOTH_CHECK(o.seq_len > 0) << "[train] --seq-len must be > 0, got " << o.seq_len;
   MAMMOTH_CHECK(o.grad_accum > 0) << "[train] --grad-accum must be > 0, got " << o.grad_accum;
   MAMMOTH_CHECK(!o.resume || !o.save_dir.empty()) << "[train] --resume needs --save-dir";
+  const amp::Precision precision = amp::parse_precision(o.amp);
+  const bool scaling = precision == amp::Precision::kF16;
+  amp::LossScalerOptions so;
+  so.init_scale = o.init_loss_scale;
+  so.growth_interval = o.loss_scale_growth_interval;
+  amp::DynamicLossScaler scaler(so);
   const bool own_val = val.size() > 0;
   data::WindowSampler sampler(data.size(), o.seq_len, o.seed, own_val ? 0.0 : o.val_fraction);
   MAMMOTH_CHECK(sampler.num_train_windows() > 0)
@@ -150,6 +160,9 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
       opt.set_step_count(state.at("optimizer_step").as_int());
       nn::rng_state() = {static_cast<uint64_t>(state.at("rng_seed").as_int()),
                          static_cast<uint64_t>(state.at("rng_offset").as_int())};
+      if (const json::Value* s = state.find("loss_scaler"); s != nullptr && scaling) {
+        scaler.load_state(*s);
+      }
       if (!o.quiet)
         std::fprintf(stderr, "[train] resumed from %s at step %lld\n", dir->c_str(),
                      static_cast<long long>(step));
@@ -159,6 +172,10 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
     }
   }
   result.first_step = step;
+
+  std::unique_ptr<TensorBoardWriter> tensorboard;
+  if (!o.tensorboard_dir.empty())
+    tensorboard = std::make_unique<TensorBoardWriter>(o.tensorboard_dir);
 
   std::ofstream metrics;
   if (!o.metrics_path.empty()) {
@@ -173,7 +190,8 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
     state.set("optimizer_step", json::Value(opt.step_count()));
     state.set("rng_seed", json::Value(static_cast<int64_t>(nn::rng_state().seed)));
     state.set("rng_offset", json::Value(static_cast<int64_t>(nn::rng_state().offset)));
-    state.set("loss_scale", json::Value(1.0));
+    state.set("loss_scale", json::Value(scaling ? scaler.scale() : 1.0));
+    if (scaling) state.set("loss_scaler", scaler.state());
     state.set("config", run_config);
     const nn::NamedTensors opt_state = opt.state();
     const std::string dir =
@@ -185,6 +203,7 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
     NoGradGuard ng;
     model.eval();
     double total = 0;
+    amp::AutocastGuard autocast(precision);
     for (int64_t k = 0; k < o.eval_batches; ++k) {
       auto [in, tg] = make_batch(val_data, val_sampler, val_windows(k));
       total += loss_fn(in, tg).item();
@@ -206,20 +225,41 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
     opt.set_lr(lr);
     const std::vector<int64_t> windows = sampler.batch_indices(step, global_batch);
     double step_loss = 0;
-    for (int64_t m = 0; m < o.grad_accum; ++m) {
-      const std::vector<int64_t> part(windows.begin() + m * o.micro_batch,
-                                      windows.begin() + (m + 1) * o.micro_batch);
-      auto [in, tg] = make_batch(data, sampler, part);
-      Tensor loss = loss_fn(in, tg);
-      step_loss += loss.item() / static_cast<double>(o.grad_accum);
-      (o.grad_accum > 1 ? mul_scalar(loss, 1.0 / static_cast<double>(o.grad_accum)) : loss)
-          .backward();
+    const double loss_scale = scaling ? scaler.scale() : 1.0;
+    {
+      // Forward and backward both multiply under autocast (PyTorch's backward matmuls run in
+      // the dtype autocast gave their inputs).
+      amp::AutocastGuard autocast(precision);
+      for (int64_t m = 0; m < o.grad_accum; ++m) {
+        const std::vector<int64_t> part(windows.begin() + m * o.micro_batch,
+                                        windows.begin() + (m + 1) * o.micro_batch);
+        auto [in, tg] = make_batch(data, sampler, part);
+        Tensor loss = loss_fn(in, tg);
+        step_loss += loss.item() / static_cast<double>(o.grad_accum);
+        const double factor = loss_scale / static_cast<double>(o.grad_accum);
+        (factor != 1.0 ? mul_scalar(loss, factor) : loss).backward();
+      }
     }
-    const double norm = optim::grad_norm(params);
-    MAMMOTH_CHECK(std::isfinite(step_loss) && std::isfinite(norm))
-        << "[train] step " << step << ": loss " << step_loss << ", grad norm " << norm
-        << " is not finite; lower --lr or check the data";
-    opt.step(optim::clip_factor(norm, o.grad_clip));
+    if (step == o.inject_inf_grad_step) {
+      for (const auto& [name, p] : params) {
+        if (p.grad().defined()) {
+          fill_(p.grad(), INFINITY);
+          break;
+        }
+      }
+    }
+    // Gradients hold loss_scale * dL/dw; the norm and the update see them unscaled.
+    const double norm = optim::grad_norm(params) / loss_scale;
+    bool applied = true;
+    if (scaling) {
+      applied = scaler.update(std::isfinite(step_loss) && std::isfinite(norm) &&
+                              amp::grads_finite(params));
+    } else {
+      MAMMOTH_CHECK(std::isfinite(step_loss) && std::isfinite(norm))
+          << "[train] step " << step << ": loss " << step_loss << ", grad norm " << norm
+          << " is not finite; lower --lr or check the data";
+    }
+    if (applied) opt.step(optim::clip_factor(norm, o.grad_clip) / loss_scale);
     opt.zero_grad();
     ++step;
     result.losses.push_back(step_loss);
@@ -243,14 +283,32 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
       m.set("loss", json::Value(step_loss));
       m.set("lr", json::Value(lr));
       m.set("grad_norm", json::Value(norm));
-      m.set("loss_scale", json::Value(1.0));
-      m.set("skipped_steps", json::Value(int64_t{0}));
+      m.set("loss_scale", json::Value(loss_scale));
+      m.set("skipped_steps", json::Value(scaler.skipped_steps()));
+      if (!applied) m.set("skipped", json::Value(true));
       m.set("tokens_per_s", json::Value(tok_s));
       if (o.flops_per_token > 0 && o.peak_flops > 0) m.set("mfu", json::Value(mfu));
       m.set("peak_mem_bytes", json::Value(peak));
       if (!std::isnan(val_loss)) m.set("val_loss", json::Value(val_loss));
       metrics << json::dump(m) << "\n";
       metrics.flush();
+    }
+    if (tensorboard) {
+      std::vector<std::pair<std::string, float>> scalars = {
+          {"train/loss", static_cast<float>(step_loss)},
+          {"train/lr", static_cast<float>(lr)},
+          {"train/grad_norm", static_cast<float>(norm)},
+          {"train/tokens_per_s", static_cast<float>(tok_s)},
+          {"train/peak_mem_bytes", static_cast<float>(peak)}};
+      if (scaling) {
+        scalars.emplace_back("train/loss_scale", static_cast<float>(loss_scale));
+        scalars.emplace_back("train/skipped_steps", static_cast<float>(scaler.skipped_steps()));
+      }
+      if (o.flops_per_token > 0 && o.peak_flops > 0)
+        scalars.emplace_back("train/mfu", static_cast<float>(mfu));
+      if (!std::isnan(val_loss)) scalars.emplace_back("val/loss", static_cast<float>(val_loss));
+      tensorboard->add_scalars(step, scalars);
+      tensorboard->flush();
     }
     if (!o.quiet && (step % std::max<int64_t>(o.log_every, 1) == 0 || step == o.steps ||
                      !std::isnan(val_loss))) {
@@ -259,6 +317,8 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
                    static_cast<long long>(step), static_cast<long long>(o.steps), step_loss, lr,
                    norm, tok_s, format_duration(eta).c_str());
       if (!std::isnan(val_loss)) std::fprintf(stderr, " | val %.4f", val_loss);
+      if (scaling) std::fprintf(stderr, " | scale %g", loss_scale);
+      if (!applied) std::fprintf(stderr, " | skipped (inf/NaN gradients)");
       std::fprintf(stderr, "\n");
     }
     if (o.save_every > 0 && step % o.save_every == 0 && step < o.steps) save(step);
@@ -272,6 +332,8 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
   }
   if (step > start_step || result.interrupted) save(step);
   result.last_step = step;
+  result.skipped_steps = scaler.skipped_steps();
+  result.loss_scale = scaling ? scaler.scale() : 1.0;
   return result;
 }
 

@@ -1,6 +1,7 @@
 // The single-process training loop: micro-batches with gradient accumulation, AdamW with
-// warmup + cosine/linear decay, global-norm clipping, periodic evaluation, progress lines,
-// JSON metrics per step, checkpoints with exact resume, and a checkpoint on SIGINT/SIGTERM.
+// warmup + cosine/linear decay, global-norm clipping, bf16/fp16 autocast with fp16 loss scaling,
+// periodic evaluation, progress lines, JSON metrics per step, TensorBoard scalars, checkpoints
+// with exact resume, and a checkpoint on SIGINT/SIGTERM.
 //
 // The loop knows nothing about model families: it trains any Module through a loss function
 // of (input ids [B, T], target ids [B, T]) over llm.c token data read by a WindowSampler.
@@ -40,9 +41,18 @@ struct TrainOptions {
   bool resume = false;  // continue from save_dir/latest
   std::string metrics_path;
   int64_t log_every = 1;
-  double flops_per_token = 0;  // model FLOPs per token (fwd+bwd) for MFU; 0: not reported
-  double peak_flops = 0;       // the machine's peak FLOP/s for MFU
-  bool quiet = false;          // no progress lines
+  double flops_per_token = 0;   // model FLOPs per token (fwd+bwd) for MFU; 0: not reported
+  double peak_flops = 0;        // the machine's peak FLOP/s for MFU
+  bool quiet = false;           // no progress lines
+  std::string tensorboard_dir;  // empty: no TensorBoard event file
+  // Mixed precision (engine/amp): "fp32", "bf16" (autocast matmuls) or "fp16" (autocast plus
+  // dynamic loss scaling that skips steps with inf/NaN gradients).
+  std::string amp = "fp32";
+  double init_loss_scale = 65536.0;
+  int64_t loss_scale_growth_interval = 2000;
+  // Test hook: the step (0-based) whose gradients are overwritten with +inf before the
+  // finiteness check, to prove that fp16 skips exactly that step. -1: never.
+  int64_t inject_inf_grad_step = -1;
 };
 
 using LossFn = std::function<Tensor(const Tensor& input, const Tensor& target)>;
@@ -53,6 +63,8 @@ struct TrainResult {
   int64_t first_step = 0;      // 0, or the resumed step
   int64_t last_step = 0;       // steps completed in total
   bool interrupted = false;    // stopped by SIGINT/SIGTERM
+  int64_t skipped_steps = 0;   // fp16 steps skipped for inf/NaN gradients (in total)
+  double loss_scale = 1.0;     // the final loss scale (1 without fp16)
 };
 
 // Trains `model` for options.steps steps (resuming when asked). `val` may be empty (size 0):
