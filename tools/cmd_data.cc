@@ -22,7 +22,8 @@
 #include "engine/data/build_shards.h"
 #include "tools/command.h"
 
-ABSL_FLAG(std::string, out, "", "output directory for shards, vocab.json and merges.txt");
+ABSL_FLAG(std::string, out, "",
+          "output: the directory for shards and vocab (data), the .svg file (plot)");
 ABSL_FLAG(std::string, vocab_json, "", "an existing GPT-2 style vocab.json (with --merges)");
 ABSL_FLAG(std::string, merges, "", "an existing GPT-2 style merges.txt (with --vocab-json)");
 ABSL_FLAG(std::string, shard_size, "100M", "tokens per shard file (K/M/G suffixes accepted)");

@@ -280,9 +280,11 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
     if (metrics.is_open()) {
       json::Value m = json::Value::object();
       m.set("step", json::Value(step));
-      m.set("loss", json::Value(step_loss));
+      // JSON has no inf/NaN: a skipped fp16 step's non-finite values are written as null.
+      auto number = [](double d) { return std::isfinite(d) ? json::Value(d) : json::Value(); };
+      m.set("loss", number(step_loss));
       m.set("lr", json::Value(lr));
-      m.set("grad_norm", json::Value(norm));
+      m.set("grad_norm", number(norm));
       m.set("loss_scale", json::Value(loss_scale));
       m.set("skipped_steps", json::Value(scaler.skipped_steps()));
       if (!applied) m.set("skipped", json::Value(true));

@@ -135,6 +135,7 @@ AmpRun train_tiny(const testing::TestDir& dir, const std::string& name, const st
   o.save_dir = dir.file(name);
   o.save_every = 1;
   o.keep_last = 100;
+  o.metrics_path = dir.file(name + ".jsonl");
   json::Value config = json::Value::object();
   config.set("model", "gpt2-tiny");
   const auto data = data::TokenDataset::open(data_path);
@@ -164,6 +165,19 @@ TEST_CASE("fp16 with an injected inf skips exactly that step and leaves the weig
     CHECK(ckpt(2, f) == ckpt(3, f));  // the skipped step changed nothing
     CHECK(ckpt(1, f) != ckpt(2, f));  // the steps around it did change the weights
     CHECK(ckpt(3, f) != ckpt(4, f));
+  }
+  // The metrics log the skip at that step: null grad norm, halved scale from the next step.
+  std::ifstream metrics(dir.file("inf.jsonl"));
+  std::string line;
+  std::vector<json::Value> lines;
+  while (std::getline(metrics, line)) lines.push_back(json::parse(line));
+  REQUIRE(lines.size() == 6);
+  for (int i = 0; i < 6; ++i) {
+    INFO("metrics line " << i);
+    CHECK(lines[i].at("skipped_steps").as_int() == (i >= 2 ? 1 : 0));
+    CHECK(lines[i].contains("skipped") == (i == 2));
+    CHECK(lines[i].at("grad_norm").is_null() == (i == 2));
+    CHECK(lines[i].at("loss_scale").as_double() == (i <= 2 ? 65536.0 : 32768.0));
   }
   // The clean run without the injection skips nothing and ends with other weights.
   const AmpRun clean = train_tiny(dir, "clean", "fp16", -1);
