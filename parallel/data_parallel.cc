@@ -1,0 +1,237 @@
+#include "parallel/data_parallel.h"
+
+#include <cmath>
+
+#include "engine/autograd.h"
+#include "engine/ops.h"
+
+namespace mammoth::parallel {
+
+using engine::Tensor;
+
+DataParallel::DataParallel(const engine::nn::NamedTensors& params, Communicator& dp,
+                           const DataParallelOptions& options)
+    : params_(params), dp_(dp), options_(options) {
+  MAMMOTH_CHECK(options.zero_stage >= 0 && options.zero_stage <= 2)
+      << "[data_parallel] --zero " << options.zero_stage
+      << " is not supported here (stages 0, 1 and 2 are; stage 3 is not built yet)";
+  MAMMOTH_CHECK(options.bucket_mb > 0)
+      << "[data_parallel] --bucket-mb must be > 0, got " << options.bucket_mb;
+  const int n = dp.size();
+  const int64_t bucket_bytes = static_cast<int64_t>(options.bucket_mb * 1024 * 1024);
+  bucket_of_.assign(params_.size(), -1);
+  // Reverse registration order: the last layers' gradients are ready first.
+  Bucket current;
+  int64_t current_elems = 0;
+  DType dtype = params_.empty() ? DType::kF32 : params_[0].second.dtype();
+  auto close = [&] {
+    if (current.params.empty()) return;
+    current.padded = (current_elems + n - 1) / n * n;
+    buckets_.push_back(std::move(current));
+    current = Bucket();
+    current_elems = 0;
+  };
+  for (int i = static_cast<int>(params_.size()) - 1; i >= 0; --i) {
+    const Tensor& p = params_[i].second;
+    MAMMOTH_CHECK(p.dtype() == dtype && p.is_contiguous() && p.device().is_cpu())
+        << "[data_parallel] parameter '" << params_[i].first
+        << "' must be a contiguous CPU tensor of the same dtype as the others";
+    current.params.push_back(i);
+    current.offsets.push_back(current_elems);
+    current_elems += p.numel();
+    if (current_elems * static_cast<int64_t>(dtype_size(dtype)) >= bucket_bytes) close();
+  }
+  close();
+  // Move each bucket's parameters into its flat buffer; the model's tensors become views.
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    Bucket& bk = buckets_[b];
+    bk.flat_params = Tensor::zeros({bk.padded}, dtype);
+    if (options.zero_stage == 2) {
+      bk.shard_grads = Tensor::zeros({bk.padded / n}, dtype);
+    } else {
+      bk.flat_grads = Tensor::zeros({bk.padded}, dtype);
+    }
+    for (size_t k = 0; k < bk.params.size(); ++k) {
+      const int i = bk.params[k];
+      bucket_of_[i] = static_cast<int>(b);
+      const Tensor& p = params_[i].second;
+      engine::copy_(bk.flat_params.slice(0, bk.offsets[k], bk.offsets[k] + p.numel()),
+                    p.reshape({-1}));
+      engine::TensorImpl* impl = p.impl();
+      impl->storage = bk.flat_params.storage();
+      impl->offset = bk.offsets[k];
+      impl->strides = engine::contiguous_strides(impl->shape);
+      engine::set_grad_ready_hook(p, [this, b] { on_grad_ready(static_cast<int>(b)); });
+    }
+  }
+  // What this rank's optimizer updates.
+  if (options.zero_stage == 0) {
+    opt_params_ = params_;
+    for (const auto& [name, t] : params_) opt_decay_.push_back(t.dim() >= 2);
+    return;
+  }
+  const int r = dp.rank();
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const Bucket& bk = buckets_[b];
+    const int64_t shard = bk.padded / n, lo = r * shard, hi = lo + shard;
+    for (size_t k = 0; k < bk.params.size(); ++k) {
+      const auto& [name, p] = params_[bk.params[k]];
+      const int64_t a = std::max(lo, bk.offsets[k]), e = std::min(hi, bk.offsets[k] + p.numel());
+      if (a >= e) continue;
+      Tensor seg = bk.flat_params.slice(0, a, e);
+      opt_params_.emplace_back(name + "[" + std::to_string(a - bk.offsets[k]) + ":" +
+                                   std::to_string(e - bk.offsets[k]) + "]",
+                               seg);
+      opt_decay_.push_back(p.dim() >= 2);
+      opt_where_.emplace_back(static_cast<int>(b), a);
+    }
+  }
+}
+
+DataParallel::~DataParallel() {
+  for (Bucket& b : buckets_) {
+    if (b.work) b.work->wait();
+  }
+  for (const auto& [name, p] : params_) engine::set_grad_ready_hook(p, nullptr);
+}
+
+bool DataParallel::decays(const std::string& name) const {
+  for (size_t i = 0; i < opt_params_.size(); ++i) {
+    if (opt_params_[i].first == name) return opt_decay_[i];
+  }
+  MAMMOTH_THROW() << "[data_parallel] unknown optimizer parameter '" << name << "'";
+}
+
+void DataParallel::broadcast_parameters() {
+  for (Bucket& b : buckets_) dp_.broadcast(b.flat_params, 0);
+}
+
+void DataParallel::begin_backward(bool sync) {
+  sync_ = sync;
+  if (!sync) return;
+  next_launch_ = 0;
+  for (Bucket& b : buckets_) {
+    b.ready = 0;
+    b.launched = false;
+    b.work.reset();
+  }
+}
+
+Tensor DataParallel::shard_of(const Tensor& flat) const {
+  const int64_t shard = flat.numel() / dp_.size();
+  return flat.slice(0, dp_.rank() * shard, (dp_.rank() + 1) * shard);
+}
+
+void DataParallel::launch(Bucket& b) {
+  const bool stage2 = options_.zero_stage == 2;
+  if (stage2) b.flat_grads = Tensor::empty({b.padded}, b.shard_grads.dtype());
+  const int64_t used = b.offsets.back() + params_[b.params.back()].second.numel();
+  engine::fill_(b.flat_grads.slice(0, used, b.padded), 0.0);  // the padding
+  // Gradients into the flat buffer; a parameter without a gradient contributes zeros.
+  for (size_t k = 0; k < b.params.size(); ++k) {
+    const Tensor& p = params_[b.params[k]].second;
+    Tensor dst = b.flat_grads.slice(0, b.offsets[k], b.offsets[k] + p.numel());
+    const Tensor g = p.grad();
+    if (g.defined()) {
+      engine::copy_(dst, g.reshape({-1}));
+    } else {
+      engine::fill_(dst, 0.0);
+    }
+    if (stage2) p.zero_grad();  // only the shard is kept
+  }
+  b.work = stage2 ? dp_.ireduce_scatter(b.flat_grads, b.shard_grads, ReduceOp::kAvg)
+                  : dp_.iall_reduce(b.flat_grads, b.flat_grads, ReduceOp::kAvg);
+  b.launched = true;
+}
+
+// Buckets are launched strictly in index order so every rank posts the same collectives in
+// the same order, whatever order its gradients became ready in.
+void DataParallel::launch_ready() {
+  while (next_launch_ < static_cast<int>(buckets_.size())) {
+    Bucket& b = buckets_[next_launch_];
+    if (b.ready < static_cast<int>(b.params.size())) break;
+    launch(b);
+    ++next_launch_;
+  }
+  // Give MPI a chance to progress the reductions in flight.
+  for (Bucket& b : buckets_) {
+    if (b.work) b.work->test();
+  }
+}
+
+void DataParallel::on_grad_ready(int bucket) {
+  if (!sync_) return;
+  ++buckets_[bucket].ready;
+  launch_ready();
+}
+
+void DataParallel::finish_backward() {
+  MAMMOTH_CHECK(sync_) << "[data_parallel] finish_backward() without begin_backward(true)";
+  // Parameters that got no gradient never fire their hook: launch what remains, in order.
+  for (; next_launch_ < static_cast<int>(buckets_.size()); ++next_launch_) {
+    launch(buckets_[next_launch_]);
+  }
+  for (Bucket& b : buckets_) {
+    b.work->wait();
+    if (options_.zero_stage == 2) b.flat_grads = Tensor();  // free the full-size buffer
+  }
+  if (options_.zero_stage == 0) {
+    for (Bucket& b : buckets_) {
+      for (size_t k = 0; k < b.params.size(); ++k) {
+        const Tensor& p = params_[b.params[k]].second;
+        p.set_grad(b.flat_grads.slice(0, b.offsets[k], b.offsets[k] + p.numel()).view(p.shape()));
+      }
+    }
+  } else {
+    // The optimizer steps on the shard views below; the local sums are spent.
+    for (const auto& [name, p] : params_) p.zero_grad();
+  }
+  if (options_.zero_stage >= 1) {
+    for (size_t i = 0; i < opt_params_.size(); ++i) {
+      const auto& [b, a] = opt_where_[i];
+      const Tensor& seg = opt_params_[i].second;
+      const Bucket& bk = buckets_[b];
+      if (options_.zero_stage == 2) {
+        const int64_t lo = dp_.rank() * (bk.padded / dp_.size());
+        seg.set_grad(bk.shard_grads.slice(0, a - lo, a - lo + seg.numel()));
+      } else {
+        seg.set_grad(bk.flat_grads.slice(0, a, a + seg.numel()));
+      }
+    }
+  }
+  sync_ = false;
+}
+
+double DataParallel::grad_norm() {
+  double local = 0;
+  for (const auto& [name, t] : opt_params_) {
+    const Tensor g = t.grad();
+    if (g.defined()) local += engine::sum(engine::mul(g, g)).item();
+  }
+  if (options_.zero_stage == 0) return std::sqrt(local);
+  Tensor s = Tensor::from_vector({local}, {1}, DType::kF64);
+  dp_.all_reduce(s, ReduceOp::kSum);
+  return std::sqrt(s.item());
+}
+
+void DataParallel::after_step() {
+  if (options_.zero_stage == 0) return;
+  for (Bucket& b : buckets_) dp_.all_gather(shard_of(b.flat_params), b.flat_params);
+}
+
+DataParallel::MemoryReport DataParallel::memory(int states) const {
+  MemoryReport m;
+  const int64_t elem =
+      params_.empty() ? 4 : static_cast<int64_t>(dtype_size(params_[0].second.dtype()));
+  int64_t full = 0, shard = 0;
+  for (const Bucket& b : buckets_) {
+    full += b.padded;
+    shard += b.padded / dp_.size();
+  }
+  m.params = full * elem;
+  m.grads = (options_.zero_stage == 2 ? shard : full) * elem;
+  m.optimizer = (options_.zero_stage >= 1 ? shard : full) * elem * states;
+  return m;
+}
+
+}  // namespace mammoth::parallel

@@ -1,0 +1,98 @@
+// Data parallelism with ZeRO stages 0-2 over the dp group, on gradient buckets.
+//
+// Parameters are grouped into buckets of about `bucket_mb` in reverse registration order (the
+// order backward produces their gradients) and each bucket's parameters are moved into one
+// flat buffer, so the model's tensors become views of it. During the backward of the last
+// micro-batch of a step, a bucket is reduced as soon as all its gradients are final
+// (gradient-ready hooks): its gradients are copied into a flat gradient buffer and an
+// asynchronous all-reduce (stage 0, 1) or reduce-scatter (stage 2) is started while backward
+// continues. Earlier micro-batches accumulate locally with no communication.
+//
+//   stage 0: every rank keeps full gradients and optimizer states (plain DP).
+//   stage 1: gradients are all-reduced; each rank updates only its shard of every bucket, so
+//            optimizer states are 1/N; the updated shards are all-gathered after the step.
+//   stage 2: as stage 1, but gradients are reduce-scattered: each rank holds only its shard.
+//
+// Rank r's shard of a bucket of P (padded to a multiple of N) elements is [r P/N, (r+1) P/N).
+// The optimizer is built over optimizer_params(): the full parameters (stage 0) or views of the
+// shard slices of them (stages 1, 2), named "<param>[a:b]".
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/nn/module.h"
+#include "parallel/comm/communicator.h"
+
+namespace mammoth::parallel {
+
+struct DataParallelOptions {
+  int zero_stage = 0;
+  double bucket_mb = 25.0;
+};
+
+class DataParallel {
+ public:
+  DataParallel(const engine::nn::NamedTensors& params, Communicator& dp,
+               const DataParallelOptions& options);
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  // Makes every replica start from rank 0's parameters.
+  void broadcast_parameters();
+
+  // Before each micro-batch's backward; sync = true for the last micro-batch of a step.
+  void begin_backward(bool sync);
+  // After the synchronised backward: waits for every bucket. Then the gradients of
+  // optimizer_params() hold the dp average; under stages 1 and 2 the parameters' own
+  // gradients (this rank's local sums) are dropped.
+  void finish_backward();
+  // The tensors this rank's optimizer updates, and which of them take weight decay
+  // (decided on the original parameter's shape: matrices only).
+  const engine::nn::NamedTensors& optimizer_params() const { return opt_params_; }
+  bool decays(const std::string& optimizer_param_name) const;
+  // L2 norm of the averaged gradient over all parameters (collective).
+  double grad_norm();
+  // After the optimizer step: all-gathers the updated shards (stages 1, 2).
+  void after_step();
+
+  // Bytes this rank holds for parameters, gradients and (AdamW: 2 states) optimizer states.
+  struct MemoryReport {
+    int64_t params = 0, grads = 0, optimizer = 0;
+  };
+  MemoryReport memory(int optimizer_states_per_param = 2) const;
+  int num_buckets() const { return static_cast<int>(buckets_.size()); }
+
+ private:
+  struct Bucket {
+    std::vector<int> params;       // indices into params_
+    std::vector<int64_t> offsets;  // element offset of each param in the bucket
+    int64_t padded = 0;            // elements, a multiple of the dp size
+    engine::Tensor flat_params;    // [padded]; the parameters are views of it
+    engine::Tensor flat_grads;     // [padded]; under stage 2 only while its reduction runs
+    engine::Tensor shard_grads;    // stage 2: [padded / N], this rank's averaged shard
+    int ready = 0;
+    bool launched = false;
+    std::unique_ptr<Work> work;
+  };
+  void on_grad_ready(int bucket);
+  void launch_ready();
+  void launch(Bucket& b);
+  engine::Tensor shard_of(const engine::Tensor& flat) const;
+
+  engine::nn::NamedTensors params_;
+  Communicator& dp_;
+  DataParallelOptions options_;
+  std::vector<Bucket> buckets_;
+  std::vector<int> bucket_of_;  // per param
+  int next_launch_ = 0;
+  bool sync_ = false;
+  engine::nn::NamedTensors opt_params_;
+  std::vector<bool> opt_decay_;
+  // Per optimizer param under stages 1/2: (bucket, start within the bucket).
+  std::vector<std::pair<int, int64_t>> opt_where_;
+};
+
+}  // namespace mammoth::parallel

@@ -1,0 +1,168 @@
+// Data parallelism and ZeRO 1/2 against a single-process run: every rank also trains the
+// reference (the whole global batch, no communication) and the two must agree step by step
+// in loss and, at the end, in every parameter. Run under mpirun with 2 and 4 ranks.
+#include "parallel/data_parallel.h"
+
+#include <catch2/catch.hpp>
+#include <cmath>
+
+#include "engine/ops.h"
+#include "engine/optim/optim.h"
+#include "models/registry.h"
+#include "parallel/comm/mpi_communicator.h"
+
+using namespace mammoth;
+using engine::Tensor;
+
+namespace {
+
+constexpr int64_t kSeq = 8, kVocab = 40, kGlobalBatch = 8, kSteps = 10;
+
+std::shared_ptr<models::LanguageModel> make_model() {
+  models::ModelOptions mo;
+  mo.vocab_size = kVocab;
+  mo.max_seq = kSeq;
+  mo.seed = 5;
+  return models::create_language_model("gpt2-tiny", mo);
+}
+
+// Sequence i of step s: a deterministic pattern the model can learn.
+Tensor batch(int64_t step, int64_t first, int64_t count) {
+  std::vector<int64_t> ids;
+  for (int64_t b = first; b < first + count; ++b) {
+    for (int64_t t = 0; t < kSeq; ++t) ids.push_back((step * 3 + b * 7 + t * (b % 3 + 1)) % kVocab);
+  }
+  return Tensor::from_ints(ids, {count, kSeq});
+}
+
+engine::optim::AdamWOptions adamw() {
+  engine::optim::AdamWOptions o;
+  o.lr = 1e-2;
+  o.weight_decay = 0.1;
+  // Adam divides by sqrt(v) + eps: with the default 1e-8, a gradient that is zero up to
+  // rounding (1e-9) still moves its parameter by ~lr, so float-level differences in the
+  // reduction order would be amplified to lr-sized parameter differences. A larger eps keeps
+  // the comparison about the algorithm rather than about rounding noise.
+  o.eps = 1e-5;
+  return o;
+}
+
+struct Run {
+  std::vector<double> losses;
+  std::vector<std::vector<double>> params;
+};
+
+// Single process: the whole global batch, `accum` micro-batches.
+Run reference(int accum) {
+  auto model = make_model();
+  engine::optim::AdamW opt(model->named_parameters(), adamw());
+  Run r;
+  const int64_t micro = kGlobalBatch / accum;
+  for (int64_t s = 0; s < kSteps; ++s) {
+    double loss = 0;
+    for (int m = 0; m < accum; ++m) {
+      Tensor ids = batch(s, m * micro, micro);
+      Tensor l = engine::mul_scalar(model->loss(ids), 1.0 / accum);
+      loss += l.item();
+      l.backward();
+    }
+    const double clip = engine::optim::clip_factor(engine::optim::grad_norm(opt.params()), 1.0);
+    opt.step(clip);
+    opt.zero_grad();
+    r.losses.push_back(loss);
+  }
+  for (auto& [n, p] : model->named_parameters()) r.params.push_back(p.to_vector());
+  return r;
+}
+
+// Data parallel: rank r takes its contiguous share of each global batch, in `accum` micro-batches.
+Run data_parallel(parallel::Communicator& world, int stage, int accum, double bucket_mb) {
+  auto model = make_model();
+  parallel::DataParallel dp(model->named_parameters(), world,
+                            {.zero_stage = stage, .bucket_mb = bucket_mb});
+  dp.broadcast_parameters();
+  engine::optim::AdamW opt(dp.optimizer_params(), adamw(),
+                           [&](const std::string& name, const Tensor&) { return dp.decays(name); });
+  Run r;
+  const int64_t share = kGlobalBatch / world.size(), micro = share / accum;
+  for (int64_t s = 0; s < kSteps; ++s) {
+    double loss = 0;
+    for (int m = 0; m < accum; ++m) {
+      dp.begin_backward(m == accum - 1);
+      Tensor ids = batch(s, world.rank() * share + m * micro, micro);
+      Tensor l = engine::mul_scalar(model->loss(ids), 1.0 / accum);
+      loss += l.item();
+      l.backward();
+    }
+    dp.finish_backward();
+    opt.step(engine::optim::clip_factor(dp.grad_norm(), 1.0));
+    opt.zero_grad();
+    dp.after_step();
+    Tensor lt = Tensor::from_vector({loss}, {1}, DType::kF64);
+    world.all_reduce(lt, parallel::ReduceOp::kAvg);
+    r.losses.push_back(lt.item());
+  }
+  for (auto& [n, p] : model->named_parameters()) r.params.push_back(p.to_vector());
+  return r;
+}
+
+void check_same(const Run& dp, const Run& ref, double tol) {
+  REQUIRE(dp.losses.size() == ref.losses.size());
+  for (size_t s = 0; s < ref.losses.size(); ++s) {
+    INFO("step " << s);
+    CHECK(dp.losses[s] == Approx(ref.losses[s]).epsilon(tol));
+  }
+  REQUIRE(dp.params.size() == ref.params.size());
+  double worst = 0;
+  for (size_t i = 0; i < ref.params.size(); ++i) {
+    for (size_t k = 0; k < ref.params[i].size(); ++k) {
+      worst = std::max(worst, std::fabs(dp.params[i][k] - ref.params[i][k]));
+    }
+  }
+  INFO("largest parameter difference " << worst);
+  CHECK(worst < tol);
+}
+
+}  // namespace
+
+TEST_CASE("DP and ZeRO 1/2 match the single-process run") {
+  auto world = parallel::mpi_world();
+  const int n = world->size();
+  REQUIRE(kGlobalBatch % (2 * n) == 0);
+  const Run ref1 = reference(1);
+  const Run ref2 = reference(2);
+  // Reductions sum in a different order than one process does: agreement to float rounding.
+  const double tol = 2e-5;
+  for (int stage : {0, 1, 2}) {
+    for (int accum : {1, 2}) {
+      // A small bucket size forces many buckets (and shards that cut through parameters).
+      for (double bucket_mb : {0.05, 25.0}) {
+        DYNAMIC_SECTION("zero " << stage << " accum " << accum << " bucket " << bucket_mb) {
+          check_same(data_parallel(*world, stage, accum, bucket_mb), accum == 1 ? ref1 : ref2, tol);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("ZeRO shards optimizer states and gradients") {
+  auto world = parallel::mpi_world();
+  const int n = world->size();
+  auto model = make_model();
+  const int64_t full = model->num_parameters() * 4;
+  for (int stage : {0, 1, 2}) {
+    auto m = make_model();
+    parallel::DataParallel dp(m->named_parameters(), *world,
+                              {.zero_stage = stage, .bucket_mb = 0.05});
+    const auto mem = dp.memory();
+    INFO("stage " << stage);
+    CHECK(mem.params >= full);
+    CHECK(mem.params <= full + dp.num_buckets() * n * 4);  // padding only
+    if (stage == 0) CHECK(mem.optimizer == 2 * mem.params);
+    if (stage >= 1) CHECK(mem.optimizer * n == 2 * mem.params);
+    if (stage == 2) CHECK(mem.grads * n == mem.params);
+    int64_t opt_elems = 0;
+    for (auto& [name, t] : dp.optimizer_params()) opt_elems += t.numel();
+    if (stage >= 1) CHECK(opt_elems <= mem.params / 4 / n);
+  }
+}
