@@ -45,9 +45,9 @@ const char* reduce_op_name(ReduceOp op);  // "sum", "avg", "max"
 struct CommOptions {
   // Seconds an operation may take before the job is aborted (`--comm-timeout`). <= 0: no limit.
   double timeout_s = 600.0;
-  // While waiting, poll this many times back to back before yielding the core between polls.
-  // Spinning keeps latency low for small messages; yielding lets the other ranks of an
-  // oversubscribed machine (and MPI's progress) have the core.
+  // While waiting, yield the core once every this many polls. MPI makes progress (copies the
+  // next fragment) inside each poll, so polls must come fast for bandwidth; the periodic yield
+  // lets the other ranks of an oversubscribed machine have the core.
   int spin_polls = 200;
 };
 

@@ -2,10 +2,11 @@
 // every backend shares: return-code checks and the deadline that turns a hang into an abort.
 //
 // Every operation is posted as a non-blocking MPI call (MPI_Iallreduce, MPI_Ireduce_scatter_block,
-// ...) and completed by polling MPI_Test: back to back for CommOptions::spin_polls polls, then
-// yielding the core between polls, until the deadline (CommOptions::timeout_s). Open MPI makes
-// progress inside MPI_Test, so polling is what moves the bytes; the yield keeps an
-// oversubscribed machine (2 ranks on 2 cores plus other work) from starving the peer rank.
+// ...) and completed by polling MPI_Test until it succeeds or the deadline
+// (CommOptions::timeout_s) passes, yielding the core once every CommOptions::spin_polls polls.
+// Open MPI makes progress inside MPI_Test, so fast polling is what moves the bytes; the
+// occasional yield keeps an oversubscribed machine (4 ranks on 2 cores, or other work) from
+// starving the peer rank.
 // bench comm (tools/bench/comm_bench.cc) measures the wrapper against the raw blocking calls.
 #pragma once
 
@@ -68,9 +69,9 @@ void mpi_check(int rc, const char* what);
 // kCommTimeoutExitCode. Used by all backends when a deadline passes.
 [[noreturn]] void abort_job_on_timeout(const std::string& message);
 
-// Polls `done` until it returns true: `options.spin_polls` back-to-back polls, then a yield
-// between polls. When options.timeout_s > 0 and it elapses first, calls
-// abort_job_on_timeout(describe()). `describe` is called only then, so it may build a string.
+// Polls `done` until it returns true, yielding the core once every `options.spin_polls` polls. When
+// options.timeout_s > 0 and it elapses first, calls abort_job_on_timeout(describe()). `describe` is
+// called only then, so it may build a string.
 template <typename Done, typename Describe>
 void poll_with_deadline(Done&& done, const CommOptions& options, Describe&& describe) {
   if (done()) return;
@@ -79,9 +80,10 @@ void poll_with_deadline(Done&& done, const CommOptions& options, Describe&& desc
   const bool bounded = options.timeout_s > 0;
   const auto limit = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(bounded ? options.timeout_s : 0.0));
+  const long spin = options.spin_polls > 0 ? options.spin_polls : 1;
   for (long polls = 1;; ++polls) {
     if (done()) return;
-    if (polls >= options.spin_polls) std::this_thread::yield();
+    if (polls % spin == 0) std::this_thread::yield();
     // The clock costs ~20 ns; reading it every 16 polls keeps it out of the spin.
     if (bounded && (polls & 15) == 0 && Clock::now() - start > limit) {
       abort_job_on_timeout(describe());
@@ -122,6 +124,7 @@ class MpiCommunicator final : public Communicator {
 
  private:
   MPI_Comm comm_;
+  MPI_Comm ring_ = MPI_COMM_NULL;  // a duplicate for collectives built from point-to-point
   std::string name_;
   CommOptions options_;
   int rank_ = 0;
