@@ -1,12 +1,14 @@
 #include "engine/train/checkpoint.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -107,6 +109,17 @@ std::string save_checkpoint(const std::string& save_dir, int64_t step, const Che
   } catch (...) {
     fs::remove_all(tmp_dir, ec);
     throw;
+  }
+  // A run killed mid-write leaves its ".step_N.tmp.PID" behind; remove those whose process is
+  // gone (a live PID may be another writer sharing the directory).
+  for (const auto& entry : fs::directory_iterator(save_dir, ec)) {
+    const std::string n = entry.path().filename().string();
+    const size_t at = n.rfind(".tmp.");
+    if (n.rfind(".step_", 0) != 0 || at == std::string::npos) continue;
+    const long pid = std::strtol(n.c_str() + at + 5, nullptr, 10);
+    if (pid > 0 && pid != ::getpid() && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
+      fs::remove_all(entry.path(), ec);
+    }
   }
   // Prune the oldest complete checkpoints beyond keep_last (never the one just written).
   if (keep_last > 0) {
