@@ -15,6 +15,9 @@ bool is_listed_op(const char* name) {
   for (const char* op : kEngineOps) {
     if (std::strcmp(op, name) == 0) return true;
   }
+  for (const char* op : kDistributedOps) {
+    if (std::strcmp(op, name) == 0) return true;
+  }
   return false;
 }
 

@@ -13,7 +13,19 @@
               X(attention) X(rope) X(concat) X(split) X(index_select) X(gather) X(where)           \
                   X(masked_fill) X(cast) X(view) X(permute) X(slice) X(expand) X(contiguous)
 
+// Differentiable communication (parallel/tensor_parallel, parallel/sequence_parallel): one name
+// for every conjugate pair (identity / all-reduce, scatter / gather, all-to-all). They cannot be
+// checked in one process; their forward and backward are checked against single-process math
+// by the mpirun tests in test/parallel.
+#define MAMMOTH_DISTRIBUTED_OPS(X) X(collective)
+
 namespace mammoth::engine {
+
+inline constexpr const char* kDistributedOps[] = {
+#define MAMMOTH_ENGINE_OP_NAME(name) #name,
+    MAMMOTH_DISTRIBUTED_OPS(MAMMOTH_ENGINE_OP_NAME)
+#undef MAMMOTH_ENGINE_OP_NAME
+};
 
 inline constexpr const char* kEngineOps[] = {
 #define MAMMOTH_ENGINE_OP_NAME(name) #name,
