@@ -58,6 +58,16 @@ class DataParallel {
   // After the optimizer step: all-gathers the updated shards (stages 1, 2).
   void after_step();
 
+  // Optimizer state in the single-process layout: for every parameter P and state suffix S
+  // ("exp_avg", ...), "P.S" with P's shape. `state` is this rank's optimizer state as named by
+  // Optimizer::state() over optimizer_params() ("<opt param>.S"). Collective: every rank gets
+  // the full state. Checkpoints store this form, so they load into any dp size or stage.
+  engine::nn::NamedTensors gather_state(const engine::nn::NamedTensors& state,
+                                        const std::vector<std::string>& suffixes);
+  // The inverse: copies this rank's part of a full single-process state into `state`.
+  void scatter_state(const engine::nn::NamedTensors& full, const engine::nn::NamedTensors& state,
+                     const std::vector<std::string>& suffixes) const;
+
   // Bytes this rank holds for parameters, gradients and (AdamW: 2 states) optimizer states.
   struct MemoryReport {
     int64_t params = 0, grads = 0, optimizer = 0;

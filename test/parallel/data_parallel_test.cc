@@ -50,6 +50,7 @@ engine::optim::AdamWOptions adamw() {
 struct Run {
   std::vector<double> losses;
   std::vector<std::vector<double>> params;
+  std::vector<std::vector<double>> state;  // optimizer state in the single-process layout
 };
 
 // Single process: the whole global batch, `accum` micro-batches.
@@ -72,6 +73,7 @@ Run reference(int accum) {
     r.losses.push_back(loss);
   }
   for (auto& [n, p] : model->named_parameters()) r.params.push_back(p.to_vector());
+  for (auto& [n, t] : opt.state()) r.state.push_back(t.to_vector());
   return r;
 }
 
@@ -103,6 +105,22 @@ Run data_parallel(parallel::Communicator& world, int stage, int accum, double bu
     r.losses.push_back(lt.item());
   }
   for (auto& [n, p] : model->named_parameters()) r.params.push_back(p.to_vector());
+  // The reference's order: exp_avg and exp_avg_sq interleaved per parameter.
+  const auto full = dp.gather_state(opt.state(), {"exp_avg", "exp_avg_sq"});
+  for (auto& [n, p] : model->named_parameters()) {
+    for (const char* suffix : {".exp_avg", ".exp_avg_sq"}) {
+      for (auto& [fn, t] : full) {
+        if (fn == n + suffix) r.state.push_back(t.to_vector());
+      }
+    }
+  }
+  // Scattering the full state back must reproduce this rank's own state exactly.
+  const auto own = opt.state();
+  std::vector<std::vector<double>> before;
+  for (auto& [n, t] : own) before.push_back(t.to_vector());
+  for (auto& [n, t] : own) engine::fill_(t, 0.0);
+  dp.scatter_state(full, own, {"exp_avg", "exp_avg_sq"});
+  for (size_t i = 0; i < own.size(); ++i) CHECK(own[i].second.to_vector() == before[i]);
   return r;
 }
 
@@ -121,6 +139,15 @@ void check_same(const Run& dp, const Run& ref, double tol) {
   }
   INFO("largest parameter difference " << worst);
   CHECK(worst < tol);
+  REQUIRE(dp.state.size() == ref.state.size());
+  double worst_state = 0;
+  for (size_t i = 0; i < ref.state.size(); ++i) {
+    for (size_t k = 0; k < ref.state[i].size(); ++k) {
+      worst_state = std::max(worst_state, std::fabs(dp.state[i][k] - ref.state[i][k]));
+    }
+  }
+  INFO("largest optimizer-state difference " << worst_state);
+  CHECK(worst_state < tol);
 }
 
 }  // namespace
