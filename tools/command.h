@@ -22,10 +22,13 @@ std::string normalize_flag(const std::string& arg);
 std::vector<std::string> config_file_flags(std::vector<std::string>& args);
 
 struct CommandRegistration {
-  CommandRegistration(const char* name, const char* help, CommandFn fn);
+  // raw: the command parses its own arguments (no Abseil flag parsing), e.g. `bench`.
+  CommandRegistration(const char* name, const char* help, CommandFn fn, bool raw = false);
 };
 
 }  // namespace mammoth::tools
 
 #define MAMMOTH_COMMAND(name, help, fn) \
   static ::mammoth::tools::CommandRegistration mammoth_command_##name(#name, help, fn)
+#define MAMMOTH_RAW_COMMAND(name, help, fn) \
+  static ::mammoth::tools::CommandRegistration mammoth_command_##name(#name, help, fn, true)

@@ -18,6 +18,7 @@ namespace {
 struct Command {
   const char* help;
   CommandFn fn;
+  bool raw;
 };
 
 std::map<std::string, Command>& commands() {
@@ -70,8 +71,9 @@ std::vector<std::string> config_file_flags(std::vector<std::string>& args) {
   return out;
 }
 
-CommandRegistration::CommandRegistration(const char* name, const char* help, CommandFn fn) {
-  commands()[name] = {help, fn};
+CommandRegistration::CommandRegistration(const char* name, const char* help, CommandFn fn,
+                                         bool raw) {
+  commands()[name] = {help, fn, raw};
 }
 
 }  // namespace mammoth::tools
@@ -91,6 +93,7 @@ int main(int argc, char** argv) {
   }
   absl::SetProgramUsageMessage(std::string("mammoth ") + name + ": " + it->second.help);
   try {
+    if (it->second.raw) return it->second.fn(std::vector<std::string>(argv + 2, argv + argc));
     // Abseil sees "mammoth <command>" as the program name and the rest as flags; values from
     // --config come first so that the command line overrides them.
     std::vector<std::string> raw(argv + 2, argv + argc);

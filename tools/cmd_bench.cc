@@ -1,0 +1,49 @@
+// `mammoth bench <name> [flags]`: the benchmark harness. Each benchmark prints its figure beside
+// an anchor measured in the same run (OpenBLAS, STREAM, MPI, fio, PyTorch) as a ratio, and
+// writes one JSON object per row with --json FILE. Benchmarks parse their own flags.
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "tools/bench/comm_bench.h"
+#include "tools/bench/io_bench.h"
+#include "tools/command.h"
+
+namespace mammoth::tools {
+namespace {
+
+struct Bench {
+  const char* help;
+  int (*fn)(const std::vector<std::string>&);
+};
+
+const std::map<std::string, Bench>& benches() {
+  static const std::map<std::string, Bench> b = {
+      {"comm",
+       {"collective bus bandwidth vs raw MPI (run under mpirun, >= 2 ranks)",
+        [](const std::vector<std::string>& a) { return run_comm_bench(a); }}},
+      {"io", {"NVMe engine sequential GB/s and random-read IOPS vs fio", run_io_bench}},
+  };
+  return b;
+}
+
+int run_bench(const std::vector<std::string>& args) {
+  if (args.empty() || args[0] == "--help" || args[0] == "help") {
+    std::fprintf(stderr, "usage: mammoth bench <name> [flags]\n\nbenchmarks:\n");
+    for (const auto& [name, b] : benches())
+      std::fprintf(stderr, "  %-8s %s\n", name.c_str(), b.help);
+    return args.empty() ? 2 : 0;
+  }
+  auto it = benches().find(args[0]);
+  MAMMOTH_CHECK(it != benches().end())
+      << "[bench] unknown benchmark '" << args[0] << "' (mammoth bench --help lists them)";
+  return it->second.fn(std::vector<std::string>(args.begin() + 1, args.end()));
+}
+
+}  // namespace
+
+MAMMOTH_RAW_COMMAND(bench, "benchmarks against anchors measured in the same run", run_bench);
+
+}  // namespace mammoth::tools
