@@ -214,6 +214,12 @@ double DataParallel::grad_norm() {
   return std::sqrt(s.item());
 }
 
+double DataParallel::average(double value) {
+  Tensor t = Tensor::from_vector({value}, {1}, DType::kF64);
+  dp_.all_reduce(t, ReduceOp::kAvg);
+  return t.item();
+}
+
 void DataParallel::after_step() {
   if (options_.zero_stage == 0) return;
   for (Bucket& b : buckets_) dp_.all_gather(shard_of(b.flat_params), b.flat_params);

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "engine/nn/module.h"
+#include "engine/train/distributed.h"
 #include "parallel/comm/communicator.h"
 
 namespace mammoth::parallel {
@@ -32,11 +33,11 @@ struct DataParallelOptions {
   double bucket_mb = 25.0;
 };
 
-class DataParallel {
+class DataParallel final : public engine::train::DataParallelRuntime {
  public:
   DataParallel(const engine::nn::NamedTensors& params, Communicator& dp,
                const DataParallelOptions& options);
-  ~DataParallel();
+  ~DataParallel() override;
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
 
@@ -44,29 +45,33 @@ class DataParallel {
   void broadcast_parameters();
 
   // Before each micro-batch's backward; sync = true for the last micro-batch of a step.
-  void begin_backward(bool sync);
+  void begin_backward(bool sync) override;
   // After the synchronised backward: waits for every bucket. Then the gradients of
   // optimizer_params() hold the dp average; under stages 1 and 2 the parameters' own
   // gradients (this rank's local sums) are dropped.
-  void finish_backward();
+  void finish_backward() override;
   // The tensors this rank's optimizer updates, and which of them take weight decay
   // (decided on the original parameter's shape: matrices only).
-  const engine::nn::NamedTensors& optimizer_params() const { return opt_params_; }
-  bool decays(const std::string& optimizer_param_name) const;
+  const engine::nn::NamedTensors& optimizer_params() const override { return opt_params_; }
+  bool decays(const std::string& optimizer_param_name) const override;
   // L2 norm of the averaged gradient over all parameters (collective).
-  double grad_norm();
+  double grad_norm() override;
   // After the optimizer step: all-gathers the updated shards (stages 1, 2).
-  void after_step();
+  void after_step() override;
+  int dp_rank() const override { return dp_.rank(); }
+  int dp_size() const override { return dp_.size(); }
+  double average(double value) override;
+  void barrier() override { dp_.barrier(); }
 
   // Optimizer state in the single-process layout: for every parameter P and state suffix S
   // ("exp_avg", ...), "P.S" with P's shape. `state` is this rank's optimizer state as named by
   // Optimizer::state() over optimizer_params() ("<opt param>.S"). Collective: every rank gets
   // the full state. Checkpoints store this form, so they load into any dp size or stage.
   engine::nn::NamedTensors gather_state(const engine::nn::NamedTensors& state,
-                                        const std::vector<std::string>& suffixes);
+                                        const std::vector<std::string>& suffixes) override;
   // The inverse: copies this rank's part of a full single-process state into `state`.
   void scatter_state(const engine::nn::NamedTensors& full, const engine::nn::NamedTensors& state,
-                     const std::vector<std::string>& suffixes) const;
+                     const std::vector<std::string>& suffixes) const override;
 
   // Bytes this rank holds for parameters, gradients and (AdamW: 2 states) optimizer states.
   struct MemoryReport {
