@@ -1,0 +1,74 @@
+// `mammoth plan --show-schedule --pp P --micro-batches M --pp-schedule gpipe|1f1b|interleaved|zb
+// [--virtual-stages V] [--trace FILE]`: prints a pipeline schedule as a text timeline with its
+// simulated bubble fraction (unit costs: forward 1, input-gradient backward 1, weight gradient
+// 1) and writes it as a Chrome trace. The schedule is checked before it is shown, so a
+// deadlocking or incomplete schedule is an error here rather than a hang in training.
+//
+// The --pp, --pp-schedule and --virtual-stages flags are defined here; `mammoth train` shares
+// them with ABSL_DECLARE_FLAG (Abseil flags are global to the binary).
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "base/error.h"
+#include "parallel/pipeline/schedule.h"
+#include "tools/command.h"
+
+ABSL_FLAG(bool, show_schedule, false, "plan: print the pipeline schedule's timeline and bubble");
+ABSL_FLAG(int, pp, 1, "pipeline-parallel stages (ranks along the pp axis)");
+ABSL_FLAG(int, micro_batches, 4,
+          "plan: micro-batches per step streamed through the pipeline (train: --grad-accum)");
+ABSL_FLAG(std::string, pp_schedule, "1f1b", "pipeline schedule: gpipe, 1f1b, interleaved or zb");
+ABSL_FLAG(int, virtual_stages, 1, "model chunks per pipeline rank (interleaved schedule)");
+ABSL_FLAG(std::string, trace, "", "plan: write the schedule as Chrome trace JSON to this file");
+ABSL_FLAG(double, pp_weight_cost, 1.0,
+          "plan: simulated cost of the weight-gradient half of a backward (forward = 1)");
+
+namespace mammoth::tools {
+namespace {
+
+int run_plan(const std::vector<std::string>& args) {
+  MAMMOTH_CHECK(args.empty()) << "[plan] unexpected argument '" << (args.empty() ? "" : args[0])
+                              << "'";
+  MAMMOTH_CHECK(absl::GetFlag(FLAGS_show_schedule))
+      << "[plan] only --show-schedule is available so far: mammoth plan --show-schedule --pp 4 "
+         "--micro-batches 8 --pp-schedule 1f1b";
+  const double weight_cost = absl::GetFlag(FLAGS_pp_weight_cost);
+  MAMMOTH_CHECK(weight_cost >= 0) << "[plan] --pp-weight-cost must be >= 0, got " << weight_cost;
+  namespace pl = parallel::pipeline;
+  const pl::ScheduleKind kind = pl::schedule_kind_from_name(absl::GetFlag(FLAGS_pp_schedule));
+  const pl::Schedule schedule =
+      pl::make_schedule(kind, {.stages = absl::GetFlag(FLAGS_pp),
+                               .micro_batches = absl::GetFlag(FLAGS_micro_batches),
+                               .virtual_stages = absl::GetFlag(FLAGS_virtual_stages)});
+  const pl::CheckResult result = pl::check_schedule(schedule, {1.0, 1.0, weight_cost});
+  std::cout << pl::timeline_text(schedule, result);
+  MAMMOTH_CHECK(result.ok) << "[plan] schedule " << schedule.name
+                           << " is invalid: " << result.error;
+  if (kind != pl::ScheduleKind::kInterleaved || schedule.virtual_stages == 1) {
+    std::printf("1F1B analytic bubble (p-1)/(m+p-1) = %.4f\n",
+                pl::analytic_bubble_1f1b(schedule.stages, schedule.micro_batches));
+  } else {
+    std::printf("interleaved analytic bubble (p-1)/(v*m+p-1) = %.4f\n",
+                pl::analytic_bubble_interleaved(schedule.stages, schedule.micro_batches,
+                                                schedule.virtual_stages));
+  }
+  const std::string trace = absl::GetFlag(FLAGS_trace);
+  if (!trace.empty()) {
+    std::ofstream out(trace);
+    out << pl::chrome_trace_json(schedule, result);
+    out.close();
+    MAMMOTH_CHECK(out.good()) << "[plan] cannot write --trace file '" << trace << "'";
+    std::printf("wrote Chrome trace %s\n", trace.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace mammoth::tools
+
+MAMMOTH_COMMAND(plan, "parallel plans; --show-schedule prints a pipeline schedule's timeline",
+                mammoth::tools::run_plan);
