@@ -8,7 +8,9 @@
 
 #include "base/error.h"
 #include "tools/bench/comm_bench.h"
+#include "tools/bench/gemm_bench.h"
 #include "tools/bench/io_bench.h"
+#include "tools/bench/train/train_bench.h"
 #include "tools/command.h"
 
 namespace mammoth::tools {
@@ -24,7 +26,12 @@ const std::map<std::string, Bench>& benches() {
       {"comm",
        {"collective bus bandwidth vs raw MPI (run under mpirun, >= 2 ranks)",
         [](const std::vector<std::string>& a) { return run_comm_bench(a); }}},
+      {"gemm",
+       {"fp32/bf16 GEMM GFLOP/s vs OpenBLAS sgemm on GPT-2 training shapes", run_gemm_bench}},
       {"io", {"NVMe engine sequential GB/s and random-read IOPS vs fio", run_io_bench}},
+      {"train",
+       {"training tokens/s vs PyTorch eager on the same model, batch and threads",
+        run_train_bench}},
   };
   return b;
 }

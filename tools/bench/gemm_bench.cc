@@ -11,6 +11,8 @@
 //
 // Usage: gemm_bench [--json FILE] [--reps N] [--quick] [--filter NAME] [--threads N]
 //                   [--isa avx512|avx2|portable]
+#include "tools/bench/gemm_bench.h"
+
 #include <cblas.h>
 #include <unistd.h>
 
@@ -20,6 +22,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <random>
 #include <string>
 #include <thread>
@@ -133,12 +136,28 @@ uint16_t to_bf16(float f) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+namespace mammoth::tools {
+
+int run_gemm_bench(const std::vector<std::string>& args_in) {
+  // OpenBLAS picks its kernels when it is loaded, so the setting needs a fresh process: re-exec
+  // this one with the same command line.
   if (std::getenv("OPENBLAS_CORETYPE") == nullptr) {
     setenv("OPENBLAS_CORETYPE", "SkylakeX", 1);
-    execv("/proc/self/exe", argv);
+    std::ifstream cmdline("/proc/self/cmdline", std::ios::binary);
+    std::vector<std::string> words;
+    for (std::string w; std::getline(cmdline, w, '\0');) words.push_back(w);
+    std::vector<char*> exec_argv;
+    for (std::string& w : words) exec_argv.push_back(w.data());
+    exec_argv.push_back(nullptr);
+    execv("/proc/self/exe", exec_argv.data());
     std::perror("[gemm_bench] re-exec with OPENBLAS_CORETYPE failed; continuing");
   }
+  std::vector<std::string> arg_store{"gemm_bench"};
+  arg_store.insert(arg_store.end(), args_in.begin(), args_in.end());
+  std::vector<char*> argv_vec;
+  for (std::string& a : arg_store) argv_vec.push_back(a.data());
+  const int argc = static_cast<int>(argv_vec.size());
+  char** argv = argv_vec.data();
   std::string json_path;
   int reps = 5;
   bool quick = false;
@@ -270,3 +289,5 @@ int main(int argc, char** argv) {
   }
   return 0;
 }
+
+}  // namespace mammoth::tools
