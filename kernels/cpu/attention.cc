@@ -1,5 +1,9 @@
 // CPU scaled dot-product attention, memory-efficient: no T x T matrix is ever stored.
 //
+// f32 runs the tiled kernels of fast.h (query blocks x key blocks through the packed sgemm,
+// online softmax, backward recomputing P per block from the lse). The loops below are the f64
+// path and the reference those are tested against.
+//
 // Forward streams over keys with an online softmax per query row and saves the row's
 // log-sum-exp. Backward recomputes probabilities from the lse in two passes: one over query
 // rows (dq), one over key rows (dk, dv), so every output is accumulated by one thread only
@@ -7,8 +11,10 @@
 // h / (Hq / Hk).
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
+#include "kernels/cpu/fast.h"
 #include "kernels/cpu/register.h"
 #include "kernels/params.h"
 
@@ -32,6 +38,14 @@ struct Geometry {
     scale = p.scale != 0.0 ? p.scale : 1.0 / std::sqrt(static_cast<double>(D));
     causal = p.causal;
     key_mask = p.has_key_mask ? in[mask_input].ptr<const bool>() : nullptr;
+  }
+  AttnArgs fast_args() const {
+    AttnArgs a{};
+    a.B = B, a.Hq = Hq, a.Hk = Hk, a.Tq = Tq, a.Tk = Tk, a.D = D;
+    a.scale = static_cast<float>(scale);
+    a.causal = causal;
+    a.key_mask = key_mask;
+    return a;
   }
   bool visible(int64_t b, int64_t i, int64_t j) const {
     if (causal && j > i + (Tk - Tq)) return false;
@@ -58,6 +72,12 @@ void attention_kernel(std::span<const TensorArg> in, std::span<const TensorArg> 
   const T* v = in[2].ptr<const T>();
   T* o = out[0].ptr<T>();
   float* lse = out[1].ptr<float>();
+  if constexpr (std::is_same_v<T, float>) {
+    AttnArgs a = g.fast_args();
+    a.q = q, a.k = k, a.v = v, a.out = o, a.lse = lse;
+    fast_kernels().attention(a);
+    return;
+  }
   parallel_for(0, g.B * g.Hq * g.Tq, 4, [&](int64_t r0, int64_t r1) {
     std::vector<T> acc(g.D);
     for (int64_t r = r0; r < r1; ++r) {
@@ -109,6 +129,14 @@ void attention_backward_kernel(std::span<const TensorArg> in, std::span<const Te
   T* dq = out[0].ptr<T>();
   T* dk = out[1].ptr<T>();
   T* dv = out[2].ptr<T>();
+  if constexpr (std::is_same_v<T, float>) {
+    AttnArgs a = g.fast_args();
+    a.q = q, a.k = k, a.v = v, a.dout = dout, a.dq = dq, a.dk = dk, a.dv = dv;
+    a.out = const_cast<float*>(o);  // read only in the backward
+    a.lse = const_cast<float*>(lse);
+    fast_kernels().attention_backward(a);
+    return;
+  }
   const T scale = static_cast<T>(g.scale);
   // delta[r] = dout_r . out_r
   std::vector<T> delta(static_cast<size_t>(g.B * g.Hq * g.Tq));

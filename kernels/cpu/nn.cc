@@ -1,15 +1,18 @@
 // CPU kernels over the last dim of [M, N] rows: softmax, log_softmax, layer_norm, rms_norm,
 // fused cross-entropy, plus dropout and rotary embedding.
 //
-// Row statistics accumulate in double for f32 so results do not depend on the thread count;
-// weight gradients are summed over fixed blocks of rows, then the blocks in order, for the
-// same reason.
+// f32 goes to the fused, vectorised kernels of fast.h (one per instruction set); the plain
+// loops below are the f64 path and the reference those are tested against. Row statistics of
+// the f64 loops accumulate in double; weight gradients are summed over fixed blocks of rows,
+// then the blocks in order, so results never depend on the thread count.
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "base/error.h"
 #include "base/philox.h"
+#include "kernels/cpu/fast.h"
 #include "kernels/cpu/register.h"
 #include "kernels/params.h"
 
@@ -27,6 +30,11 @@ int64_t row_grain(int64_t n) { return std::max<int64_t>(1, 8192 / std::max<int64
 
 template <typename T>
 void softmax_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out, const void*) {
+  if constexpr (std::is_same_v<T, float>) {
+    fast_kernels().softmax(in[0].ptr<const float>(), out[0].ptr<float>(), rows_of(in[0]),
+                           in[0].size(-1));
+    return;
+  }
   const int64_t N = in[0].size(-1), M = rows_of(in[0]);
   const T* x = in[0].ptr<const T>();
   T* y = out[0].ptr<T>();
@@ -50,6 +58,11 @@ void softmax_kernel(std::span<const TensorArg> in, std::span<const TensorArg> ou
 template <typename T>
 void log_softmax_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,
                         const void*) {
+  if constexpr (std::is_same_v<T, float>) {
+    fast_kernels().log_softmax(in[0].ptr<const float>(), out[0].ptr<float>(), rows_of(in[0]),
+                               in[0].size(-1));
+    return;
+  }
   const int64_t N = in[0].size(-1), M = rows_of(in[0]);
   const T* x = in[0].ptr<const T>();
   T* y = out[0].ptr<T>();
@@ -70,6 +83,11 @@ void log_softmax_kernel(std::span<const TensorArg> in, std::span<const TensorArg
 template <typename T>
 void softmax_backward_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,
                              const void*) {
+  if constexpr (std::is_same_v<T, float>) {
+    fast_kernels().softmax_backward(in[0].ptr<const float>(), in[1].ptr<const float>(),
+                                    out[0].ptr<float>(), rows_of(in[0]), in[0].size(-1));
+    return;
+  }
   const int64_t N = in[0].size(-1), M = rows_of(in[0]);
   const T* dy = in[0].ptr<const T>();
   const T* y = in[1].ptr<const T>();
@@ -89,6 +107,11 @@ void softmax_backward_kernel(std::span<const TensorArg> in, std::span<const Tens
 template <typename T>
 void log_softmax_backward_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,
                                  const void*) {
+  if constexpr (std::is_same_v<T, float>) {
+    fast_kernels().log_softmax_backward(in[0].ptr<const float>(), in[1].ptr<const float>(),
+                                        out[0].ptr<float>(), rows_of(in[0]), in[0].size(-1));
+    return;
+  }
   const int64_t N = in[0].size(-1), M = rows_of(in[0]);
   const T* dy = in[0].ptr<const T>();
   const T* y = in[1].ptr<const T>();
@@ -107,6 +130,13 @@ void log_softmax_backward_kernel(std::span<const TensorArg> in, std::span<const 
 template <typename T>
 void layer_norm_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,
                        const void* params) {
+  if constexpr (std::is_same_v<T, float>) {
+    fast_kernels().layer_norm(in[0].ptr<const float>(), in[1].ptr<const float>(),
+                              in[2].ptr<const float>(), out[0].ptr<float>(), out[1].ptr<float>(),
+                              out[2].ptr<float>(), rows_of(in[0]), in[0].size(-1),
+                              static_cast<const NormParams*>(params)->eps);
+    return;
+  }
   const double eps = static_cast<const NormParams*>(params)->eps;
   const int64_t N = in[0].size(-1), M = rows_of(in[0]);
   const T* x = in[0].ptr<const T>();
@@ -156,6 +186,13 @@ void reduce_weight_grads(int64_t M, int64_t N, int num_grads, T* const* grads, R
 template <typename T>
 void layer_norm_backward_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,
                                 const void*) {
+  if constexpr (std::is_same_v<T, float>) {
+    fast_kernels().layer_norm_backward(
+        in[0].ptr<const float>(), in[1].ptr<const float>(), in[2].ptr<const float>(),
+        in[3].ptr<const float>(), in[4].ptr<const float>(), out[0].ptr<float>(),
+        out[1].ptr<float>(), out[2].ptr<float>(), rows_of(in[0]), in[0].size(-1));
+    return;
+  }
   const int64_t N = in[0].size(-1), M = rows_of(in[0]);
   const T* dy = in[0].ptr<const T>();
   const T* x = in[1].ptr<const T>();
@@ -195,6 +232,12 @@ void layer_norm_backward_kernel(std::span<const TensorArg> in, std::span<const T
 template <typename T>
 void rms_norm_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,
                      const void* params) {
+  if constexpr (std::is_same_v<T, float>) {
+    fast_kernels().rms_norm(in[0].ptr<const float>(), in[1].ptr<const float>(),
+                            out[0].ptr<float>(), out[1].ptr<float>(), rows_of(in[0]),
+                            in[0].size(-1), static_cast<const NormParams*>(params)->eps);
+    return;
+  }
   const double eps = static_cast<const NormParams*>(params)->eps;
   const int64_t N = in[0].size(-1), M = rows_of(in[0]);
   const T* x = in[0].ptr<const T>();
@@ -216,6 +259,13 @@ void rms_norm_kernel(std::span<const TensorArg> in, std::span<const TensorArg> o
 template <typename T>
 void rms_norm_backward_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,
                               const void*) {
+  if constexpr (std::is_same_v<T, float>) {
+    fast_kernels().rms_norm_backward(in[0].ptr<const float>(), in[1].ptr<const float>(),
+                                     in[2].ptr<const float>(), in[3].ptr<const float>(),
+                                     out[0].ptr<float>(), out[1].ptr<float>(), rows_of(in[0]),
+                                     in[0].size(-1));
+    return;
+  }
   const int64_t N = in[0].size(-1), M = rows_of(in[0]);
   const T* dy = in[0].ptr<const T>();
   const T* x = in[1].ptr<const T>();
@@ -252,6 +302,13 @@ void check_target(int64_t t, int64_t V, int64_t row) {
 template <typename T>
 void cross_entropy_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,
                           const void* params) {
+  if constexpr (std::is_same_v<T, float>) {
+    const auto* p = static_cast<const CrossEntropyParams*>(params);
+    fast_kernels().cross_entropy(in[0].ptr<const float>(), in[1].ptr<const int64_t>(),
+                                 out[0].ptr<float>(), out[1].ptr<float>(), rows_of(in[0]),
+                                 in[0].size(-1), p->ignore_index, p->label_smoothing);
+    return;
+  }
   const auto* p = static_cast<const CrossEntropyParams*>(params);
   const int64_t V = in[0].size(-1), M = rows_of(in[0]);
   const T* x = in[0].ptr<const T>();
@@ -287,6 +344,14 @@ void cross_entropy_kernel(std::span<const TensorArg> in, std::span<const TensorA
 template <typename T>
 void cross_entropy_backward_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,
                                    const void* params) {
+  if constexpr (std::is_same_v<T, float>) {
+    const auto* p = static_cast<const CrossEntropyParams*>(params);
+    fast_kernels().cross_entropy_backward(
+        in[0].ptr<const float>(), in[1].ptr<const float>(), in[2].ptr<const int64_t>(),
+        in[3].ptr<const float>(), out[0].ptr<float>(), rows_of(in[1]), in[1].size(-1),
+        p->ignore_index, p->label_smoothing);
+    return;
+  }
   const auto* p = static_cast<const CrossEntropyParams*>(params);
   const T* dloss = in[0].ptr<const T>();
   const int64_t V = in[1].size(-1), M = rows_of(in[1]);

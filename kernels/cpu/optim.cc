@@ -1,6 +1,13 @@
 // CPU optimizer updates over flat buffers, in place (PyTorch's AdamW and SGD semantics).
+//
+// f32 AdamW runs the vectorised kernel of fast.h, which also accepts bf16/f16 gradients and
+// can write a bf16/f16 copy of the updated parameters in the same pass (the CPU Adam of
+// optimizer offload): inputs (param f32, grad f32|bf16|f16, m, v[, param copy bf16|f16]).
 #include <cmath>
+#include <type_traits>
 
+#include "base/error.h"
+#include "kernels/cpu/fast.h"
 #include "kernels/cpu/register.h"
 #include "kernels/params.h"
 
@@ -13,7 +20,6 @@ void adamw_kernel(std::span<const TensorArg> in, std::span<const TensorArg>, con
   const auto* p = static_cast<const AdamWParams*>(params);
   const int64_t n = in[0].numel();
   T* w = in[0].ptr<T>();
-  const T* g = in[1].ptr<const T>();
   T* m = in[2].ptr<T>();
   T* v = in[3].ptr<T>();
   const double bc1 = 1.0 - std::pow(p->beta1, static_cast<double>(p->step));
@@ -23,6 +29,23 @@ void adamw_kernel(std::span<const TensorArg> in, std::span<const TensorArg>, con
   const T step_size = static_cast<T>(p->lr / bc1);
   const T inv_sqrt_bc2 = static_cast<T>(1.0 / std::sqrt(bc2));
   const T eps = static_cast<T>(p->eps), gs = static_cast<T>(p->grad_scale);
+  if constexpr (std::is_same_v<T, float>) {
+    const DType gdt = in[1].dtype;
+    MAMMOTH_CHECK(gdt == DType::kF32 || gdt == DType::kBF16 || gdt == DType::kF16)
+        << "[adamw] f32 parameters take f32, bf16 or f16 gradients, not " << gdt;
+    void* w16 = nullptr;
+    DType w16dt = DType::kBF16;
+    if (in.size() > 4 && in[4].data != nullptr) {
+      w16 = in[4].data;
+      w16dt = in[4].dtype;
+      MAMMOTH_CHECK(w16dt == DType::kBF16 || w16dt == DType::kF16)
+          << "[adamw] the parameter copy must be bf16 or f16, not " << w16dt;
+    }
+    const AdamWConsts c{b1, b2, decay, step_size, inv_sqrt_bc2, eps, gs};
+    fast_kernels().adamw(w, in[1].data, gdt, m, v, w16, w16dt, n, c);
+    return;
+  }
+  const T* g = in[1].ptr<const T>();
   parallel_for(0, n, 16384, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const T gi = g[i] * gs;

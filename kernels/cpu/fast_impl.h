@@ -1,0 +1,633 @@
+// The fused f32 kernels of fast.h, written once against a vector type `Vec`.
+//
+// Included by exactly one translation unit per instruction set, after that ISA's simd_*.h and
+// with MAMMOTH_FAST_NS naming its namespace (avx512, avx2, portable), so each copy is compiled
+// with its own -m flags and the copies never collide at link time.
+//
+// Row kernels read a row from memory once and make their later passes over it from cache (rows
+// of the vocabulary size fit in L2). Reductions use several vector accumulators in a fixed
+// order, so a row's result depends only on the row and the ISA, never on the thread count.
+// Attention is tiled: blocks of queries against blocks of keys through the packed sgemm, with
+// an online softmax; no T x T matrix is stored.
+#ifndef MAMMOTH_FAST_NS
+#error "define MAMMOTH_FAST_NS and include the ISA's simd_*.h before fast_impl.h"
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "base/error.h"
+#include "base/thread_pool.h"
+#include "kernels/cpu/fast.h"
+#include "kernels/cpu/gemm.h"
+
+namespace mammoth::kernels::cpu::MAMMOTH_FAST_NS {
+namespace {
+
+constexpr int W = Vec::kWidth;
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr int64_t kRowBlock = 64;  // rows per partial sum of weight gradients
+
+int64_t row_grain(int64_t n) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1)); }
+
+// ---- row primitives --------------------------------------------------------------------------
+
+float row_max(const float* x, int64_t n) {
+  Vec a0 = Vec::set1(-kInf), a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = 0;
+  for (; i + 4 * W <= n; i += 4 * W) {
+    a0 = max(a0, Vec::load(x + i));
+    a1 = max(a1, Vec::load(x + i + W));
+    a2 = max(a2, Vec::load(x + i + 2 * W));
+    a3 = max(a3, Vec::load(x + i + 3 * W));
+  }
+  for (; i + W <= n; i += W) a0 = max(a0, Vec::load(x + i));
+  if (i < n) a1 = max(a1, Vec::load_n(x + i, static_cast<int>(n - i), -kInf));
+  return hmax(max(max(a0, a1), max(a2, a3)));
+}
+
+float row_sum(const float* x, int64_t n) {
+  Vec a0 = Vec::zero(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = 0;
+  for (; i + 4 * W <= n; i += 4 * W) {
+    a0 = a0 + Vec::load(x + i);
+    a1 = a1 + Vec::load(x + i + W);
+    a2 = a2 + Vec::load(x + i + 2 * W);
+    a3 = a3 + Vec::load(x + i + 3 * W);
+  }
+  for (; i + W <= n; i += W) a0 = a0 + Vec::load(x + i);
+  if (i < n) a1 = a1 + Vec::load_n(x + i, static_cast<int>(n - i));
+  return hsum((a0 + a1) + (a2 + a3));
+}
+
+float row_dot(const float* x, const float* y, int64_t n) {
+  Vec a0 = Vec::zero(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = 0;
+  for (; i + 4 * W <= n; i += 4 * W) {
+    a0 = fma(Vec::load(x + i), Vec::load(y + i), a0);
+    a1 = fma(Vec::load(x + i + W), Vec::load(y + i + W), a1);
+    a2 = fma(Vec::load(x + i + 2 * W), Vec::load(y + i + 2 * W), a2);
+    a3 = fma(Vec::load(x + i + 3 * W), Vec::load(y + i + 3 * W), a3);
+  }
+  for (; i + W <= n; i += W) a0 = fma(Vec::load(x + i), Vec::load(y + i), a0);
+  if (i < n) {
+    const int r = static_cast<int>(n - i);
+    a1 = fma(Vec::load_n(x + i, r), Vec::load_n(y + i, r), a1);
+  }
+  return hsum((a0 + a1) + (a2 + a3));
+}
+
+// y = exp(x - m) (y may alias x); returns the sum of y.
+float exp_store_sum(const float* x, float* y, int64_t n, float m) {
+  const Vec mv = Vec::set1(m);
+  Vec a0 = Vec::zero(), a1 = a0;
+  int64_t i = 0;
+  for (; i + 2 * W <= n; i += 2 * W) {
+    const Vec e0 = exp(Vec::load(x + i) - mv);
+    const Vec e1 = exp(Vec::load(x + i + W) - mv);
+    e0.store(y + i);
+    e1.store(y + i + W);
+    a0 = a0 + e0;
+    a1 = a1 + e1;
+  }
+  for (; i + W <= n; i += W) {
+    const Vec e = exp(Vec::load(x + i) - mv);
+    e.store(y + i);
+    a0 = a0 + e;
+  }
+  if (i < n) {
+    const int r = static_cast<int>(n - i);
+    const Vec e = exp(Vec::load_n(x + i, r, -kInf) - mv);
+    e.store_n(y + i, r);
+    a1 = a1 + e;
+  }
+  return hsum(a0 + a1);
+}
+
+// sum of exp(x - m), nothing stored.
+float exp_sum(const float* x, int64_t n, float m) {
+  const Vec mv = Vec::set1(m);
+  Vec a0 = Vec::zero(), a1 = a0;
+  int64_t i = 0;
+  for (; i + 2 * W <= n; i += 2 * W) {
+    a0 = a0 + exp(Vec::load(x + i) - mv);
+    a1 = a1 + exp(Vec::load(x + i + W) - mv);
+  }
+  for (; i + W <= n; i += W) a0 = a0 + exp(Vec::load(x + i) - mv);
+  if (i < n) a1 = a1 + exp(Vec::load_n(x + i, static_cast<int>(n - i), -kInf) - mv);
+  return hsum(a0 + a1);
+}
+
+// Applies f(Vec) -> Vec elementwise from one input row to one output row.
+template <typename F>
+void map1(const float* x, float* y, int64_t n, F f) {
+  int64_t i = 0;
+  for (; i + W <= n; i += W) f(Vec::load(x + i)).store(y + i);
+  if (i < n) {
+    const int r = static_cast<int>(n - i);
+    f(Vec::load_n(x + i, r)).store_n(y + i, r);
+  }
+}
+template <typename F>
+void map2(const float* a, const float* b, float* y, int64_t n, F f) {
+  int64_t i = 0;
+  for (; i + W <= n; i += W) f(Vec::load(a + i), Vec::load(b + i)).store(y + i);
+  if (i < n) {
+    const int r = static_cast<int>(n - i);
+    f(Vec::load_n(a + i, r), Vec::load_n(b + i, r)).store_n(y + i, r);
+  }
+}
+
+template <typename F>
+void for_rows(int64_t rows, int64_t n, F f) {
+  parallel_for(0, rows, row_grain(n), [&](int64_t b, int64_t e) {
+    for (int64_t m = b; m < e; ++m) f(m);
+  });
+}
+
+// dst[j] = sum over blocks b (in order) of src[b * n + j].
+void sum_blocks(const float* src, int64_t blocks, int64_t n, float* dst) {
+  int64_t j = 0;
+  for (; j + W <= n; j += W) {
+    Vec s = Vec::zero();
+    for (int64_t b = 0; b < blocks; ++b) s = s + Vec::load(src + b * n + j);
+    s.store(dst + j);
+  }
+  for (; j < n; ++j) {
+    float s = 0;
+    for (int64_t b = 0; b < blocks; ++b) s += src[b * n + j];
+    dst[j] = s;
+  }
+}
+
+// ---- softmax family --------------------------------------------------------------------------
+
+void softmax(const float* x, float* y, int64_t rows, int64_t n) {
+  for_rows(rows, n, [&](int64_t m) {
+    const float* xr = x + m * n;
+    float* yr = y + m * n;
+    const float mx = row_max(xr, n);
+    const float inv = 1.0f / exp_store_sum(xr, yr, n, mx);
+    const Vec iv = Vec::set1(inv);
+    map1(yr, yr, n, [&](Vec e) { return e * iv; });
+  });
+}
+
+void log_softmax(const float* x, float* y, int64_t rows, int64_t n) {
+  for_rows(rows, n, [&](int64_t m) {
+    const float* xr = x + m * n;
+    const float mx = row_max(xr, n);
+    const Vec lse = Vec::set1(mx + std::log(exp_sum(xr, n, mx)));
+    map1(xr, y + m * n, n, [&](Vec v) { return v - lse; });
+  });
+}
+
+void softmax_backward(const float* dy, const float* y, float* dx, int64_t rows, int64_t n) {
+  for_rows(rows, n, [&](int64_t m) {
+    const int64_t o = m * n;
+    const Vec dot = Vec::set1(row_dot(dy + o, y + o, n));
+    map2(dy + o, y + o, dx + o, n, [&](Vec g, Vec p) { return p * (g - dot); });
+  });
+}
+
+void log_softmax_backward(const float* dy, const float* y, float* dx, int64_t rows, int64_t n) {
+  for_rows(rows, n, [&](int64_t m) {
+    const int64_t o = m * n;
+    const Vec s = Vec::set1(row_sum(dy + o, n));
+    map2(dy + o, y + o, dx + o, n, [&](Vec g, Vec ly) { return g - exp(ly) * s; });
+  });
+}
+
+// ---- normalisation ---------------------------------------------------------------------------
+
+float centred_sq_sum(const float* x, int64_t n, float mu) {
+  const Vec mv = Vec::set1(mu);
+  Vec a0 = Vec::zero(), a1 = a0;
+  int64_t i = 0;
+  for (; i + 2 * W <= n; i += 2 * W) {
+    const Vec d0 = Vec::load(x + i) - mv, d1 = Vec::load(x + i + W) - mv;
+    a0 = fma(d0, d0, a0);
+    a1 = fma(d1, d1, a1);
+  }
+  for (; i + W <= n; i += W) {
+    const Vec d = Vec::load(x + i) - mv;
+    a0 = fma(d, d, a0);
+  }
+  if (i < n) {
+    const int r = static_cast<int>(n - i);
+    const Vec d = Vec::load_n(x + i, r, mu) - mv;  // padding lanes contribute exactly 0
+    a1 = fma(d, d, a1);
+  }
+  return hsum(a0 + a1);
+}
+
+void layer_norm(const float* x, const float* w, const float* b, float* y, float* mean,
+                float* rstd, int64_t rows, int64_t n, double eps) {
+  for_rows(rows, n, [&](int64_t m) {
+    const float* xr = x + m * n;
+    const float mu = static_cast<float>(static_cast<double>(row_sum(xr, n)) / n);
+    const double var = static_cast<double>(centred_sq_sum(xr, n, mu)) / n;
+    const float rs = static_cast<float>(1.0 / std::sqrt(var + eps));
+    mean[m] = mu;
+    rstd[m] = rs;
+    const Vec mv = Vec::set1(mu), rv = Vec::set1(rs);
+    float* yr = y + m * n;
+    int64_t i = 0;
+    for (; i + W <= n; i += W) {
+      fma((Vec::load(xr + i) - mv) * rv, Vec::load(w + i), Vec::load(b + i)).store(yr + i);
+    }
+    if (i < n) {
+      const int r = static_cast<int>(n - i);
+      fma((Vec::load_n(xr + i, r) - mv) * rv, Vec::load_n(w + i, r), Vec::load_n(b + i, r))
+          .store_n(yr + i, r);
+    }
+  });
+}
+
+// One block of rows of layer_norm / rms_norm backward (centred = false: rms, mean unused).
+// dx for each row; this block's weight-gradient partials accumulated into pdw (and pdb).
+template <bool kCentred>
+void norm_backward_block(const float* dy, const float* x, const float* w, const float* mean,
+                         const float* rstd, float* dx, float* pdw, float* pdb, int64_t r0,
+                         int64_t r1, int64_t n) {
+  std::fill(pdw, pdw + n, 0.0f);
+  if (kCentred) std::fill(pdb, pdb + n, 0.0f);
+  for (int64_t m = r0; m < r1; ++m) {
+    const float* dyr = dy + m * n;
+    const float* xr = x + m * n;
+    const Vec mv = Vec::set1(kCentred ? mean[m] : 0.0f), rv = Vec::set1(rstd[m]);
+    // Pass 1: s1 = sum(dy * w), s2 = sum(dy * w * xhat); weight-gradient partials.
+    Vec s1 = Vec::zero(), s2 = Vec::zero();
+    int64_t i = 0;
+    auto step = [&](Vec g, Vec xv, Vec wv, float* pw, float* pb, int r) {
+      const Vec xhat = (xv - mv) * rv;
+      const Vec gw = g * wv;
+      if constexpr (kCentred) s1 = s1 + gw;
+      s2 = fma(gw, xhat, s2);
+      if (r == W) {
+        fma(g, xhat, Vec::load(pw)).store(pw);
+        if constexpr (kCentred) (Vec::load(pb) + g).store(pb);
+      } else {
+        fma(g, xhat, Vec::load_n(pw, r)).store_n(pw, r);
+        if constexpr (kCentred) (Vec::load_n(pb, r) + g).store_n(pb, r);
+      }
+    };
+    for (; i + W <= n; i += W) {
+      step(Vec::load(dyr + i), Vec::load(xr + i), Vec::load(w + i), pdw + i,
+           kCentred ? pdb + i : nullptr, W);
+    }
+    if (i < n) {
+      const int r = static_cast<int>(n - i);
+      step(Vec::load_n(dyr + i, r), Vec::load_n(xr + i, r), Vec::load_n(w + i, r), pdw + i,
+           kCentred ? pdb + i : nullptr, r);
+    }
+    const Vec a = Vec::set1(kCentred ? hsum(s1) / static_cast<float>(n) : 0.0f);
+    const Vec c = Vec::set1(hsum(s2) / static_cast<float>(n));
+    // Pass 2 (row in cache): dx = rstd * (dy * w - a - xhat * c).
+    float* dxr = dx + m * n;
+    i = 0;
+    for (; i + W <= n; i += W) {
+      const Vec xhat = (Vec::load(xr + i) - mv) * rv;
+      (rv * (Vec::load(dyr + i) * Vec::load(w + i) - a - xhat * c)).store(dxr + i);
+    }
+    if (i < n) {
+      const int r = static_cast<int>(n - i);
+      const Vec xhat = (Vec::load_n(xr + i, r) - mv) * rv;
+      (rv * (Vec::load_n(dyr + i, r) * Vec::load_n(w + i, r) - a - xhat * c)).store_n(dxr + i, r);
+    }
+  }
+}
+
+template <bool kCentred>
+void norm_backward(const float* dy, const float* x, const float* w, const float* mean,
+                   const float* rstd, float* dx, float* dw, float* db, int64_t rows, int64_t n) {
+  const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
+  const int num = kCentred ? 2 : 1;
+  std::vector<float> partial(static_cast<size_t>(blocks * num * n));
+  float* pw = partial.data();
+  float* pb = partial.data() + blocks * n;
+  parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      norm_backward_block<kCentred>(dy, x, w, mean, rstd, dx, pw + blk * n,
+                                    kCentred ? pb + blk * n : nullptr, blk * kRowBlock,
+                                    std::min(rows, (blk + 1) * kRowBlock), n);
+    }
+  });
+  sum_blocks(pw, blocks, n, dw);
+  if (kCentred) sum_blocks(pb, blocks, n, db);
+}
+
+void layer_norm_backward(const float* dy, const float* x, const float* w, const float* mean,
+                         const float* rstd, float* dx, float* dw, float* db, int64_t rows,
+                         int64_t n) {
+  norm_backward<true>(dy, x, w, mean, rstd, dx, dw, db, rows, n);
+}
+
+void rms_norm(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t n,
+              double eps) {
+  for_rows(rows, n, [&](int64_t m) {
+    const float* xr = x + m * n;
+    const double ms = static_cast<double>(row_dot(xr, xr, n)) / n;
+    const float rs = static_cast<float>(1.0 / std::sqrt(ms + eps));
+    rstd[m] = rs;
+    const Vec rv = Vec::set1(rs);
+    map2(xr, w, y + m * n, n, [&](Vec xv, Vec wv) { return xv * rv * wv; });
+  });
+}
+
+void rms_norm_backward(const float* dy, const float* x, const float* w, const float* rstd,
+                       float* dx, float* dw, int64_t rows, int64_t n) {
+  norm_backward<false>(dy, x, w, nullptr, rstd, dx, dw, nullptr, rows, n);
+}
+
+// ---- cross-entropy ---------------------------------------------------------------------------
+
+void check_target(int64_t t, int64_t V, int64_t row) {
+  MAMMOTH_CHECK(t >= 0 && t < V) << "[cross_entropy] target " << t << " at row " << row
+                                 << " is out of range for " << V << " classes";
+}
+
+// loss = (1-s) * (lse - x[t]) + s * (lse - mean(x)). One read of the row from memory: it is
+// walked in L1-sized chunks, each chunk's max found first, then its exponentials summed
+// against the running maximum (the running sum rescaled when the maximum grows).
+void cross_entropy(const float* x, const int64_t* target, float* loss, float* lse_out,
+                   int64_t rows, int64_t V, int64_t ignore_index, double smoothing) {
+  constexpr int64_t kChunk = 1024;
+  for_rows(rows, V, [&](int64_t m) {
+    const float* xr = x + m * V;
+    float mx = -kInf, se = 0.0f, sum_x = 0.0f;
+    for (int64_t c0 = 0; c0 < V; c0 += kChunk) {
+      const int64_t cn = std::min(kChunk, V - c0);
+      const float cm = row_max(xr + c0, cn);
+      if (smoothing != 0.0) sum_x += row_sum(xr + c0, cn);
+      if (cm == -kInf) continue;  // contributes nothing; exp(-inf - -inf) would be NaN
+      if (cm > mx) {
+        se *= std::exp(mx - cm);
+        mx = cm;
+      }
+      se += exp_sum(xr + c0, cn, mx);
+    }
+    const double lse = static_cast<double>(mx) + std::log(static_cast<double>(se));
+    lse_out[m] = static_cast<float>(lse);
+    const int64_t t = target[m];
+    if (t == ignore_index) {
+      loss[m] = 0.0f;
+      return;
+    }
+    check_target(t, V, m);
+    const double s = smoothing;
+    loss[m] = static_cast<float>((1 - s) * (lse - xr[t]) + s * (lse - sum_x / V));
+  });
+}
+
+// dlogits = dloss * (softmax - (1-s) * onehot - s / V)
+void cross_entropy_backward(const float* dloss, const float* x, const int64_t* target,
+                            const float* lse, float* dx, int64_t rows, int64_t V,
+                            int64_t ignore_index, double smoothing) {
+  for_rows(rows, V, [&](int64_t m) {
+    float* dr = dx + m * V;
+    const int64_t t = target[m];
+    if (t == ignore_index) {
+      std::fill(dr, dr + V, 0.0f);
+      return;
+    }
+    check_target(t, V, m);
+    const float g = dloss[m];
+    const Vec gv = Vec::set1(g), l = Vec::set1(lse[m]);
+    const Vec smooth = Vec::set1(static_cast<float>(smoothing / V));
+    map1(x + m * V, dr, V, [&](Vec v) { return gv * (exp(v - l) - smooth); });
+    dr[t] -= g * static_cast<float>(1 - smoothing);
+  });
+}
+
+// ---- AdamW -----------------------------------------------------------------------------------
+
+Vec load_grad(const void* g, DType gdt, int64_t i, int r) {
+  if (gdt == DType::kF32) {
+    const float* gf = static_cast<const float*>(g) + i;
+    return r == W ? Vec::load(gf) : Vec::load_n(gf, r);
+  }
+  const uint16_t* gh = static_cast<const uint16_t*>(g) + i;
+  if (r == W) return gdt == DType::kBF16 ? Vec::load_bf16(gh) : Vec::load_f16(gh);
+  uint16_t tmp[W] = {};
+  std::memcpy(tmp, gh, sizeof(uint16_t) * r);
+  return gdt == DType::kBF16 ? Vec::load_bf16(tmp) : Vec::load_f16(tmp);
+}
+
+void store_half(void* w16, DType dt, int64_t i, const float* src, int r) {
+  uint16_t* p = static_cast<uint16_t*>(w16) + i;
+  for (int k = 0; k < r; ++k) {
+    p[k] = dt == DType::kBF16 ? float_to_bf16(src[k]).bits : float_to_f16(src[k]).bits;
+  }
+}
+
+template <bool kHalfOut>
+void adamw_range(float* w, const void* g, DType gdt, float* m, float* v, void* w16, DType w16dt,
+                 int64_t b, int64_t e, const AdamWConsts& c) {
+  const Vec b1 = Vec::set1(c.b1), b2 = Vec::set1(c.b2);
+  const Vec one_b1 = Vec::set1(1.0f - c.b1), one_b2 = Vec::set1(1.0f - c.b2);
+  const Vec decay = Vec::set1(c.decay), step = Vec::set1(c.step_size);
+  const Vec isb = Vec::set1(c.inv_sqrt_bc2), eps = Vec::set1(c.eps), gs = Vec::set1(c.grad_scale);
+  for (int64_t i = b; i < e; i += W) {
+    const int r = static_cast<int>(std::min<int64_t>(W, e - i));
+    const Vec gi = load_grad(g, gdt, i, r) * gs;
+    Vec mi, vi, wi;
+    if (r == W) {
+      mi = Vec::load(m + i), vi = Vec::load(v + i), wi = Vec::load(w + i);
+    } else {
+      mi = Vec::load_n(m + i, r), vi = Vec::load_n(v + i, r), wi = Vec::load_n(w + i, r);
+    }
+    mi = b1 * mi + one_b1 * gi;
+    vi = b2 * vi + one_b2 * gi * gi;
+    const Vec denom = sqrt(vi) * isb + eps;
+    wi = wi * decay - step * mi / denom;
+    if (r == W) {
+      mi.store(m + i), vi.store(v + i), wi.store(w + i);
+    } else {
+      mi.store_n(m + i, r), vi.store_n(v + i, r), wi.store_n(w + i, r);
+    }
+    if (kHalfOut) {
+      float tmp[W];
+      wi.store(tmp);
+      store_half(w16, w16dt, i, tmp, r);
+    }
+  }
+}
+
+void adamw(float* w, const void* g, DType gdt, float* m, float* v, void* w16, DType w16dt,
+           int64_t n, const AdamWConsts& c) {
+  // Chunks are whole vectors so a chunk boundary never changes which lanes an element uses.
+  parallel_for(0, (n + W - 1) / W, 4096, [&](int64_t b, int64_t e) {
+    const int64_t i0 = b * W, i1 = std::min(n, e * W);
+    if (w16 != nullptr) {
+      adamw_range<true>(w, g, gdt, m, v, w16, w16dt, i0, i1, c);
+    } else {
+      adamw_range<false>(w, g, gdt, m, v, w16, w16dt, i0, i1, c);
+    }
+  });
+}
+
+// ---- attention -------------------------------------------------------------------------------
+
+constexpr int64_t kBq = 64;   // query rows per block
+constexpr int64_t kBk = 128;  // keys per block
+
+// Sets S[r][c] = -inf where query i0 + r may not see key j0 + c.
+void mask_block(const AttnArgs& a, int64_t b, int64_t i0, int64_t rows, int64_t j0, int64_t cols,
+                float* S) {
+  if (a.key_mask != nullptr) {
+    const bool* km = a.key_mask + b * a.Tk + j0;
+    for (int64_t c = 0; c < cols; ++c) {
+      if (km[c]) continue;
+      for (int64_t r = 0; r < rows; ++r) S[r * kBk + c] = -kInf;
+    }
+  }
+  if (a.causal) {
+    const int64_t shift = a.Tk - a.Tq;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t first_hidden = std::max<int64_t>(0, i0 + r + shift + 1 - j0);
+      for (int64_t c = first_hidden; c < cols; ++c) S[r * kBk + c] = -kInf;
+    }
+  }
+}
+
+// Keys [0, kend) can be visible to query rows [i0, i0 + rows).
+int64_t key_end(const AttnArgs& a, int64_t i0, int64_t rows) {
+  if (!a.causal) return a.Tk;
+  return std::clamp<int64_t>(i0 + rows + (a.Tk - a.Tq), 0, a.Tk);
+}
+
+void attention(const AttnArgs& a) {
+  const int64_t D = a.D, group = a.Hq / a.Hk;
+  const int64_t nqb = (a.Tq + kBq - 1) / kBq;
+  parallel_for(0, a.B * a.Hq * nqb, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> S(kBq * kBk), O(kBq * D), mrow(kBq), lrow(kBq);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t qb = t % nqb, bh = t / nqb, b = bh / a.Hq, h = bh % a.Hq;
+      const int64_t i0 = qb * kBq, rows = std::min(kBq, a.Tq - i0);
+      const int64_t qoff = ((b * a.Hq + h) * a.Tq + i0) * D;
+      const float* Q = a.q + qoff;
+      const float* K = a.k + (b * a.Hk + h / group) * a.Tk * D;
+      const float* V = a.v + (b * a.Hk + h / group) * a.Tk * D;
+      std::fill(O.begin(), O.end(), 0.0f);
+      std::fill(mrow.begin(), mrow.end(), -kInf);
+      std::fill(lrow.begin(), lrow.end(), 0.0f);
+      const int64_t kend = key_end(a, i0, rows);
+      for (int64_t j0 = 0; j0 < kend; j0 += kBk) {
+        const int64_t cols = std::min(kBk, kend - j0);
+        sgemm(false, true, rows, cols, D, a.scale, Q, D, K + j0 * D, D, 0.0f, S.data(), kBk);
+        mask_block(a, b, i0, rows, j0, cols, S.data());
+        for (int64_t r = 0; r < rows; ++r) {
+          float* sr = S.data() + r * kBk;
+          const float mnew = std::max(mrow[r], row_max(sr, cols));
+          if (mnew == -kInf) {  // nothing visible yet: this block adds nothing to the row
+            std::fill(sr, sr + cols, 0.0f);
+            continue;
+          }
+          const float corr = std::exp(mrow[r] - mnew);
+          lrow[r] = lrow[r] * corr + exp_store_sum(sr, sr, cols, mnew);
+          mrow[r] = mnew;
+          if (corr != 1.0f) {
+            const Vec cv = Vec::set1(corr);
+            map1(O.data() + r * D, O.data() + r * D, D, [&](Vec o) { return o * cv; });
+          }
+        }
+        sgemm(false, false, rows, D, cols, 1.0f, S.data(), kBk, V + j0 * D, D, 1.0f, O.data(), D);
+      }
+      float* out = a.out + qoff;
+      float* lse = a.lse + (b * a.Hq + h) * a.Tq + i0;
+      for (int64_t r = 0; r < rows; ++r) {
+        if (lrow[r] == 0.0f) {  // every key masked: output zeros, lse -inf
+          std::fill(out + r * D, out + (r + 1) * D, 0.0f);
+          lse[r] = -kInf;
+          continue;
+        }
+        const Vec inv = Vec::set1(1.0f / lrow[r]);
+        map1(O.data() + r * D, out + r * D, D, [&](Vec o) { return o * inv; });
+        lse[r] = mrow[r] + std::log(lrow[r]);
+      }
+    }
+  });
+}
+
+// FlashAttention-2-style backward. One task per (batch, kv head) owns dk, dv of that head and
+// dq of its query heads, so every sum runs on one thread in a fixed order (deterministic at any
+// thread count). Per key block, for each query block: recompute P from the saved lse, then
+// dV += P^T dO, dP = dO V^T, dS = P (dP - delta) scale, dK += dS^T Q, dQ += dS K.
+void attention_backward(const AttnArgs& a) {
+  const int64_t D = a.D, group = a.Hq / a.Hk;
+  const int64_t nrows = a.B * a.Hq * a.Tq;
+  std::vector<float> delta(static_cast<size_t>(nrows));
+  parallel_for(0, nrows, 256, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) delta[r] = row_dot(a.dout + r * D, a.out + r * D, D);
+  });
+  const Vec scale = Vec::set1(a.scale);
+  parallel_for(0, a.B * a.Hk, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> P(kBq * kBk), dP(kBq * kBk);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b = t / a.Hk, hk = t % a.Hk;
+      const float* K = a.k + t * a.Tk * D;
+      const float* V = a.v + t * a.Tk * D;
+      float* dK = a.dk + t * a.Tk * D;
+      float* dV = a.dv + t * a.Tk * D;
+      std::fill(dK, dK + a.Tk * D, 0.0f);
+      std::fill(dV, dV + a.Tk * D, 0.0f);
+      for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
+        float* dq = a.dq + (b * a.Hq + h) * a.Tq * D;
+        std::fill(dq, dq + a.Tq * D, 0.0f);
+      }
+      for (int64_t j0 = 0; j0 < a.Tk; j0 += kBk) {
+        const int64_t cols = std::min(kBk, a.Tk - j0);
+        for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
+          const int64_t head_row = (b * a.Hq + h) * a.Tq;
+          for (int64_t i0 = 0; i0 < a.Tq; i0 += kBq) {
+            const int64_t rows = std::min(kBq, a.Tq - i0);
+            if (key_end(a, i0, rows) <= j0) continue;  // causal: no key of this block visible
+            const float* Q = a.q + (head_row + i0) * D;
+            const float* dO = a.dout + (head_row + i0) * D;
+            const float* lse = a.lse + head_row + i0;
+            const float* dl = delta.data() + head_row + i0;
+            sgemm(false, true, rows, cols, D, a.scale, Q, D, K + j0 * D, D, 0.0f, P.data(), kBk);
+            mask_block(a, b, i0, rows, j0, cols, P.data());
+            for (int64_t r = 0; r < rows; ++r) {
+              float* pr = P.data() + r * kBk;
+              if (std::isinf(lse[r])) {  // fully masked row: no gradient flows
+                std::fill(pr, pr + cols, 0.0f);
+                continue;
+              }
+              const Vec l = Vec::set1(lse[r]);
+              map1(pr, pr, cols, [&](Vec s) { return exp(s - l); });
+            }
+            sgemm(true, false, cols, D, rows, 1.0f, P.data(), kBk, dO, D, 1.0f, dV + j0 * D, D);
+            sgemm(false, true, rows, cols, D, 1.0f, dO, D, V + j0 * D, D, 0.0f, dP.data(), kBk);
+            for (int64_t r = 0; r < rows; ++r) {
+              const Vec dr = Vec::set1(dl[r]);
+              map2(P.data() + r * kBk, dP.data() + r * kBk, dP.data() + r * kBk, cols,
+                   [&](Vec p, Vec dp) { return p * (dp - dr) * scale; });
+            }
+            sgemm(true, false, cols, D, rows, 1.0f, dP.data(), kBk, Q, D, 1.0f, dK + j0 * D, D);
+            sgemm(false, false, rows, D, cols, 1.0f, dP.data(), kBk, K + j0 * D, D, 1.0f,
+                  a.dq + (head_row + i0) * D, D);
+          }
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+const FastKernels& fast_kernels() {
+  static const FastKernels k{
+      &softmax,       &log_softmax,       &softmax_backward,       &log_softmax_backward,
+      &layer_norm,    &layer_norm_backward, &rms_norm,             &rms_norm_backward,
+      &cross_entropy, &cross_entropy_backward, &adamw,             &attention,
+      &attention_backward,
+  };
+  return k;
+}
+
+}  // namespace mammoth::kernels::cpu::MAMMOTH_FAST_NS

@@ -1,0 +1,83 @@
+// Picks the instruction set for the fused f32 kernels (simd.h, fast.h).
+#include "kernels/cpu/simd.h"
+
+#include <atomic>
+
+#include "base/error.h"
+#include "kernels/cpu/fast.h"
+
+namespace mammoth::kernels::cpu {
+namespace {
+
+std::atomic<SimdIsa> g_forced{SimdIsa::kAuto};
+
+SimdIsa best_isa() {
+#if defined(__x86_64__)
+  static const SimdIsa best = [] {
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma")) {
+      return SimdIsa::kAvx512;
+    }
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c")) {
+      return SimdIsa::kAvx2;
+    }
+    return SimdIsa::kPortable;
+  }();
+  return best;
+#else
+  return SimdIsa::kPortable;
+#endif
+}
+
+}  // namespace
+
+bool simd_isa_supported(SimdIsa isa) {
+  switch (isa) {
+    case SimdIsa::kAuto:
+    case SimdIsa::kPortable:
+      return true;
+    case SimdIsa::kAvx2:
+      return best_isa() == SimdIsa::kAvx2 || best_isa() == SimdIsa::kAvx512;
+    case SimdIsa::kAvx512:
+      return best_isa() == SimdIsa::kAvx512;
+  }
+  return false;
+}
+
+void set_simd_isa(SimdIsa isa) {
+  MAMMOTH_CHECK(simd_isa_supported(isa))
+      << "[set_simd_isa] this CPU cannot run the " << simd_isa_name(isa) << " kernels";
+  g_forced.store(isa);
+}
+
+SimdIsa active_simd_isa() {
+  const SimdIsa f = g_forced.load();
+  return f == SimdIsa::kAuto ? best_isa() : f;
+}
+
+const char* simd_isa_name(SimdIsa isa) {
+  switch (isa) {
+    case SimdIsa::kAuto:
+      return "auto";
+    case SimdIsa::kAvx512:
+      return "avx512";
+    case SimdIsa::kAvx2:
+      return "avx2";
+    case SimdIsa::kPortable:
+      return "portable";
+  }
+  return "?";
+}
+
+const FastKernels& fast_kernels() {
+  switch (active_simd_isa()) {
+    case SimdIsa::kAvx512:
+      return avx512::fast_kernels();
+    case SimdIsa::kAvx2:
+      return avx2::fast_kernels();
+    default:
+      return portable::fast_kernels();
+  }
+}
+
+}  // namespace mammoth::kernels::cpu

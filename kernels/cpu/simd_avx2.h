@@ -1,0 +1,93 @@
+// The 8-lane AVX2 float vector the fused CPU kernels are written against (see fast_impl.h).
+// Only for translation units compiled with -mavx2 -mfma -mf16c.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace mammoth::kernels::cpu::avx2 {
+
+struct Vec {
+  static constexpr int kWidth = 8;
+  __m256 v;
+
+  static Vec load(const float* p) { return {_mm256_loadu_ps(p)}; }
+  // The first n (< kWidth) lanes from p, `fill` in the others; never reads past p + n.
+  static Vec load_n(const float* p, int n, float fill = 0.0f) {
+    const __m256i m = mask(n);
+    return {_mm256_blendv_ps(_mm256_set1_ps(fill), _mm256_maskload_ps(p, m),
+                             _mm256_castsi256_ps(m))};
+  }
+  static Vec load_bf16(const uint16_t* p) {
+    const __m256i w =
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return {_mm256_castsi256_ps(_mm256_slli_epi32(w, 16))};
+  }
+  static Vec load_f16(const uint16_t* p) {
+    return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))};
+  }
+  void store(float* p) const { _mm256_storeu_ps(p, v); }
+  void store_n(float* p, int n) const { _mm256_maskstore_ps(p, mask(n), v); }
+  static Vec set1(float x) { return {_mm256_set1_ps(x)}; }
+  static Vec zero() { return {_mm256_setzero_ps()}; }
+
+  static __m256i mask(int n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  }
+};
+
+inline Vec operator+(Vec a, Vec b) { return {_mm256_add_ps(a.v, b.v)}; }
+inline Vec operator-(Vec a, Vec b) { return {_mm256_sub_ps(a.v, b.v)}; }
+inline Vec operator*(Vec a, Vec b) { return {_mm256_mul_ps(a.v, b.v)}; }
+inline Vec operator/(Vec a, Vec b) { return {_mm256_div_ps(a.v, b.v)}; }
+inline Vec fma(Vec a, Vec b, Vec c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
+// max/min return the second operand when either is NaN; callers put the data there.
+inline Vec max(Vec a, Vec b) { return {_mm256_max_ps(a.v, b.v)}; }
+inline Vec min(Vec a, Vec b) { return {_mm256_min_ps(a.v, b.v)}; }
+inline Vec sqrt(Vec a) { return {_mm256_sqrt_ps(a.v)}; }
+// Fixed-order horizontal reductions (so a row's result never depends on anything but the row).
+inline float hsum(Vec a) {
+  __m128 q = _mm_add_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
+  q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+  q = _mm_add_ss(q, _mm_movehdup_ps(q));
+  return _mm_cvtss_f32(q);
+}
+inline float hmax(Vec a) {
+  __m128 q = _mm_max_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
+  q = _mm_max_ps(q, _mm_movehl_ps(q, q));
+  q = _mm_max_ss(q, _mm_movehdup_ps(q));
+  return _mm_cvtss_f32(q);
+}
+
+// e^x, about 1 ulp (Cephes' expf polynomial on the reduced argument). 2^n is built in the
+// exponent bits, valid for normal results only, so underflow (incl. -inf) is set to 0 and
+// overflow to inf afterwards; NaN stays NaN.
+inline Vec exp(Vec x) {
+  const __m256 lo = _mm256_set1_ps(-87.33654f), hi = _mm256_set1_ps(88.72283f);
+  const __m256 xc = _mm256_min_ps(hi, _mm256_max_ps(lo, x.v));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  // n is in [-126, 128] and 2^128 is not a float, so 2^n is applied in two normal halves.
+  const __m256i ni = _mm256_cvtps_epi32(n);
+  const __m256i n1 = _mm256_srai_epi32(ni, 1);
+  const __m256i n2 = _mm256_sub_epi32(ni, n1);
+  const __m256i bias = _mm256_set1_epi32(127);
+  const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
+  const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
+  __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+  y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x.v, lo, _CMP_LT_OQ));
+  y = _mm256_blendv_ps(y, _mm256_set1_ps(__builtin_inff()), _mm256_cmp_ps(x.v, hi, _CMP_GT_OQ));
+  return {y};
+}
+
+}  // namespace mammoth::kernels::cpu::avx2

@@ -1,0 +1,72 @@
+// The 16-lane AVX-512 float vector the fused CPU kernels are written against (see fast_impl.h).
+// Only for translation units compiled with -mavx512f -mfma.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace mammoth::kernels::cpu::avx512 {
+
+struct Vec {
+  static constexpr int kWidth = 16;
+  __m512 v;
+
+  static Vec load(const float* p) { return {_mm512_loadu_ps(p)}; }
+  // The first n (< kWidth) lanes from p, `fill` in the others; never reads past p + n.
+  static Vec load_n(const float* p, int n, float fill = 0.0f) {
+    return {_mm512_mask_loadu_ps(_mm512_set1_ps(fill), mask(n), p)};
+  }
+  static Vec load_bf16(const uint16_t* p) {
+    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return {_mm512_castsi512_ps(_mm512_slli_epi32(w, 16))};
+  }
+  static Vec load_f16(const uint16_t* p) {
+    return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
+  }
+  void store(float* p) const { _mm512_storeu_ps(p, v); }
+  void store_n(float* p, int n) const { _mm512_mask_storeu_ps(p, mask(n), v); }
+  static Vec set1(float x) { return {_mm512_set1_ps(x)}; }
+  static Vec zero() { return {_mm512_setzero_ps()}; }
+
+  static __mmask16 mask(int n) { return static_cast<__mmask16>((1u << n) - 1u); }
+};
+
+inline Vec operator+(Vec a, Vec b) { return {_mm512_add_ps(a.v, b.v)}; }
+inline Vec operator-(Vec a, Vec b) { return {_mm512_sub_ps(a.v, b.v)}; }
+inline Vec operator*(Vec a, Vec b) { return {_mm512_mul_ps(a.v, b.v)}; }
+inline Vec operator/(Vec a, Vec b) { return {_mm512_div_ps(a.v, b.v)}; }
+inline Vec fma(Vec a, Vec b, Vec c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+// max/min return the second operand when either is NaN; callers put the data there.
+inline Vec max(Vec a, Vec b) { return {_mm512_max_ps(a.v, b.v)}; }
+inline Vec min(Vec a, Vec b) { return {_mm512_min_ps(a.v, b.v)}; }
+inline Vec sqrt(Vec a) { return {_mm512_sqrt_ps(a.v)}; }
+// Fixed-order horizontal reductions (so a row's result never depends on anything but the row).
+inline float hsum(Vec a) {
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a.v), _mm512_extractf32x8_ps(a.v, 1));
+  __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+  q = _mm_add_ss(q, _mm_movehdup_ps(q));
+  return _mm_cvtss_f32(q);
+}
+inline float hmax(Vec a) { return _mm512_reduce_max_ps(a.v); }
+
+// e^x, about 1 ulp (Cephes' expf polynomial on the reduced argument); e^-inf = 0, NaN stays NaN,
+// overflow gives inf. scalef applies 2^n with correct underflow to denormals and zero.
+inline Vec exp(Vec x) {
+  const __m512 xc = _mm512_min_ps(_mm512_set1_ps(88.8f), _mm512_max_ps(_mm512_set1_ps(-104.0f), x.v));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return {_mm512_scalef_ps(p, n)};
+}
+
+}  // namespace mammoth::kernels::cpu::avx512

@@ -1,0 +1,418 @@
+// The fused f32 CPU kernels (kernels/cpu/fast_impl.h) against the plain f64 loops they replaced,
+// on random inputs of awkward sizes, for every instruction set this CPU can run (the AVX-512,
+// AVX2 and portable copies are forced in turn with set_simd_isa). Also: results independent of
+// the thread count, fully masked attention rows, cross-entropy edge cases, AdamW with
+// bf16/f16 gradients and a bf16/f16 parameter copy.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "base/dtype.h"
+#include "base/error.h"
+#include "base/thread_pool.h"
+#include "kernels/cpu/simd.h"
+#include "kernels/params.h"
+#include "kernels/registry.h"
+
+namespace mammoth::kernels::cpu {
+namespace {
+
+// A host buffer kept in double and mirrored to f32 (or any dtype) on demand.
+struct Buf {
+  std::vector<int64_t> shape;
+  std::vector<double> d;
+  std::vector<float> f;
+  std::vector<int64_t> i64;
+  std::vector<uint8_t> raw;
+
+  Buf() = default;
+  explicit Buf(std::vector<int64_t> s) : shape(std::move(s)) {
+    int64_t n = 1;
+    for (int64_t x : shape) n *= x;
+    d.assign(static_cast<size_t>(n), 0.0);
+    f.assign(static_cast<size_t>(n), 0.0f);
+  }
+  int64_t numel() const { return static_cast<int64_t>(d.size()); }
+  // Values rounded through f32 so both precisions see identical inputs.
+  Buf& random(std::mt19937& rng, double lo = -2.0, double hi = 2.0) {
+    std::uniform_real_distribution<double> u(lo, hi);
+    for (size_t i = 0; i < d.size(); ++i) d[i] = static_cast<float>(u(rng));
+    return *this;
+  }
+  TensorArg arg(DType dt) {
+    TensorArg a;
+    a.dtype = dt;
+    a.ndim = static_cast<int>(shape.size());
+    int64_t st = 1;
+    for (int k = a.ndim - 1; k >= 0; --k) {
+      a.shape[k] = shape[k];
+      a.strides[k] = st;
+      st *= shape[k];
+    }
+    if (dt == DType::kF64) {
+      a.data = d.data();
+    } else if (dt == DType::kF32) {
+      for (size_t i = 0; i < d.size(); ++i) f[i] = static_cast<float>(d[i]);
+      a.data = f.data();
+    } else if (dt == DType::kI64) {
+      a.data = i64.data();
+    } else {
+      a.data = raw.data();
+    }
+    return a;
+  }
+};
+
+TensorArg i64_arg(std::vector<int64_t>& v) {
+  TensorArg a;
+  a.dtype = DType::kI64;
+  a.ndim = 1;
+  a.shape[0] = static_cast<int64_t>(v.size());
+  a.strides[0] = 1;
+  a.data = v.data();
+  return a;
+}
+
+TensorArg bool_arg(std::vector<uint8_t>& v, int64_t rows, int64_t cols) {
+  TensorArg a;
+  a.dtype = DType::kBool;
+  a.ndim = 2;
+  a.shape[0] = rows;
+  a.shape[1] = cols;
+  a.strides[0] = cols;
+  a.strides[1] = 1;
+  a.data = v.data();
+  return a;
+}
+
+void expect_close(const std::string& what, const std::vector<float>& got,
+                  const std::vector<double>& want, double rtol = 2e-4, double atol = 2e-5) {
+  REQUIRE(got.size() == want.size());
+  double scale = 0;
+  for (double w : want) {
+    if (std::isfinite(w)) scale = std::max(scale, std::abs(w));
+  }
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double w = want[i], g = got[i];
+    if (std::isinf(w)) {
+      INFO(what << "[" << i << "] got " << g << " want " << w);
+      REQUIRE(g == w);
+      continue;
+    }
+    const bool ok = std::abs(g - w) <= atol * std::max(1.0, scale) + rtol * std::abs(w);
+    if (!ok) {
+      INFO(what << "[" << i << "] of " << got.size() << ": got " << g << " want " << w);
+      REQUIRE(ok);
+    }
+  }
+}
+
+std::vector<SimdIsa> isas() {
+  std::vector<SimdIsa> r;
+  for (SimdIsa i : {SimdIsa::kAvx512, SimdIsa::kAvx2, SimdIsa::kPortable}) {
+    if (simd_isa_supported(i)) r.push_back(i);
+  }
+  return r;
+}
+
+struct IsaGuard {
+  explicit IsaGuard(SimdIsa i) { set_simd_isa(i); }
+  ~IsaGuard() { set_simd_isa(SimdIsa::kAuto); }
+};
+
+// Runs kernel k on (ins -> outs) in f32 and in f64 and compares every output.
+void check_f32_vs_f64(Kernel k, std::vector<Buf*> ins, std::vector<Buf*> outs, const void* params,
+                      const std::vector<TensorArg>& extra_in = {}, size_t extra_at = 0,
+                      double atol = 2e-5) {
+  for (DType dt : {DType::kF64, DType::kF32}) {
+    std::vector<TensorArg> in, out;
+    for (Buf* b : ins) in.push_back(b->arg(dt));
+    in.insert(in.begin() + static_cast<std::ptrdiff_t>(std::min(extra_at, in.size())),
+              extra_in.begin(), extra_in.end());
+    for (Buf* b : outs) out.push_back(b->arg(dt));
+    launch(k, DeviceType::kCPU, dt, in, out, params);
+  }
+  for (size_t o = 0; o < outs.size(); ++o) {
+    expect_close(std::string(kernel_name(k)) + " out" + std::to_string(o), outs[o]->f, outs[o]->d,
+                 2e-4, atol);
+  }
+}
+
+const std::vector<int64_t> kRowSizes = {1, 3, 7, 16, 17, 31, 64, 100, 769, 1031};
+const std::vector<int64_t> kRowCounts = {1, 5, 67};
+
+TEST_CASE("fast softmax family matches the f64 reference on awkward sizes") {
+  std::mt19937 rng(1);
+  for (SimdIsa isa : isas()) {
+    IsaGuard guard(isa);
+    for (int64_t M : kRowCounts) {
+      for (int64_t N : kRowSizes) {
+        INFO("isa " << simd_isa_name(isa) << " M " << M << " N " << N);
+        Buf x({M, N}), y({M, N}), dy({M, N}), dx({M, N});
+        x.random(rng, -8, 8);
+        dy.random(rng);
+        check_f32_vs_f64(Kernel::softmax, {&x}, {&y}, nullptr);
+        check_f32_vs_f64(Kernel::softmax_backward, {&dy, &y}, {&dx}, nullptr);
+        check_f32_vs_f64(Kernel::log_softmax, {&x}, {&y}, nullptr);
+        check_f32_vs_f64(Kernel::log_softmax_backward, {&dy, &y}, {&dx}, nullptr);
+      }
+    }
+  }
+}
+
+TEST_CASE("fast layer_norm and rms_norm match the f64 reference, forward and backward") {
+  std::mt19937 rng(2);
+  NormParams p;
+  p.eps = 1e-5;
+  for (SimdIsa isa : isas()) {
+    IsaGuard guard(isa);
+    for (int64_t M : {int64_t{1}, int64_t{5}, int64_t{67}, int64_t{130}}) {
+      for (int64_t N : kRowSizes) {
+        INFO("isa " << simd_isa_name(isa) << " M " << M << " N " << N);
+        Buf x({M, N}), w({N}), b({N}), y({M, N}), mean({M}), rstd({M});
+        x.random(rng, -3, 5);
+        w.random(rng);
+        b.random(rng);
+        check_f32_vs_f64(Kernel::layer_norm, {&x, &w, &b}, {&y, &mean, &rstd}, &p);
+        Buf dy({M, N}), dx({M, N}), dw({N}), db({N});
+        dy.random(rng);
+        // Backward from the same saved statistics (f64 ones, rounded) in both precisions. dx is
+        // a difference of terms of size rstd * |dy * w|, so its rounding error scales with rstd
+        // (large when a row is constant, e.g. N = 1).
+        double max_rstd = 1;
+        for (double r : rstd.d) max_rstd = std::max(max_rstd, r);
+        check_f32_vs_f64(Kernel::layer_norm_backward, {&dy, &x, &w, &mean, &rstd}, {&dx, &dw, &db},
+                         nullptr, {}, 0, 2e-5 * max_rstd);
+        Buf ry({M, N}), rr({M});
+        check_f32_vs_f64(Kernel::rms_norm, {&x, &w}, {&ry, &rr}, &p);
+        for (double r : rr.d) max_rstd = std::max(max_rstd, r);
+        check_f32_vs_f64(Kernel::rms_norm_backward, {&dy, &x, &w, &rr}, {&dx, &dw}, nullptr, {}, 0,
+                         2e-5 * max_rstd);
+      }
+    }
+  }
+}
+
+TEST_CASE("fast cross-entropy matches the f64 reference, with ignore_index and smoothing") {
+  std::mt19937 rng(3);
+  for (SimdIsa isa : isas()) {
+    IsaGuard guard(isa);
+    for (double smoothing : {0.0, 0.1}) {
+      for (int64_t V : {int64_t{1}, int64_t{2}, int64_t{17}, int64_t{1000}, int64_t{1025},
+                        int64_t{5003}}) {
+        const int64_t M = 13;
+        INFO("isa " << simd_isa_name(isa) << " V " << V << " smoothing " << smoothing);
+        CrossEntropyParams p;
+        p.label_smoothing = smoothing;
+        Buf x({M, V}), loss({M}), lse({M}), dloss({M}), dx({M, V});
+        x.random(rng, -10, 10);
+        // Large-magnitude logits in a later chunk exercise the running-maximum rescale.
+        if (V > 1024) x.d[static_cast<size_t>(3 * V + V - 2)] = 60.0;
+        dloss.random(rng);
+        std::vector<int64_t> target(M);
+        std::uniform_int_distribution<int64_t> pick(0, V - 1);
+        for (int64_t& t : target) t = pick(rng);
+        target[4] = p.ignore_index;
+        check_f32_vs_f64(Kernel::cross_entropy, {&x}, {&loss, &lse}, &p, {i64_arg(target)}, 1);
+        REQUIRE(loss.f[4] == 0.0f);
+        check_f32_vs_f64(Kernel::cross_entropy_backward, {&dloss, &x, &lse}, {&dx}, &p,
+                         {i64_arg(target)}, 2);
+        for (int64_t v = 0; v < V; ++v) REQUIRE(dx.f[static_cast<size_t>(4 * V + v)] == 0.0f);
+      }
+    }
+  }
+}
+
+TEST_CASE("fast cross-entropy rejects out-of-range targets") {
+  for (SimdIsa isa : isas()) {
+    IsaGuard guard(isa);
+    CrossEntropyParams p;
+    Buf x({2, 5}), loss({2}), lse({2});
+    std::vector<int64_t> target = {1, 5};
+    std::vector<TensorArg> in = {x.arg(DType::kF32), i64_arg(target)};
+    std::vector<TensorArg> out = {loss.arg(DType::kF32), lse.arg(DType::kF32)};
+    REQUIRE_THROWS_AS(launch(Kernel::cross_entropy, DeviceType::kCPU, DType::kF32, in, out, &p),
+                      Error);
+  }
+}
+
+TEST_CASE("fast kernels give bitwise the same results at any thread count") {
+  std::mt19937 rng(4);
+  const int before = num_threads();
+  const int64_t M = 301, N = 771;
+  Buf x({M, N}), w({N}), b({N}), dy({M, N});
+  x.random(rng);
+  w.random(rng);
+  b.random(rng);
+  dy.random(rng);
+  auto run = [&](int threads) {
+    set_num_threads(threads);
+    Buf y({M, N}), mean({M}), rstd({M}), dx({M, N}), dw({N}), db({N}), sm({M, N});
+    NormParams p;
+    std::vector<TensorArg> in = {x.arg(DType::kF32), w.arg(DType::kF32), b.arg(DType::kF32)};
+    std::vector<TensorArg> out = {y.arg(DType::kF32), mean.arg(DType::kF32),
+                                  rstd.arg(DType::kF32)};
+    launch(Kernel::layer_norm, DeviceType::kCPU, DType::kF32, in, out, &p);
+    std::vector<TensorArg> bin = {dy.arg(DType::kF32), in[0], in[1], out[1], out[2]};
+    std::vector<TensorArg> bout = {dx.arg(DType::kF32), dw.arg(DType::kF32), db.arg(DType::kF32)};
+    launch(Kernel::layer_norm_backward, DeviceType::kCPU, DType::kF32, bin, bout, nullptr);
+    std::vector<TensorArg> sin = {in[0]}, sout = {sm.arg(DType::kF32)};
+    launch(Kernel::softmax, DeviceType::kCPU, DType::kF32, sin, sout, nullptr);
+    std::vector<float> all;
+    for (Buf* r : {&y, &dx, &dw, &db, &sm}) all.insert(all.end(), r->f.begin(), r->f.end());
+    return all;
+  };
+  const std::vector<float> one = run(1);
+  const std::vector<float> three = run(3);
+  set_num_threads(before);
+  REQUIRE(std::memcmp(one.data(), three.data(), one.size() * sizeof(float)) == 0);
+}
+
+struct AttnCase {
+  int64_t B, Hq, Hk, Tq, Tk, D;
+  bool causal, mask;
+};
+
+void check_attention(const AttnCase& c, std::mt19937& rng) {
+  INFO("B " << c.B << " Hq " << c.Hq << " Hk " << c.Hk << " Tq " << c.Tq << " Tk " << c.Tk
+            << " D " << c.D << " causal " << c.causal << " mask " << c.mask);
+  Buf q({c.B, c.Hq, c.Tq, c.D}), k({c.B, c.Hk, c.Tk, c.D}), v({c.B, c.Hk, c.Tk, c.D});
+  q.random(rng);
+  k.random(rng);
+  v.random(rng);
+  AttentionParams p;
+  p.causal = c.causal;
+  p.has_key_mask = c.mask;
+  std::vector<uint8_t> km(static_cast<size_t>(c.B * c.Tk), 1);
+  if (c.mask) {
+    std::bernoulli_distribution drop(0.3);
+    for (auto& m : km) m = drop(rng) ? 0 : 1;
+    // Batch 0 sees no key at all: every row is fully masked (lse -inf, zero output/grads).
+    for (int64_t j = 0; j < c.Tk; ++j) km[static_cast<size_t>(j)] = 0;
+  }
+  Buf out({c.B, c.Hq, c.Tq, c.D}), lse({c.B, c.Hq, c.Tq});
+  Buf dout({c.B, c.Hq, c.Tq, c.D}), dq(q.shape), dk(k.shape), dv(v.shape);
+  dout.random(rng);
+  std::vector<TensorArg> mask_in;
+  if (c.mask) mask_in.push_back(bool_arg(km, c.B, c.Tk));
+  // lse is f32 in both precisions; run f64 first, keep its lse for the f64 backward.
+  std::vector<float> lse64(static_cast<size_t>(lse.numel())), lse32(lse64.size());
+  std::vector<float> out32;
+  for (DType dt : {DType::kF64, DType::kF32}) {
+    std::vector<float>& l = dt == DType::kF64 ? lse64 : lse32;
+    TensorArg la = lse.arg(DType::kF32);
+    la.data = l.data();
+    std::vector<TensorArg> in = {q.arg(dt), k.arg(dt), v.arg(dt)};
+    in.insert(in.end(), mask_in.begin(), mask_in.end());
+    std::vector<TensorArg> o = {out.arg(dt), la};
+    launch(Kernel::attention, DeviceType::kCPU, dt, in, o, &p);
+    if (dt == DType::kF32) out32 = out.f;
+  }
+  expect_close("attention out", out32, out.d);
+  expect_close("attention lse", lse32, std::vector<double>(lse64.begin(), lse64.end()));
+  if (c.mask) {
+    for (int64_t r = 0; r < c.Hq * c.Tq; ++r) REQUIRE(std::isinf(lse32[static_cast<size_t>(r)]));
+  }
+  for (DType dt : {DType::kF64, DType::kF32}) {
+    std::vector<float>& l = dt == DType::kF64 ? lse64 : lse32;
+    TensorArg la = lse.arg(DType::kF32);
+    la.data = l.data();
+    TensorArg oa = out.arg(DType::kF64);
+    if (dt == DType::kF32) {
+      oa = out.arg(DType::kF32);
+      oa.data = out32.data();
+    }
+    std::vector<TensorArg> in = {dout.arg(dt), q.arg(dt), k.arg(dt), v.arg(dt), oa, la};
+    in.insert(in.end(), mask_in.begin(), mask_in.end());
+    std::vector<TensorArg> o = {dq.arg(dt), dk.arg(dt), dv.arg(dt)};
+    for (TensorArg& t : o) std::memset(t.data, 0x7f, static_cast<size_t>(t.numel()) * dtype_size(dt));
+    launch(Kernel::attention_backward, DeviceType::kCPU, dt, in, o, &p);
+  }
+  expect_close("attention dq", dq.f, dq.d);
+  expect_close("attention dk", dk.f, dk.d);
+  expect_close("attention dv", dv.f, dv.d);
+}
+
+TEST_CASE("tiled attention matches the f64 reference, forward and backward") {
+  std::mt19937 rng(5);
+  const std::vector<AttnCase> cases = {
+      {1, 1, 1, 1, 1, 1, false, false},     {1, 2, 2, 7, 7, 3, true, false},
+      {2, 4, 2, 65, 65, 16, true, false},   {1, 2, 1, 130, 130, 64, false, false},
+      {2, 2, 2, 67, 67, 67, false, true},   {1, 3, 3, 5, 133, 17, true, false},
+      {2, 4, 1, 129, 257, 32, true, true},  {1, 1, 1, 200, 9, 8, false, false},
+      {1, 1, 1, 131, 131, 64, true, false},
+  };
+  for (SimdIsa isa : isas()) {
+    IsaGuard guard(isa);
+    INFO("isa " << simd_isa_name(isa));
+    for (const AttnCase& c : cases) check_attention(c, rng);
+  }
+}
+
+TEST_CASE("fast AdamW matches the f64 reference and takes bf16/f16 gradients") {
+  std::mt19937 rng(6);
+  AdamWParams p;
+  p.lr = 1e-2;
+  p.weight_decay = 0.1;
+  p.step = 3;
+  p.grad_scale = 0.5;
+  for (SimdIsa isa : isas()) {
+    IsaGuard guard(isa);
+    for (int64_t n : {int64_t{1}, int64_t{15}, int64_t{17}, int64_t{1000}, int64_t{65537}}) {
+      INFO("isa " << simd_isa_name(isa) << " n " << n);
+      Buf w({n}), g({n}), m({n}), v({n});
+      w.random(rng);
+      g.random(rng);
+      m.random(rng, -0.1, 0.1);
+      v.random(rng, 0.0, 0.1);
+      Buf w32 = w, m32 = m, v32 = v;
+      std::vector<TensorArg> in64 = {w.arg(DType::kF64), g.arg(DType::kF64), m.arg(DType::kF64),
+                                     v.arg(DType::kF64)};
+      launch(Kernel::adamw, DeviceType::kCPU, DType::kF64, in64, {}, &p);
+      std::vector<TensorArg> in32 = {w32.arg(DType::kF32), g.arg(DType::kF32),
+                                     m32.arg(DType::kF32), v32.arg(DType::kF32)};
+      launch(Kernel::adamw, DeviceType::kCPU, DType::kF32, in32, {}, &p);
+      expect_close("adamw w", w32.f, w.d);
+      expect_close("adamw m", m32.f, m.d);
+      expect_close("adamw v", v32.f, v.d);
+
+      for (DType half : {DType::kBF16, DType::kF16}) {
+        // Same gradients rounded to half: f32 grads of the rounded values must give the same
+        // bits as the half grads, and the half parameter copy must be the rounded parameters.
+        std::vector<uint16_t> gh(static_cast<size_t>(n)), wh(static_cast<size_t>(n));
+        Buf gr({n});
+        for (int64_t i = 0; i < n; ++i) {
+          const float gf = static_cast<float>(g.d[static_cast<size_t>(i)]);
+          gh[i] = half == DType::kBF16 ? float_to_bf16(gf).bits : float_to_f16(gf).bits;
+          gr.d[i] = half == DType::kBF16 ? bf16_to_float(bf16{gh[i]}) : f16_to_float(f16{gh[i]});
+        }
+        Buf wa = w, ma = m, va = v, wb = w, mb = m, vb = v;
+        std::vector<TensorArg> ia = {wa.arg(DType::kF32), gr.arg(DType::kF32),
+                                     ma.arg(DType::kF32), va.arg(DType::kF32)};
+        launch(Kernel::adamw, DeviceType::kCPU, DType::kF32, ia, {}, &p);
+        TensorArg gha = g.arg(DType::kF32);
+        gha.dtype = half;
+        gha.data = gh.data();
+        TensorArg wha = gha;
+        wha.data = wh.data();
+        std::vector<TensorArg> ib = {wb.arg(DType::kF32), gha, mb.arg(DType::kF32),
+                                     vb.arg(DType::kF32), wha};
+        launch(Kernel::adamw, DeviceType::kCPU, DType::kF32, ib, {}, &p);
+        REQUIRE(std::memcmp(wa.f.data(), wb.f.data(), sizeof(float) * n) == 0);
+        REQUIRE(std::memcmp(va.f.data(), vb.f.data(), sizeof(float) * n) == 0);
+        for (int64_t i = 0; i < n; ++i) {
+          const uint16_t want = half == DType::kBF16 ? float_to_bf16(wb.f[i]).bits
+                                                     : float_to_f16(wb.f[i]).bits;
+          REQUIRE(wh[i] == want);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mammoth::kernels::cpu
