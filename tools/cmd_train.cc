@@ -14,6 +14,9 @@
 #include "engine/data/token_shard.h"
 #include "engine/train/trainer.h"
 #include "models/registry.h"
+#include "parallel/comm/mpi_communicator.h"
+#include "parallel/data_parallel.h"
+#include "parallel/mesh.h"
 #include "tools/command.h"
 
 ABSL_FLAG(std::string, model, "gpt2-tiny", "registered model name or Hugging Face model directory");
@@ -55,6 +58,12 @@ ABSL_FLAG(int64_t, log_every, 10, "print a progress line every N steps");
 ABSL_FLAG(int, vocab_size, 1024,
           "BPE vocabulary trained for the embedded corpus (train) or the inputs (data)");
 ABSL_FLAG(double, peak_gflops, 0, "machine peak GFLOP/s for MFU (0: not reported)");
+ABSL_FLAG(int, dp, 0, "data-parallel ranks (0: all ranks mpirun started)");
+ABSL_FLAG(int, zero, 0,
+          "ZeRO stage: 0 (replicated), 1 (optimizer states sharded), 2 (+ gradients)");
+ABSL_FLAG(double, bucket_mb, 25.0, "gradient bucket size for data-parallel reductions, MiB");
+ABSL_FLAG(double, comm_timeout, 600.0,
+          "seconds a collective may take before the job is aborted naming it (<= 0: no limit)");
 
 namespace mammoth::tools {
 namespace {
@@ -91,10 +100,34 @@ int run_train(const std::vector<std::string>& args) {
       << "[train] --amp must be fp32, bf16 or fp16, got '" << amp << "'";
   set_num_threads(absl::GetFlag(FLAGS_threads));
 
+  // Processes: mpirun's world. Only data parallelism is built so far, so --dp is the world.
+  const char* env_world = std::getenv("OMPI_COMM_WORLD_SIZE");
+  const int launched = env_world ? std::max(1, std::atoi(env_world)) : 1;
+  const int dp_size = absl::GetFlag(FLAGS_dp) > 0 ? absl::GetFlag(FLAGS_dp) : launched;
+  MAMMOTH_CHECK(dp_size == launched)
+      << "[train] --dp " << dp_size << " but " << launched << " process(es) were started"
+      << (launched == 1
+              ? " (launch with: mpirun -np " + std::to_string(dp_size) + " mammoth train ...)"
+              : "; --dp must equal the number of ranks (tensor and pipeline "
+                "parallelism are not available in train yet)");
+  MAMMOTH_CHECK(absl::GetFlag(FLAGS_zero) >= 0 && absl::GetFlag(FLAGS_zero) <= 3)
+      << "[train] --zero must be 0, 1, 2 or 3, got " << absl::GetFlag(FLAGS_zero);
+  std::unique_ptr<parallel::DeviceMesh> mesh;
+  if (dp_size > 1) {
+    parallel::MeshOptions mo;
+    mo.comm.timeout_s = absl::GetFlag(FLAGS_comm_timeout);
+    mesh = std::make_unique<parallel::DeviceMesh>(parallel::mpi_world(mo.comm),
+                                                  parallel::MeshShape{.dp = dp_size}, mo);
+  }
+  const bool lead = mesh == nullptr || mesh->rank() == 0;
+
   data::TokenDataset train_data, val_data;
   int64_t vocab = 0;
   if (absl::GetFlag(FLAGS_data).empty()) {
+    // Rank 0 tokenizes the corpus into the cache once; the others then read it.
+    if (mesh && !lead) mesh->world().barrier();
     const data::BuildShardsResult r = default_data(absl::GetFlag(FLAGS_vocab_size));
+    if (mesh && lead) mesh->world().barrier();
     train_data = data::TokenDataset::open(r.train_shards);
     val_data = data::TokenDataset::open(r.val_shards);
     vocab = r.vocab_size;
@@ -152,17 +185,44 @@ int run_train(const std::vector<std::string>& args) {
                       12.0 * static_cast<double>(cfg.n_layer * cfg.d_model * o.seq_len);
   o.peak_flops = absl::GetFlag(FLAGS_peak_gflops) * 1e9;
 
-  std::fprintf(
-      stderr,
-      "[train] model %s: %lld parameters | data: %lld training tokens%s | threads %d\n"
-      "[train] batch %lld x %lld tokens x %lld accumulation = %lld tokens/step, %lld steps\n",
-      model_name.c_str(), static_cast<long long>(model->num_parameters()),
-      static_cast<long long>(train_data.size()),
-      val_data.size() ? (", " + std::to_string(val_data.size()) + " validation").c_str() : "",
-      num_threads(), static_cast<long long>(o.micro_batch), static_cast<long long>(o.seq_len),
-      static_cast<long long>(o.grad_accum),
-      static_cast<long long>(o.micro_batch * o.seq_len * o.grad_accum),
-      static_cast<long long>(o.steps));
+  std::unique_ptr<parallel::DataParallel> dp;
+  if (mesh) {
+    dp = std::make_unique<parallel::DataParallel>(
+        model->named_parameters(), mesh->group(parallel::Axis::kDp),
+        parallel::DataParallelOptions{.zero_stage = absl::GetFlag(FLAGS_zero),
+                                      .bucket_mb = absl::GetFlag(FLAGS_bucket_mb)});
+    dp->broadcast_parameters();
+    o.dp = dp.get();
+  } else {
+    MAMMOTH_CHECK(absl::GetFlag(FLAGS_zero) == 0)
+        << "[train] --zero " << absl::GetFlag(FLAGS_zero)
+        << " shards over data-parallel ranks: launch with mpirun -np N";
+  }
+
+  if (lead) {
+    std::fprintf(
+        stderr,
+        "[train] model %s: %lld parameters | data: %lld training tokens%s | threads %d\n"
+        "[train] batch %lld x %lld tokens x %lld accumulation x %d dp = %lld tokens/step, %lld "
+        "steps\n",
+        model_name.c_str(), static_cast<long long>(model->num_parameters()),
+        static_cast<long long>(train_data.size()),
+        val_data.size() ? (", " + std::to_string(val_data.size()) + " validation").c_str() : "",
+        num_threads(), static_cast<long long>(o.micro_batch), static_cast<long long>(o.seq_len),
+        static_cast<long long>(o.grad_accum), dp_size,
+        static_cast<long long>(o.micro_batch * o.seq_len * o.grad_accum * dp_size),
+        static_cast<long long>(o.steps));
+    // Bytes per rank for parameters, gradients and AdamW's two states (ZeRO divides them).
+    const int64_t elem = static_cast<int64_t>(dtype_size(cfg.dtype));
+    const int64_t n = model->num_parameters();
+    const parallel::DataParallel::MemoryReport m =
+        dp ? dp->memory() : parallel::DataParallel::MemoryReport{n * elem, n * elem, 2 * n * elem};
+    std::fprintf(stderr,
+                 "[train] per rank: parameters %.1f MiB, gradients %.1f MiB, optimizer states "
+                 "%.1f MiB (ZeRO stage %d)\n",
+                 m.params / 1048576.0, m.grads / 1048576.0, m.optimizer / 1048576.0,
+                 absl::GetFlag(FLAGS_zero));
+  }
 
   json::Value config = json::Value::object();
   config.set("model", json::Value(model_name));
@@ -171,7 +231,7 @@ int run_train(const std::vector<std::string>& args) {
       *model,
       [&](const engine::Tensor& in, const engine::Tensor& tg) { return model->loss(in, tg); },
       train_data, val_data, o, config);
-  if (!r.losses.empty()) {
+  if (lead && !r.losses.empty()) {
     std::fprintf(stderr, "[train] done: steps %lld..%lld, loss %.4f -> %.4f",
                  static_cast<long long>(r.first_step), static_cast<long long>(r.last_step),
                  r.losses.front(), r.losses.back());

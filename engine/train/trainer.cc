@@ -67,7 +67,7 @@ std::string format_duration(double seconds) {
 
 // Fields whose change makes a checkpoint's continuation meaningless.
 void check_resume_compatible(const json::Value& saved, const json::Value& now) {
-  for (const char* key : {"model", "micro_batch", "seq_len", "grad_accum", "seed"}) {
+  for (const char* key : {"model", "global_batch", "seq_len", "seed"}) {
     const json::Value* a = saved.find(key);
     const json::Value* b = now.find(key);
     if (a == nullptr || b == nullptr) continue;
@@ -135,8 +135,21 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
   ao.beta1 = o.beta1;
   ao.beta2 = o.beta2;
   ao.weight_decay = o.weight_decay;
+  DataParallelRuntime* dp = o.dp;
+  const int rank = dp ? dp->dp_rank() : 0, world = dp ? dp->dp_size() : 1;
+  const bool lead = rank == 0;
+  const bool quiet = o.quiet || !lead;
   const nn::NamedTensors params = model.named_parameters();
-  optim::AdamW opt(params, ao);
+  // Under ZeRO the optimizer sees this rank's shard slices; decay follows the full parameter.
+  optim::AdamW opt(
+      dp ? dp->optimizer_params() : params, ao,
+      dp ? optim::DecayFilter([dp](const std::string& n, const Tensor&) { return dp->decays(n); })
+         : optim::DecayFilter(optim::decay_matrices));
+  // Optimizer state in the single-process layout ("<param>.exp_avg"), as checkpoints hold it.
+  const std::vector<std::string> state_suffixes = {"exp_avg", "exp_avg_sq"};
+  auto full_optimizer_state = [&]() {
+    return dp ? dp->gather_state(opt.state(), state_suffixes) : opt.state();
+  };
   optim::LrSchedule sched;
   sched.kind = optim::LrSchedule::parse_kind(o.schedule);
   sched.warmup_steps = o.warmup;
@@ -147,6 +160,8 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
   for (const auto& key : {"micro_batch", "seq_len", "grad_accum", "seed"}) {
     run_config.set(key, options_to_json(o).at(key));
   }
+  run_config.set("dp", json::Value(world));
+  run_config.set("global_batch", json::Value(o.micro_batch * o.grad_accum * world));
 
   TrainResult result;
   result.last_val_loss = NAN;
@@ -154,7 +169,20 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
   nn::rng_state() = {o.seed, 0};
   if (o.resume) {
     if (auto dir = latest_checkpoint(o.save_dir)) {
-      const json::Value state = load_checkpoint(*dir, params, opt.state());
+      json::Value state;
+      if (dp) {
+        // Every rank reads the full state and keeps its part.
+        nn::NamedTensors full;
+        for (const std::string& suffix : state_suffixes) {
+          for (const auto& [name, p] : params) {
+            full.emplace_back(name + "." + suffix, Tensor::zeros(p.shape(), p.dtype()));
+          }
+        }
+        state = load_checkpoint(*dir, params, full);
+        dp->scatter_state(full, opt.state(), state_suffixes);
+      } else {
+        state = load_checkpoint(*dir, params, opt.state());
+      }
       check_resume_compatible(state.at("config"), run_config);
       step = state.at("step").as_int();
       opt.set_step_count(state.at("optimizer_step").as_int());
@@ -163,10 +191,10 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
       if (const json::Value* s = state.find("loss_scaler"); s != nullptr && scaling) {
         scaler.load_state(*s);
       }
-      if (!o.quiet)
+      if (!quiet)
         std::fprintf(stderr, "[train] resumed from %s at step %lld\n", dir->c_str(),
                      static_cast<long long>(step));
-    } else if (!o.quiet) {
+    } else if (!quiet) {
       std::fprintf(stderr, "[train] --resume: no checkpoint in %s yet, starting fresh\n",
                    o.save_dir.c_str());
     }
@@ -174,11 +202,11 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
   result.first_step = step;
 
   std::unique_ptr<TensorBoardWriter> tensorboard;
-  if (!o.tensorboard_dir.empty())
+  if (lead && !o.tensorboard_dir.empty())
     tensorboard = std::make_unique<TensorBoardWriter>(o.tensorboard_dir);
 
   std::ofstream metrics;
-  if (!o.metrics_path.empty()) {
+  if (lead && !o.metrics_path.empty()) {
     metrics.open(o.metrics_path, o.resume ? std::ios::app : std::ios::trunc);
     MAMMOTH_CHECK(metrics.good()) << "[train] cannot open --metrics " << o.metrics_path;
   }
@@ -193,10 +221,13 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
     state.set("loss_scale", json::Value(scaling ? scaler.scale() : 1.0));
     if (scaling) state.set("loss_scaler", scaler.state());
     state.set("config", run_config);
-    const nn::NamedTensors opt_state = opt.state();
-    const std::string dir =
-        save_checkpoint(o.save_dir, at_step, {&params, &opt_state, state}, o.keep_last);
-    if (!o.quiet) std::fprintf(stderr, "[train] saved checkpoint %s\n", dir.c_str());
+    const nn::NamedTensors opt_state = full_optimizer_state();  // collective under dp
+    if (lead) {
+      const std::string dir =
+          save_checkpoint(o.save_dir, at_step, {&params, &opt_state, state}, o.keep_last);
+      if (!quiet) std::fprintf(stderr, "[train] saved checkpoint %s\n", dir.c_str());
+    }
+    if (dp) dp->barrier();  // nobody reads `latest` before it is complete
   };
 
   auto evaluate = [&]() {
@@ -214,7 +245,7 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
 
   SignalScope signals;
   model.train();
-  const int64_t global_batch = o.micro_batch * o.grad_accum;
+  const int64_t global_batch = o.micro_batch * o.grad_accum * world;
   const double tokens_per_step = static_cast<double>(global_batch * o.seq_len);
   const auto t_start = std::chrono::steady_clock::now();
   const int64_t start_step = step;
@@ -223,7 +254,8 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
     memory::cpu_allocator().reset_peak();
     const double lr = sched.at(step, o.lr);
     opt.set_lr(lr);
-    const std::vector<int64_t> windows = sampler.batch_indices(step, global_batch);
+    // This rank's contiguous share of the step's global batch.
+    const std::vector<int64_t> windows = sampler.batch_indices(step, global_batch, rank, world);
     double step_loss = 0;
     const double loss_scale = scaling ? scaler.scale() : 1.0;
     {
@@ -234,14 +266,20 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
         const std::vector<int64_t> part(windows.begin() + m * o.micro_batch,
                                         windows.begin() + (m + 1) * o.micro_batch);
         auto [in, tg] = make_batch(data, sampler, part);
+        if (dp) dp->begin_backward(m == o.grad_accum - 1);  // no communication before the last
         Tensor loss = loss_fn(in, tg);
         step_loss += loss.item() / static_cast<double>(o.grad_accum);
         const double factor = loss_scale / static_cast<double>(o.grad_accum);
         (factor != 1.0 ? mul_scalar(loss, factor) : loss).backward();
       }
     }
+    if (dp) {
+      dp->finish_backward();
+      step_loss = dp->average(step_loss);
+    }
+    const nn::NamedTensors& grads_of = opt.params();
     if (step == o.inject_inf_grad_step) {
-      for (const auto& [name, p] : params) {
+      for (const auto& [name, p] : grads_of) {
         if (p.grad().defined()) {
           fill_(p.grad(), INFINITY);
           break;
@@ -249,17 +287,21 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
       }
     }
     // Gradients hold loss_scale * dL/dw; the norm and the update see them unscaled.
-    const double norm = optim::grad_norm(params) / loss_scale;
+    // Under dp the norm is global, so an overflow on any rank makes every rank skip the step.
+    const double norm = (dp ? dp->grad_norm() : optim::grad_norm(grads_of)) / loss_scale;
     bool applied = true;
     if (scaling) {
       applied = scaler.update(std::isfinite(step_loss) && std::isfinite(norm) &&
-                              amp::grads_finite(params));
+                              (dp != nullptr || amp::grads_finite(grads_of)));
     } else {
       MAMMOTH_CHECK(std::isfinite(step_loss) && std::isfinite(norm))
           << "[train] step " << step << ": loss " << step_loss << ", grad norm " << norm
           << " is not finite; lower --lr or check the data";
     }
-    if (applied) opt.step(optim::clip_factor(norm, o.grad_clip) / loss_scale);
+    if (applied) {
+      opt.step(optim::clip_factor(norm, o.grad_clip) / loss_scale);
+      if (dp) dp->after_step();
+    }
     opt.zero_grad();
     ++step;
     result.losses.push_back(step_loss);
@@ -312,8 +354,8 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
       tensorboard->add_scalars(step, scalars);
       tensorboard->flush();
     }
-    if (!o.quiet && (step % std::max<int64_t>(o.log_every, 1) == 0 || step == o.steps ||
-                     !std::isnan(val_loss))) {
+    if (!quiet && (step % std::max<int64_t>(o.log_every, 1) == 0 || step == o.steps ||
+                   !std::isnan(val_loss))) {
       std::fprintf(stderr,
                    "step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s | ETA %s",
                    static_cast<long long>(step), static_cast<long long>(o.steps), step_loss, lr,
@@ -324,8 +366,10 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
       std::fprintf(stderr, "\n");
     }
     if (o.save_every > 0 && step % o.save_every == 0 && step < o.steps) save(step);
-    if (g_signal.load() != 0) {
-      if (!o.quiet)
+    // Every rank must stop at the same step (saving is collective): agree on the signal.
+    const bool stop = dp ? dp->average(g_signal.load() != 0 ? 1.0 : 0.0) > 0 : g_signal.load() != 0;
+    if (stop) {
+      if (!quiet)
         std::fprintf(stderr, "[train] signal %d: saving and stopping at step %lld\n",
                      g_signal.load(), static_cast<long long>(step));
       result.interrupted = true;

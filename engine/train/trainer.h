@@ -15,6 +15,7 @@
 #include "base/json.h"
 #include "engine/data/token_shard.h"
 #include "engine/nn/module.h"
+#include "engine/train/distributed.h"
 
 namespace mammoth::engine::train {
 
@@ -41,9 +42,14 @@ struct TrainOptions {
   bool resume = false;  // continue from save_dir/latest
   std::string metrics_path;
   int64_t log_every = 1;
-  double flops_per_token = 0;   // model FLOPs per token (fwd+bwd) for MFU; 0: not reported
-  double peak_flops = 0;        // the machine's peak FLOP/s for MFU
-  bool quiet = false;           // no progress lines
+  double flops_per_token = 0;  // model FLOPs per token (fwd+bwd) for MFU; 0: not reported
+  double peak_flops = 0;       // the machine's peak FLOP/s for MFU
+  bool quiet = false;          // no progress lines
+  // Data parallelism (parallel::DataParallel), not owned; null: one process. The global batch
+  // is micro_batch * grad_accum * dp size, and dp rank r reads its contiguous share of it, so
+  // the loss curve does not depend on the split between ranks and accumulation. Rank 0 logs,
+  // writes metrics and checkpoints.
+  DataParallelRuntime* dp = nullptr;
   std::string tensorboard_dir;  // empty: no TensorBoard event file
   // Mixed precision (engine/amp): "fp32", "bf16" (autocast matmuls) or "fp16" (autocast plus
   // dynamic loss scaling that skips steps with inf/NaN gradients).

@@ -152,7 +152,7 @@ TEST_CASE("only the last K checkpoints are kept, and latest points to the newest
   CHECK(*engine::train::latest_checkpoint(o.save_dir) == o.save_dir + "/step_00000005");
 }
 
-TEST_CASE("resume refuses a checkpoint from a different batch layout") {
+TEST_CASE("resume refuses a checkpoint with a different global batch") {
   testing::TestDir dir;
   const std::string data = write_data(dir);
   TrainOptions o = options();
@@ -167,7 +167,7 @@ TEST_CASE("resume refuses a checkpoint from a different batch layout") {
     run(data, other);
     FAIL("expected an error");
   } catch (const Error& e) {
-    CHECK(std::string(e.message()).find("micro_batch") != std::string::npos);
+    CHECK(std::string(e.message()).find("global_batch") != std::string::npos);
   }
 }
 
