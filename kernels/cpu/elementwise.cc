@@ -1,10 +1,14 @@
 // CPU elementwise kernels: binary and unary maps, activation backwards, where, copy/cast, fill.
 //
 // Every map goes through StridedLoop, so broadcasting and non-contiguous inputs cost nothing
-// extra to support; the all-contiguous case is a flat loop that the compiler vectorises.
+// extra to support; the all-contiguous case is a flat loop that the compiler vectorises. f32
+// GELU (tanh form) runs of unit stride go to the vectorised kernels of fast.h instead, since
+// the compiler cannot vectorise libm's tanh.
 #include <cmath>
+#include <type_traits>
 
 #include "base/error.h"
+#include "kernels/cpu/fast.h"
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/register.h"
 #include "kernels/params.h"
@@ -83,7 +87,6 @@ MAMMOTH_BINARY(div, a / b)
 MAMMOTH_BINARY(relu_backward, b > T(0) ? a : T(0))
 MAMMOTH_BINARY(gelu_backward, a*(T(0.5) * (T(1) + std::erf(b * T(kInvSqrt2))) +
                                  b * T(kInvSqrt2Pi) * std::exp(T(-0.5) * b * b)))
-MAMMOTH_BINARY(gelu_tanh_backward, a* gelu_tanh_grad(b))
 MAMMOTH_BINARY(silu_backward, a* sigmoid(b) * (T(1) + b * (T(1) - sigmoid(b))))
 #undef MAMMOTH_BINARY
 
@@ -100,9 +103,45 @@ MAMMOTH_UNARY(rsqrt, T(1) / std::sqrt(x))
 MAMMOTH_UNARY(tanh, std::tanh(x))
 MAMMOTH_UNARY(relu, x > T(0) ? x : T(0))
 MAMMOTH_UNARY(gelu, T(0.5) * x * (T(1) + std::erf(x * T(kInvSqrt2))))
-MAMMOTH_UNARY(gelu_tanh, gelu_tanh_f(x))
 MAMMOTH_UNARY(silu, x* sigmoid(x))
 #undef MAMMOTH_UNARY
+
+template <typename T>
+void gelu_tanh_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out, const void*) {
+  if constexpr (std::is_same_v<T, float>) {
+    const float* x = in[0].ptr<const float>();
+    float* y = out[0].ptr<float>();
+    const auto run = fast_kernels().gelu_tanh;
+    StridedLoop<2> loop({&out[0], &in[0]});
+    loop.run([&](int64_t n, const std::array<int64_t, 2>& o, const std::array<int64_t, 2>& s) {
+      if (s[0] == 1 && s[1] == 1) return run(x + o[1], y + o[0], n);
+      for (int64_t i = 0; i < n; ++i) y[o[0] + i * s[0]] = gelu_tanh_f(x[o[1] + i * s[1]]);
+    });
+  } else {
+    unary_map<T>(in, out, [](T x) { return gelu_tanh_f(x); });
+  }
+}
+
+// inputs (dy, x)
+template <typename T>
+void gelu_tanh_backward_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,
+                               const void*) {
+  if constexpr (std::is_same_v<T, float>) {
+    const float* dy = in[0].ptr<const float>();
+    const float* x = in[1].ptr<const float>();
+    float* dx = out[0].ptr<float>();
+    const auto run = fast_kernels().gelu_tanh_backward;
+    StridedLoop<3> loop({&out[0], &in[0], &in[1]});
+    loop.run([&](int64_t n, const std::array<int64_t, 3>& o, const std::array<int64_t, 3>& s) {
+      if (s[0] == 1 && s[1] == 1 && s[2] == 1) return run(dy + o[1], x + o[2], dx + o[0], n);
+      for (int64_t i = 0; i < n; ++i) {
+        dx[o[0] + i * s[0]] = dy[o[1] + i * s[1]] * gelu_tanh_grad(x[o[2] + i * s[2]]);
+      }
+    });
+  } else {
+    binary_map<T>(in, out, [](T a, T b) { return a * gelu_tanh_grad(b); });
+  }
+}
 
 #define MAMMOTH_SCALAR(NAME, EXPR)                                                  \
   template <typename T>                                                             \

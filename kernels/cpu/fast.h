@@ -64,6 +64,9 @@ struct FastKernels {
                 int64_t n, const AdamWConsts& c);
   void (*attention)(const AttnArgs& a);
   void (*attention_backward)(const AttnArgs& a);
+  // Contiguous runs, not threaded (elementwise.cc's StridedLoop splits the work).
+  void (*gelu_tanh)(const float* x, float* y, int64_t n);
+  void (*gelu_tanh_backward)(const float* dy, const float* x, float* dx, int64_t n);
 };
 
 // The table for the active ISA (simd.h).

@@ -417,11 +417,23 @@ Vec load_grad(const void* g, DType gdt, int64_t i, int r) {
   return gdt == DType::kBF16 ? Vec::load_bf16(tmp) : Vec::load_f16(tmp);
 }
 
-void store_half(void* w16, DType dt, int64_t i, const float* src, int r) {
+void store_half(void* w16, DType dt, int64_t i, Vec x, int r) {
   uint16_t* p = static_cast<uint16_t*>(w16) + i;
-  for (int k = 0; k < r; ++k) {
-    p[k] = dt == DType::kBF16 ? float_to_bf16(src[k]).bits : float_to_f16(src[k]).bits;
+  if (r == W) {
+    if (dt == DType::kBF16) {
+      x.store_bf16(p);
+    } else {
+      x.store_f16(p);
+    }
+    return;
   }
+  uint16_t tmp[W];
+  if (dt == DType::kBF16) {
+    x.store_bf16(tmp);
+  } else {
+    x.store_f16(tmp);
+  }
+  std::memcpy(p, tmp, sizeof(uint16_t) * r);
 }
 
 template <bool kHalfOut>
@@ -449,11 +461,7 @@ void adamw_range(float* w, const void* g, DType gdt, float* m, float* v, void* w
     } else {
       mi.store_n(m + i, r), vi.store_n(v + i, r), wi.store_n(w + i, r);
     }
-    if (kHalfOut) {
-      float tmp[W];
-      wi.store(tmp);
-      store_half(w16, w16dt, i, tmp, r);
-    }
+    if constexpr (kHalfOut) store_half(w16, w16dt, i, wi, r);
   }
 }
 
@@ -467,6 +475,32 @@ void adamw(float* w, const void* g, DType gdt, float* m, float* v, void* w16, DT
     } else {
       adamw_range<false>(w, g, gdt, m, v, w16, w16dt, i0, i1, c);
     }
+  });
+}
+
+// ---- GELU (tanh form) over contiguous runs; the caller threads -------------------------------
+
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kGeluC = 0.044715f;
+
+// 0.5 x (1 + tanh(u)) = x * sigmoid(2u), u = sqrt(2/pi) (x + c x^3); exact at both tails.
+void gelu_tanh(const float* x, float* y, int64_t n) {
+  const Vec k = Vec::set1(-2.0f * kSqrt2OverPi), c = Vec::set1(kGeluC), one = Vec::set1(1.0f);
+  map1(x, y, n, [&](Vec v) {
+    const Vec e = exp(k * fma(c * v, v * v, v));
+    return v / (one + e);
+  });
+}
+
+// d/dx = s + 2 x s (1 - s) sqrt(2/pi) (1 + 3 c x^2), s = sigmoid(2u) = (1 + tanh(u)) / 2.
+void gelu_tanh_backward(const float* dy, const float* x, float* dx, int64_t n) {
+  const Vec k = Vec::set1(-2.0f * kSqrt2OverPi), c = Vec::set1(kGeluC), one = Vec::set1(1.0f);
+  const Vec k2 = Vec::set1(2.0f * kSqrt2OverPi), c3 = Vec::set1(3.0f * kGeluC);
+  map2(dy, x, dx, n, [&](Vec g, Vec v) {
+    const Vec v2 = v * v;
+    const Vec s = one / (one + exp(k * fma(c * v, v2, v)));
+    const Vec ds = k2 * v * s * (one - s) * fma(c3, v2, one);
+    return g * (s + ds);
   });
 }
 
@@ -625,7 +659,7 @@ const FastKernels& fast_kernels() {
       &softmax,       &log_softmax,       &softmax_backward,       &log_softmax_backward,
       &layer_norm,    &layer_norm_backward, &rms_norm,             &rms_norm_backward,
       &cross_entropy, &cross_entropy_backward, &adamw,             &attention,
-      &attention_backward,
+      &attention_backward, &gelu_tanh,          &gelu_tanh_backward,
   };
   return k;
 }

@@ -2,7 +2,8 @@
 //
 // Operands are viewed in the output's shape (broadcast inputs have stride 0). Adjacent dims
 // that are contiguous for every operand are merged first, so the common all-contiguous case
-// becomes one flat loop the compiler vectorises. The outer dims are split across the pool.
+// becomes one flat loop the compiler vectorises. The outer dims are split across the pool, or
+// the flat run itself when there is only one.
 #pragma once
 
 #include <algorithm>
@@ -55,6 +56,14 @@ struct StridedLoop {
     for (int d = 0; d < ndim - 1; ++d) rows *= shape[d];
     std::array<int64_t, N> inner_strides;
     for (int k = 0; k < N; ++k) inner_strides[k] = strides[k][ndim - 1];
+    if (rows == 1) {  // one long run (the all-contiguous case): split the run itself
+      parallel_for(0, inner_n, 32768, [&](int64_t b, int64_t e) {
+        std::array<int64_t, N> off;
+        for (int k = 0; k < N; ++k) off[k] = b * inner_strides[k];
+        inner(e - b, off, inner_strides);
+      });
+      return;
+    }
     const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(inner_n, 1));
     parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
       int64_t idx[kMaxDims] = {};

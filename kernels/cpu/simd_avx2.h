@@ -29,6 +29,24 @@ struct Vec {
   }
   void store(float* p) const { _mm256_storeu_ps(p, v); }
   void store_n(float* p, int n) const { _mm256_maskstore_ps(p, mask(n), v); }
+  // Rounded to nearest even, NaN kept quiet: the same bits as base's float_to_bf16.
+  void store_bf16(uint16_t* p) const {
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_srli_epi32(
+        _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+    // |u| > inf as signed compare is safe: both sides are below 2^31 after the mask.
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                           _mm256_set1_epi32(0x7f800000));
+    const __m256i q = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+    r = _mm256_blendv_epi8(r, q, nan);
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+  }
+  void store_f16(uint16_t* p) const {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                     _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
   static Vec set1(float x) { return {_mm256_set1_ps(x)}; }
   static Vec zero() { return {_mm256_setzero_ps()}; }
 

@@ -26,6 +26,21 @@ struct Vec {
   }
   void store(float* p) const { _mm512_storeu_ps(p, v); }
   void store_n(float* p, int n) const { _mm512_mask_storeu_ps(p, mask(n), v); }
+  // Rounded to nearest even, NaN kept quiet: the same bits as base's float_to_bf16.
+  void store_bf16(uint16_t* p) const {
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(
+        _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                  _mm512_set1_epi32(0x7f800000));
+    r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+  }
+  void store_f16(uint16_t* p) const {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                        _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
   static Vec set1(float x) { return {_mm512_set1_ps(x)}; }
   static Vec zero() { return {_mm512_setzero_ps()}; }
 

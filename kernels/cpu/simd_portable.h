@@ -40,6 +40,12 @@ struct Vec {
   void store_n(float* p, int n) const {
     for (int i = 0; i < n; ++i) p[i] = v[i];
   }
+  void store_bf16(uint16_t* p) const {
+    for (int i = 0; i < kWidth; ++i) p[i] = float_to_bf16(v[i]).bits;
+  }
+  void store_f16(uint16_t* p) const {
+    for (int i = 0; i < kWidth; ++i) p[i] = float_to_f16(v[i]).bits;
+  }
   static Vec set1(float x) {
     Vec r;
     for (int i = 0; i < kWidth; ++i) r.v[i] = x;

@@ -353,6 +353,32 @@ TEST_CASE("tiled attention matches the f64 reference, forward and backward") {
   }
 }
 
+TEST_CASE("fast GELU (tanh) matches the f64 reference, contiguous, long and strided") {
+  std::mt19937 rng(7);
+  for (SimdIsa isa : isas()) {
+    IsaGuard guard(isa);
+    for (int64_t n : {int64_t{1}, int64_t{17}, int64_t{1000}, int64_t{100003}}) {
+      INFO("isa " << simd_isa_name(isa) << " n " << n);
+      Buf x({n}), y({n}), dy({n}), dx({n});
+      x.random(rng, -12, 12);
+      dy.random(rng);
+      check_f32_vs_f64(Kernel::gelu_tanh, {&x}, {&y}, nullptr);
+      check_f32_vs_f64(Kernel::gelu_tanh_backward, {&dy, &x}, {&dx}, nullptr);
+    }
+    // A transposed input (strides 1, R) takes the strided path of the same kernel.
+    const int64_t R = 37, C = 29;
+    Buf x({R, C}), y({C, R});
+    x.random(rng, -5, 5);
+    for (DType dt : {DType::kF64, DType::kF32}) {
+      TensorArg xt = x.arg(dt);
+      xt.shape[0] = C, xt.shape[1] = R, xt.strides[0] = 1, xt.strides[1] = C;
+      std::vector<TensorArg> in = {xt}, out = {y.arg(dt)};
+      launch(Kernel::gelu_tanh, DeviceType::kCPU, dt, in, out, nullptr);
+    }
+    expect_close("gelu_tanh transposed", y.f, y.d);
+  }
+}
+
 TEST_CASE("fast AdamW matches the f64 reference and takes bf16/f16 gradients") {
   std::mt19937 rng(6);
   AdamWParams p;

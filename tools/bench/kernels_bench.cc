@@ -1,0 +1,471 @@
+// Benchmarks the CPU backend's non-GEMM kernels, each beside an anchor measured in the same run.
+//
+// Memory-bound kernels report GB/s: the bytes a kernel must move (each input read once, each
+// output written once, as STREAM counts them) over its time. Their anchor is a STREAM-style
+// triad a[i] = b[i] + s * c[i] (12 bytes per element) on arrays larger than the L3, run with
+// AVX2 loads and both ordinary and streaming stores, the faster taken: the machine's bandwidth
+// at its best. Attention reports GFLOP/s for the matmul work of the math (forward 4*T*T*D per
+// head, backward 8*T*T*D; halved when causal; our backward's recomputation of P is not
+// counted), and its anchor is the GEMM-bound rate: the same six matmuls done as whole batched
+// sgemm calls with the T x T matrices materialised. Every time is the best of `reps` runs after
+// a warm-up (STREAM's convention), at 1 thread and at all threads. Kernels run through the
+// registry exactly as the engine calls them.
+//
+// --json FILE writes one object per row: {name, shape, threads, ours, anchor, unit, ratio}.
+#include "tools/bench/kernels_bench.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "base/dtype.h"
+#include "base/error.h"
+#include "base/thread_pool.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/simd.h"
+#include "kernels/params.h"
+#include "kernels/registry.h"
+
+namespace mammoth::tools {
+namespace {
+
+using kernels::Kernel;
+using kernels::TensorArg;
+namespace kc = kernels::cpu;
+
+struct Options {
+  std::string json;
+  int reps = 7;
+  bool quick = false;
+  std::string filter;
+  int threads = 0;  // 0: 1 and all
+  std::string isa;
+};
+
+struct Row {
+  std::string name, shape;
+  int threads;
+  double ours, anchor;
+  std::string unit;
+  double ratio;
+};
+
+double best_seconds(int reps, const std::function<void()>& f) {
+  f();  // warm-up: page faults, pool start, caches
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+                              .count());
+  }
+  return best;
+}
+
+// Cheap deterministic fill in [lo, hi), in parallel so setup stays short.
+void fill(std::vector<float>& v, float lo, float hi, uint32_t salt) {
+  float* p = v.data();
+  parallel_for(0, static_cast<int64_t>(v.size()), 1 << 16, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const uint32_t h = (static_cast<uint32_t>(i) ^ salt) * 2654435761u;
+      p[i] = lo + (hi - lo) * static_cast<float>(h >> 8) / 16777216.0f;
+    }
+  });
+}
+
+TensorArg targ(void* p, DType dt, std::vector<int64_t> shape) {
+  TensorArg a;
+  a.data = p;
+  a.dtype = dt;
+  a.ndim = static_cast<int>(shape.size());
+  int64_t st = 1;
+  for (int d = a.ndim - 1; d >= 0; --d) {
+    a.shape[d] = shape[d];
+    a.strides[d] = st;
+    st *= shape[d];
+  }
+  return a;
+}
+TensorArg farg(std::vector<float>& v, std::vector<int64_t> shape) {
+  return targ(v.data(), DType::kF32, std::move(shape));
+}
+
+void run(Kernel k, std::vector<TensorArg> in, std::vector<TensorArg> out,
+         const void* params = nullptr) {
+  kernels::launch(k, DeviceType::kCPU, DType::kF32, in, out, params);
+}
+
+// ---- the triad anchor ------------------------------------------------------------------------
+
+template <bool kStream>
+__attribute__((target("avx2,fma"))) void triad_range(float* a, const float* b, const float* c,
+                                                     float s, int64_t i0, int64_t i1) {
+  const __m256 sv = _mm256_set1_ps(s);
+  int64_t i = i0;
+  for (; i + 8 <= i1; i += 8) {
+    const __m256 r = _mm256_fmadd_ps(sv, _mm256_loadu_ps(c + i), _mm256_loadu_ps(b + i));
+    if (kStream) {
+      _mm256_stream_ps(a + i, r);
+    } else {
+      _mm256_storeu_ps(a + i, r);
+    }
+  }
+  for (; i < i1; ++i) a[i] = b[i] + s * c[i];
+  if (kStream) _mm_sfence();
+}
+
+bool has_avx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+
+// GB/s of the triad, best of ordinary and streaming stores.
+double triad_gbs(int64_t n, int reps) {
+  std::vector<float> a(static_cast<size_t>(n) + 16), b(a.size()), c(a.size());
+  fill(b, -1, 1, 1);
+  fill(c, -1, 1, 2);
+  fill(a, 0, 1, 3);
+  // Streaming stores need 32-byte alignment: start every chunk's run at an aligned element.
+  float* ap = a.data();
+  while (reinterpret_cast<uintptr_t>(ap) % 32 != 0) ++ap;
+  const int64_t off = ap - a.data();
+  const float* bp = b.data() + off;
+  const float* cp = c.data() + off;
+  double best = 0;
+  for (int stream = 0; stream < 2; ++stream) {
+    const double t = best_seconds(reps, [&] {
+      parallel_for(0, n / 8, 1 << 13, [&](int64_t lo, int64_t hi) {
+        const int64_t i1 = hi == n / 8 ? n : hi * 8;
+        if (!has_avx2()) {
+          for (int64_t i = lo * 8; i < i1; ++i) ap[i] = bp[i] + 3.0f * cp[i];
+        } else if (stream) {
+          triad_range<true>(ap, bp, cp, 3.0f, lo * 8, i1);
+        } else {
+          triad_range<false>(ap, bp, cp, 3.0f, lo * 8, i1);
+        }
+      });
+    });
+    best = std::max(best, 12.0 * static_cast<double>(n) / t / 1e9);
+  }
+  return best;
+}
+
+// ---- rows ------------------------------------------------------------------------------------
+
+struct Bench {
+  Options opt;
+  std::vector<Row> rows;
+  int threads = 1;
+  double triad = 0;
+
+  bool wanted(const std::string& name) const {
+    return opt.filter.empty() || name.find(opt.filter) != std::string::npos;
+  }
+  bool any_wanted(std::initializer_list<const char*> names) const {
+    for (const char* n : names) {
+      if (wanted(n)) return true;
+    }
+    return false;
+  }
+  void add(const std::string& name, const std::string& shape, double ours, double anchor,
+           const char* unit) {
+    rows.push_back({name, shape, threads, ours, anchor, unit, ours / anchor});
+    const Row& r = rows.back();
+    std::printf("%-26s %-22s %7d %10.1f %10.1f %-7s %6.2f\n", r.name.c_str(), r.shape.c_str(),
+                r.threads, r.ours, r.anchor, r.unit.c_str(), r.ratio);
+    std::fflush(stdout);
+  }
+  // A memory-bound kernel moving `bytes` per call.
+  void memory_row(const std::string& name, const std::string& shape, double bytes,
+                  const std::function<void()>& f) {
+    if (!wanted(name)) return;
+    const double t = best_seconds(opt.reps, f);
+    add(name, shape, bytes / t / 1e9, triad, "GB/s");
+  }
+
+  void adamw_rows() {
+    const int64_t n = opt.quick ? (int64_t{1} << 22) : (int64_t{1} << 24);
+    const std::string shape = std::to_string(n);
+    if (!any_wanted({"adamw", "adamw_bf16_grad_param"})) return;
+    std::vector<float> w(n), g(n), m(n), v(n);
+    fill(w, -1, 1, 10);
+    fill(g, -1, 1, 11);
+    fill(m, -0.1f, 0.1f, 12);
+    fill(v, 0, 0.1f, 13);
+    kernels::AdamWParams p;
+    p.lr = 1e-4;  // small steps: many repetitions keep the values in range
+    p.weight_decay = 0.1;
+    p.step = 10;
+    memory_row("adamw", shape, 28.0 * n, [&] {
+      run(Kernel::adamw, {farg(w, {n}), farg(g, {n}), farg(m, {n}), farg(v, {n})}, {}, &p);
+    });
+    // The optimizer-offload form: bf16 gradients in, a bf16 copy of the parameters out.
+    std::vector<uint16_t> gh(n), wh(n);
+    for (int64_t i = 0; i < n; ++i) gh[i] = float_to_bf16(g[i]).bits;
+    memory_row("adamw_bf16_grad_param", shape, 28.0 * n, [&] {
+      run(Kernel::adamw,
+          {farg(w, {n}), targ(gh.data(), DType::kBF16, {n}), farg(m, {n}), farg(v, {n}),
+           targ(wh.data(), DType::kBF16, {n})},
+          {}, &p);
+    });
+  }
+
+  void softmax_rows() {
+    const int64_t M = opt.quick ? 2048 : 8192, N = 2048, n = M * N;
+    const std::string shape = std::to_string(M) + "x" + std::to_string(N);
+    if (!any_wanted({"softmax", "softmax_backward", "log_softmax", "log_softmax_backward"})) return;
+    std::vector<float> x(n), y(n), dy(n), dx(n);
+    fill(x, -4, 4, 20);
+    fill(dy, -1, 1, 21);
+    memory_row("softmax", shape, 8.0 * n, [&] { run(Kernel::softmax, {farg(x, {M, N})}, {farg(y, {M, N})}); });
+    memory_row("softmax_backward", shape, 12.0 * n, [&] {
+      run(Kernel::softmax_backward, {farg(dy, {M, N}), farg(y, {M, N})}, {farg(dx, {M, N})});
+    });
+    memory_row("log_softmax", shape, 8.0 * n,
+               [&] { run(Kernel::log_softmax, {farg(x, {M, N})}, {farg(y, {M, N})}); });
+    memory_row("log_softmax_backward", shape, 12.0 * n, [&] {
+      run(Kernel::log_softmax_backward, {farg(dy, {M, N}), farg(y, {M, N})}, {farg(dx, {M, N})});
+    });
+  }
+
+  void norm_rows() {
+    const int64_t M = opt.quick ? 4096 : 16384, N = 768, n = M * N;
+    const std::string shape = std::to_string(M) + "x" + std::to_string(N);
+    if (!any_wanted({"layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward"})) return;
+    std::vector<float> x(n), y(n), dy(n), dx(n), w(N), b(N), dw(N), db(N), mean(M), rstd(M);
+    fill(x, -2, 3, 30);
+    fill(dy, -1, 1, 31);
+    fill(w, 0.5f, 1.5f, 32);
+    fill(b, -0.5f, 0.5f, 33);
+    kernels::NormParams p;
+    memory_row("layer_norm", shape, 8.0 * n + 8.0 * M, [&] {
+      run(Kernel::layer_norm, {farg(x, {M, N}), farg(w, {N}), farg(b, {N})},
+          {farg(y, {M, N}), farg(mean, {M}), farg(rstd, {M})}, &p);
+    });
+    memory_row("layer_norm_backward", shape, 12.0 * n + 8.0 * M, [&] {
+      run(Kernel::layer_norm_backward,
+          {farg(dy, {M, N}), farg(x, {M, N}), farg(w, {N}), farg(mean, {M}), farg(rstd, {M})},
+          {farg(dx, {M, N}), farg(dw, {N}), farg(db, {N})});
+    });
+    memory_row("rms_norm", shape, 8.0 * n + 4.0 * M, [&] {
+      run(Kernel::rms_norm, {farg(x, {M, N}), farg(w, {N})}, {farg(y, {M, N}), farg(rstd, {M})},
+          &p);
+    });
+    memory_row("rms_norm_backward", shape, 12.0 * n + 4.0 * M, [&] {
+      run(Kernel::rms_norm_backward,
+          {farg(dy, {M, N}), farg(x, {M, N}), farg(w, {N}), farg(rstd, {M})},
+          {farg(dx, {M, N}), farg(dw, {N})});
+    });
+  }
+
+  void cross_entropy_rows() {
+    const int64_t M = opt.quick ? 64 : 256, V = 50257, n = M * V;
+    const std::string shape = std::to_string(M) + "x" + std::to_string(V);
+    if (!any_wanted({"cross_entropy", "cross_entropy_backward"})) return;
+    std::vector<float> x(n), dx(n), loss(M), lse(M), dloss(M, 1.0f / M);
+    std::vector<int64_t> target(M);
+    for (int64_t i = 0; i < M; ++i) target[i] = (i * 7919) % V;
+    fill(x, -6, 6, 40);
+    kernels::CrossEntropyParams p;
+    const TensorArg t = targ(target.data(), DType::kI64, {M});
+    memory_row("cross_entropy", shape, 4.0 * n, [&] {
+      run(Kernel::cross_entropy, {farg(x, {M, V}), t}, {farg(loss, {M}), farg(lse, {M})}, &p);
+    });
+    memory_row("cross_entropy_backward", shape, 8.0 * n, [&] {
+      run(Kernel::cross_entropy_backward, {farg(dloss, {M}), farg(x, {M, V}), t, farg(lse, {M})},
+          {farg(dx, {M, V})}, &p);
+    });
+  }
+
+  void gelu_rows() {
+    const int64_t M = opt.quick ? 1024 : 4096, N = 3072, n = M * N;
+    const std::string shape = std::to_string(M) + "x" + std::to_string(N);
+    if (!any_wanted({"gelu_tanh", "gelu_tanh_backward"})) return;
+    std::vector<float> x(n), y(n), dy(n), dx(n);
+    fill(x, -4, 4, 50);
+    fill(dy, -1, 1, 51);
+    memory_row("gelu_tanh", shape, 8.0 * n,
+               [&] { run(Kernel::gelu_tanh, {farg(x, {M, N})}, {farg(y, {M, N})}); });
+    memory_row("gelu_tanh_backward", shape, 12.0 * n, [&] {
+      run(Kernel::gelu_tanh_backward, {farg(dy, {M, N}), farg(x, {M, N})}, {farg(dx, {M, N})});
+    });
+  }
+
+  void attention_rows() {
+    const int64_t B = 1, H = 12, T = 1024, D = 64, BH = B * H;
+    const std::string shape = "B1 H12 T1024 D64";
+    if (!any_wanted({"attention_fwd", "attention_fwd_bwd", "attention_fwd_causal",
+                     "attention_fwd_bwd_causal"})) {
+      return;
+    }
+    const int64_t nq = BH * T * D;
+    std::vector<float> q(nq), k(nq), v(nq), o(nq), lse(BH * T), dout(nq), dq(nq), dk(nq), dv(nq);
+    fill(q, -1, 1, 60);
+    fill(k, -1, 1, 61);
+    fill(v, -1, 1, 62);
+    fill(dout, -1, 1, 63);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    const std::vector<int64_t> s4 = {B, H, T, D};
+    // The GEMM-bound anchor: the same matmuls as whole batched sgemms (T x T materialised).
+    std::vector<float> S(BH * T * T), dP(BH * T * T);
+    fill(S, 0, 1.0f / T, 64);
+    auto bgemm = [&](bool ta, bool tb, int64_t m, int64_t n, int64_t kk, float alpha,
+                     const float* A, int64_t lda, int64_t sa, const float* Bm, int64_t ldb,
+                     int64_t sb, float* C, int64_t ldc, int64_t sc) {
+      kc::sgemm_strided_batched(ta, tb, m, n, kk, alpha, A, lda, sa, Bm, ldb, sb, 0.0f, C, ldc, sc,
+                                BH);
+    };
+    const int64_t TD = T * D, TT = T * T;
+    auto anchor_fwd = [&] {
+      bgemm(false, true, T, T, D, scale, q.data(), D, TD, k.data(), D, TD, S.data(), T, TT);
+      bgemm(false, false, T, D, T, 1, S.data(), T, TT, v.data(), D, TD, o.data(), D, TD);
+    };
+    auto anchor_bwd = [&] {
+      bgemm(true, false, T, D, T, 1, S.data(), T, TT, dout.data(), D, TD, dv.data(), D, TD);
+      bgemm(false, true, T, T, D, 1, dout.data(), D, TD, v.data(), D, TD, dP.data(), T, TT);
+      bgemm(false, false, T, D, T, 1, S.data(), T, TT, k.data(), D, TD, dq.data(), D, TD);
+      bgemm(true, false, T, D, T, 1, S.data(), T, TT, q.data(), D, TD, dk.data(), D, TD);
+    };
+    const double flops_fwd = 4.0 * T * T * D * BH, flops_all = 12.0 * T * T * D * BH;
+    const double t_anchor_fwd = best_seconds(opt.reps, anchor_fwd);
+    const double t_anchor_all = best_seconds(opt.reps, [&] {
+      anchor_fwd();
+      anchor_bwd();
+    });
+    const double rate_fwd = flops_fwd / t_anchor_fwd / 1e9;
+    const double rate_all = flops_all / t_anchor_all / 1e9;
+    for (bool causal : {false, true}) {
+      kernels::AttentionParams p;
+      p.causal = causal;
+      const double frac = causal ? 0.5 : 1.0;
+      auto fwd = [&] {
+        run(Kernel::attention, {farg(q, s4), farg(k, s4), farg(v, s4)},
+            {farg(o, s4), farg(lse, {B, H, T})}, &p);
+      };
+      auto bwd = [&] {
+        run(Kernel::attention_backward,
+            {farg(dout, s4), farg(q, s4), farg(k, s4), farg(v, s4), farg(o, s4),
+             farg(lse, {B, H, T})},
+            {farg(dq, s4), farg(dk, s4), farg(dv, s4)}, &p);
+      };
+      const std::string suffix = causal ? "_causal" : "";
+      if (wanted("attention_fwd" + suffix)) {
+        const double t = best_seconds(opt.reps, fwd);
+        add("attention_fwd" + suffix, shape, frac * flops_fwd / t / 1e9, rate_fwd, "GFLOP/s");
+      }
+      if (wanted("attention_fwd_bwd" + suffix)) {
+        const double t = best_seconds(opt.reps, [&] {
+          fwd();
+          bwd();
+        });
+        add("attention_fwd_bwd" + suffix, shape, frac * flops_all / t / 1e9, rate_all, "GFLOP/s");
+      }
+    }
+  }
+
+  void run_all() {
+    const int64_t triad_n = opt.quick ? (int64_t{1} << 23) : (int64_t{1} << 25);
+    triad = triad_gbs(triad_n, opt.reps);
+    std::printf("-- %d thread%s: STREAM triad (%lld floats/array) %.1f GB/s\n", threads,
+                threads == 1 ? "" : "s", static_cast<long long>(triad_n), triad);
+    adamw_rows();
+    softmax_rows();
+    norm_rows();
+    cross_entropy_rows();
+    gelu_rows();
+    attention_rows();
+  }
+};
+
+void write_json(const std::string& path, const std::vector<Row>& rows) {
+  std::ofstream f(path);
+  MAMMOTH_CHECK(f.good()) << "[bench kernels] cannot write " << path;
+  f << "[\n";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    char buf[512];
+    std::snprintf(buf, sizeof(buf),
+                  "  {\"name\": \"%s\", \"shape\": \"%s\", \"threads\": %d, \"ours\": %.3f, "
+                  "\"anchor\": %.3f, \"unit\": \"%s\", \"ratio\": %.4f}%s\n",
+                  r.name.c_str(), r.shape.c_str(), r.threads, r.ours, r.anchor, r.unit.c_str(),
+                  r.ratio, i + 1 < rows.size() ? "," : "");
+    f << buf;
+  }
+  f << "]\n";
+}
+
+}  // namespace
+
+int run_kernels_bench(const std::vector<std::string>& args) {
+  Bench bench;
+  Options& opt = bench.opt;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&]() -> const std::string& {
+      MAMMOTH_CHECK(i + 1 < args.size()) << "[bench kernels] " << a << " needs a value";
+      return args[++i];
+    };
+    if (a == "--json") {
+      opt.json = value();
+    } else if (a == "--reps") {
+      opt.reps = std::max(1, std::stoi(value()));
+    } else if (a == "--quick") {
+      opt.quick = true;
+      opt.reps = std::min(opt.reps, 3);
+    } else if (a == "--filter") {
+      opt.filter = value();
+    } else if (a == "--threads") {
+      opt.threads = std::stoi(value());
+    } else if (a == "--isa") {
+      opt.isa = value();
+    } else if (a == "--help" || a == "-h") {
+      std::printf(
+          "usage: mammoth bench kernels [--json FILE] [--reps N] [--quick] [--filter NAME]\n"
+          "                             [--threads N] [--isa avx512|avx2|portable]\n");
+      return 0;
+    } else {
+      MAMMOTH_THROW() << "[bench kernels] unknown flag '" << a << "'";
+    }
+  }
+  if (opt.isa == "avx512") {
+    kc::set_simd_isa(kc::SimdIsa::kAvx512);
+  } else if (opt.isa == "avx2") {
+    kc::set_simd_isa(kc::SimdIsa::kAvx2);
+  } else if (opt.isa == "portable") {
+    kc::set_simd_isa(kc::SimdIsa::kPortable);
+  } else {
+    MAMMOTH_CHECK(opt.isa.empty()) << "[bench kernels] unknown --isa '" << opt.isa << "'";
+  }
+  const int all = num_threads();
+  std::vector<int> thread_counts;
+  if (opt.threads > 0) {
+    thread_counts = {opt.threads};
+  } else {
+    thread_counts = {1};
+    if (all > 1) thread_counts.push_back(all);
+  }
+  std::printf("mammoth bench kernels: fused kernels %s, sgemm %s; best of %d runs\n",
+              kc::simd_isa_name(kc::active_simd_isa()),
+              kc::gemm_isa_name(kc::active_gemm_isa()), opt.reps);
+  std::printf("%-26s %-22s %7s %10s %10s %-7s %6s\n", "kernel", "shape", "threads", "ours",
+              "anchor", "unit", "ratio");
+  for (int t : thread_counts) {
+    set_num_threads(t);
+    bench.threads = t;
+    bench.run_all();
+  }
+  set_num_threads(all);
+  if (!opt.json.empty()) {
+    write_json(opt.json, bench.rows);
+    std::printf("wrote %s\n", opt.json.c_str());
+  }
+  return 0;
+}
+
+}  // namespace mammoth::tools
