@@ -10,6 +10,7 @@
 #include "engine/optim/optim.h"
 #include "memory/allocator.h"
 #include "models/gpt2/gpt2.h"
+#include "models/pipeline/gpt2_pipeline.h"
 #include "models/registry.h"
 #include "parallel/comm/mpi_communicator.h"
 #include "parallel/pipeline/stage.h"
@@ -84,7 +85,7 @@ Run reference() {
 
 Run pipeline(parallel::Communicator& pp, const pl::Schedule& schedule) {
   auto model = make_model(8);
-  pl::Gpt2Pipeline pipe(model, schedule, pp);
+  models::Gpt2Pipeline pipe(model, schedule, pp);
   engine::optim::AdamW opt(pipe.parameters(), adamw());
   Run r;
   for (int64_t s = 0; s < kSteps; ++s) {
@@ -152,7 +153,7 @@ TEST_CASE("1F1B holds p - r micro-batches of activations, GPipe all of them") {
   for (pl::ScheduleKind kind : {pl::ScheduleKind::kGPipe, pl::ScheduleKind::k1F1B}) {
     auto model = make_model(kSeq);
     const pl::Schedule schedule = pl::make_schedule(kind, {.stages = p, .micro_batches = kM});
-    pl::Gpt2Pipeline pipe(model, schedule, *world);
+    models::Gpt2Pipeline pipe(model, schedule, *world);
     std::vector<Tensor> batches;
     for (int m = 0; m < kM; ++m) batches.push_back(micro_batch(0, m, kRows, kSeq));
     // A first step allocates the gradients; the second measures activations on top of them.

@@ -1,0 +1,56 @@
+// GPT-2 cut into pipeline stages for parallel/pipeline's runtime (a model-side policy: the
+// parallel layer knows nothing of models).
+#pragma once
+
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "engine/nn/module.h"
+#include "engine/tensor.h"
+#include "parallel/comm/communicator.h"
+#include "parallel/pipeline/schedule.h"
+#include "parallel/pipeline/stage.h"
+
+namespace mammoth::models {
+
+class Gpt2;
+using parallel::Communicator;
+using parallel::pipeline::PipelineStage;
+using parallel::pipeline::Schedule;
+
+// GPT-2 cut by layer count into schedule.num_virtual_stages() chunks: the embeddings (wte,
+// wpe) before the first, ln_f and the tied head after the last. Every rank builds the whole
+// model from the same seed and keeps using only its chunks' parameters. The tied wte lives on
+// the first and the last stage; its gradient is summed between the two after the backward, so
+// both apply the same update and stay equal. The model's dropout must be 0 (its RNG stream
+// would differ from the single-process order) unless parity does not matter.
+class Gpt2Pipeline {
+ public:
+  Gpt2Pipeline(std::shared_ptr<models::Gpt2> model, const Schedule& schedule, Communicator& pp);
+  ~Gpt2Pipeline();
+
+  // ids i64 [b, T] per micro-batch, schedule.micro_batches of them, the same on every rank.
+  // Runs forward and backward of each (loss of each scaled by 1/m, as gradient accumulation
+  // does) and sums the tied gradient. Returns the step's loss (mean over micro-batches) on
+  // every rank.
+  double step(const std::vector<engine::Tensor>& micro_batches);
+  // L2 norm of the whole model's gradient (collective over pp; wte counted once).
+  double grad_norm();
+  // This rank's parameters, under the full model's names (for the optimizer).
+  const engine::nn::NamedTensors& parameters() const { return params_; }
+  PipelineStage& runtime() { return *stage_; }
+  // Layers [first, last) of virtual stage s.
+  static std::pair<int64_t, int64_t> layer_range(int64_t n_layer, int num_stages, int s);
+
+ private:
+  std::shared_ptr<models::Gpt2> model_;
+  Communicator& pp_;
+  std::unique_ptr<Communicator> tied_;  // first and last stage (null elsewhere, or pp == 1)
+  std::unique_ptr<PipelineStage> stage_;
+  engine::nn::NamedTensors params_;
+  std::vector<engine::Tensor> norm_params_;  // params_ without the last stage's copy of wte
+  std::vector<engine::Tensor> batches_;
+};
+
+}  // namespace mammoth::models
