@@ -1,0 +1,280 @@
+// GPT-2's sharding policy: the blocks of models/gpt2 rebuilt from tensor-parallel layers.
+//
+//   attn.c_attn  column-parallel, 3 segments (q|k|v): rank r holds heads [r H/tp, (r+1) H/tp)
+//                of each of q, k and v
+//   attn.c_proj  row-parallel over the same heads
+//   mlp.c_fc     column-parallel (d_ff / tp), mlp.c_proj row-parallel
+//   wte          vocab-parallel, padded to a multiple of tp; also the tied LM head, whose
+//                logits stay split by vocabulary into the vocab-parallel cross-entropy
+//   wpe, ln_*    replicated
+#include <cmath>
+
+#include "engine/autograd.h"
+#include "engine/ops.h"
+#include "models/layers.h"
+#include "models/policies/policy.h"
+#include "models/registry.h"
+#include "parallel/sequence_parallel/sequence_parallel.h"
+#include "parallel/tensor_parallel/mappings.h"
+
+namespace mammoth::models {
+
+using engine::Tensor;
+using engine::nn::Dropout;
+using engine::nn::Embedding;
+using engine::nn::LayerNorm;
+using parallel::Axis;
+using parallel::ColumnParallelLinear;
+using parallel::Communicator;
+using parallel::RowParallelLinear;
+
+namespace {
+
+// What a block needs to know about the sequence layout of its input.
+struct SeqContext {
+  SpMode mode = SpMode::kNone;
+  const parallel::SequenceLayout* layout = nullptr;  // ulysses / ring
+  Communicator* sp = nullptr;
+};
+
+class TpGpt2Attention : public engine::nn::Module {
+ public:
+  TpGpt2Attention(const ModelConfig& c, Communicator& tp, bool sequence_parallel)
+      : config_(c), tp_(tp) {
+    MAMMOTH_CHECK(c.n_head % tp.size() == 0)
+        << "[gpt2_policy] n_head " << c.n_head << " does not divide by tp " << tp.size();
+    c_attn = register_module(
+        "c_attn", std::make_shared<ColumnParallelLinear>(
+                      c.d_model, 3 * c.d_model, true, c.dtype, tp,
+                      ColumnParallelLinear::Options{.sequence_parallel = sequence_parallel,
+                                                    .parts = 3}));
+    c_proj = register_module(
+        "c_proj", std::make_shared<RowParallelLinear>(
+                      c.d_model, c.d_model, true, c.dtype, tp,
+                      RowParallelLinear::Options{.sequence_parallel = sequence_parallel}));
+    resid_dropout_ = register_module("resid_dropout", std::make_shared<Dropout>(c.dropout));
+  }
+
+  Tensor forward(const Tensor& x, const SeqContext& seq) const {
+    const int64_t Cl = config_.d_model / tp_.size(), Hl = config_.n_head / tp_.size();
+    std::vector<Tensor> qkv = engine::split(c_attn->forward(x), {Cl, Cl, Cl}, -1);
+    Tensor q = split_heads(qkv[0], Hl), k = split_heads(qkv[1], Hl), v = split_heads(qkv[2], Hl);
+    Tensor y;
+    if (seq.mode == SpMode::kUlysses) {
+      y = parallel::ulysses_attention(q.contiguous(), k.contiguous(), v.contiguous(), *seq.sp,
+                                      *seq.layout, true);
+    } else if (seq.mode == SpMode::kRing) {
+      y = parallel::ring_attention(q.contiguous(), k.contiguous(), v.contiguous(), *seq.sp,
+                                   *seq.layout, true);
+    } else {
+      engine::AttentionOptions causal;
+      causal.causal = true;
+      y = attend(q, k, v, causal, config_.attn_dropout, is_training());
+    }
+    return resid_dropout_->forward(c_proj->forward(merge_heads(y)));
+  }
+
+  std::shared_ptr<ColumnParallelLinear> c_attn;
+  std::shared_ptr<RowParallelLinear> c_proj;
+
+ private:
+  const ModelConfig& config_;
+  Communicator& tp_;
+  std::shared_ptr<Dropout> resid_dropout_;
+};
+
+class TpGpt2Mlp : public engine::nn::Module {
+ public:
+  TpGpt2Mlp(const ModelConfig& c, Communicator& tp, bool sequence_parallel) {
+    c_fc = register_module(
+        "c_fc", std::make_shared<ColumnParallelLinear>(
+                    c.d_model, c.d_ff, true, c.dtype, tp,
+                    ColumnParallelLinear::Options{.sequence_parallel = sequence_parallel}));
+    c_proj = register_module(
+        "c_proj", std::make_shared<RowParallelLinear>(
+                      c.d_ff, c.d_model, true, c.dtype, tp,
+                      RowParallelLinear::Options{.sequence_parallel = sequence_parallel}));
+    dropout_ = register_module("dropout", std::make_shared<Dropout>(c.dropout));
+  }
+  Tensor forward(const Tensor& x) const {
+    return dropout_->forward(c_proj->forward(engine::gelu_tanh(c_fc->forward(x))));
+  }
+  std::shared_ptr<ColumnParallelLinear> c_fc;
+  std::shared_ptr<RowParallelLinear> c_proj;
+
+ private:
+  std::shared_ptr<Dropout> dropout_;
+};
+
+class TpGpt2Block : public engine::nn::Module {
+ public:
+  TpGpt2Block(const ModelConfig& c, Communicator& tp, bool sequence_parallel) {
+    ln_1 = register_module("ln_1", std::make_shared<LayerNorm>(c.d_model, c.norm_eps, c.dtype));
+    attn = register_module("attn", std::make_shared<TpGpt2Attention>(c, tp, sequence_parallel));
+    ln_2 = register_module("ln_2", std::make_shared<LayerNorm>(c.d_model, c.norm_eps, c.dtype));
+    mlp = register_module("mlp", std::make_shared<TpGpt2Mlp>(c, tp, sequence_parallel));
+  }
+  Tensor forward(const Tensor& x, const SeqContext& seq) const {
+    Tensor h1 = x + attn->forward(ln_1->forward(x), seq);
+    return h1 + mlp->forward(ln_2->forward(h1));
+  }
+  std::shared_ptr<LayerNorm> ln_1, ln_2;
+  std::shared_ptr<TpGpt2Attention> attn;
+  std::shared_ptr<TpGpt2Mlp> mlp;
+};
+
+class TpGpt2 : public ShardedLanguageModel {
+ public:
+  TpGpt2(const ModelConfig& config, const parallel::DeviceMesh& mesh, const ShardOptions& options)
+      : ShardedLanguageModel(mesh, options), config_(config) {
+    Communicator& tp = mesh.group(Axis::kTp);
+    const bool sg = options.sp_mode == SpMode::kSplitGather;
+    const ModelConfig& c = config_;
+    wte = register_module("wte", std::make_shared<parallel::VocabParallelEmbedding>(
+                                     c.vocab_size, c.d_model, c.dtype, tp, sg));
+    wpe = register_module("wpe", std::make_shared<Embedding>(c.max_seq, c.d_model, c.dtype));
+    drop_ = register_module("drop", std::make_shared<Dropout>(c.dropout));
+    h = register_module("h", std::make_shared<ModuleList<TpGpt2Block>>());
+    for (int64_t l = 0; l < c.n_layer; ++l) h->add(std::make_shared<TpGpt2Block>(config_, tp, sg));
+    ln_f = register_module("ln_f", std::make_shared<LayerNorm>(c.d_model, c.norm_eps, c.dtype));
+    set_spec("wte.weight", wte->weight_spec());
+    for (int64_t l = 0; l < c.n_layer; ++l) {
+      const std::string p = "h." + std::to_string(l) + ".";
+      const TpGpt2Block& b = (*h)[l];
+      set_spec(p + "attn.c_attn.weight", b.attn->c_attn->weight_spec());
+      set_spec(p + "attn.c_attn.bias", b.attn->c_attn->weight_spec());
+      set_spec(p + "attn.c_proj.weight", b.attn->c_proj->weight_spec());
+      set_spec(p + "mlp.c_fc.weight", b.mlp->c_fc->weight_spec());
+      set_spec(p + "mlp.c_fc.bias", b.mlp->c_fc->weight_spec());
+      set_spec(p + "mlp.c_proj.weight", b.mlp->c_proj->weight_spec());
+    }
+  }
+
+  const ModelConfig& config() const override { return config_; }
+  HfLayout hf_layout() const override {
+    // The single-device layout: full_parameters() are what a checkpoint holds.
+    return build_model(config_)->hf_layout();
+  }
+
+  Tensor forward(const Tensor& ids) override {
+    Local l = run(ids);
+    Communicator& tp = mesh_.group(Axis::kTp);
+    Tensor logits = parallel::gather_from_group(l.logits, tp, -1).slice(-1, 0, config_.vocab_size);
+    const int64_t T = ids.size(1);
+    if (l.layout && (options_.sp_mode == SpMode::kUlysses || options_.sp_mode == SpMode::kRing)) {
+      return parallel::gather_sequence(logits, 1, *l.layout, mesh_.group(Axis::kSp));
+    }
+    return logits.slice(1, 0, T);
+  }
+
+  Tensor loss(const Tensor& ids, const Tensor& targets) override {
+    const int64_t B = ids.size(0), T = ids.size(1);
+    // Targets over the whole sequence: the next token, or the given labels; -100 = no loss.
+    std::vector<int64_t> tg(static_cast<size_t>(B * T), -100);
+    if (targets.defined()) {
+      tg = targets.to_int_vector();
+    } else {
+      std::vector<int64_t> v = ids.to_int_vector();
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t t = 0; t + 1 < T; ++t) tg[b * T + t] = v[b * T + t + 1];
+    }
+    int64_t count = 0;
+    for (int64_t x : tg) count += x != -100 ? 1 : 0;
+    MAMMOTH_CHECK(count > 0) << "[TpGpt2::loss] no target positions";
+    Local l = run(ids);
+    // This rank's rows: the positions its logits hold.
+    std::vector<int64_t> mine;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t p : l.positions) mine.push_back(p < T ? tg[b * T + p] : -100);
+    const int64_t n = static_cast<int64_t>(l.positions.size());
+    Communicator& tp = mesh_.group(Axis::kTp);
+    Tensor rows = parallel::vocab_parallel_cross_entropy(
+        l.logits, Tensor::from_ints(mine, {B, n}), tp, wte->vocab_start(), config_.vocab_size);
+    Tensor total = engine::sum(rows);
+    if (sequence_on_sp()) total = parallel::reduce_from_group(total, mesh_.group(Axis::kSp));
+    return total / static_cast<double>(count);
+  }
+
+  std::shared_ptr<parallel::VocabParallelEmbedding> wte;
+  std::shared_ptr<Embedding> wpe;
+  std::shared_ptr<ModuleList<TpGpt2Block>> h;
+  std::shared_ptr<LayerNorm> ln_f;
+
+ private:
+  struct Local {
+    Tensor logits;                   // [B, n, Vp/tp]: the rows of `positions`
+    std::vector<int64_t> positions;  // global positions (>= T: padding)
+    std::shared_ptr<parallel::SequenceLayout> layout;
+  };
+
+  bool sequence_on_sp() const {
+    return options_.sp_mode == SpMode::kUlysses || options_.sp_mode == SpMode::kRing;
+  }
+
+  Local run(const Tensor& ids) {
+    MAMMOTH_CHECK(ids.dim() == 2 && ids.dtype() == DType::kI64)
+        << "[TpGpt2::forward] ids must be i64 [B, T], got " << engine::shape_str(ids.shape());
+    const int64_t B = ids.size(0), T = ids.size(1);
+    Communicator& tp = mesh_.group(Axis::kTp);
+    Communicator& sp = mesh_.group(Axis::kSp);
+    const SpMode mode = options_.sp_mode;
+    Local out;
+    SeqContext seq{mode, nullptr, &sp};
+    int parts = 1, part = 0;
+    parallel::SeqSplit split = parallel::SeqSplit::kContiguous;
+    if (mode == SpMode::kSplitGather) {
+      parts = tp.size();
+      part = tp.rank();
+    } else if (sequence_on_sp()) {
+      parts = sp.size();
+      part = sp.rank();
+      if (mode == SpMode::kRing) split = parallel::SeqSplit::kZigzag;
+    }
+    out.layout = std::make_shared<parallel::SequenceLayout>(T, parts, split);
+    const parallel::SequenceLayout& layout = *out.layout;
+    seq.layout = out.layout.get();
+    MAMMOTH_CHECK(layout.padded() <= config_.max_seq)
+        << "[TpGpt2::forward] " << T << " positions padded to " << layout.padded()
+        << " exceed max_seq " << config_.max_seq;
+    // Token ids of the positions this rank embeds (padding: token 0).
+    std::vector<int64_t> all = ids.to_int_vector();
+    auto ids_at = [&](const std::vector<int64_t>& pos) {
+      std::vector<int64_t> v;
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t p : pos) v.push_back(p < T ? all[b * T + p] : 0);
+      return Tensor::from_ints(v, {B, static_cast<int64_t>(pos.size())});
+    };
+    std::vector<int64_t> every(static_cast<size_t>(layout.padded()));
+    for (int64_t i = 0; i < layout.padded(); ++i) every[i] = i;
+    const std::vector<int64_t> local = layout.positions(part);
+    // split_gather embeds the whole sequence and reduce-scatters it along the sequence.
+    Tensor x = wte->forward(ids_at(mode == SpMode::kSplitGather ? every : local));
+    x = x + wpe->forward(Tensor::from_ints(local, {static_cast<int64_t>(local.size())}));
+    x = drop_->forward(x);
+    for (size_t l = 0; l < h->size(); ++l) x = (*h)[l].forward(x, seq);
+    x = ln_f->forward(x);
+    // The tied head: columns of this rank's vocabulary shard, every position of the sequence
+    // under split_gather (gathered), this rank's positions otherwise.
+    Tensor xh = mode == SpMode::kSplitGather ? parallel::all_gather_from_group(x, tp, 1)
+                                             : parallel::copy_to_group(x, tp);
+    out.logits = engine::linear(xh, wte->weight);
+    out.positions = mode == SpMode::kSplitGather ? every : local;
+    return out;
+  }
+
+  ModelConfig config_;
+  std::shared_ptr<Dropout> drop_;
+};
+
+}  // namespace
+
+std::shared_ptr<ShardedLanguageModel> gpt2_policy(const Model& model,
+                                                  const parallel::DeviceMesh& mesh,
+                                                  const ShardOptions& options) {
+  auto sharded = std::make_shared<TpGpt2>(model.config(), mesh, options);
+  sharded->load_from(model);
+  sharded->train(model.is_training());
+  return sharded;
+}
+
+}  // namespace mammoth::models
