@@ -29,9 +29,9 @@ struct AttnArgs {
   const float* q;
   const float* k;
   const float* v;
-  float* out;          // forward output; backward: the saved output (read only)
-  float* lse;          // forward output; backward: the saved lse (read only)
-  const float* dout;   // backward only
+  float* out;         // forward output; backward: the saved output (read only)
+  float* lse;         // forward output; backward: the saved lse (read only)
+  const float* dout;  // backward only
   float* dq;
   float* dk;
   float* dv;
@@ -42,8 +42,7 @@ struct FastKernels {
   void (*softmax)(const float* x, float* y, int64_t rows, int64_t n);
   void (*log_softmax)(const float* x, float* y, int64_t rows, int64_t n);
   void (*softmax_backward)(const float* dy, const float* y, float* dx, int64_t rows, int64_t n);
-  void (*log_softmax_backward)(const float* dy, const float* y, float* dx, int64_t rows,
-                               int64_t n);
+  void (*log_softmax_backward)(const float* dy, const float* y, float* dx, int64_t rows, int64_t n);
   void (*layer_norm)(const float* x, const float* w, const float* b, float* y, float* mean,
                      float* rstd, int64_t rows, int64_t n, double eps);
   void (*layer_norm_backward)(const float* dy, const float* x, const float* w, const float* mean,

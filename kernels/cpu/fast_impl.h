@@ -224,8 +224,8 @@ float centred_sq_sum(const float* x, int64_t n, float mu) {
   return hsum(a0 + a1);
 }
 
-void layer_norm(const float* x, const float* w, const float* b, float* y, float* mean,
-                float* rstd, int64_t rows, int64_t n, double eps) {
+void layer_norm(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,
+                int64_t rows, int64_t n, double eps) {
   for_rows(rows, n, [&](int64_t m) {
     const float* xr = x + m * n;
     const float mu = static_cast<float>(static_cast<double>(row_sum(xr, n)) / n);
@@ -353,8 +353,8 @@ void check_target(int64_t t, int64_t V, int64_t row) {
 // loss = (1-s) * (lse - x[t]) + s * (lse - mean(x)). One read of the row from memory: it is
 // walked in L1-sized chunks, each chunk's max found first, then its exponentials summed
 // against the running maximum (the running sum rescaled when the maximum grows).
-void cross_entropy(const float* x, const int64_t* target, float* loss, float* lse_out,
-                   int64_t rows, int64_t V, int64_t ignore_index, double smoothing) {
+void cross_entropy(const float* x, const int64_t* target, float* loss, float* lse_out, int64_t rows,
+                   int64_t V, int64_t ignore_index, double smoothing) {
   constexpr int64_t kChunk = 1024;
   for_rows(rows, V, [&](int64_t m) {
     const float* xr = x + m * V;
@@ -506,7 +506,7 @@ void gelu_tanh_backward(const float* dy, const float* x, float* dx, int64_t n) {
 
 // ---- attention -------------------------------------------------------------------------------
 
-constexpr int64_t kBq = 64;   // query rows per block
+constexpr int64_t kBq = 128;  // query rows per block
 constexpr int64_t kBk = 128;  // keys per block
 
 // Sets S[r][c] = -inf where query i0 + r may not see key j0 + c.
@@ -656,10 +656,21 @@ void attention_backward(const AttnArgs& a) {
 
 const FastKernels& fast_kernels() {
   static const FastKernels k{
-      &softmax,       &log_softmax,       &softmax_backward,       &log_softmax_backward,
-      &layer_norm,    &layer_norm_backward, &rms_norm,             &rms_norm_backward,
-      &cross_entropy, &cross_entropy_backward, &adamw,             &attention,
-      &attention_backward, &gelu_tanh,          &gelu_tanh_backward,
+      &softmax,
+      &log_softmax,
+      &softmax_backward,
+      &log_softmax_backward,
+      &layer_norm,
+      &layer_norm_backward,
+      &rms_norm,
+      &rms_norm_backward,
+      &cross_entropy,
+      &cross_entropy_backward,
+      &adamw,
+      &attention,
+      &attention_backward,
+      &gelu_tanh,
+      &gelu_tanh_backward,
   };
   return k;
 }

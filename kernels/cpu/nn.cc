@@ -233,9 +233,9 @@ template <typename T>
 void rms_norm_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,
                      const void* params) {
   if constexpr (std::is_same_v<T, float>) {
-    fast_kernels().rms_norm(in[0].ptr<const float>(), in[1].ptr<const float>(),
-                            out[0].ptr<float>(), out[1].ptr<float>(), rows_of(in[0]),
-                            in[0].size(-1), static_cast<const NormParams*>(params)->eps);
+    fast_kernels().rms_norm(in[0].ptr<const float>(), in[1].ptr<const float>(), out[0].ptr<float>(),
+                            out[1].ptr<float>(), rows_of(in[0]), in[0].size(-1),
+                            static_cast<const NormParams*>(params)->eps);
     return;
   }
   const double eps = static_cast<const NormParams*>(params)->eps;
@@ -346,10 +346,10 @@ void cross_entropy_backward_kernel(std::span<const TensorArg> in, std::span<cons
                                    const void* params) {
   if constexpr (std::is_same_v<T, float>) {
     const auto* p = static_cast<const CrossEntropyParams*>(params);
-    fast_kernels().cross_entropy_backward(
-        in[0].ptr<const float>(), in[1].ptr<const float>(), in[2].ptr<const int64_t>(),
-        in[3].ptr<const float>(), out[0].ptr<float>(), rows_of(in[1]), in[1].size(-1),
-        p->ignore_index, p->label_smoothing);
+    fast_kernels().cross_entropy_backward(in[0].ptr<const float>(), in[1].ptr<const float>(),
+                                          in[2].ptr<const int64_t>(), in[3].ptr<const float>(),
+                                          out[0].ptr<float>(), rows_of(in[1]), in[1].size(-1),
+                                          p->ignore_index, p->label_smoothing);
     return;
   }
   const auto* p = static_cast<const CrossEntropyParams*>(params);
@@ -414,30 +414,41 @@ void rope_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,
   const T* x = xa.ptr<const T>();
   T* y = out[0].ptr<T>();
   const double sign = p->inverse ? -1.0 : 1.0;
-  parallel_for(0, B * Tn, 1, [&](int64_t b0, int64_t b1) {
-    std::vector<T> cs(half), sn(half);
-    for (int64_t bt = b0; bt < b1; ++bt) {
-      const double pos = static_cast<double>(p->position_offset + bt % Tn);
-      for (int64_t i = 0; i < half; ++i) {
-        // inv_freq rounded to float as Hugging Face computes it, for bitwise-close parity
-        const float inv_freq =
-            static_cast<float>(1.0 / std::pow(p->base, static_cast<double>(2 * i) / rot));
-        const double ang = pos * static_cast<double>(inv_freq);
-        cs[i] = static_cast<T>(std::cos(ang));
-        sn[i] = static_cast<T>(sign * std::sin(ang));
-      }
-      for (int64_t h = 0; h < H; ++h) {
-        const T* xr = x + (bt * H + h) * D;
-        T* yr = y + (bt * H + h) * D;
-        for (int64_t i = 0; i < half; ++i) {
-          const T a = xr[i], b = xr[i + half];
-          yr[i] = a * cs[i] - b * sn[i];
-          yr[i + half] = b * cs[i] + a * sn[i];
-        }
-        for (int64_t i = rot; i < D; ++i) yr[i] = xr[i];
-      }
-    }
-  });
+  // cos/sin depend on (t, i) only: one table for all batches and heads.
+  std::vector<T> cs(static_cast<size_t>(Tn * half)), sn(cs.size());
+  std::vector<double> inv_freq(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i) {
+    // inv_freq rounded to float as Hugging Face computes it, for bitwise-close parity
+    inv_freq[i] = static_cast<float>(1.0 / std::pow(p->base, static_cast<double>(2 * i) / rot));
+  }
+  parallel_for(0, Tn, std::max<int64_t>(1, 256 / std::max<int64_t>(half, 1)),
+               [&](int64_t t0, int64_t t1) {
+                 for (int64_t t = t0; t < t1; ++t) {
+                   const double pos = static_cast<double>(p->position_offset + t);
+                   for (int64_t i = 0; i < half; ++i) {
+                     const double ang = pos * inv_freq[i];
+                     cs[t * half + i] = static_cast<T>(std::cos(ang));
+                     sn[t * half + i] = static_cast<T>(sign * std::sin(ang));
+                   }
+                 }
+               });
+  parallel_for(0, B * Tn, std::max<int64_t>(1, 4096 / std::max<int64_t>(H * D, 1)),
+               [&](int64_t b0, int64_t b1) {
+                 for (int64_t bt = b0; bt < b1; ++bt) {
+                   const T* c = cs.data() + (bt % Tn) * half;
+                   const T* s = sn.data() + (bt % Tn) * half;
+                   for (int64_t h = 0; h < H; ++h) {
+                     const T* xr = x + (bt * H + h) * D;
+                     T* yr = y + (bt * H + h) * D;
+                     for (int64_t i = 0; i < half; ++i) {
+                       const T a = xr[i], b = xr[i + half];
+                       yr[i] = a * c[i] - b * s[i];
+                       yr[i + half] = b * c[i] + a * s[i];
+                     }
+                     for (int64_t i = rot; i < D; ++i) yr[i] = xr[i];
+                   }
+                 }
+               });
 }
 
 }  // namespace

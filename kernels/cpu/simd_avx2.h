@@ -16,12 +16,11 @@ struct Vec {
   // The first n (< kWidth) lanes from p, `fill` in the others; never reads past p + n.
   static Vec load_n(const float* p, int n, float fill = 0.0f) {
     const __m256i m = mask(n);
-    return {_mm256_blendv_ps(_mm256_set1_ps(fill), _mm256_maskload_ps(p, m),
-                             _mm256_castsi256_ps(m))};
+    return {
+        _mm256_blendv_ps(_mm256_set1_ps(fill), _mm256_maskload_ps(p, m), _mm256_castsi256_ps(m))};
   }
   static Vec load_bf16(const uint16_t* p) {
-    const __m256i w =
-        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     return {_mm256_castsi256_ps(_mm256_slli_epi32(w, 16))};
   }
   static Vec load_f16(const uint16_t* p) {

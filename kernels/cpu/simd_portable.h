@@ -60,14 +60,26 @@ inline Vec map2(Vec a, Vec b, F f) {
   for (int i = 0; i < Vec::kWidth; ++i) r.v[i] = f(a.v[i], b.v[i]);
   return r;
 }
-inline Vec operator+(Vec a, Vec b) { return map2(a, b, [](float x, float y) { return x + y; }); }
-inline Vec operator-(Vec a, Vec b) { return map2(a, b, [](float x, float y) { return x - y; }); }
-inline Vec operator*(Vec a, Vec b) { return map2(a, b, [](float x, float y) { return x * y; }); }
-inline Vec operator/(Vec a, Vec b) { return map2(a, b, [](float x, float y) { return x / y; }); }
+inline Vec operator+(Vec a, Vec b) {
+  return map2(a, b, [](float x, float y) { return x + y; });
+}
+inline Vec operator-(Vec a, Vec b) {
+  return map2(a, b, [](float x, float y) { return x - y; });
+}
+inline Vec operator*(Vec a, Vec b) {
+  return map2(a, b, [](float x, float y) { return x * y; });
+}
+inline Vec operator/(Vec a, Vec b) {
+  return map2(a, b, [](float x, float y) { return x / y; });
+}
 inline Vec fma(Vec a, Vec b, Vec c) { return a * b + c; }
 // Same NaN convention as the x86 instructions: the second operand wins when either is NaN.
-inline Vec max(Vec a, Vec b) { return map2(a, b, [](float x, float y) { return x > y ? x : y; }); }
-inline Vec min(Vec a, Vec b) { return map2(a, b, [](float x, float y) { return x < y ? x : y; }); }
+inline Vec max(Vec a, Vec b) {
+  return map2(a, b, [](float x, float y) { return x > y ? x : y; });
+}
+inline Vec min(Vec a, Vec b) {
+  return map2(a, b, [](float x, float y) { return x < y ? x : y; });
+}
 inline Vec sqrt(Vec a) {
   for (float& x : a.v) x = std::sqrt(x);
   return a;

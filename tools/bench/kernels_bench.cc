@@ -4,12 +4,14 @@
 // output written once, as STREAM counts them) over its time. Their anchor is a STREAM-style
 // triad a[i] = b[i] + s * c[i] (12 bytes per element) on arrays larger than the L3, run with
 // AVX2 loads and both ordinary and streaming stores, the faster taken: the machine's bandwidth
-// at its best. Attention reports GFLOP/s for the matmul work of the math (forward 4*T*T*D per
-// head, backward 8*T*T*D; halved when causal; our backward's recomputation of P is not
-// counted), and its anchor is the GEMM-bound rate: the same six matmuls done as whole batched
-// sgemm calls with the T x T matrices materialised. Every time is the best of `reps` runs after
-// a warm-up (STREAM's convention), at 1 thread and at all threads. Kernels run through the
-// registry exactly as the engine calls them.
+// at its best. The triad runs interleaved with each kernel's runs (its own anchor per row), so
+// on a shared machine a neighbour's load weighs on both alike. Attention reports GFLOP/s for the
+// matmul work of the math (forward 4*T*T*D per head, backward 8*T*T*D; halved when causal; our
+// backward's recomputation of P is not counted), and its anchor is the GEMM-bound rate: the same
+// six matmuls done as whole batched sgemm calls with the T x T matrices materialised; rows named
+// "...@sgemm2048" use the stricter anchor of sgemm's rate on a 2048^3 product. Every time is the
+// best of `reps` runs after a warm-up (STREAM's convention), at 1 thread and at all threads.
+// Kernels run through the registry exactly as the engine calls them.
 //
 // --json FILE writes one object per row: {name, shape, threads, ours, anchor, unit, ratio}.
 #include "tools/bench/kernels_bench.h"
@@ -65,8 +67,8 @@ double best_seconds(int reps, const std::function<void()>& f) {
   for (int r = 0; r < reps; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
     f();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-                              .count());
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return best;
 }
@@ -125,35 +127,44 @@ __attribute__((target("avx2,fma"))) void triad_range(float* a, const float* b, c
 
 bool has_avx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 
-// GB/s of the triad, best of ordinary and streaming stores.
-double triad_gbs(int64_t n, int reps) {
-  std::vector<float> a(static_cast<size_t>(n) + 16), b(a.size()), c(a.size());
-  fill(b, -1, 1, 1);
-  fill(c, -1, 1, 2);
-  fill(a, 0, 1, 3);
-  // Streaming stores need 32-byte alignment: start every chunk's run at an aligned element.
-  float* ap = a.data();
-  while (reinterpret_cast<uintptr_t>(ap) % 32 != 0) ++ap;
-  const int64_t off = ap - a.data();
-  const float* bp = b.data() + off;
-  const float* cp = c.data() + off;
-  double best = 0;
-  for (int stream = 0; stream < 2; ++stream) {
-    const double t = best_seconds(reps, [&] {
-      parallel_for(0, n / 8, 1 << 13, [&](int64_t lo, int64_t hi) {
-        const int64_t i1 = hi == n / 8 ? n : hi * 8;
-        if (!has_avx2()) {
-          for (int64_t i = lo * 8; i < i1; ++i) ap[i] = bp[i] + 3.0f * cp[i];
-        } else if (stream) {
-          triad_range<true>(ap, bp, cp, 3.0f, lo * 8, i1);
-        } else {
-          triad_range<false>(ap, bp, cp, 3.0f, lo * 8, i1);
-        }
-      });
-    });
-    best = std::max(best, 12.0 * static_cast<double>(n) / t / 1e9);
+// The triad's arrays, allocated once; run(stream) does one pass over all threads.
+class Triad {
+ public:
+  explicit Triad(int64_t n) : n_(n), a_(n + 16), b_(n + 16), c_(n + 16) {
+    fill(b_, -1, 1, 1);
+    fill(c_, -1, 1, 2);
+    fill(a_, 0, 1, 3);
+    // Streaming stores need 32-byte alignment: offset all three arrays alike.
+    while (reinterpret_cast<uintptr_t>(a_.data() + off_) % 32 != 0) ++off_;
   }
-  return best;
+  double bytes() const { return 12.0 * static_cast<double>(n_); }
+  void run(bool stream) {
+    float* ap = a_.data() + off_;
+    const float* bp = b_.data() + off_;
+    const float* cp = c_.data() + off_;
+    const int64_t units = n_ / 8;
+    parallel_for(0, units, 1 << 13, [&](int64_t lo, int64_t hi) {
+      const int64_t i1 = hi == units ? n_ : hi * 8;
+      if (!has_avx2()) {
+        for (int64_t i = lo * 8; i < i1; ++i) ap[i] = bp[i] + 3.0f * cp[i];
+      } else if (stream) {
+        triad_range<true>(ap, bp, cp, 3.0f, lo * 8, i1);
+      } else {
+        triad_range<false>(ap, bp, cp, 3.0f, lo * 8, i1);
+      }
+    });
+  }
+
+ private:
+  int64_t n_;
+  std::vector<float> a_, b_, c_;
+  int64_t off_ = 0;
+};
+
+double seconds_of(const std::function<void()>& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 // ---- rows ------------------------------------------------------------------------------------
@@ -162,7 +173,7 @@ struct Bench {
   Options opt;
   std::vector<Row> rows;
   int threads = 1;
-  double triad = 0;
+  Triad* triad = nullptr;
 
   bool wanted(const std::string& name) const {
     return opt.filter.empty() || name.find(opt.filter) != std::string::npos;
@@ -181,12 +192,21 @@ struct Bench {
                 r.threads, r.ours, r.anchor, r.unit.c_str(), r.ratio);
     std::fflush(stdout);
   }
-  // A memory-bound kernel moving `bytes` per call.
+  // A memory-bound kernel moving `bytes` per call. The triad (both store kinds) runs
+  // interleaved with the kernel, so a busy neighbour on a shared machine weighs on both alike.
   void memory_row(const std::string& name, const std::string& shape, double bytes,
                   const std::function<void()>& f) {
     if (!wanted(name)) return;
-    const double t = best_seconds(opt.reps, f);
-    add(name, shape, bytes / t / 1e9, triad, "GB/s");
+    f();
+    triad->run(false);
+    triad->run(true);
+    double t = 1e30, t_plain = 1e30, t_stream = 1e30;
+    for (int r = 0; r < opt.reps; ++r) {
+      t_plain = std::min(t_plain, seconds_of([&] { triad->run(false); }));
+      t = std::min(t, seconds_of(f));
+      t_stream = std::min(t_stream, seconds_of([&] { triad->run(true); }));
+    }
+    add(name, shape, bytes / t / 1e9, triad->bytes() / std::min(t_plain, t_stream) / 1e9, "GB/s");
   }
 
   void adamw_rows() {
@@ -223,12 +243,15 @@ struct Bench {
     std::vector<float> x(n), y(n), dy(n), dx(n);
     fill(x, -4, 4, 20);
     fill(dy, -1, 1, 21);
-    memory_row("softmax", shape, 8.0 * n, [&] { run(Kernel::softmax, {farg(x, {M, N})}, {farg(y, {M, N})}); });
+    memory_row("softmax", shape, 8.0 * n, [&] {
+      run(Kernel::softmax, {farg(x, {M, N})}, {farg(y, {M, N})});
+    });
     memory_row("softmax_backward", shape, 12.0 * n, [&] {
       run(Kernel::softmax_backward, {farg(dy, {M, N}), farg(y, {M, N})}, {farg(dx, {M, N})});
     });
-    memory_row("log_softmax", shape, 8.0 * n,
-               [&] { run(Kernel::log_softmax, {farg(x, {M, N})}, {farg(y, {M, N})}); });
+    memory_row("log_softmax", shape, 8.0 * n, [&] {
+      run(Kernel::log_softmax, {farg(x, {M, N})}, {farg(y, {M, N})});
+    });
     memory_row("log_softmax_backward", shape, 12.0 * n, [&] {
       run(Kernel::log_softmax_backward, {farg(dy, {M, N}), farg(y, {M, N})}, {farg(dx, {M, N})});
     });
@@ -290,8 +313,9 @@ struct Bench {
     std::vector<float> x(n), y(n), dy(n), dx(n);
     fill(x, -4, 4, 50);
     fill(dy, -1, 1, 51);
-    memory_row("gelu_tanh", shape, 8.0 * n,
-               [&] { run(Kernel::gelu_tanh, {farg(x, {M, N})}, {farg(y, {M, N})}); });
+    memory_row("gelu_tanh", shape, 8.0 * n, [&] {
+      run(Kernel::gelu_tanh, {farg(x, {M, N})}, {farg(y, {M, N})});
+    });
     memory_row("gelu_tanh_backward", shape, 12.0 * n, [&] {
       run(Kernel::gelu_tanh_backward, {farg(dy, {M, N}), farg(x, {M, N})}, {farg(dx, {M, N})});
     });
@@ -340,6 +364,15 @@ struct Bench {
     });
     const double rate_fwd = flops_fwd / t_anchor_fwd / 1e9;
     const double rate_all = flops_all / t_anchor_all / 1e9;
+    // A stricter anchor: sgemm's rate on a large square problem, where it is most efficient.
+    const int64_t sq = opt.quick ? 1024 : 2048;
+    std::vector<float> A(sq * sq), Bsq(sq * sq), Csq(sq * sq);
+    fill(A, -1, 1, 65);
+    fill(Bsq, -1, 1, 66);
+    const double t_sq = best_seconds(std::min(opt.reps, 3), [&] {
+      kc::sgemm(false, false, sq, sq, sq, 1.0f, A.data(), sq, Bsq.data(), sq, 0.0f, Csq.data(), sq);
+    });
+    const double rate_peak = 2.0 * sq * sq * sq / t_sq / 1e9;
     for (bool causal : {false, true}) {
       kernels::AttentionParams p;
       p.causal = causal;
@@ -365,15 +398,14 @@ struct Bench {
           bwd();
         });
         add("attention_fwd_bwd" + suffix, shape, frac * flops_all / t / 1e9, rate_all, "GFLOP/s");
+        add("attention_fwd_bwd" + suffix + "@sgemm" + std::to_string(sq), shape,
+            frac * flops_all / t / 1e9, rate_peak, "GFLOP/s");
       }
     }
   }
 
   void run_all() {
-    const int64_t triad_n = opt.quick ? (int64_t{1} << 23) : (int64_t{1} << 25);
-    triad = triad_gbs(triad_n, opt.reps);
-    std::printf("-- %d thread%s: STREAM triad (%lld floats/array) %.1f GB/s\n", threads,
-                threads == 1 ? "" : "s", static_cast<long long>(triad_n), triad);
+    std::printf("-- %d thread%s\n", threads, threads == 1 ? "" : "s");
     adamw_rows();
     softmax_rows();
     norm_rows();
@@ -442,6 +474,9 @@ int run_kernels_bench(const std::vector<std::string>& args) {
   } else {
     MAMMOTH_CHECK(opt.isa.empty()) << "[bench kernels] unknown --isa '" << opt.isa << "'";
   }
+  const int64_t triad_n = opt.quick ? (int64_t{1} << 23) : (int64_t{1} << 24);
+  Triad triad(triad_n);
+  bench.triad = &triad;
   const int all = num_threads();
   std::vector<int> thread_counts;
   if (opt.threads > 0) {
@@ -451,8 +486,18 @@ int run_kernels_bench(const std::vector<std::string>& args) {
     if (all > 1) thread_counts.push_back(all);
   }
   std::printf("mammoth bench kernels: fused kernels %s, sgemm %s; best of %d runs\n",
-              kc::simd_isa_name(kc::active_simd_isa()),
-              kc::gemm_isa_name(kc::active_gemm_isa()), opt.reps);
+              kc::simd_isa_name(kc::active_simd_isa()), kc::gemm_isa_name(kc::active_gemm_isa()),
+              opt.reps);
+  std::printf(
+      "STREAM triad anchor: %lld floats per array, AVX2 loads, best of plain and "
+      "streaming stores, interleaved with each kernel's runs\n",
+      static_cast<long long>(triad_n));
+  {
+    std::ifstream la("/proc/loadavg");
+    std::string l1;
+    if (la >> l1)
+      std::printf("load average at start: %s (on %d hardware threads)\n", l1.c_str(), all);
+  }
   std::printf("%-26s %-22s %7s %10s %10s %-7s %6s\n", "kernel", "shape", "threads", "ours",
               "anchor", "unit", "ratio");
   for (int t : thread_counts) {

@@ -4,7 +4,6 @@
 // the thread count, fully masked attention rows, cross-entropy edge cases, AdamW with
 // bf16/f16 gradients and a bf16/f16 parameter copy.
 #include <catch2/catch.hpp>
-
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -202,8 +201,8 @@ TEST_CASE("fast cross-entropy matches the f64 reference, with ignore_index and s
   for (SimdIsa isa : isas()) {
     IsaGuard guard(isa);
     for (double smoothing : {0.0, 0.1}) {
-      for (int64_t V : {int64_t{1}, int64_t{2}, int64_t{17}, int64_t{1000}, int64_t{1025},
-                        int64_t{5003}}) {
+      for (int64_t V :
+           {int64_t{1}, int64_t{2}, int64_t{17}, int64_t{1000}, int64_t{1025}, int64_t{5003}}) {
         const int64_t M = 13;
         INFO("isa " << simd_isa_name(isa) << " V " << V << " smoothing " << smoothing);
         CrossEntropyParams p;
@@ -254,8 +253,7 @@ TEST_CASE("fast kernels give bitwise the same results at any thread count") {
     Buf y({M, N}), mean({M}), rstd({M}), dx({M, N}), dw({N}), db({N}), sm({M, N});
     NormParams p;
     std::vector<TensorArg> in = {x.arg(DType::kF32), w.arg(DType::kF32), b.arg(DType::kF32)};
-    std::vector<TensorArg> out = {y.arg(DType::kF32), mean.arg(DType::kF32),
-                                  rstd.arg(DType::kF32)};
+    std::vector<TensorArg> out = {y.arg(DType::kF32), mean.arg(DType::kF32), rstd.arg(DType::kF32)};
     launch(Kernel::layer_norm, DeviceType::kCPU, DType::kF32, in, out, &p);
     std::vector<TensorArg> bin = {dy.arg(DType::kF32), in[0], in[1], out[1], out[2]};
     std::vector<TensorArg> bout = {dx.arg(DType::kF32), dw.arg(DType::kF32), db.arg(DType::kF32)};
@@ -278,8 +276,8 @@ struct AttnCase {
 };
 
 void check_attention(const AttnCase& c, std::mt19937& rng) {
-  INFO("B " << c.B << " Hq " << c.Hq << " Hk " << c.Hk << " Tq " << c.Tq << " Tk " << c.Tk
-            << " D " << c.D << " causal " << c.causal << " mask " << c.mask);
+  INFO("B " << c.B << " Hq " << c.Hq << " Hk " << c.Hk << " Tq " << c.Tq << " Tk " << c.Tk << " D "
+            << c.D << " causal " << c.causal << " mask " << c.mask);
   Buf q({c.B, c.Hq, c.Tq, c.D}), k({c.B, c.Hk, c.Tk, c.D}), v({c.B, c.Hk, c.Tk, c.D});
   q.random(rng);
   k.random(rng);
@@ -329,7 +327,8 @@ void check_attention(const AttnCase& c, std::mt19937& rng) {
     std::vector<TensorArg> in = {dout.arg(dt), q.arg(dt), k.arg(dt), v.arg(dt), oa, la};
     in.insert(in.end(), mask_in.begin(), mask_in.end());
     std::vector<TensorArg> o = {dq.arg(dt), dk.arg(dt), dv.arg(dt)};
-    for (TensorArg& t : o) std::memset(t.data, 0x7f, static_cast<size_t>(t.numel()) * dtype_size(dt));
+    for (TensorArg& t : o)
+      std::memset(t.data, 0x7f, static_cast<size_t>(t.numel()) * dtype_size(dt));
     launch(Kernel::attention_backward, DeviceType::kCPU, dt, in, o, &p);
   }
   expect_close("attention dq", dq.f, dq.d);
@@ -379,6 +378,28 @@ TEST_CASE("fast GELU (tanh) matches the f64 reference, contiguous, long and stri
   }
 }
 
+TEST_CASE("rope (shared cos/sin table) matches the f64 reference, partial rotary, inverse") {
+  std::mt19937 rng(8);
+  for (int64_t rot : {int64_t{0}, int64_t{6}}) {
+    for (bool inverse : {false, true}) {
+      RopeParams p;
+      p.rotary_dim = rot;
+      p.inverse = inverse;
+      p.position_offset = 5;
+      Buf x({2, 13, 3, 10}), y({2, 13, 3, 10});
+      x.random(rng);
+      check_f32_vs_f64(Kernel::rope, {&x}, {&y}, &p);
+      // Rotating back restores the input.
+      RopeParams back = p;
+      back.inverse = !inverse;
+      Buf z({2, 13, 3, 10});
+      std::vector<TensorArg> in = {y.arg(DType::kF64)}, out = {z.arg(DType::kF64)};
+      launch(Kernel::rope, DeviceType::kCPU, DType::kF64, in, out, &back);
+      for (int64_t i = 0; i < x.numel(); ++i) REQUIRE(std::abs(z.d[i] - x.d[i]) < 1e-12);
+    }
+  }
+}
+
 TEST_CASE("fast AdamW matches the f64 reference and takes bf16/f16 gradients") {
   std::mt19937 rng(6);
   AdamWParams p;
@@ -399,8 +420,8 @@ TEST_CASE("fast AdamW matches the f64 reference and takes bf16/f16 gradients") {
       std::vector<TensorArg> in64 = {w.arg(DType::kF64), g.arg(DType::kF64), m.arg(DType::kF64),
                                      v.arg(DType::kF64)};
       launch(Kernel::adamw, DeviceType::kCPU, DType::kF64, in64, {}, &p);
-      std::vector<TensorArg> in32 = {w32.arg(DType::kF32), g.arg(DType::kF32),
-                                     m32.arg(DType::kF32), v32.arg(DType::kF32)};
+      std::vector<TensorArg> in32 = {w32.arg(DType::kF32), g.arg(DType::kF32), m32.arg(DType::kF32),
+                                     v32.arg(DType::kF32)};
       launch(Kernel::adamw, DeviceType::kCPU, DType::kF32, in32, {}, &p);
       expect_close("adamw w", w32.f, w.d);
       expect_close("adamw m", m32.f, m.d);
@@ -417,8 +438,8 @@ TEST_CASE("fast AdamW matches the f64 reference and takes bf16/f16 gradients") {
           gr.d[i] = half == DType::kBF16 ? bf16_to_float(bf16{gh[i]}) : f16_to_float(f16{gh[i]});
         }
         Buf wa = w, ma = m, va = v, wb = w, mb = m, vb = v;
-        std::vector<TensorArg> ia = {wa.arg(DType::kF32), gr.arg(DType::kF32),
-                                     ma.arg(DType::kF32), va.arg(DType::kF32)};
+        std::vector<TensorArg> ia = {wa.arg(DType::kF32), gr.arg(DType::kF32), ma.arg(DType::kF32),
+                                     va.arg(DType::kF32)};
         launch(Kernel::adamw, DeviceType::kCPU, DType::kF32, ia, {}, &p);
         TensorArg gha = g.arg(DType::kF32);
         gha.dtype = half;
@@ -431,8 +452,8 @@ TEST_CASE("fast AdamW matches the f64 reference and takes bf16/f16 gradients") {
         REQUIRE(std::memcmp(wa.f.data(), wb.f.data(), sizeof(float) * n) == 0);
         REQUIRE(std::memcmp(va.f.data(), vb.f.data(), sizeof(float) * n) == 0);
         for (int64_t i = 0; i < n; ++i) {
-          const uint16_t want = half == DType::kBF16 ? float_to_bf16(wb.f[i]).bits
-                                                     : float_to_f16(wb.f[i]).bits;
+          const uint16_t want =
+              half == DType::kBF16 ? float_to_bf16(wb.f[i]).bits : float_to_f16(wb.f[i]).bits;
           REQUIRE(wh[i] == want);
         }
       }
