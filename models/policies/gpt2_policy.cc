@@ -44,10 +44,10 @@ class TpGpt2Attention : public engine::nn::Module {
     MAMMOTH_CHECK(c.n_head % tp.size() == 0)
         << "[gpt2_policy] n_head " << c.n_head << " does not divide by tp " << tp.size();
     c_attn = register_module(
-        "c_attn", std::make_shared<ColumnParallelLinear>(
-                      c.d_model, 3 * c.d_model, true, c.dtype, tp,
-                      ColumnParallelLinear::Options{.sequence_parallel = sequence_parallel,
-                                                    .parts = 3}));
+        "c_attn",
+        std::make_shared<ColumnParallelLinear>(
+            c.d_model, 3 * c.d_model, true, c.dtype, tp,
+            ColumnParallelLinear::Options{.sequence_parallel = sequence_parallel, .parts = 3}));
     c_proj = register_module(
         "c_proj", std::make_shared<RowParallelLinear>(
                       c.d_model, c.d_model, true, c.dtype, tp,

@@ -36,7 +36,7 @@
 namespace mammoth::models {
 
 enum class SpMode { kNone, kSplitGather, kUlysses, kRing };
-const char* sp_mode_name(SpMode mode);            // "none", "split_gather", "ulysses", "ring"
+const char* sp_mode_name(SpMode mode);              // "none", "split_gather", "ulysses", "ring"
 SpMode sp_mode_from_name(const std::string& name);  // throws naming the value
 
 struct ShardOptions {

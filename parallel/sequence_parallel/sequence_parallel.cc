@@ -118,8 +118,7 @@ Tensor ulysses_attention(const Tensor& q, const Tensor& k, const Tensor& v, Comm
       << "[ulysses_attention] needs a contiguous layout over the group's " << p << " ranks";
   const int64_t H = q.size(1);
   MAMMOTH_CHECK(H % p == 0) << "[ulysses_attention] " << H
-                            << " attention heads (on this tp rank) do not divide by sp size "
-                            << p;
+                            << " attention heads (on this tp rank) do not divide by sp size " << p;
   Tensor kk = k, vv = v;
   if (k.size(1) % p != 0) {
     kk = repeat_kv(k, H);

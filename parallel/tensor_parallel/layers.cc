@@ -32,8 +32,8 @@ ShardSpec make_shard_spec(int64_t dim, int64_t size, int parts, int p) {
 Tensor shard_tensor(const Tensor& full, const ShardSpec& spec, int rank, int p) {
   if (!spec.sharded()) return full.detach().contiguous().clone();
   MAMMOTH_CHECK(full.size(spec.dim) == spec.size)
-      << "[shard_tensor] tensor " << engine::shape_str(full.shape()) << " has " << full.size(spec.dim)
-      << " rows along dim " << spec.dim << ", the spec says " << spec.size;
+      << "[shard_tensor] tensor " << engine::shape_str(full.shape()) << " has "
+      << full.size(spec.dim) << " rows along dim " << spec.dim << ", the spec says " << spec.size;
   const int64_t seg = spec.size / spec.parts, pseg = spec.padded / spec.parts, piece = pseg / p;
   engine::Shape shape = full.shape();
   shape[spec.dim] = piece * spec.parts;
@@ -80,8 +80,8 @@ ColumnParallelLinear::ColumnParallelLinear(int64_t in, int64_t out, bool with_bi
 }
 
 Tensor ColumnParallelLinear::forward(const Tensor& x) const {
-  Tensor xp = options_.sequence_parallel ? all_gather_from_group(x, group_, 1)
-                                         : copy_to_group(x, group_);
+  Tensor xp =
+      options_.sequence_parallel ? all_gather_from_group(x, group_, 1) : copy_to_group(x, group_);
   Tensor y = engine::linear(xp, weight, bias);
   return options_.gather_output ? gather_from_group(y, group_, -1) : y;
 }
@@ -180,7 +180,7 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits_local, const Tensor& ta
     engine::NoGradGuard ng;
     row_max = comm_ops::all_reduce(engine::max(logits.detach(), -1, true), group, ReduceOp::kMax);
   }
-  Tensor shifted = logits - row_max;                                              // [..., Vl]
+  Tensor shifted = logits - row_max;                                                   // [..., Vl]
   Tensor sum_exp = reduce_from_group(engine::sum(engine::exp(shifted), {-1}), group);  // [...]
   // The target's logit lives on one rank; the others contribute 0.
   std::vector<int64_t> t = targets.to_int_vector();

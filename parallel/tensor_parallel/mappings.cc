@@ -16,10 +16,9 @@ constexpr int kRingTag = 7301;
 
 int64_t split_size(const Tensor& x, Communicator& g, int64_t dim, const char* op) {
   const int64_t n = x.size(dim);
-  MAMMOTH_CHECK(n % g.size() == 0) << "[" << op << "] size " << n << " of dim " << dim
-                                   << " of " << engine::shape_str(x.shape())
-                                   << " does not divide by group '" << g.name() << "' size "
-                                   << g.size();
+  MAMMOTH_CHECK(n % g.size() == 0)
+      << "[" << op << "] size " << n << " of dim " << dim << " of " << engine::shape_str(x.shape())
+      << " does not divide by group '" << g.name() << "' size " << g.size();
   return n / g.size();
 }
 
@@ -98,7 +97,8 @@ Tensor all_to_all(const Tensor& x, Communicator& g, int64_t scatter_dim, int64_t
   Tensor recv = Tensor::empty({p * bnumel}, x.dtype(), x.device());
   g.all_to_all(send, recv);
   std::vector<Tensor> got;
-  for (int i = 0; i < p; ++i) got.push_back(recv.slice(0, i * bnumel, (i + 1) * bnumel).view(bshape));
+  for (int i = 0; i < p; ++i)
+    got.push_back(recv.slice(0, i * bnumel, (i + 1) * bnumel).view(bshape));
   engine::NoGradGuard ng;
   return engine::concat(got, gather_dim);
 }
@@ -169,18 +169,19 @@ Tensor all_to_all_group(const Tensor& x, Communicator& group, int64_t scatter_di
   Communicator* g = &group;
   scatter_dim = engine::normalize_dim(scatter_dim, x.dim(), "all_to_all_group");
   gather_dim = engine::normalize_dim(gather_dim, x.dim(), "all_to_all_group");
-  return with_grad(x, comm_ops::all_to_all(x, group, scatter_dim, gather_dim),
-                   [g, scatter_dim, gather_dim](const std::vector<Tensor>& gy) {
-                     return std::vector<Tensor>{
-                         comm_ops::all_to_all(gy[0], *g, gather_dim, scatter_dim)};
-                   });
+  return with_grad(
+      x, comm_ops::all_to_all(x, group, scatter_dim, gather_dim),
+      [g, scatter_dim, gather_dim](const std::vector<Tensor>& gy) {
+        return std::vector<Tensor>{comm_ops::all_to_all(gy[0], *g, gather_dim, scatter_dim)};
+      });
 }
 
 Tensor ring_shift(const Tensor& x, Communicator& group, int offset) {
   Communicator* g = &group;
-  return with_grad(x, comm_ops::shift(x, group, offset), [g, offset](const std::vector<Tensor>& gy) {
-    return std::vector<Tensor>{comm_ops::shift(gy[0], *g, -offset)};
-  });
+  return with_grad(x, comm_ops::shift(x, group, offset),
+                   [g, offset](const std::vector<Tensor>& gy) {
+                     return std::vector<Tensor>{comm_ops::shift(gy[0], *g, -offset)};
+                   });
 }
 
 }  // namespace mammoth::parallel

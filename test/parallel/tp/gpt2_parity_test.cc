@@ -6,11 +6,11 @@
 // runs it by name under mpirun).
 //
 // The model runs in f64 so the tolerances can be tight: losses 1e-10, parameters and logits
-// 1e-9 (absolute); 1e-6 / 1e-5 for ring attention (see parity()). tp and sp change the order of floating-point sums (row-parallel partial
-// sums, the vocab-parallel softmax, the ring's online softmax), so results are not bitwise
-// equal; in f32 the same runs drift by ~2e-5 in the loss after 10 steps at lr 1e-2. Adam's
-// eps is 1e-5 (as in the DP test) so that gradients that are zero up to rounding are not
-// amplified to lr-sized steps.
+// 1e-9 (absolute); 1e-6 / 1e-5 for ring attention (see parity()). tp and sp change the order of
+// floating-point sums (row-parallel partial sums, the vocab-parallel softmax, the ring's online
+// softmax), so results are not bitwise equal; in f32 the same runs drift by ~2e-5 in the loss after
+// 10 steps at lr 1e-2. Adam's eps is 1e-5 (as in the DP test) so that gradients that are zero up to
+// rounding are not amplified to lr-sized steps.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
@@ -172,10 +172,11 @@ void parity(const parallel::MeshShape& shape, models::SpMode mode) {
     REQUIRE(dl < param_tol);
   }
   if (mesh.rank() == 0) {
-    std::printf("[gpt2 parity %s sp_mode=%s] %lld steps, final loss %.6f (ref %.6f), max param "
-                "diff %.3g\n",
-                shape.str().c_str(), models::sp_mode_name(mode), (long long)kSteps,
-                last_loss, ref.losses.back(), worst);
+    std::printf(
+        "[gpt2 parity %s sp_mode=%s] %lld steps, final loss %.6f (ref %.6f), max param "
+        "diff %.3g\n",
+        shape.str().c_str(), models::sp_mode_name(mode), (long long)kSteps, last_loss,
+        ref.losses.back(), worst);
   }
 }
 
