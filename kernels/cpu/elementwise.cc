@@ -2,8 +2,8 @@
 //
 // Every map goes through StridedLoop, so broadcasting and non-contiguous inputs cost nothing
 // extra to support; the all-contiguous case is a flat loop that the compiler vectorises. f32
-// GELU (tanh form) runs of unit stride go to the vectorised kernels of fast.h instead, since
-// the compiler cannot vectorise libm's tanh.
+// GELU (both forms) and SiLU runs of unit stride go to the vectorised kernels of fast.h
+// instead, since the compiler cannot vectorise libm's erf/tanh/exp.
 #include <cmath>
 #include <type_traits>
 
@@ -85,9 +85,6 @@ MAMMOTH_BINARY(sub, a - b)
 MAMMOTH_BINARY(mul, a* b)
 MAMMOTH_BINARY(div, a / b)
 MAMMOTH_BINARY(relu_backward, b > T(0) ? a : T(0))
-MAMMOTH_BINARY(gelu_backward, a*(T(0.5) * (T(1) + std::erf(b * T(kInvSqrt2))) +
-                                 b * T(kInvSqrt2Pi) * std::exp(T(-0.5) * b * b)))
-MAMMOTH_BINARY(silu_backward, a* sigmoid(b) * (T(1) + b * (T(1) - sigmoid(b))))
 #undef MAMMOTH_BINARY
 
 #define MAMMOTH_UNARY(NAME, EXPR)                                                                  \
@@ -102,46 +99,68 @@ MAMMOTH_UNARY(sqrt, std::sqrt(x))
 MAMMOTH_UNARY(rsqrt, T(1) / std::sqrt(x))
 MAMMOTH_UNARY(tanh, std::tanh(x))
 MAMMOTH_UNARY(relu, x > T(0) ? x : T(0))
-MAMMOTH_UNARY(gelu, T(0.5) * x * (T(1) + std::erf(x * T(kInvSqrt2))))
-MAMMOTH_UNARY(silu, x* sigmoid(x))
 #undef MAMMOTH_UNARY
 
-template <typename T>
-void gelu_tanh_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out, const void*) {
+// Unary map whose unit-stride f32 runs go to a vectorised kernel of fast.h.
+template <typename T, typename Op>
+void unary_map_fast(std::span<const TensorArg> in, std::span<const TensorArg> out, Op op,
+                    void (*FastKernels::*fast)(const float*, float*, int64_t)) {
   if constexpr (std::is_same_v<T, float>) {
     const float* x = in[0].ptr<const float>();
     float* y = out[0].ptr<float>();
-    const auto run = fast_kernels().gelu_tanh;
+    const auto run = fast_kernels().*fast;
     StridedLoop<2> loop({&out[0], &in[0]});
     loop.run([&](int64_t n, const std::array<int64_t, 2>& o, const std::array<int64_t, 2>& s) {
       if (s[0] == 1 && s[1] == 1) return run(x + o[1], y + o[0], n);
-      for (int64_t i = 0; i < n; ++i) y[o[0] + i * s[0]] = gelu_tanh_f(x[o[1] + i * s[1]]);
+      for (int64_t i = 0; i < n; ++i) y[o[0] + i * s[0]] = op(x[o[1] + i * s[1]]);
     });
   } else {
-    unary_map<T>(in, out, [](T x) { return gelu_tanh_f(x); });
+    unary_map<T>(in, out, op);
   }
 }
 
-// inputs (dy, x)
-template <typename T>
-void gelu_tanh_backward_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,
-                               const void*) {
+// Activation backward (dy, x) -> dx, likewise.
+template <typename T, typename Op>
+void backward_map_fast(std::span<const TensorArg> in, std::span<const TensorArg> out, Op op,
+                       void (*FastKernels::*fast)(const float*, const float*, float*, int64_t)) {
   if constexpr (std::is_same_v<T, float>) {
     const float* dy = in[0].ptr<const float>();
     const float* x = in[1].ptr<const float>();
     float* dx = out[0].ptr<float>();
-    const auto run = fast_kernels().gelu_tanh_backward;
+    const auto run = fast_kernels().*fast;
     StridedLoop<3> loop({&out[0], &in[0], &in[1]});
     loop.run([&](int64_t n, const std::array<int64_t, 3>& o, const std::array<int64_t, 3>& s) {
       if (s[0] == 1 && s[1] == 1 && s[2] == 1) return run(dy + o[1], x + o[2], dx + o[0], n);
-      for (int64_t i = 0; i < n; ++i) {
-        dx[o[0] + i * s[0]] = dy[o[1] + i * s[1]] * gelu_tanh_grad(x[o[2] + i * s[2]]);
-      }
+      for (int64_t i = 0; i < n; ++i)
+        dx[o[0] + i * s[0]] = op(dy[o[1] + i * s[1]], x[o[2] + i * s[2]]);
     });
   } else {
-    binary_map<T>(in, out, [](T a, T b) { return a * gelu_tanh_grad(b); });
+    binary_map<T>(in, out, op);
   }
 }
+
+#define MAMMOTH_FAST_UNARY(NAME, EXPR)                                                             \
+  template <typename T>                                                                            \
+  void NAME##_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out, const void*) { \
+    unary_map_fast<T>(                                                                             \
+        in, out, [](T x) { return EXPR; }, &FastKernels::NAME);                                    \
+  }
+MAMMOTH_FAST_UNARY(gelu, T(0.5) * x * (T(1) + std::erf(x * T(kInvSqrt2))))
+MAMMOTH_FAST_UNARY(gelu_tanh, gelu_tanh_f(x))
+MAMMOTH_FAST_UNARY(silu, x* sigmoid(x))
+#undef MAMMOTH_FAST_UNARY
+
+#define MAMMOTH_FAST_BACKWARD(NAME, EXPR)                                                          \
+  template <typename T>                                                                            \
+  void NAME##_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out, const void*) { \
+    backward_map_fast<T>(                                                                          \
+        in, out, [](T a, T b) { return EXPR; }, &FastKernels::NAME);                               \
+  }
+MAMMOTH_FAST_BACKWARD(gelu_backward, a*(T(0.5) * (T(1) + std::erf(b * T(kInvSqrt2))) +
+                                        b * T(kInvSqrt2Pi) * std::exp(T(-0.5) * b * b)))
+MAMMOTH_FAST_BACKWARD(gelu_tanh_backward, a* gelu_tanh_grad(b))
+MAMMOTH_FAST_BACKWARD(silu_backward, a* sigmoid(b) * (T(1) + b * (T(1) - sigmoid(b))))
+#undef MAMMOTH_FAST_BACKWARD
 
 #define MAMMOTH_SCALAR(NAME, EXPR)                                                  \
   template <typename T>                                                             \

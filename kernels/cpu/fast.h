@@ -66,6 +66,10 @@ struct FastKernels {
   // Contiguous runs, not threaded (elementwise.cc's StridedLoop splits the work).
   void (*gelu_tanh)(const float* x, float* y, int64_t n);
   void (*gelu_tanh_backward)(const float* dy, const float* x, float* dx, int64_t n);
+  void (*gelu)(const float* x, float* y, int64_t n);  // erf form, ~1.5e-7 absolute in Phi
+  void (*gelu_backward)(const float* dy, const float* x, float* dx, int64_t n);
+  void (*silu)(const float* x, float* y, int64_t n);
+  void (*silu_backward)(const float* dy, const float* x, float* dx, int64_t n);
 };
 
 // The table for the active ISA (simd.h).

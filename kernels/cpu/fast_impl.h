@@ -504,6 +504,49 @@ void gelu_tanh_backward(const float* dy, const float* x, float* dx, int64_t n) {
   });
 }
 
+// ---- GELU (erf form) and SiLU over contiguous runs; the caller threads -----------------------
+
+// Phi(x) = (1 + erf(x / sqrt 2)) / 2 from erfc(|u|) ~ poly(t) e^{-u^2}, t = 1 / (1 + p |u|)
+// (Abramowitz & Stegun 7.1.26, absolute error below 1.5e-7, which is what Phi needs).
+Vec normal_cdf(Vec x) {
+  const Vec u = abs(x) * Vec::set1(0.7071067811865476f);
+  const Vec t = Vec::set1(1.0f) / fma(Vec::set1(0.3275911f), u, Vec::set1(1.0f));
+  Vec p = Vec::set1(1.061405429f);
+  p = fma(p, t, Vec::set1(-1.453152027f));
+  p = fma(p, t, Vec::set1(1.421413741f));
+  p = fma(p, t, Vec::set1(-0.284496736f));
+  p = fma(p, t, Vec::set1(0.254829592f));
+  const Vec half_erfc = Vec::set1(0.5f) * p * t * exp(Vec::zero() - u * u);
+  return select_neg(x, half_erfc, Vec::set1(1.0f) - half_erfc);
+}
+
+void gelu(const float* x, float* y, int64_t n) {
+  map1(x, y, n, [&](Vec v) { return v * normal_cdf(v); });
+}
+
+// d/dx x Phi(x) = Phi(x) + x phi(x)
+void gelu_backward(const float* dy, const float* x, float* dx, int64_t n) {
+  const Vec inv_sqrt_2pi = Vec::set1(0.3989422804014327f), mhalf = Vec::set1(-0.5f);
+  map2(dy, x, dx, n, [&](Vec g, Vec v) {
+    const Vec pdf = inv_sqrt_2pi * exp(mhalf * v * v);
+    return g * fma(v, pdf, normal_cdf(v));
+  });
+}
+
+void silu(const float* x, float* y, int64_t n) {
+  const Vec one = Vec::set1(1.0f);
+  map1(x, y, n, [&](Vec v) { return v / (one + exp(Vec::zero() - v)); });
+}
+
+// d/dx x s(x) = s (1 + x (1 - s))
+void silu_backward(const float* dy, const float* x, float* dx, int64_t n) {
+  const Vec one = Vec::set1(1.0f);
+  map2(dy, x, dx, n, [&](Vec g, Vec v) {
+    const Vec s = one / (one + exp(Vec::zero() - v));
+    return g * s * fma(v, one - s, one);
+  });
+}
+
 // ---- attention -------------------------------------------------------------------------------
 
 constexpr int64_t kBq = 128;  // query rows per block
@@ -671,6 +714,10 @@ const FastKernels& fast_kernels() {
       &attention_backward,
       &gelu_tanh,
       &gelu_tanh_backward,
+      &gelu,
+      &gelu_backward,
+      &silu,
+      &silu_backward,
   };
   return k;
 }

@@ -63,6 +63,9 @@ inline Vec fma(Vec a, Vec b, Vec c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
 inline Vec max(Vec a, Vec b) { return {_mm256_max_ps(a.v, b.v)}; }
 inline Vec min(Vec a, Vec b) { return {_mm256_min_ps(a.v, b.v)}; }
 inline Vec sqrt(Vec a) { return {_mm256_sqrt_ps(a.v)}; }
+inline Vec abs(Vec a) { return {_mm256_andnot_ps(_mm256_set1_ps(-0.0f), a.v)}; }
+// Lanes whose sign bit is set (x < 0, or -0) take a, the others b.
+inline Vec select_neg(Vec x, Vec a, Vec b) { return {_mm256_blendv_ps(b.v, a.v, x.v)}; }
 // Fixed-order horizontal reductions (so a row's result never depends on anything but the row).
 inline float hsum(Vec a) {
   __m128 q = _mm_add_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));

@@ -57,6 +57,12 @@ inline Vec fma(Vec a, Vec b, Vec c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
 inline Vec max(Vec a, Vec b) { return {_mm512_max_ps(a.v, b.v)}; }
 inline Vec min(Vec a, Vec b) { return {_mm512_min_ps(a.v, b.v)}; }
 inline Vec sqrt(Vec a) { return {_mm512_sqrt_ps(a.v)}; }
+inline Vec abs(Vec a) { return {_mm512_abs_ps(a.v)}; }
+// Lanes whose sign bit is set (x < 0, or -0) take a, the others b.
+inline Vec select_neg(Vec x, Vec a, Vec b) {
+  const __mmask16 neg = _mm512_movepi32_mask(_mm512_castps_si512(x.v));
+  return {_mm512_mask_blend_ps(neg, b.v, a.v)};
+}
 // Fixed-order horizontal reductions (so a row's result never depends on anything but the row).
 inline float hsum(Vec a) {
   const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a.v), _mm512_extractf32x8_ps(a.v, 1));

@@ -84,6 +84,15 @@ inline Vec sqrt(Vec a) {
   for (float& x : a.v) x = std::sqrt(x);
   return a;
 }
+inline Vec abs(Vec a) {
+  for (float& x : a.v) x = std::fabs(x);
+  return a;
+}
+// Lanes whose sign bit is set (x < 0, or -0) take a, the others b.
+inline Vec select_neg(Vec x, Vec a, Vec b) {
+  for (int i = 0; i < Vec::kWidth; ++i) a.v[i] = std::signbit(x.v[i]) ? a.v[i] : b.v[i];
+  return a;
+}
 inline Vec exp(Vec a) {
   for (float& x : a.v) x = std::exp(x);
   return a;

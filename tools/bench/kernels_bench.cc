@@ -309,7 +309,10 @@ struct Bench {
   void gelu_rows() {
     const int64_t M = opt.quick ? 1024 : 4096, N = 3072, n = M * N;
     const std::string shape = std::to_string(M) + "x" + std::to_string(N);
-    if (!any_wanted({"gelu_tanh", "gelu_tanh_backward"})) return;
+    if (!any_wanted({"gelu_tanh", "gelu_tanh_backward", "gelu", "gelu_backward", "silu",
+                     "silu_backward"})) {
+      return;
+    }
     std::vector<float> x(n), y(n), dy(n), dx(n);
     fill(x, -4, 4, 50);
     fill(dy, -1, 1, 51);
@@ -318,6 +321,18 @@ struct Bench {
     });
     memory_row("gelu_tanh_backward", shape, 12.0 * n, [&] {
       run(Kernel::gelu_tanh_backward, {farg(dy, {M, N}), farg(x, {M, N})}, {farg(dx, {M, N})});
+    });
+    memory_row("gelu", shape, 8.0 * n, [&] {
+      run(Kernel::gelu, {farg(x, {M, N})}, {farg(y, {M, N})});
+    });
+    memory_row("gelu_backward", shape, 12.0 * n, [&] {
+      run(Kernel::gelu_backward, {farg(dy, {M, N}), farg(x, {M, N})}, {farg(dx, {M, N})});
+    });
+    memory_row("silu", shape, 8.0 * n, [&] {
+      run(Kernel::silu, {farg(x, {M, N})}, {farg(y, {M, N})});
+    });
+    memory_row("silu_backward", shape, 12.0 * n, [&] {
+      run(Kernel::silu_backward, {farg(dy, {M, N}), farg(x, {M, N})}, {farg(dx, {M, N})});
     });
   }
 

@@ -352,7 +352,7 @@ TEST_CASE("tiled attention matches the f64 reference, forward and backward") {
   }
 }
 
-TEST_CASE("fast GELU (tanh) matches the f64 reference, contiguous, long and strided") {
+TEST_CASE("fast GELU (tanh, erf) and SiLU match the f64 reference, contiguous, long and strided") {
   std::mt19937 rng(7);
   for (SimdIsa isa : isas()) {
     IsaGuard guard(isa);
@@ -363,6 +363,10 @@ TEST_CASE("fast GELU (tanh) matches the f64 reference, contiguous, long and stri
       dy.random(rng);
       check_f32_vs_f64(Kernel::gelu_tanh, {&x}, {&y}, nullptr);
       check_f32_vs_f64(Kernel::gelu_tanh_backward, {&dy, &x}, {&dx}, nullptr);
+      check_f32_vs_f64(Kernel::gelu, {&x}, {&y}, nullptr);
+      check_f32_vs_f64(Kernel::gelu_backward, {&dy, &x}, {&dx}, nullptr);
+      check_f32_vs_f64(Kernel::silu, {&x}, {&y}, nullptr);
+      check_f32_vs_f64(Kernel::silu_backward, {&dy, &x}, {&dx}, nullptr);
     }
     // A transposed input (strides 1, R) takes the strided path of the same kernel.
     const int64_t R = 37, C = 29;
