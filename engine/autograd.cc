@@ -34,6 +34,9 @@ bool grad_enabled() { return tls_grad_enabled; }
 NoGradGuard::NoGradGuard() : previous_(tls_grad_enabled) { tls_grad_enabled = false; }
 NoGradGuard::~NoGradGuard() { tls_grad_enabled = previous_; }
 
+GradEnabledGuard::GradEnabledGuard() : previous_(tls_grad_enabled) { tls_grad_enabled = true; }
+GradEnabledGuard::~GradEnabledGuard() { tls_grad_enabled = previous_; }
+
 std::vector<Tensor> Node::apply(const std::vector<Tensor>& grad_outputs) {
   MAMMOTH_CHECK(!released_)
       << "[backward] trying to backward through the graph a second time (node '" << name_

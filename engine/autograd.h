@@ -30,6 +30,19 @@ class NoGradGuard {
   bool previous_;
 };
 
+// Enables graph recording in its scope, e.g. to recompute a block inside a backward (which runs
+// with grad mode off); see engine/nn/checkpoint.h.
+class GradEnabledGuard {
+ public:
+  GradEnabledGuard();
+  ~GradEnabledGuard();
+  GradEnabledGuard(const GradEnabledGuard&) = delete;
+  GradEnabledGuard& operator=(const GradEnabledGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
 // Gradients of the inputs from the gradients of the outputs. An undefined gradient means zero
 // (an output that did not influence the loss; an input that needs none).
 using BackwardFn = std::function<std::vector<Tensor>(const std::vector<Tensor>& grad_outputs)>;

@@ -11,7 +11,7 @@
       X(silu) X(add_scalar) X(mul_scalar) X(pow_scalar) X(sum) X(mean) X(max) X(matmul) X(softmax) \
           X(log_softmax) X(layer_norm) X(rms_norm) X(embedding) X(cross_entropy) X(dropout)        \
               X(attention) X(rope) X(concat) X(split) X(index_select) X(gather) X(where)           \
-                  X(masked_fill) X(cast) X(view) X(permute) X(slice) X(expand) X(contiguous)
+                  X(masked_fill) X(cast) X(view) X(permute) X(slice) X(expand) X(contiguous) X(checkpoint)
 
 // Differentiable communication (parallel/tensor_parallel, parallel/sequence_parallel): one name
 // for every conjugate pair (identity / all-reduce, scatter / gather, all-to-all). They cannot be

@@ -1,9 +1,21 @@
 #include "models/model.h"
 
 #include "engine/autograd.h"
+#include "engine/nn/checkpoint.h"
 #include "engine/ops.h"
 
 namespace mammoth::models {
+
+engine::Tensor run_block(bool recompute,
+                         const std::function<engine::Tensor(const engine::Tensor&)>& block,
+                         const engine::Tensor& x) {
+  if (!recompute || !engine::grad_enabled()) return block(x);
+  return engine::nn::checkpoint(
+      [block](const std::vector<engine::Tensor>& in) {
+        return std::vector<engine::Tensor>{block(in[0])};
+      },
+      {x})[0];
+}
 
 using engine::Tensor;
 

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -44,7 +45,20 @@ class Model : public engine::nn::Module {
   virtual const ModelConfig& config() const = 0;
   // Default: every parameter under its own name, none transposed.
   virtual HfLayout hf_layout() const;
+  // Activation checkpointing per transformer block while training (engine/nn/checkpoint.h):
+  // only each block's input is kept and the block is recomputed in backward.
+  void set_activation_checkpointing(bool on) { activation_checkpointing_ = on; }
+  bool activation_checkpointing() const { return activation_checkpointing_; }
+
+ protected:
+  bool activation_checkpointing_ = false;
 };
+
+// Runs one transformer block, through engine::nn::checkpoint when `recompute` is set (and a
+// graph is being recorded); otherwise directly.
+engine::Tensor run_block(bool recompute,
+                         const std::function<engine::Tensor(const engine::Tensor&)>& block,
+                         const engine::Tensor& x);
 
 // Keys and values of past positions, per layer, for incremental decoding.
 struct KVCache {

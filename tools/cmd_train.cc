@@ -58,6 +58,8 @@ ABSL_FLAG(int64_t, log_every, 10, "print a progress line every N steps");
 ABSL_FLAG(int, vocab_size, 1024,
           "BPE vocabulary trained for the embedded corpus (train) or the inputs (data)");
 ABSL_FLAG(double, peak_gflops, 0, "machine peak GFLOP/s for MFU (0: not reported)");
+ABSL_FLAG(bool, activation_checkpointing, false,
+          "keep only each transformer block's input and recompute the block in backward");
 ABSL_FLAG(int, dp, 0, "data-parallel ranks (0: all ranks mpirun started)");
 ABSL_FLAG(int, zero, 0,
           "ZeRO stage: 0 (replicated), 1 (optimizer states sharded), 2 (+ gradients)");
@@ -145,6 +147,7 @@ int run_train(const std::vector<std::string>& args) {
   mo.seed = static_cast<uint64_t>(absl::GetFlag(FLAGS_seed));
   const std::string model_name = absl::GetFlag(FLAGS_model);
   std::shared_ptr<models::LanguageModel> model = models::create_language_model(model_name, mo);
+  model->set_activation_checkpointing(absl::GetFlag(FLAGS_activation_checkpointing));
   const models::ModelConfig& cfg = model->config();
   MAMMOTH_CHECK(absl::GetFlag(FLAGS_seq_len) <= cfg.max_seq)
       << "[train] --seq-len " << absl::GetFlag(FLAGS_seq_len) << " exceeds the model's "

@@ -80,7 +80,17 @@ Tensor Gpt2::run(const Tensor& ids, KVCache* cache) {
       << "[Gpt2::forward] positions up to " << offset + T << " exceed max_seq " << config_.max_seq;
   Tensor x = wte->forward(ids) + wpe->forward(positions(offset, T));  // [B, T, C]
   x = drop_->forward(x);
-  for (size_t l = 0; l < h->size(); ++l) x = (*h)[l].forward(x, cache, static_cast<int64_t>(l));
+  for (size_t l = 0; l < h->size(); ++l) {
+    const Gpt2Block& block = (*h)[l];
+    const int64_t layer = static_cast<int64_t>(l);
+    if (cache != nullptr) {
+      x = block.forward(x, cache, layer);
+      continue;
+    }
+    x = run_block(
+        activation_checkpointing_ && is_training(),
+        [&block, layer](const Tensor& in) { return block.forward(in, nullptr, layer); }, x);
+  }
   if (cache != nullptr) cache->length += T;
   return engine::linear(ln_f->forward(x), wte->weight);  // tied head: [B, T, V]
 }

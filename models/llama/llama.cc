@@ -83,8 +83,17 @@ Tensor LlamaModel::forward(const Tensor& ids, KVCache* cache) const {
       << "[Llama::forward] positions up to " << offset + ids.size(1) << " exceed max_seq "
       << config_.max_seq;
   Tensor x = embed_tokens->forward(ids);
-  for (size_t l = 0; l < layers->size(); ++l)
-    x = (*layers)[l].forward(x, cache, static_cast<int64_t>(l));
+  for (size_t l = 0; l < layers->size(); ++l) {
+    const LlamaDecoderLayer& layer = (*layers)[l];
+    const int64_t index = static_cast<int64_t>(l);
+    if (cache != nullptr) {
+      x = layer.forward(x, cache, index);
+      continue;
+    }
+    x = run_block(
+        recompute_layers && is_training(),
+        [&layer, index](const Tensor& in) { return layer.forward(in, nullptr, index); }, x);
+  }
   if (cache != nullptr) cache->length += ids.size(1);
   return norm->forward(x);
 }
@@ -100,6 +109,7 @@ Llama::Llama(ModelConfig config) : config_(std::move(config)) {
 }
 
 Tensor Llama::run(const Tensor& ids, KVCache* cache) {
+  model->recompute_layers = activation_checkpointing_;
   Tensor h = model->forward(ids, cache);
   return lm_head ? lm_head->forward(h) : engine::linear(h, model->embed_tokens->weight);
 }

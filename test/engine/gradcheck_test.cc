@@ -7,6 +7,7 @@
 #include <map>
 #include <string>
 
+#include "engine/nn/checkpoint.h"
 #include "engine/op_list.h"
 #include "engine/ops.h"
 
@@ -259,6 +260,18 @@ std::map<std::string, std::vector<Case>> cases() {
   c["contiguous"] = {{[](const Inputs& x) { return x[0].transpose(0, 1).contiguous(); },
                       [] {
                         return Inputs{leaf({3, 2}, 73)};
+                      }}};
+  // Recomputed in backward, with dropout inside: the recomputation must draw the same mask.
+  c["checkpoint"] = {{[](const Inputs& x) {
+                        return engine::nn::checkpoint(
+                            [](const Inputs& v) {
+                              return Inputs{dropout(tanh(matmul(v[0], v[1])), 0.25, 3, 0) +
+                                            v[0].slice(1, 0, 2)};
+                            },
+                            x)[0];
+                      },
+                      [] {
+                        return Inputs{leaf({3, 4}, 74), leaf({4, 2}, 75)};
                       }}};
   return c;
 }
