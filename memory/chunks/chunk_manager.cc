@@ -1,0 +1,798 @@
+#include "memory/chunks/chunk_manager.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <sstream>
+
+#include "base/error.h"
+
+namespace mammoth::memory::chunks {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+constexpr int64_t kNever = std::numeric_limits<int64_t>::max() / 4;
+
+}  // namespace
+
+const char* tier_name(Tier tier) {
+  switch (tier) {
+    case Tier::kDevice:
+      return "device";
+    case Tier::kHost:
+      return "host";
+    case Tier::kNvme:
+      return "nvme";
+  }
+  return "?";
+}
+
+const char* chunk_state_name(ChunkState state) {
+  switch (state) {
+    case ChunkState::kEvicted:
+      return "evicted";
+    case ChunkState::kInFlight:
+      return "in flight";
+    case ChunkState::kResident:
+      return "resident";
+  }
+  return "?";
+}
+
+int64_t parse_bytes(const std::string& text, const std::string& option) {
+  MAMMOTH_CHECK(!text.empty()) << "[" << option << "] is empty; expected a size like 512M or 2G";
+  double mult = 1;
+  std::string digits = text;
+  const char last = text.back();
+  if (last == 'K' || last == 'k') mult = 1024.0;
+  if (last == 'M' || last == 'm') mult = 1024.0 * 1024;
+  if (last == 'G' || last == 'g') mult = 1024.0 * 1024 * 1024;
+  if (last == 'T' || last == 't') mult = 1024.0 * 1024 * 1024 * 1024;
+  if (mult != 1) digits.pop_back();
+  size_t used = 0;
+  double v = -1;
+  try {
+    v = std::stod(digits, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  MAMMOTH_CHECK(used == digits.size() && used > 0 && v >= 0 && std::isfinite(v))
+      << "[" << option << "] must be a size like 4096, 64K, 512M or 1.5G, got '" << text << "'";
+  return static_cast<int64_t>(std::llround(v * mult));
+}
+
+std::string short_bytes(int64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int i = 0;
+  while (std::fabs(v) >= 1024 && i < 4) {
+    v /= 1024;
+    ++i;
+  }
+  char buf[32];
+  if (i == 0)
+    std::snprintf(buf, sizeof(buf), "%lld B", static_cast<long long>(bytes));
+  else
+    std::snprintf(buf, sizeof(buf), "%.1f %s", v, units[i]);
+  return buf;
+}
+
+// ---- internals ----
+
+// A finished-or-not memcpy on the copy thread.
+struct CopyDone {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  bool ready() {
+    std::lock_guard<std::mutex> lock(mu);
+    return done;
+  }
+  void wait() {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return done; });
+  }
+};
+
+// One thread doing host -> device copies in FIFO order, so prefetches overlap the kernels.
+// (On a GPU this is a copy stream; on the CPU backend it is a memcpy on another core.)
+struct ChunkManager::Copier {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::function<void()>> queue;
+  bool stop = false;
+  std::thread thread;
+
+  Copier() {
+    thread = std::thread([this] {
+      for (;;) {
+        std::function<void()> task;
+        {
+          std::unique_lock<std::mutex> lock(mu);
+          cv.wait(lock, [&] { return stop || !queue.empty(); });
+          if (queue.empty()) return;
+          task = std::move(queue.front());
+          queue.pop_front();
+        }
+        task();
+      }
+    });
+  }
+  ~Copier() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stop = true;
+    }
+    cv.notify_all();
+    thread.join();
+  }
+  std::shared_ptr<CopyDone> copy(void* dst, const void* src, size_t n) {
+    auto done = std::make_shared<CopyDone>();
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      queue.push_back([dst, src, n, done] {
+        std::memcpy(dst, src, n);
+        {
+          std::lock_guard<std::mutex> l(done->mu);
+          done->done = true;
+        }
+        done->cv.notify_all();
+      });
+    }
+    cv.notify_one();
+    return done;
+  }
+};
+
+struct ChunkManager::Chunk {
+  int list = 0;
+  int64_t used = 0;
+  Tier home = Tier::kDevice;
+  Tier compute = Tier::kDevice;
+  ChunkState state = ChunkState::kEvicted;
+  char* home_ptr = nullptr;  // device/host home copy; nullptr for NVMe
+  int64_t nvme_offset = -1;
+  int slot = -1;  // cache slot while in flight or resident (cached chunks)
+  bool dirty = false;
+  bool discarded = false;
+  uint64_t last_use = 0;
+  std::function<void(void*)> on_move;
+  std::shared_ptr<CopyDone> copy;  // pending host -> compute load
+  io::Ticket read;                 // pending NVMe -> compute load
+  io::Ticket write_back;           // last NVMe write of this chunk
+};
+
+// Chunk-sized slots on a compute tier caching chunks homed further away.
+struct ChunkManager::Pool {
+  Tier tier = Tier::kDevice;
+  int min_resident = 1;  // chunks one operation may need at once
+  std::vector<io::AlignedBuffer> mem;
+  std::vector<ChunkId> owner;        // -1: free
+  std::vector<io::Ticket> draining;  // NVMe write-back still reading the slot
+  // The last min_resident chunks acquired, newest first. A demand load keeps the newest
+  // min_resident - 1 (with the one it loads, that is what one op may touch); a prefetch keeps
+  // them all, so it never pulls an argument from under the op about to run.
+  std::deque<ChunkId> recent;
+  int in_flight = 0;
+};
+
+ChunkManager::ChunkManager(const ChunkManagerOptions& options) : options_(options) {
+  MAMMOTH_CHECK(options.chunk_bytes > 0)
+      << "[ChunkManager] --chunk-mb must be > 0, got " << options.chunk_bytes << " bytes";
+  MAMMOTH_CHECK(options.device_budget >= 0 && options.host_budget >= 0)
+      << "[ChunkManager] budgets must be >= 0, got --device-mem " << options.device_budget
+      << ", --host-mem " << options.host_budget;
+  MAMMOTH_CHECK(options.prefetch_depth >= 0 && options.host_staging_slots >= 1)
+      << "[ChunkManager] prefetch_depth must be >= 0 and host_staging_slots >= 1";
+  const int64_t b = static_cast<int64_t>(io::kBlockSize);
+  chunk_bytes_ = (options.chunk_bytes + b - 1) / b * b;
+}
+
+ChunkManager::~ChunkManager() {
+  copier_.reset();  // finishes queued copies first
+  if (io_) {
+    try {
+      io_->synchronize();
+    } catch (const std::exception&) {
+      // Errors were reported to whoever waited; the file is about to be removed anyway.
+    }
+    if (file_ >= 0) io_->close(file_);
+  }
+  io_.reset();
+  swap_.reset();
+}
+
+void ChunkManager::check(ChunkId id, const char* fn) const {
+  MAMMOTH_CHECK(id >= 0 && id < num_chunks())
+      << "[ChunkManager::" << fn << "] chunk " << id << " out of range (" << num_chunks()
+      << " chunks)";
+}
+
+int ChunkManager::add_list(const ChunkListSpec& spec) {
+  MAMMOTH_CHECK(!finalized_) << "[ChunkManager::add_list] after finalize()";
+  MAMMOTH_CHECK(spec.compute != Tier::kNvme)
+      << "[ChunkManager::add_list] list '" << spec.name << "' cannot be computed on NVMe";
+  MAMMOTH_CHECK(!spec.homes.empty())
+      << "[ChunkManager::add_list] list '" << spec.name << "' has no home tiers";
+  for (Tier t : spec.homes) {
+    MAMMOTH_CHECK(static_cast<int>(t) >= static_cast<int>(spec.compute))
+        << "[ChunkManager::add_list] list '" << spec.name << "' computed on "
+        << tier_name(spec.compute) << " cannot live on " << tier_name(t);
+  }
+  lists_.push_back(spec);
+  list_home_.push_back(spec.homes.front());
+  return static_cast<int>(lists_.size()) - 1;
+}
+
+ChunkId ChunkManager::add_chunk(int list, int64_t used_bytes) {
+  MAMMOTH_CHECK(!finalized_) << "[ChunkManager::add_chunk] after finalize()";
+  MAMMOTH_CHECK(list >= 0 && list < num_lists())
+      << "[ChunkManager::add_chunk] list " << list << " out of range";
+  MAMMOTH_CHECK(used_bytes >= 0 && used_bytes <= chunk_bytes_)
+      << "[ChunkManager::add_chunk] " << used_bytes << " bytes do not fit a chunk of "
+      << chunk_bytes_ << " bytes (list '" << lists_[list].name << "')";
+  auto c = std::make_unique<Chunk>();
+  c->list = list;
+  c->used = used_bytes;
+  c->compute = lists_[list].compute;
+  chunks_.push_back(std::move(c));
+  positions_.emplace_back();
+  return static_cast<ChunkId>(chunks_.size()) - 1;
+}
+
+void ChunkManager::add_used(Tier tier, int64_t delta) {
+  TierStats& s = stats_[static_cast<int>(tier)];
+  s.used_bytes += delta;
+  s.peak_bytes = std::max(s.peak_bytes, s.used_bytes);
+  // The invariant the whole policy exists for; a violation is a bug here, not a user error.
+  MAMMOTH_CHECK(s.budget == 0 || tier == Tier::kNvme || s.used_bytes <= s.budget)
+      << "[ChunkManager] internal: " << tier_name(tier) << " usage " << s.used_bytes
+      << " bytes exceeds the budget of " << s.budget << " bytes";
+}
+
+void ChunkManager::finalize() {
+  MAMMOTH_CHECK(!finalized_) << "[ChunkManager::finalize] called twice";
+  finalized_ = true;
+  std::vector<int64_t> list_chunks(lists_.size(), 0);
+  for (const auto& c : chunks_) ++list_chunks[c->list];
+  auto list_bytes = [&](size_t l) { return list_chunks[l] * chunk_bytes_; };
+  stats_[0].budget = options_.device_budget;
+  stats_[1].budget = options_.host_budget;
+
+  // Device: everything computed there lives there when it all fits; otherwise nothing does
+  // and the budget becomes a cache of slots (simple, and the trace-driven cache keeps whatever
+  // is used soonest, which a static split would have to guess).
+  int64_t device_wanted = 0;
+  for (size_t l = 0; l < lists_.size(); ++l) {
+    if (lists_[l].homes.front() == Tier::kDevice) device_wanted += list_bytes(l);
+  }
+  const bool all_on_device = options_.device_budget == 0 || device_wanted <= options_.device_budget;
+  int64_t host_home = 0;
+  for (size_t l = 0; l < lists_.size(); ++l) {
+    const ChunkListSpec& spec = lists_[l];
+    bool placed = false;
+    std::ostringstream why;
+    for (Tier t : spec.homes) {
+      if (t == Tier::kDevice) {
+        if (all_on_device) {
+          list_home_[l] = t;
+          placed = true;
+          break;
+        }
+        why << " device: everything computed there needs " << short_bytes(device_wanted)
+            << " > --device-mem " << short_bytes(options_.device_budget) << ";";
+      } else if (t == Tier::kHost) {
+        if (options_.host_budget == 0 || host_home + list_bytes(l) <= options_.host_budget) {
+          list_home_[l] = t;
+          host_home += list_bytes(l);
+          placed = true;
+          break;
+        }
+        why << " host: " << short_bytes(list_bytes(l)) << " with " << short_bytes(host_home)
+            << " already placed > --host-mem " << short_bytes(options_.host_budget) << ";";
+      } else {
+        if (!options_.nvme_dir.empty()) {
+          list_home_[l] = t;
+          placed = true;
+          break;
+        }
+        why << " nvme: no --nvme-dir given;";
+      }
+    }
+    MAMMOTH_CHECK(placed) << "[ChunkManager] '" << spec.name << "' (" << list_chunks[l]
+                          << " chunks of " << short_bytes(chunk_bytes_) << " = "
+                          << short_bytes(list_bytes(l)) << ") fits none of its tiers:" << why.str()
+                          << " raise the budget or offload further (--offload=nvme --nvme-dir)";
+  }
+
+  // Pools: which lists are cached on which compute tier.
+  int device_cached_lists = 0, host_cached_lists = 0;
+  std::string device_roles, host_roles;
+  for (size_t l = 0; l < lists_.size(); ++l) {
+    if (list_home_[l] == lists_[l].compute || list_chunks[l] == 0) continue;
+    std::string& roles = lists_[l].compute == Tier::kDevice ? device_roles : host_roles;
+    roles += (roles.empty() ? "" : ", ") + (lists_[l].role.empty() ? lists_[l].name : lists_[l].role);
+    ++(lists_[l].compute == Tier::kDevice ? device_cached_lists : host_cached_lists);
+  }
+  int64_t device_home = 0, nvme_total = 0;
+  for (size_t l = 0; l < lists_.size(); ++l) {
+    if (list_home_[l] == Tier::kDevice) device_home += list_bytes(l);
+    if (list_home_[l] == Tier::kNvme) nvme_total += list_bytes(l);
+  }
+  if (device_cached_lists > 0) {
+    const int64_t room = options_.device_budget - device_home;
+    const int64_t slots = room / chunk_bytes_;
+    MAMMOTH_CHECK(slots >= device_cached_lists)
+        << "[ChunkManager] --device-mem " << short_bytes(options_.device_budget) << " holds "
+        << slots << " chunk(s) of " << short_bytes(chunk_bytes_) << " (--chunk-mb), but one update "
+        << "needs " << device_cached_lists << " resident at once (" << device_roles
+        << "): raise --device-mem to at least "
+        << short_bytes(device_home + device_cached_lists * chunk_bytes_)
+        << " or lower --chunk-mb";
+    device_pool_ = std::make_unique<Pool>();
+    device_pool_->tier = Tier::kDevice;
+    device_pool_->min_resident = device_cached_lists;
+    for (int64_t i = 0; i < slots; ++i) device_pool_->mem.emplace_back(chunk_bytes_);
+    device_pool_->owner.assign(slots, -1);
+    device_pool_->draining.resize(slots);
+    stats_[0].slots = slots;
+  }
+  if (host_cached_lists > 0) {
+    int64_t slots = options_.host_staging_slots;
+    if (options_.host_budget > 0)
+      slots = std::min<int64_t>(slots, (options_.host_budget - host_home) / chunk_bytes_);
+    MAMMOTH_CHECK(slots >= host_cached_lists)
+        << "[ChunkManager] --host-mem " << short_bytes(options_.host_budget) << " leaves "
+        << short_bytes(std::max<int64_t>(0, options_.host_budget - host_home))
+        << " after host-resident chunks (" << short_bytes(host_home) << "): room for " << slots
+        << " staging chunk(s) of " << short_bytes(chunk_bytes_) << ", but updating NVMe-resident "
+        << host_roles << " needs " << host_cached_lists << ": raise --host-mem to at least "
+        << short_bytes(host_home + host_cached_lists * chunk_bytes_) << " or lower --chunk-mb";
+    host_pool_ = std::make_unique<Pool>();
+    host_pool_->tier = Tier::kHost;
+    host_pool_->min_resident = host_cached_lists;
+    for (int64_t i = 0; i < slots; ++i) host_pool_->mem.emplace_back(chunk_bytes_);
+    host_pool_->owner.assign(slots, -1);
+    host_pool_->draining.resize(slots);
+    stats_[1].slots = slots;
+  }
+
+  // Home memory: one zeroed block per device- or host-homed list.
+  for (size_t l = 0; l < lists_.size(); ++l) {
+    const Tier home = list_home_[l];
+    TierStats& s = stats_[static_cast<int>(home)];
+    s.home_bytes += list_bytes(l);
+    s.home_chunks += list_chunks[l];
+    if (home == Tier::kNvme || list_chunks[l] == 0) continue;
+    home_buffers_.emplace_back(list_bytes(l));
+    char* base = home_buffers_.back().data();
+    int64_t k = 0;
+    for (auto& c : chunks_) {
+      if (c->list != static_cast<int>(l)) continue;
+      c->home_ptr = base + k++ * chunk_bytes_;
+    }
+    add_used(home, list_bytes(l));
+  }
+  int64_t nvme_offset = 0;
+  for (auto& c : chunks_) {
+    c->home = list_home_[c->list];
+    if (c->home == c->compute) c->state = ChunkState::kResident;
+    if (c->home == Tier::kNvme) {
+      c->nvme_offset = nvme_offset;
+      nvme_offset += chunk_bytes_;
+    }
+  }
+  if (device_pool_) {
+    for (size_t l = 0; l < lists_.size(); ++l) {
+      if (lists_[l].compute == Tier::kDevice && list_home_[l] == Tier::kHost) {
+        copier_ = std::make_unique<Copier>();
+        break;
+      }
+    }
+  }
+  if (nvme_total > 0) {
+    stats_[2].budget = nvme_total;
+    swap_ = std::make_unique<io::SwapDir>(options_.nvme_dir, nvme_total);
+    file_path_ = swap_->create_file("chunks.bin", nvme_total);
+    io_ = io::make_async_io(options_.io, swap_->path());
+    file_ = io_->open(file_path_);
+    // Every chunk starts as zeros on disk, so its first read has checksums to verify.
+    io::AlignedBuffer zeros(chunk_bytes_);
+    std::vector<io::Request> batch;
+    for (auto& c : chunks_) {
+      if (c->home != Tier::kNvme) continue;
+      batch.push_back(io::Request{io::Op::kWrite, file_, c->nvme_offset, zeros.data(),
+                                  static_cast<size_t>(chunk_bytes_), {}});
+    }
+    io_->submit(std::move(batch));
+    io_->synchronize();
+    stats_[2].used_bytes = stats_[2].peak_bytes = nvme_total;
+  }
+}
+
+ChunkManager::Pool* ChunkManager::pool_of(const Chunk& c) {
+  if (c.home == c.compute) return nullptr;
+  return c.compute == Tier::kDevice ? device_pool_.get() : host_pool_.get();
+}
+
+bool ChunkManager::protected_in(const Pool& pool, ChunkId id, bool demand) const {
+  const size_t keep = demand ? static_cast<size_t>(pool.min_resident - 1) : pool.recent.size();
+  for (size_t i = 0; i < keep && i < pool.recent.size(); ++i) {
+    if (pool.recent[i] == id) return true;
+  }
+  return false;
+}
+
+void ChunkManager::reclaim_drained(Pool& pool, bool wait) {
+  for (size_t s = 0; s < pool.draining.size(); ++s) {
+    io::Ticket& t = pool.draining[s];
+    if (!t.valid() || (!wait && !t.ready())) continue;
+    t.wait();  // throws naming the file when the write-back failed
+    t = io::Ticket();
+    add_used(pool.tier, -chunk_bytes_);
+  }
+}
+
+int64_t ChunkManager::next_use(ChunkId id) const {
+  const std::vector<int64_t>& pos = positions_[id];
+  if (pos.empty() || trace_.empty()) return kNever;
+  auto it = std::lower_bound(pos.begin(), pos.end(), cursor_);
+  if (it != pos.end()) return *it - cursor_;
+  return pos.front() + static_cast<int64_t>(trace_.size()) - cursor_;
+}
+
+int ChunkManager::take_slot(Pool& pool, ChunkId for_chunk, bool demand) {
+  reclaim_drained(pool, false);
+  auto free_slot = [&]() -> int {
+    for (size_t s = 0; s < pool.owner.size(); ++s) {
+      if (pool.owner[s] < 0 && !pool.draining[s].valid()) return static_cast<int>(s);
+    }
+    return -1;
+  };
+  if (int s = free_slot(); s >= 0) return s;
+  const int64_t target_next = next_use(for_chunk);
+  // Victim: the resident, unprotected chunk used farthest ahead (or least recently before the
+  // trace exists). A prefetch only displaces chunks needed later than the one it loads.
+  ChunkId victim = -1;
+  for (ChunkId o : pool.owner) {
+    if (o < 0 || protected_in(pool, o, demand)) continue;
+    const Chunk& c = *chunks_[o];
+    if (c.state != ChunkState::kResident) continue;
+    if (!demand && (!frozen_ || next_use(o) <= target_next)) continue;
+    if (victim < 0) {
+      victim = o;
+      continue;
+    }
+    const Chunk& v = *chunks_[victim];
+    const bool better = frozen_ ? next_use(o) > next_use(victim) : c.last_use < v.last_use;
+    if (better) victim = o;
+  }
+  if (victim < 0 && demand) {
+    // Only loads in flight or write-backs draining: wait for one and take its slot.
+    for (ChunkId o : pool.owner) {
+      if (o >= 0 && !protected_in(pool, o, true) && chunks_[o]->state == ChunkState::kInFlight) {
+        victim = o;
+        break;
+      }
+    }
+    if (victim < 0) {
+      reclaim_drained(pool, true);
+      if (int s = free_slot(); s >= 0) return s;
+    }
+  }
+  if (victim < 0) {
+    MAMMOTH_CHECK(!demand) << "[ChunkManager] internal: no evictable chunk among "
+                           << pool.owner.size() << " " << tier_name(pool.tier) << " slots";
+    return -1;
+  }
+  const int slot = chunks_[victim]->slot;
+  evict(victim);
+  if (pool.draining[slot].valid()) {
+    if (!demand) return -1;
+    pool.draining[slot].wait();
+    pool.draining[slot] = io::Ticket();
+    add_used(pool.tier, -chunk_bytes_);
+  }
+  return slot;
+}
+
+void ChunkManager::evict(ChunkId id) {
+  Chunk& c = *chunks_[id];
+  Pool& pool = *pool_of(c);
+  if (c.state == ChunkState::kInFlight) finish_load(id);
+  const int slot = c.slot;
+  char* src = pool.mem[slot].data();
+  TierStats& from = stats_[static_cast<int>(c.compute)];
+  TierStats& to = stats_[static_cast<int>(c.home)];
+  bool draining = false;
+  if (c.dirty && !c.discarded) {
+    if (c.home == Tier::kNvme) {
+      c.write_back = io_->write(file_, c.nvme_offset, src, static_cast<size_t>(chunk_bytes_));
+      pool.draining[slot] = c.write_back;
+      draining = true;
+      from.bytes_out += chunk_bytes_;
+      to.bytes_in += chunk_bytes_;
+    } else {
+      // Synchronous: tensor storage points at the home copy from now on, so it must be valid.
+      std::memcpy(c.home_ptr, src, static_cast<size_t>(c.used));
+      from.bytes_out += c.used;
+      to.bytes_in += c.used;
+    }
+    ++from.moves_out;
+    ++to.moves_in;
+  }
+  pool.owner[slot] = -1;
+  if (!draining) add_used(pool.tier, -chunk_bytes_);
+  c.slot = -1;
+  c.state = ChunkState::kEvicted;
+  c.dirty = false;
+  auto it = std::find(pool.recent.begin(), pool.recent.end(), id);
+  if (it != pool.recent.end()) pool.recent.erase(it);
+  if (c.on_move) c.on_move(c.home_ptr);
+}
+
+void ChunkManager::start_load(ChunkId id, int slot, bool prefetch) {
+  Chunk& c = *chunks_[id];
+  Pool& pool = *pool_of(c);
+  c.slot = slot;
+  pool.owner[slot] = id;
+  add_used(pool.tier, chunk_bytes_);
+  char* dst = pool.mem[slot].data();
+  if (c.discarded) {  // nothing worth moving
+    c.state = ChunkState::kResident;
+    if (c.on_move) c.on_move(dst);
+    return;
+  }
+  TierStats& to = stats_[static_cast<int>(c.compute)];
+  TierStats& from = stats_[static_cast<int>(c.home)];
+  ++(prefetch ? to.prefetches : to.demand_loads);
+  ++to.moves_in;
+  ++from.moves_out;
+  c.state = ChunkState::kInFlight;
+  ++pool.in_flight;
+  if (c.home == Tier::kNvme) {
+    // The same bytes may still be on their way out: a read must not overtake that write.
+    if (c.write_back.valid()) c.write_back.wait();
+    c.read = io_->read(file_, c.nvme_offset, dst, static_cast<size_t>(chunk_bytes_));
+    to.bytes_in += chunk_bytes_;
+    from.bytes_out += chunk_bytes_;
+  } else if (prefetch) {
+    c.copy = copier_->copy(dst, c.home_ptr, static_cast<size_t>(c.used));
+    to.bytes_in += c.used;
+    from.bytes_out += c.used;
+  } else {
+    std::memcpy(dst, c.home_ptr, static_cast<size_t>(c.used));
+    to.bytes_in += c.used;
+    from.bytes_out += c.used;
+  }
+}
+
+void ChunkManager::finish_load(ChunkId id) {
+  Chunk& c = *chunks_[id];
+  if (c.state != ChunkState::kInFlight) return;
+  Pool& pool = *pool_of(c);
+  TierStats& s = stats_[static_cast<int>(c.compute)];
+  if (c.copy) {
+    if (!c.copy->ready()) {
+      const auto t0 = Clock::now();
+      c.copy->wait();
+      s.stall_s += seconds_since(t0);
+    }
+    c.copy.reset();
+  }
+  if (c.read.valid()) {
+    const auto t0 = Clock::now();
+    const bool was_ready = c.read.ready();
+    try {
+      c.read.wait();
+    } catch (const Error& e) {
+      c.read = io::Ticket();
+      --pool.in_flight;
+      c.state = ChunkState::kEvicted;
+      pool.owner[c.slot] = -1;
+      add_used(pool.tier, -chunk_bytes_);
+      c.slot = -1;
+      MAMMOTH_THROW() << "[ChunkManager] loading chunk " << id << " of '" << lists_[c.list].name
+                      << "' from NVMe (" << file_path_ << ", offset " << c.nvme_offset
+                      << "): " << e.what();
+    }
+    if (!was_ready) s.stall_s += seconds_since(t0);
+    c.read = io::Ticket();
+  }
+  --pool.in_flight;
+  c.state = ChunkState::kResident;
+  if (c.on_move) c.on_move(pool.mem[c.slot].data());
+}
+
+void ChunkManager::note_access(ChunkId id) {
+  if (id == last_) return;
+  last_ = id;
+  if (!frozen_) {
+    positions_[id].push_back(static_cast<int64_t>(trace_.size()));
+    trace_.push_back(id);
+    return;
+  }
+  const int64_t n = static_cast<int64_t>(trace_.size());
+  for (int64_t k = 0; k < options_.lookahead && cursor_ + k < n; ++k) {
+    if (trace_[cursor_ + k] == id) {
+      cursor_ += k + 1;
+      return;
+    }
+  }
+  // Off the trace (an evaluation pass, a checkpoint): keep the cursor where it was.
+}
+
+void ChunkManager::prefetch() {
+  const int64_t n = static_cast<int64_t>(trace_.size());
+  if (!frozen_ || n == 0 || options_.prefetch_depth == 0) return;
+  bool blocked[2] = {false, false};
+  for (int64_t k = 0; k < options_.lookahead && k < n; ++k) {
+    const ChunkId id = trace_[(cursor_ + k) % n];
+    Chunk& c = *chunks_[id];
+    if (c.home == c.compute || c.state != ChunkState::kEvicted || c.discarded) continue;
+    Pool* pool = pool_of(c);
+    const int p = pool->tier == Tier::kDevice ? 0 : 1;
+    if (blocked[p]) continue;
+    if (pool->in_flight >= options_.prefetch_depth) {
+      blocked[p] = true;
+      continue;
+    }
+    const int slot = take_slot(*pool, id, false);
+    if (slot < 0) {
+      blocked[p] = true;  // later chunks are needed even later: nothing to gain
+      continue;
+    }
+    start_load(id, slot, true);
+    if (blocked[0] && blocked[1]) break;
+  }
+}
+
+void* ChunkManager::acquire(ChunkId id, bool write) {
+  check(id, "acquire");
+  MAMMOTH_CHECK(finalized_) << "[ChunkManager::acquire] before finalize()";
+  Chunk& c = *chunks_[id];
+  if (c.home == c.compute) {
+    c.dirty |= write;
+    return c.home_ptr;
+  }
+  note_access(id);
+  Pool& pool = *pool_of(c);
+  if (c.state == ChunkState::kInFlight) {
+    finish_load(id);
+  } else if (c.state == ChunkState::kEvicted) {
+    const auto t0 = Clock::now();
+    const int slot = take_slot(pool, id, true);
+    start_load(id, slot, false);
+    finish_load(id);
+    if (!c.discarded) stats_[static_cast<int>(c.compute)].stall_s += seconds_since(t0);
+  }
+  c.last_use = ++clock_;
+  if (write) {
+    c.dirty = true;
+    c.discarded = false;
+  }
+  auto it = std::find(pool.recent.begin(), pool.recent.end(), id);
+  if (it != pool.recent.end()) pool.recent.erase(it);
+  pool.recent.push_front(id);
+  while (static_cast<int>(pool.recent.size()) > pool.min_resident) pool.recent.pop_back();
+  void* at = pool.mem[c.slot].data();
+  prefetch();
+  return at;
+}
+
+void ChunkManager::discard(ChunkId id) {
+  check(id, "discard");
+  Chunk& c = *chunks_[id];
+  if (c.home == c.compute) return;
+  c.discarded = true;
+  c.dirty = false;
+}
+
+void ChunkManager::set_observer(ChunkId id, std::function<void(void*)> on_move) {
+  check(id, "set_observer");
+  chunks_[id]->on_move = std::move(on_move);
+  if (finalized_ && chunks_[id]->on_move) chunks_[id]->on_move(current_address(id));
+}
+
+void* ChunkManager::current_address(ChunkId id) const {
+  check(id, "current_address");
+  const Chunk& c = *chunks_[id];
+  if (c.home == c.compute) return c.home_ptr;
+  if (c.state == ChunkState::kResident) {
+    const Pool& pool = c.compute == Tier::kDevice ? *device_pool_ : *host_pool_;
+    return const_cast<char*>(pool.mem[c.slot].data());
+  }
+  return c.home_ptr;
+}
+
+void ChunkManager::restart_trace() {
+  trace_.clear();
+  for (auto& p : positions_) p.clear();
+  frozen_ = false;
+  cursor_ = 0;
+  last_ = -1;
+}
+
+void ChunkManager::end_step() {
+  if (!frozen_ && !trace_.empty()) frozen_ = true;
+  cursor_ = 0;
+  last_ = -1;
+  prefetch();
+}
+
+void ChunkManager::synchronize() {
+  for (auto& c : chunks_) {
+    if (c->state == ChunkState::kInFlight) finish_load(static_cast<ChunkId>(&c - &chunks_[0]));
+  }
+  for (Pool* p : {device_pool_.get(), host_pool_.get()}) {
+    if (p) reclaim_drained(*p, true);
+  }
+  if (io_) io_->synchronize();
+}
+
+Tier ChunkManager::home(ChunkId id) const {
+  check(id, "home");
+  return chunks_[id]->home;
+}
+Tier ChunkManager::compute(ChunkId id) const {
+  check(id, "compute");
+  return chunks_[id]->compute;
+}
+ChunkState ChunkManager::state(ChunkId id) const {
+  check(id, "state");
+  return chunks_[id]->state;
+}
+int ChunkManager::list_of(ChunkId id) const {
+  check(id, "list_of");
+  return chunks_[id]->list;
+}
+std::string ChunkManager::nvme_file() const { return file_path_; }
+int64_t ChunkManager::nvme_offset(ChunkId id) const {
+  check(id, "nvme_offset");
+  return chunks_[id]->nvme_offset;
+}
+
+std::string ChunkManager::report() const {
+  std::ostringstream os;
+  char line[256];
+  std::vector<int64_t> count(lists_.size(), 0), used(lists_.size(), 0);
+  for (const auto& c : chunks_) {
+    ++count[c->list];
+    used[c->list] += c->used;
+  }
+  os << "[offload] where everything lives (chunks of " << short_bytes(chunk_bytes_) << "):\n";
+  for (size_t l = 0; l < lists_.size(); ++l) {
+    const bool cached = list_home_[l] != lists_[l].compute;
+    std::snprintf(line, sizeof(line), "  %-12s %5lld chunks %11s  home %-6s  computed on %s%s\n",
+                  lists_[l].name.c_str(), static_cast<long long>(count[l]),
+                  short_bytes(used[l]).c_str(), tier_name(list_home_[l]),
+                  tier_name(lists_[l].compute), cached ? " (paged)" : "");
+    os << line;
+  }
+  std::snprintf(line, sizeof(line), "  %-7s %11s %11s %6s %11s %18s %18s %9s\n", "tier", "budget",
+                "home", "slots", "peak", "moved in", "moved out", "stall s");
+  os << line;
+  for (int t = 0; t < kNumTiers; ++t) {
+    const TierStats& s = stats_[t];
+    const std::string in = std::to_string(s.moves_in) + " / " + short_bytes(s.bytes_in);
+    const std::string out = std::to_string(s.moves_out) + " / " + short_bytes(s.bytes_out);
+    std::snprintf(line, sizeof(line), "  %-7s %11s %11s %6lld %11s %18s %18s %9.3f\n",
+                  tier_name(static_cast<Tier>(t)),
+                  s.budget > 0 ? short_bytes(s.budget).c_str() : "unlimited",
+                  short_bytes(s.home_bytes).c_str(), static_cast<long long>(s.slots),
+                  short_bytes(s.peak_bytes).c_str(), in.c_str(), out.c_str(), s.stall_s);
+    os << line;
+  }
+  return os.str();
+}
+
+}  // namespace mammoth::memory::chunks

@@ -1,0 +1,186 @@
+// ChunkManager: paging under a device budget keeps every byte, never exceeds the budget, and
+// prefetches from the recorded trace; NVMe-homed chunks round-trip through staging with
+// checksums (a corrupted block is an error naming the file); budgets too small for what one
+// update needs are start-up errors naming the sizes.
+#include "memory/chunks/chunk_manager.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "base/error.h"
+#include "test/testing/test_dir.h"
+
+using namespace mammoth;
+using namespace mammoth::memory::chunks;
+
+namespace {
+
+constexpr int64_t kChunk = 64 * 1024;
+
+// Fills a chunk with a pattern that depends on (chunk, version).
+void fill(void* p, int64_t n, int chunk, int version) {
+  auto* u = static_cast<uint32_t*>(p);
+  for (int64_t i = 0; i < n / 4; ++i) u[i] = static_cast<uint32_t>(chunk * 1000003 + version * 7919 + i);
+}
+bool holds(const void* p, int64_t n, int chunk, int version) {
+  const auto* u = static_cast<const uint32_t*>(p);
+  for (int64_t i = 0; i < n / 4; ++i) {
+    if (u[i] != static_cast<uint32_t>(chunk * 1000003 + version * 7919 + i)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("parse_bytes reads binary suffixes and rejects junk naming the option") {
+  CHECK(parse_bytes("4096", "--x") == 4096);
+  CHECK(parse_bytes("64K", "--x") == 65536);
+  CHECK(parse_bytes("1.5G", "--x") == 1610612736);
+  CHECK(parse_bytes("0", "--x") == 0);
+  CHECK_THROWS_WITH(parse_bytes("12Q", "--device-mem"), Catch::Contains("--device-mem"));
+  CHECK_THROWS_WITH(parse_bytes("-1M", "--host-mem"), Catch::Contains("--host-mem"));
+}
+
+TEST_CASE("paging under a device budget keeps every byte and never exceeds the budget") {
+  ChunkManagerOptions o;
+  o.chunk_bytes = kChunk;
+  o.device_budget = 3 * kChunk;  // 2 lists x 8 chunks = 16 chunks through 3 slots
+  ChunkManager m(o);
+  const int a = m.add_list({"a", Tier::kDevice, {Tier::kDevice, Tier::kHost}, "a"});
+  const int b = m.add_list({"b", Tier::kDevice, {Tier::kDevice, Tier::kHost}, "b"});
+  std::vector<ChunkId> ids;
+  for (int i = 0; i < 8; ++i) ids.push_back(m.add_chunk(a, kChunk));
+  for (int i = 0; i < 8; ++i) ids.push_back(m.add_chunk(b, kChunk - 4096));
+  m.finalize();
+  REQUIRE(m.home(ids[0]) == Tier::kHost);
+  REQUIRE(m.stats(Tier::kDevice).slots == 3);
+
+  std::vector<int> version(ids.size(), 0);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    fill(m.acquire(ids[i], true), kChunk - 4096, static_cast<int>(i), 0);
+  }
+  // The same access sequence every "step": the first records it, later ones replay it with
+  // prefetching. Pairs (x, y) are touched together, like an op reading two chunks.
+  std::mt19937 rng(5);
+  std::vector<std::pair<int, int>> seq;
+  for (int k = 0; k < 60; ++k) seq.emplace_back(rng() % ids.size(), rng() % ids.size());
+  m.restart_trace();
+  for (int step = 0; step < 4; ++step) {
+    for (auto [x, y] : seq) {
+      void* px = m.acquire(ids[x], false);
+      void* py = m.acquire(ids[y], true);
+      // Both stay resident across the second acquire (min_resident = 2 lists).
+      REQUIRE(holds(px, kChunk - 4096, x, version[x]));
+      REQUIRE(holds(py, kChunk - 4096, y, version[y]));
+      fill(py, kChunk - 4096, y, ++version[y]);
+      REQUIRE(m.stats(Tier::kDevice).used_bytes <= o.device_budget);
+    }
+    m.end_step();
+  }
+  m.synchronize();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    CHECK(holds(m.acquire(ids[i], false), kChunk - 4096, static_cast<int>(i), version[i]));
+  }
+  const TierStats& d = m.stats(Tier::kDevice);
+  CHECK(d.peak_bytes <= o.device_budget);
+  CHECK(d.peak_bytes == 3 * kChunk);
+  CHECK(d.moves_in > 100);
+  CHECK(d.prefetches > 0);  // the replayed steps load ahead
+  CHECK(m.trace_frozen());
+  CHECK(m.report().find("where everything lives") != std::string::npos);
+}
+
+TEST_CASE("a device budget too small for one update is a clear error naming the sizes") {
+  ChunkManagerOptions o;
+  o.chunk_bytes = 1 << 20;
+  o.device_budget = 3 << 20;  // 3 slots; four lists need four at once
+  ChunkManager m(o);
+  for (const char* n : {"params", "grads", "exp_avg", "exp_avg_sq"}) {
+    const int l = m.add_list({n, Tier::kDevice, {Tier::kDevice, Tier::kHost}, n});
+    for (int i = 0; i < 4; ++i) m.add_chunk(l, 1 << 20);
+  }
+  CHECK_THROWS_WITH(m.finalize(), Catch::Contains("--device-mem 3.0 MiB holds 3 chunk(s) of 1.0 MiB") &&
+                                      Catch::Contains("needs 4") &&
+                                      Catch::Contains("at least 4.0 MiB"));
+}
+
+TEST_CASE("a host budget too small for the host-homed chunks names the sizes") {
+  ChunkManagerOptions o;
+  o.chunk_bytes = 1 << 20;
+  o.host_budget = 2 << 20;
+  ChunkManager m(o);
+  const int l = m.add_list({"exp_avg", Tier::kHost, {Tier::kHost}, "exp_avg"});
+  for (int i = 0; i < 3; ++i) m.add_chunk(l, 1 << 20);
+  CHECK_THROWS_WITH(m.finalize(), Catch::Contains("'exp_avg' (3 chunks of 1.0 MiB = 3.0 MiB)") &&
+                                      Catch::Contains("--host-mem 2.0 MiB"));
+}
+
+TEST_CASE("NVMe-homed chunks round-trip through host staging; corruption names the file") {
+  testing::TestDir dir;
+  ChunkManagerOptions o;
+  o.chunk_bytes = kChunk;
+  o.nvme_dir = dir.path();
+  o.host_staging_slots = 3;
+  ChunkManager m(o);
+  const int a = m.add_list({"exp_avg", Tier::kHost, {Tier::kNvme}, "exp_avg"});
+  const int b = m.add_list({"exp_avg_sq", Tier::kHost, {Tier::kNvme}, "exp_avg_sq"});
+  std::vector<ChunkId> ids;
+  for (int i = 0; i < 6; ++i) {
+    ids.push_back(m.add_chunk(a, kChunk));
+    ids.push_back(m.add_chunk(b, kChunk));
+  }
+  m.finalize();
+  REQUIRE(m.home(ids[0]) == Tier::kNvme);
+  // Fresh chunks read back as zeros (written at start-up, so they have checksums).
+  const auto* z = static_cast<const uint32_t*>(m.acquire(ids[0], false));
+  CHECK(z[0] == 0);
+  CHECK(z[kChunk / 4 - 1] == 0);
+  std::vector<int> version(ids.size(), 0);
+  for (int step = 0; step < 3; ++step) {
+    for (size_t i = 0; i < ids.size(); i += 2) {
+      void* pa = m.acquire(ids[i], true);
+      void* pb = m.acquire(ids[i + 1], true);
+      if (step > 0) {
+        REQUIRE(holds(pa, kChunk, static_cast<int>(i), version[i]));
+        REQUIRE(holds(pb, kChunk, static_cast<int>(i + 1), version[i + 1]));
+      }
+      fill(pa, kChunk, static_cast<int>(i), ++version[i]);
+      fill(pb, kChunk, static_cast<int>(i + 1), ++version[i + 1]);
+    }
+    m.end_step();
+  }
+  m.synchronize();
+  const TierStats& n = m.stats(Tier::kNvme);
+  CHECK(n.moves_in > 0);   // write-backs
+  CHECK(n.moves_out > 0);  // reads
+  CHECK(m.stats(Tier::kHost).peak_bytes <= 3 * kChunk);
+
+  // Corrupt one evicted chunk's first block on disk: loading it must fail naming the file.
+  ChunkId victim = -1;
+  for (ChunkId id : ids) {
+    if (m.state(id) == ChunkState::kEvicted) victim = id;
+  }
+  REQUIRE(victim >= 0);
+  const int fd = ::open(m.nvme_file().c_str(), O_WRONLY);
+  REQUIRE(fd >= 0);
+  const char junk[16] = "not the chunk!!";
+  REQUIRE(::pwrite(fd, junk, sizeof(junk), m.nvme_offset(victim) + 100) == sizeof(junk));
+  ::fsync(fd);
+  ::close(fd);
+  CHECK_THROWS_WITH(m.acquire(victim, false),
+                    Catch::Contains(m.nvme_file()) && Catch::Contains("checksum"));
+}
+
+TEST_CASE("NVMe homing without --nvme-dir is an error naming the option") {
+  ChunkManagerOptions o;
+  o.chunk_bytes = kChunk;
+  ChunkManager m(o);
+  const int a = m.add_list({"exp_avg", Tier::kHost, {Tier::kNvme}, "exp_avg"});
+  m.add_chunk(a, kChunk);
+  CHECK_THROWS_WITH(m.finalize(), Catch::Contains("--nvme-dir"));
+}
