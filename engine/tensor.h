@@ -42,6 +42,11 @@ struct Storage {
   Device device;
   memory::Allocator* allocator = nullptr;
   std::function<void()> release;
+  // Residency hook for paged memory (memory/chunks via engine/offload): when set, every kernel
+  // launch (detail::launch_for) calls it before reading `data`, with write = true for outputs,
+  // so the owner can bring the bytes onto the compute device and update `data`. Empty (the
+  // default) costs one branch per argument.
+  std::function<void(bool write)> ensure_resident;
 
   Storage(size_t nbytes, Device device);  // allocates
   Storage(void* data, size_t nbytes, Device device, std::function<void()> release);

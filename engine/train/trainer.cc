@@ -140,14 +140,22 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
   const bool lead = rank == 0;
   const bool quiet = o.quiet || !lead;
   const nn::NamedTensors params = model.named_parameters();
+  OffloadRuntime* offload = o.offload;
+  MAMMOTH_CHECK(offload == nullptr || dp == nullptr)
+      << "[train] --offload with data parallelism (--dp " << world << ") is not supported yet";
   // Under ZeRO the optimizer sees this rank's shard slices; decay follows the full parameter.
-  optim::AdamW opt(
-      dp ? dp->optimizer_params() : params, ao,
-      dp ? optim::DecayFilter([dp](const std::string& n, const Tensor&) { return dp->decays(n); })
-         : optim::DecayFilter(optim::decay_matrices));
+  std::unique_ptr<optim::AdamW> own_opt;
+  if (offload == nullptr) {
+    own_opt = std::make_unique<optim::AdamW>(
+        dp ? dp->optimizer_params() : params, ao,
+        dp ? optim::DecayFilter([dp](const std::string& n, const Tensor&) { return dp->decays(n); })
+           : optim::DecayFilter(optim::decay_matrices));
+  }
+  optim::Optimizer& opt = offload ? offload->optimizer(ao) : *own_opt;
   // Optimizer state in the single-process layout ("<param>.exp_avg"), as checkpoints hold it.
   const std::vector<std::string> state_suffixes = {"exp_avg", "exp_avg_sq"};
   auto full_optimizer_state = [&]() {
+    if (offload) return offload->gather_state();
     return dp ? dp->gather_state(opt.state(), state_suffixes) : opt.state();
   };
   optim::LrSchedule sched;
@@ -170,7 +178,7 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
   if (o.resume) {
     if (auto dir = latest_checkpoint(o.save_dir)) {
       json::Value state;
-      if (dp) {
+      if (dp || offload) {
         // Every rank reads the full state and keeps its part.
         nn::NamedTensors full;
         for (const std::string& suffix : state_suffixes) {
@@ -179,7 +187,10 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
           }
         }
         state = load_checkpoint(*dir, params, full);
-        dp->scatter_state(full, opt.state(), state_suffixes);
+        if (offload)
+          offload->scatter_state(full);
+        else
+          dp->scatter_state(full, opt.state(), state_suffixes);
       } else {
         state = load_checkpoint(*dir, params, opt.state());
       }
@@ -303,6 +314,7 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
       if (dp) dp->after_step();
     }
     opt.zero_grad();
+    if (offload) offload->end_step();
     ++step;
     result.losses.push_back(step_loss);
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -334,6 +346,7 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
       if (o.flops_per_token > 0 && o.peak_flops > 0) m.set("mfu", json::Value(mfu));
       m.set("peak_mem_bytes", json::Value(peak));
       if (!std::isnan(val_loss)) m.set("val_loss", json::Value(val_loss));
+      if (offload) m.set("offload", offload->metrics());
       metrics << json::dump(m) << "\n";
       metrics.flush();
     }

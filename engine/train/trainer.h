@@ -15,9 +15,12 @@
 #include "base/json.h"
 #include "engine/data/token_shard.h"
 #include "engine/nn/module.h"
+#include "engine/optim/optim.h"
 #include "engine/train/distributed.h"
 
 namespace mammoth::engine::train {
+
+class OffloadRuntime;
 
 struct TrainOptions {
   int64_t steps = 200;
@@ -56,9 +59,28 @@ struct TrainOptions {
   std::string amp = "fp32";
   double init_loss_scale = 65536.0;
   int64_t loss_scale_growth_interval = 2000;
+  // Chunked memory (engine/offload), not owned; null: none. Not combined with dp yet.
+  OffloadRuntime* offload = nullptr;
   // Test hook: the step (0-based) whose gradients are overwritten with +inf before the
   // finiteness check, to prove that fp16 skips exactly that step. -1: never.
   int64_t inject_inf_grad_step = -1;
+};
+
+// What the loop needs from a memory offload runtime (engine/offload implements it): parameters,
+// gradients and AdamW states live in chunks paged between device, host and NVMe, and the
+// optimizer updates them chunk by chunk. Null in TrainOptions: everything stays in place.
+class OffloadRuntime {
+ public:
+  virtual ~OffloadRuntime() = default;
+  // The optimizer the loop steps (AdamW over the chunked states), built on first call.
+  virtual optim::Optimizer& optimizer(const optim::AdamWOptions& options) = 0;
+  // After each step (trace of the first step; gradients of the step are dead).
+  virtual void end_step() = 0;
+  // AdamW state as copies in the single-process layout ("<param>.exp_avg"), and its inverse.
+  virtual nn::NamedTensors gather_state() = 0;
+  virtual void scatter_state(const nn::NamedTensors& full) = 0;
+  // Memory per tier for the metrics line.
+  virtual json::Value metrics() const = 0;
 };
 
 using LossFn = std::function<Tensor(const Tensor& input, const Tensor& target)>;
