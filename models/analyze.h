@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "base/dtype.h"
@@ -44,5 +45,30 @@ ModelAnalysis analyze(const ModelConfig& config, int64_t seq_len = 0);
 int64_t count_parameters(const ModelConfig& config);
 
 json::Value analysis_to_json(const ModelAnalysis& a);
+
+// Where parameters (W), gradients (G) and AdamW states with fp32 masters (O) must fit under
+// each offload setting of `mammoth train` (engine/offload), activations not counted:
+//   none          W + G + O on the device
+//   host          W + G on the device, O in host memory (CPU AdamW)
+//   nvme          W + G on the device, O on NVMe (host holds 2 staging chunks)
+//   host-paged    W + G + O homed in host memory; the device caches >= 4 chunks
+//   nvme-paged    W + G homed in host memory, O on NVMe; the device caches >= 2 chunks and
+//                 the host 2 staging chunks more
+// A budget of 0 means unlimited (NVMe is always taken as unlimited).
+struct OffloadFit {
+  std::string setting;
+  int64_t device_bytes = 0;  // needed on each tier by this model
+  int64_t host_bytes = 0;
+  int64_t nvme_bytes = 0;
+  bool fits = false;
+  // The deepest model of this family and width (n_layer varied) that fits; 0 when even one
+  // layer does not.
+  int64_t max_layers = 0;
+  int64_t max_params = 0;
+};
+std::vector<OffloadFit> offload_fits(const ModelConfig& config, int64_t device_mem,
+                                     int64_t host_mem, int64_t chunk_bytes);
+json::Value offload_fits_to_json(const std::vector<OffloadFit>& fits, int64_t device_mem,
+                                 int64_t host_mem);
 
 }  // namespace mammoth::models

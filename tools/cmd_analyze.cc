@@ -7,12 +7,16 @@
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "base/json.h"
+#include "memory/chunks/chunk_manager.h"
 #include "models/analyze.h"
 #include "models/registry.h"
 #include "tools/command.h"
 
 // Shared with `mammoth train` (defined in cmd_train.cc).
 ABSL_DECLARE_FLAG(std::string, model);
+ABSL_DECLARE_FLAG(std::string, device_mem);
+ABSL_DECLARE_FLAG(std::string, host_mem);
+ABSL_DECLARE_FLAG(double, chunk_mb);
 ABSL_FLAG(int64_t, context, 0, "analyze: context length for attention FLOPs (0: the model's max)");
 ABSL_FLAG(bool, json, false, "analyze: print only the JSON line");
 
@@ -63,7 +67,38 @@ int run_analyze(const std::vector<std::string>& args) {
                   gib(m.total_bytes()).c_str());
     }
   }
-  std::printf("%s\n", json::dump(models::analysis_to_json(a)).c_str());
+  // With a budget: what fits under each --offload setting, and the deepest model of this
+  // width that would.
+  const int64_t device_mem =
+      memory::chunks::parse_bytes(absl::GetFlag(FLAGS_device_mem), "--device-mem");
+  const int64_t host_mem = memory::chunks::parse_bytes(absl::GetFlag(FLAGS_host_mem), "--host-mem");
+  json::Value out = models::analysis_to_json(a);
+  if (device_mem > 0 || host_mem > 0) {
+    const auto chunk = static_cast<int64_t>(absl::GetFlag(FLAGS_chunk_mb) * 1048576.0);
+    const std::vector<models::OffloadFit> fits =
+        models::offload_fits(a.config, device_mem, host_mem, chunk);
+    if (!absl::GetFlag(FLAGS_json)) {
+      auto budget = [](int64_t b) { return b > 0 ? gib(b) : std::string("unlimited"); };
+      std::printf("fit (%s dtype; --device-mem %s, --host-mem %s; activations not counted):\n",
+                  dtype_name(a.config.dtype), budget(device_mem).c_str(),
+                  budget(host_mem).c_str());
+      std::printf("  %-11s %14s %14s %14s %5s   %s\n", "--offload", "device", "host", "nvme",
+                  "fits", "largest of this width");
+      for (const models::OffloadFit& f : fits) {
+        const std::string largest =
+            f.max_layers == 0 ? std::string("none (one layer does not fit)")
+                              : std::to_string(f.max_layers) + " layers, " +
+                                    human(double(f.max_params), "params");
+        std::printf("  %-11s %14s %14s %14s %5s   %s\n", f.setting.c_str(),
+                    gib(f.device_bytes).c_str(), gib(f.host_bytes).c_str(),
+                    gib(f.nvme_bytes).c_str(), f.fits ? "yes" : "no", largest.c_str());
+      }
+      std::printf("  (host, nvme: AdamW states off the device; -paged: parameters and gradients "
+                  "paged through --device-mem too)\n");
+    }
+    out.set("offload_fit", models::offload_fits_to_json(fits, device_mem, host_mem));
+  }
+  std::printf("%s\n", json::dump(out).c_str());
   return 0;
 }
 

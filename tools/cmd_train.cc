@@ -12,6 +12,7 @@
 #include "engine/data/bpe.h"
 #include "engine/data/build_shards.h"
 #include "engine/data/token_shard.h"
+#include "engine/offload/offload.h"
 #include "engine/train/trainer.h"
 #include "models/registry.h"
 #include "parallel/comm/mpi_communicator.h"
@@ -64,6 +65,15 @@ ABSL_FLAG(int, dp, 0, "data-parallel ranks (0: all ranks mpirun started)");
 ABSL_FLAG(int, zero, 0,
           "ZeRO stage: 0 (replicated), 1 (optimizer states sharded), 2 (+ gradients)");
 ABSL_FLAG(double, bucket_mb, 25.0, "gradient bucket size for data-parallel reductions, MiB");
+ABSL_FLAG(std::string, offload, "none",
+          "where AdamW states live: none (beside the parameters), host (CPU AdamW on host "
+          "memory) or nvme (files under --nvme-dir, streamed chunk by chunk)");
+ABSL_FLAG(std::string, device_mem, "0",
+          "device memory budget for parameters, gradients and states (K/M/G; 0: unlimited); "
+          "on the CPU backend host memory stands in for it, paged through the same chunks");
+ABSL_FLAG(std::string, host_mem, "0", "host memory budget for offloaded chunks (K/M/G; 0: unlimited)");
+ABSL_FLAG(std::string, nvme_dir, "", "directory for --offload=nvme swap files (removed at exit)");
+ABSL_FLAG(double, chunk_mb, 32.0, "chunk size in MiB (raised to the largest parameter)");
 ABSL_FLAG(double, comm_timeout, 600.0,
           "seconds a collective may take before the job is aborted naming it (<= 0: no limit)");
 
@@ -202,6 +212,27 @@ int run_train(const std::vector<std::string>& args) {
         << " shards over data-parallel ranks: launch with mpirun -np N";
   }
 
+  // Chunked memory: any of --offload, --device-mem, --host-mem turns it on.
+  std::unique_ptr<engine::offload::Offload> offload;
+  {
+    engine::offload::OffloadOptions oo;
+    oo.mode = engine::offload::parse_mode(absl::GetFlag(FLAGS_offload));
+    oo.device_mem = memory::chunks::parse_bytes(absl::GetFlag(FLAGS_device_mem), "--device-mem");
+    oo.host_mem = memory::chunks::parse_bytes(absl::GetFlag(FLAGS_host_mem), "--host-mem");
+    oo.nvme_dir = absl::GetFlag(FLAGS_nvme_dir);
+    const double chunk_mb = absl::GetFlag(FLAGS_chunk_mb);
+    MAMMOTH_CHECK(chunk_mb > 0 && chunk_mb <= 65536)
+        << "[train] --chunk-mb must be in (0, 65536], got " << chunk_mb;
+    oo.chunk_bytes = static_cast<int64_t>(chunk_mb * 1048576.0);
+    if (oo.mode != engine::offload::Mode::kNone || oo.device_mem > 0 || oo.host_mem > 0) {
+      MAMMOTH_CHECK(!mesh) << "[train] --offload/--device-mem/--host-mem with data parallelism "
+                              "(--dp " << dp_size << ") are not supported yet";
+      offload = std::make_unique<engine::offload::Offload>(model->named_parameters(), oo);
+      o.offload = offload.get();
+      if (lead) std::fprintf(stderr, "%s", offload->report().c_str());
+    }
+  }
+
   if (lead) {
     std::fprintf(
         stderr,
@@ -245,6 +276,7 @@ int run_train(const std::vector<std::string>& args) {
                    static_cast<long long>(r.skipped_steps), r.loss_scale);
     std::fprintf(stderr, "%s\n", r.interrupted ? " (interrupted; checkpoint saved)" : "");
   }
+  if (lead && offload) std::fprintf(stderr, "%s", offload->report().c_str());
   return r.interrupted ? 130 : 0;
 }
 
