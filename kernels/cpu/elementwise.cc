@@ -104,14 +104,15 @@ MAMMOTH_UNARY(relu, x > T(0) ? x : T(0))
 // Unary map whose unit-stride f32 runs go to a vectorised kernel of fast.h.
 template <typename T, typename Op>
 void unary_map_fast(std::span<const TensorArg> in, std::span<const TensorArg> out, Op op,
-                    void (*FastKernels::*fast)(const float*, float*, int64_t)) {
+                    void (*FastKernels::*fast)(const float*, float*, int64_t, bool)) {
   if constexpr (std::is_same_v<T, float>) {
     const float* x = in[0].ptr<const float>();
     float* y = out[0].ptr<float>();
     const auto run = fast_kernels().*fast;
+    const bool stream = stream_output(out[0].numel() * 4);
     StridedLoop<2> loop({&out[0], &in[0]});
     loop.run([&](int64_t n, const std::array<int64_t, 2>& o, const std::array<int64_t, 2>& s) {
-      if (s[0] == 1 && s[1] == 1) return run(x + o[1], y + o[0], n);
+      if (s[0] == 1 && s[1] == 1) return run(x + o[1], y + o[0], n, stream);
       for (int64_t i = 0; i < n; ++i) y[o[0] + i * s[0]] = op(x[o[1] + i * s[1]]);
     });
   } else {
@@ -122,15 +123,18 @@ void unary_map_fast(std::span<const TensorArg> in, std::span<const TensorArg> ou
 // Activation backward (dy, x) -> dx, likewise.
 template <typename T, typename Op>
 void backward_map_fast(std::span<const TensorArg> in, std::span<const TensorArg> out, Op op,
-                       void (*FastKernels::*fast)(const float*, const float*, float*, int64_t)) {
+                       void (*FastKernels::*fast)(const float*, const float*, float*, int64_t,
+                                                  bool)) {
   if constexpr (std::is_same_v<T, float>) {
     const float* dy = in[0].ptr<const float>();
     const float* x = in[1].ptr<const float>();
     float* dx = out[0].ptr<float>();
     const auto run = fast_kernels().*fast;
+    const bool stream = stream_output(out[0].numel() * 4);
     StridedLoop<3> loop({&out[0], &in[0], &in[1]});
     loop.run([&](int64_t n, const std::array<int64_t, 3>& o, const std::array<int64_t, 3>& s) {
-      if (s[0] == 1 && s[1] == 1 && s[2] == 1) return run(dy + o[1], x + o[2], dx + o[0], n);
+      if (s[0] == 1 && s[1] == 1 && s[2] == 1)
+        return run(dy + o[1], x + o[2], dx + o[0], n, stream);
       for (int64_t i = 0; i < n; ++i)
         dx[o[0] + i * s[0]] = op(dy[o[1] + i * s[1]], x[o[2] + i * s[2]]);
     });

@@ -63,14 +63,20 @@ struct FastKernels {
                 int64_t n, const AdamWConsts& c);
   void (*attention)(const AttnArgs& a);
   void (*attention_backward)(const AttnArgs& a);
-  // Contiguous runs, not threaded (elementwise.cc's StridedLoop splits the work).
-  void (*gelu_tanh)(const float* x, float* y, int64_t n);
-  void (*gelu_tanh_backward)(const float* dy, const float* x, float* dx, int64_t n);
-  void (*gelu)(const float* x, float* y, int64_t n);  // erf form, ~1.5e-7 absolute in Phi
-  void (*gelu_backward)(const float* dy, const float* x, float* dx, int64_t n);
-  void (*silu)(const float* x, float* y, int64_t n);
-  void (*silu_backward)(const float* dy, const float* x, float* dx, int64_t n);
+  // Contiguous runs, not threaded (elementwise.cc's StridedLoop splits the work); `stream`
+  // writes the output with non-temporal stores (see stream_output).
+  void (*gelu_tanh)(const float* x, float* y, int64_t n, bool stream);
+  void (*gelu_tanh_backward)(const float* dy, const float* x, float* dx, int64_t n, bool stream);
+  void (*gelu)(const float* x, float* y, int64_t n, bool stream);  // erf form, Phi to ~1.5e-7
+  void (*gelu_backward)(const float* dy, const float* x, float* dx, int64_t n, bool stream);
+  void (*silu)(const float* x, float* y, int64_t n, bool stream);
+  void (*silu_backward)(const float* dy, const float* x, float* dx, int64_t n, bool stream);
 };
+
+// True when an output of this many bytes should bypass the caches (non-temporal stores): it is
+// larger than the last-level cache, so plain stores would only add a read-for-ownership of
+// every line before it is evicted unread.
+bool stream_output(int64_t bytes);
 
 // The table for the active ISA (simd.h).
 const FastKernels& fast_kernels();

@@ -121,30 +121,49 @@ float exp_sum(const float* x, int64_t n, float m) {
   return hsum(a0 + a1);
 }
 
-// Applies f(Vec) -> Vec elementwise from one input row to one output row.
+Vec load_r(const float* p, int r) { return r == W ? Vec::load(p) : Vec::load_n(p, r); }
+
+// Writes y[0, n) from f(i, r), the vector of elements [i, i + r) (r < W only at the edges, where
+// f must load with load_r). With `stream`, full vectors go out as non-temporal stores (aligned
+// by a partial head), skipping the read-for-ownership a plain store of a cold line costs; for
+// outputs larger than the last-level cache (stream_output), which would not stay cached anyway.
 template <typename F>
-void map1(const float* x, float* y, int64_t n, F f) {
+void emit(bool stream, float* y, int64_t n, F f) {
   int64_t i = 0;
-  for (; i + W <= n; i += W) f(Vec::load(x + i)).store(y + i);
-  if (i < n) {
-    const int r = static_cast<int>(n - i);
-    f(Vec::load_n(x + i, r)).store_n(y + i, r);
+  if (stream) {
+    constexpr int64_t kAlign = W * static_cast<int64_t>(sizeof(float));
+    const int64_t mis = static_cast<int64_t>(reinterpret_cast<uintptr_t>(y) % kAlign) / 4;
+    if (mis != 0) {
+      const int h = static_cast<int>(std::min<int64_t>(W - mis, n));
+      f(0, h).store_n(y, h);
+      i = h;
+    }
+    for (; i + W <= n; i += W) f(i, W).stream(y + i);
+  } else {
+    for (; i + W <= n; i += W) f(i, W).store(y + i);
   }
-}
-template <typename F>
-void map2(const float* a, const float* b, float* y, int64_t n, F f) {
-  int64_t i = 0;
-  for (; i + W <= n; i += W) f(Vec::load(a + i), Vec::load(b + i)).store(y + i);
   if (i < n) {
     const int r = static_cast<int>(n - i);
-    f(Vec::load_n(a + i, r), Vec::load_n(b + i, r)).store_n(y + i, r);
+    f(i, r).store_n(y + i, r);
   }
 }
 
+// Applies f(Vec) -> Vec elementwise from one input row to one output row.
 template <typename F>
-void for_rows(int64_t rows, int64_t n, F f) {
+void map1(const float* x, float* y, int64_t n, F f, bool stream = false) {
+  emit(stream, y, n, [&](int64_t i, int r) { return f(load_r(x + i, r)); });
+}
+template <typename F>
+void map2(const float* a, const float* b, float* y, int64_t n, F f, bool stream = false) {
+  emit(stream, y, n, [&](int64_t i, int r) { return f(load_r(a + i, r), load_r(b + i, r)); });
+}
+
+// f(m) for every row, threaded over row ranges; `stream` fences each range's streaming stores.
+template <typename F>
+void for_rows(int64_t rows, int64_t n, F f, bool stream = false) {
   parallel_for(0, rows, row_grain(n), [&](int64_t b, int64_t e) {
     for (int64_t m = b; m < e; ++m) f(m);
+    if (stream) Vec::fence();
   });
 }
 
@@ -166,39 +185,61 @@ void sum_blocks(const float* src, int64_t blocks, int64_t n, float* dst) {
 // ---- softmax family --------------------------------------------------------------------------
 
 void softmax(const float* x, float* y, int64_t rows, int64_t n) {
-  for_rows(rows, n, [&](int64_t m) {
-    const float* xr = x + m * n;
-    float* yr = y + m * n;
-    const float mx = row_max(xr, n);
-    const float inv = 1.0f / exp_store_sum(xr, yr, n, mx);
-    const Vec iv = Vec::set1(inv);
-    map1(yr, yr, n, [&](Vec e) { return e * iv; });
+  const bool stream = stream_output(rows * n * 4);
+  // Streaming: the exponentials go to a per-thread row buffer, so y is written once, at the end.
+  parallel_for(0, rows, row_grain(n), [&](int64_t b, int64_t e) {
+    std::vector<float> scratch(stream ? static_cast<size_t>(n) : 0);
+    for (int64_t m = b; m < e; ++m) {
+      const float* xr = x + m * n;
+      float* yr = y + m * n;
+      float* er = stream ? scratch.data() : yr;
+      const float mx = row_max(xr, n);
+      const Vec iv = Vec::set1(1.0f / exp_store_sum(xr, er, n, mx));
+      map1(
+          er, yr, n, [&](Vec v) { return v * iv; }, stream);
+    }
+    if (stream) Vec::fence();
   });
 }
 
 void log_softmax(const float* x, float* y, int64_t rows, int64_t n) {
-  for_rows(rows, n, [&](int64_t m) {
-    const float* xr = x + m * n;
-    const float mx = row_max(xr, n);
-    const Vec lse = Vec::set1(mx + std::log(exp_sum(xr, n, mx)));
-    map1(xr, y + m * n, n, [&](Vec v) { return v - lse; });
-  });
+  const bool stream = stream_output(rows * n * 4);
+  for_rows(
+      rows, n,
+      [&](int64_t m) {
+        const float* xr = x + m * n;
+        const float mx = row_max(xr, n);
+        const Vec lse = Vec::set1(mx + std::log(exp_sum(xr, n, mx)));
+        map1(
+            xr, y + m * n, n, [&](Vec v) { return v - lse; }, stream);
+      },
+      stream);
 }
 
 void softmax_backward(const float* dy, const float* y, float* dx, int64_t rows, int64_t n) {
-  for_rows(rows, n, [&](int64_t m) {
-    const int64_t o = m * n;
-    const Vec dot = Vec::set1(row_dot(dy + o, y + o, n));
-    map2(dy + o, y + o, dx + o, n, [&](Vec g, Vec p) { return p * (g - dot); });
-  });
+  const bool stream = stream_output(rows * n * 4);
+  for_rows(
+      rows, n,
+      [&](int64_t m) {
+        const int64_t o = m * n;
+        const Vec dot = Vec::set1(row_dot(dy + o, y + o, n));
+        map2(
+            dy + o, y + o, dx + o, n, [&](Vec g, Vec p) { return p * (g - dot); }, stream);
+      },
+      stream);
 }
 
 void log_softmax_backward(const float* dy, const float* y, float* dx, int64_t rows, int64_t n) {
-  for_rows(rows, n, [&](int64_t m) {
-    const int64_t o = m * n;
-    const Vec s = Vec::set1(row_sum(dy + o, n));
-    map2(dy + o, y + o, dx + o, n, [&](Vec g, Vec ly) { return g - exp(ly) * s; });
-  });
+  const bool stream = stream_output(rows * n * 4);
+  for_rows(
+      rows, n,
+      [&](int64_t m) {
+        const int64_t o = m * n;
+        const Vec s = Vec::set1(row_sum(dy + o, n));
+        map2(
+            dy + o, y + o, dx + o, n, [&](Vec g, Vec ly) { return g - exp(ly) * s; }, stream);
+      },
+      stream);
 }
 
 // ---- normalisation ---------------------------------------------------------------------------
@@ -226,25 +267,22 @@ float centred_sq_sum(const float* x, int64_t n, float mu) {
 
 void layer_norm(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,
                 int64_t rows, int64_t n, double eps) {
-  for_rows(rows, n, [&](int64_t m) {
-    const float* xr = x + m * n;
-    const float mu = static_cast<float>(static_cast<double>(row_sum(xr, n)) / n);
-    const double var = static_cast<double>(centred_sq_sum(xr, n, mu)) / n;
-    const float rs = static_cast<float>(1.0 / std::sqrt(var + eps));
-    mean[m] = mu;
-    rstd[m] = rs;
-    const Vec mv = Vec::set1(mu), rv = Vec::set1(rs);
-    float* yr = y + m * n;
-    int64_t i = 0;
-    for (; i + W <= n; i += W) {
-      fma((Vec::load(xr + i) - mv) * rv, Vec::load(w + i), Vec::load(b + i)).store(yr + i);
-    }
-    if (i < n) {
-      const int r = static_cast<int>(n - i);
-      fma((Vec::load_n(xr + i, r) - mv) * rv, Vec::load_n(w + i, r), Vec::load_n(b + i, r))
-          .store_n(yr + i, r);
-    }
-  });
+  const bool stream = stream_output(rows * n * 4);
+  for_rows(
+      rows, n,
+      [&](int64_t m) {
+        const float* xr = x + m * n;
+        const float mu = static_cast<float>(static_cast<double>(row_sum(xr, n)) / n);
+        const double var = static_cast<double>(centred_sq_sum(xr, n, mu)) / n;
+        const float rs = static_cast<float>(1.0 / std::sqrt(var + eps));
+        mean[m] = mu;
+        rstd[m] = rs;
+        const Vec mv = Vec::set1(mu), rv = Vec::set1(rs);
+        emit(stream, y + m * n, n, [&](int64_t i, int r) {
+          return fma((load_r(xr + i, r) - mv) * rv, load_r(w + i, r), load_r(b + i, r));
+        });
+      },
+      stream);
 }
 
 // One block of rows of layer_norm / rms_norm backward (centred = false: rms, mean unused).
@@ -252,7 +290,7 @@ void layer_norm(const float* x, const float* w, const float* b, float* y, float*
 template <bool kCentred>
 void norm_backward_block(const float* dy, const float* x, const float* w, const float* mean,
                          const float* rstd, float* dx, float* pdw, float* pdb, int64_t r0,
-                         int64_t r1, int64_t n) {
+                         int64_t r1, int64_t n, bool stream) {
   std::fill(pdw, pdw + n, 0.0f);
   if (kCentred) std::fill(pdb, pdb + n, 0.0f);
   for (int64_t m = r0; m < r1; ++m) {
@@ -287,18 +325,12 @@ void norm_backward_block(const float* dy, const float* x, const float* w, const 
     const Vec a = Vec::set1(kCentred ? hsum(s1) / static_cast<float>(n) : 0.0f);
     const Vec c = Vec::set1(hsum(s2) / static_cast<float>(n));
     // Pass 2 (row in cache): dx = rstd * (dy * w - a - xhat * c).
-    float* dxr = dx + m * n;
-    i = 0;
-    for (; i + W <= n; i += W) {
-      const Vec xhat = (Vec::load(xr + i) - mv) * rv;
-      (rv * (Vec::load(dyr + i) * Vec::load(w + i) - a - xhat * c)).store(dxr + i);
-    }
-    if (i < n) {
-      const int r = static_cast<int>(n - i);
-      const Vec xhat = (Vec::load_n(xr + i, r) - mv) * rv;
-      (rv * (Vec::load_n(dyr + i, r) * Vec::load_n(w + i, r) - a - xhat * c)).store_n(dxr + i, r);
-    }
+    emit(stream, dx + m * n, n, [&](int64_t i, int r) {
+      const Vec xhat = (load_r(xr + i, r) - mv) * rv;
+      return rv * (load_r(dyr + i, r) * load_r(w + i, r) - a - xhat * c);
+    });
   }
+  if (stream) Vec::fence();
 }
 
 template <bool kCentred>
@@ -306,6 +338,7 @@ void norm_backward(const float* dy, const float* x, const float* w, const float*
                    const float* rstd, float* dx, float* dw, float* db, int64_t rows, int64_t n) {
   const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
   const int num = kCentred ? 2 : 1;
+  const bool stream = stream_output(rows * n * 4);
   std::vector<float> partial(static_cast<size_t>(blocks * num * n));
   float* pw = partial.data();
   float* pb = partial.data() + blocks * n;
@@ -313,7 +346,7 @@ void norm_backward(const float* dy, const float* x, const float* w, const float*
     for (int64_t blk = b0; blk < b1; ++blk) {
       norm_backward_block<kCentred>(dy, x, w, mean, rstd, dx, pw + blk * n,
                                     kCentred ? pb + blk * n : nullptr, blk * kRowBlock,
-                                    std::min(rows, (blk + 1) * kRowBlock), n);
+                                    std::min(rows, (blk + 1) * kRowBlock), n, stream);
     }
   });
   sum_blocks(pw, blocks, n, dw);
@@ -328,14 +361,19 @@ void layer_norm_backward(const float* dy, const float* x, const float* w, const 
 
 void rms_norm(const float* x, const float* w, float* y, float* rstd, int64_t rows, int64_t n,
               double eps) {
-  for_rows(rows, n, [&](int64_t m) {
-    const float* xr = x + m * n;
-    const double ms = static_cast<double>(row_dot(xr, xr, n)) / n;
-    const float rs = static_cast<float>(1.0 / std::sqrt(ms + eps));
-    rstd[m] = rs;
-    const Vec rv = Vec::set1(rs);
-    map2(xr, w, y + m * n, n, [&](Vec xv, Vec wv) { return xv * rv * wv; });
-  });
+  const bool stream = stream_output(rows * n * 4);
+  for_rows(
+      rows, n,
+      [&](int64_t m) {
+        const float* xr = x + m * n;
+        const double ms = static_cast<double>(row_dot(xr, xr, n)) / n;
+        const float rs = static_cast<float>(1.0 / std::sqrt(ms + eps));
+        rstd[m] = rs;
+        const Vec rv = Vec::set1(rs);
+        map2(
+            xr, w, y + m * n, n, [&](Vec xv, Vec wv) { return xv * rv * wv; }, stream);
+      },
+      stream);
 }
 
 void rms_norm_backward(const float* dy, const float* x, const float* w, const float* rstd,
@@ -387,20 +425,25 @@ void cross_entropy(const float* x, const int64_t* target, float* loss, float* ls
 void cross_entropy_backward(const float* dloss, const float* x, const int64_t* target,
                             const float* lse, float* dx, int64_t rows, int64_t V,
                             int64_t ignore_index, double smoothing) {
-  for_rows(rows, V, [&](int64_t m) {
-    float* dr = dx + m * V;
-    const int64_t t = target[m];
-    if (t == ignore_index) {
-      std::fill(dr, dr + V, 0.0f);
-      return;
-    }
-    check_target(t, V, m);
-    const float g = dloss[m];
-    const Vec gv = Vec::set1(g), l = Vec::set1(lse[m]);
-    const Vec smooth = Vec::set1(static_cast<float>(smoothing / V));
-    map1(x + m * V, dr, V, [&](Vec v) { return gv * (exp(v - l) - smooth); });
-    dr[t] -= g * static_cast<float>(1 - smoothing);
-  });
+  const bool stream = stream_output(rows * V * 4);
+  for_rows(
+      rows, V,
+      [&](int64_t m) {
+        float* dr = dx + m * V;
+        const int64_t t = target[m];
+        if (t == ignore_index) {
+          std::fill(dr, dr + V, 0.0f);
+          return;
+        }
+        check_target(t, V, m);
+        const float g = dloss[m];
+        const Vec gv = Vec::set1(g), l = Vec::set1(lse[m]);
+        const Vec smooth = Vec::set1(static_cast<float>(smoothing / V));
+        map1(
+            x + m * V, dr, V, [&](Vec v) { return gv * (exp(v - l) - smooth); }, stream);
+        dr[t] -= g * static_cast<float>(1 - smoothing);
+      },
+      stream);
 }
 
 // ---- AdamW -----------------------------------------------------------------------------------
@@ -484,24 +527,32 @@ constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kGeluC = 0.044715f;
 
 // 0.5 x (1 + tanh(u)) = x * sigmoid(2u), u = sqrt(2/pi) (x + c x^3); exact at both tails.
-void gelu_tanh(const float* x, float* y, int64_t n) {
+void gelu_tanh(const float* x, float* y, int64_t n, bool stream) {
   const Vec k = Vec::set1(-2.0f * kSqrt2OverPi), c = Vec::set1(kGeluC), one = Vec::set1(1.0f);
-  map1(x, y, n, [&](Vec v) {
-    const Vec e = exp(k * fma(c * v, v * v, v));
-    return v / (one + e);
-  });
+  map1(
+      x, y, n,
+      [&](Vec v) {
+        const Vec e = exp(k * fma(c * v, v * v, v));
+        return v / (one + e);
+      },
+      stream);
+  if (stream) Vec::fence();
 }
 
 // d/dx = s + 2 x s (1 - s) sqrt(2/pi) (1 + 3 c x^2), s = sigmoid(2u) = (1 + tanh(u)) / 2.
-void gelu_tanh_backward(const float* dy, const float* x, float* dx, int64_t n) {
+void gelu_tanh_backward(const float* dy, const float* x, float* dx, int64_t n, bool stream) {
   const Vec k = Vec::set1(-2.0f * kSqrt2OverPi), c = Vec::set1(kGeluC), one = Vec::set1(1.0f);
   const Vec k2 = Vec::set1(2.0f * kSqrt2OverPi), c3 = Vec::set1(3.0f * kGeluC);
-  map2(dy, x, dx, n, [&](Vec g, Vec v) {
-    const Vec v2 = v * v;
-    const Vec s = one / (one + exp(k * fma(c * v, v2, v)));
-    const Vec ds = k2 * v * s * (one - s) * fma(c3, v2, one);
-    return g * (s + ds);
-  });
+  map2(
+      dy, x, dx, n,
+      [&](Vec g, Vec v) {
+        const Vec v2 = v * v;
+        const Vec s = one / (one + exp(k * fma(c * v, v2, v)));
+        const Vec ds = k2 * v * s * (one - s) * fma(c3, v2, one);
+        return g * (s + ds);
+      },
+      stream);
+  if (stream) Vec::fence();
 }
 
 // ---- GELU (erf form) and SiLU over contiguous runs; the caller threads -----------------------
@@ -520,31 +571,43 @@ Vec normal_cdf(Vec x) {
   return select_neg(x, half_erfc, Vec::set1(1.0f) - half_erfc);
 }
 
-void gelu(const float* x, float* y, int64_t n) {
-  map1(x, y, n, [&](Vec v) { return v * normal_cdf(v); });
+void gelu(const float* x, float* y, int64_t n, bool stream) {
+  map1(
+      x, y, n, [&](Vec v) { return v * normal_cdf(v); }, stream);
+  if (stream) Vec::fence();
 }
 
 // d/dx x Phi(x) = Phi(x) + x phi(x)
-void gelu_backward(const float* dy, const float* x, float* dx, int64_t n) {
+void gelu_backward(const float* dy, const float* x, float* dx, int64_t n, bool stream) {
   const Vec inv_sqrt_2pi = Vec::set1(0.3989422804014327f), mhalf = Vec::set1(-0.5f);
-  map2(dy, x, dx, n, [&](Vec g, Vec v) {
-    const Vec pdf = inv_sqrt_2pi * exp(mhalf * v * v);
-    return g * fma(v, pdf, normal_cdf(v));
-  });
+  map2(
+      dy, x, dx, n,
+      [&](Vec g, Vec v) {
+        const Vec pdf = inv_sqrt_2pi * exp(mhalf * v * v);
+        return g * fma(v, pdf, normal_cdf(v));
+      },
+      stream);
+  if (stream) Vec::fence();
 }
 
-void silu(const float* x, float* y, int64_t n) {
+void silu(const float* x, float* y, int64_t n, bool stream) {
   const Vec one = Vec::set1(1.0f);
-  map1(x, y, n, [&](Vec v) { return v / (one + exp(Vec::zero() - v)); });
+  map1(
+      x, y, n, [&](Vec v) { return v / (one + exp(Vec::zero() - v)); }, stream);
+  if (stream) Vec::fence();
 }
 
 // d/dx x s(x) = s (1 + x (1 - s))
-void silu_backward(const float* dy, const float* x, float* dx, int64_t n) {
+void silu_backward(const float* dy, const float* x, float* dx, int64_t n, bool stream) {
   const Vec one = Vec::set1(1.0f);
-  map2(dy, x, dx, n, [&](Vec g, Vec v) {
-    const Vec s = one / (one + exp(Vec::zero() - v));
-    return g * s * fma(v, one - s, one);
-  });
+  map2(
+      dy, x, dx, n,
+      [&](Vec g, Vec v) {
+        const Vec s = one / (one + exp(Vec::zero() - v));
+        return g * s * fma(v, one - s, one);
+      },
+      stream);
+  if (stream) Vec::fence();
 }
 
 // ---- attention -------------------------------------------------------------------------------

@@ -1,6 +1,8 @@
 // Picks the instruction set for the fused f32 kernels (simd.h, fast.h).
 #include "kernels/cpu/simd.h"
 
+#include <unistd.h>
+
 #include <atomic>
 
 #include "base/error.h"
@@ -10,6 +12,7 @@ namespace mammoth::kernels::cpu {
 namespace {
 
 std::atomic<SimdIsa> g_forced{SimdIsa::kAuto};
+std::atomic<int64_t> g_stream_threshold{-1};
 
 SimdIsa best_isa() {
 #if defined(__x86_64__)
@@ -67,6 +70,17 @@ const char* simd_isa_name(SimdIsa isa) {
       return "portable";
   }
   return "?";
+}
+
+void set_stream_threshold(int64_t bytes) { g_stream_threshold.store(bytes); }
+
+bool stream_output(int64_t bytes) {
+  static const int64_t llc = [] {
+    const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    return l3 > 0 ? static_cast<int64_t>(l3) : int64_t{32} << 20;
+  }();
+  const int64_t forced = g_stream_threshold.load();
+  return bytes > (forced >= 0 ? forced : llc);
 }
 
 const FastKernels& fast_kernels() {

@@ -7,6 +7,8 @@
 // set_simd_isa. The GEMM has its own switch (gemm.h: set_gemm_isa).
 #pragma once
 
+#include <cstdint>
+
 namespace mammoth::kernels::cpu {
 
 enum class SimdIsa { kAuto, kAvx512, kAvx2, kPortable };
@@ -19,5 +21,9 @@ SimdIsa active_simd_isa();
 const char* simd_isa_name(SimdIsa isa);
 // True if this CPU can run the given family (kAuto and kPortable always can).
 bool simd_isa_supported(SimdIsa isa);
+
+// Outputs larger than this many bytes are written with non-temporal stores (default: the
+// last-level cache size). Tests set 0 to force that path on small inputs; -1 restores the default.
+void set_stream_threshold(int64_t bytes);
 
 }  // namespace mammoth::kernels::cpu

@@ -28,6 +28,9 @@ struct Vec {
   }
   void store(float* p) const { _mm256_storeu_ps(p, v); }
   void store_n(float* p, int n) const { _mm256_maskstore_ps(p, mask(n), v); }
+  // Non-temporal store to a 32-byte aligned p; fence() before other threads read the data.
+  void stream(float* p) const { _mm256_stream_ps(p, v); }
+  static void fence() { _mm_sfence(); }
   // Rounded to nearest even, NaN kept quiet: the same bits as base's float_to_bf16.
   void store_bf16(uint16_t* p) const {
     const __m256i u = _mm256_castps_si256(v);

@@ -27,6 +27,9 @@ struct Vec {
   }
   void store(float* p) const { _mm512_storeu_ps(p, v); }
   void store_n(float* p, int n) const { _mm512_mask_storeu_ps(p, mask(n), v); }
+  // Non-temporal store to a 64-byte aligned p; fence() before other threads read the data.
+  void stream(float* p) const { _mm512_stream_ps(p, v); }
+  static void fence() { _mm_sfence(); }
   // Rounded to nearest even, NaN kept quiet: the same bits as base's float_to_bf16.
   void store_bf16(uint16_t* p) const {
     const __m512i u = _mm512_castps_si512(v);

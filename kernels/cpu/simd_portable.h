@@ -40,6 +40,9 @@ struct Vec {
   void store_n(float* p, int n) const {
     for (int i = 0; i < n; ++i) p[i] = v[i];
   }
+  // No non-temporal stores here: a plain store.
+  void stream(float* p) const { store(p); }
+  static void fence() {}
   void store_bf16(uint16_t* p) const {
     for (int i = 0; i < kWidth; ++i) p[i] = float_to_bf16(v[i]).bits;
   }

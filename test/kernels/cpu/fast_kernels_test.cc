@@ -123,6 +123,17 @@ struct IsaGuard {
   ~IsaGuard() { set_simd_isa(SimdIsa::kAuto); }
 };
 
+// Each test runs twice: outputs stored normally, and every output forced through the
+// non-temporal (streaming) store path that large outputs take.
+struct StreamGuard {
+  explicit StreamGuard(bool stream) { set_stream_threshold(stream ? 0 : -1); }
+  ~StreamGuard() { set_stream_threshold(-1); }
+};
+#define MAMMOTH_STREAM_SECTIONS()                 \
+  const bool stream_mode = GENERATE(false, true); \
+  StreamGuard stream_guard(stream_mode);          \
+  INFO("streaming stores " << stream_mode)
+
 // Runs kernel k on (ins -> outs) in f32 and in f64 and compares every output.
 void check_f32_vs_f64(Kernel k, std::vector<Buf*> ins, std::vector<Buf*> outs, const void* params,
                       const std::vector<TensorArg>& extra_in = {}, size_t extra_at = 0,
@@ -145,6 +156,7 @@ const std::vector<int64_t> kRowSizes = {1, 3, 7, 16, 17, 31, 64, 100, 769, 1031}
 const std::vector<int64_t> kRowCounts = {1, 5, 67};
 
 TEST_CASE("fast softmax family matches the f64 reference on awkward sizes") {
+  MAMMOTH_STREAM_SECTIONS();
   std::mt19937 rng(1);
   for (SimdIsa isa : isas()) {
     IsaGuard guard(isa);
@@ -164,6 +176,7 @@ TEST_CASE("fast softmax family matches the f64 reference on awkward sizes") {
 }
 
 TEST_CASE("fast layer_norm and rms_norm match the f64 reference, forward and backward") {
+  MAMMOTH_STREAM_SECTIONS();
   std::mt19937 rng(2);
   NormParams p;
   p.eps = 1e-5;
@@ -197,6 +210,7 @@ TEST_CASE("fast layer_norm and rms_norm match the f64 reference, forward and bac
 }
 
 TEST_CASE("fast cross-entropy matches the f64 reference, with ignore_index and smoothing") {
+  MAMMOTH_STREAM_SECTIONS();
   std::mt19937 rng(3);
   for (SimdIsa isa : isas()) {
     IsaGuard guard(isa);
@@ -240,6 +254,7 @@ TEST_CASE("fast cross-entropy rejects out-of-range targets") {
 }
 
 TEST_CASE("fast kernels give bitwise the same results at any thread count") {
+  MAMMOTH_STREAM_SECTIONS();
   std::mt19937 rng(4);
   const int before = num_threads();
   const int64_t M = 301, N = 771;
@@ -353,6 +368,7 @@ TEST_CASE("tiled attention matches the f64 reference, forward and backward") {
 }
 
 TEST_CASE("fast GELU (tanh, erf) and SiLU match the f64 reference, contiguous, long and strided") {
+  MAMMOTH_STREAM_SECTIONS();
   std::mt19937 rng(7);
   for (SimdIsa isa : isas()) {
     IsaGuard guard(isa);
