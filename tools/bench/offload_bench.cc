@@ -1,0 +1,265 @@
+#include "tools/bench/offload_bench.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <sstream>
+
+#include "base/error.h"
+#include "base/json.h"
+#include "base/thread_pool.h"
+#include "engine/data/token_shard.h"
+#include "engine/offload/offload.h"
+#include "engine/train/trainer.h"
+#include "models/registry.h"
+
+namespace mammoth::tools {
+namespace {
+
+struct Options {
+  std::string model = "gpt2-tiny";
+  int64_t steps = 8;
+  int64_t micro_batch = 8;
+  int64_t seq_len = 64;
+  std::vector<std::string> modes = {"none", "host", "nvme"};
+  double budget_fraction = 0.25;
+  double chunk_mb = 0.5;
+  std::string nvme_dir;
+  int threads = 0;
+  std::string json_path;
+};
+
+struct RunResult {
+  std::vector<double> losses;
+  double step_s = 0;  // median over steps after the first
+  int64_t state_bytes = 0;
+  std::string report;
+};
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+Options parse(const std::vector<std::string>& args) {
+  Options o;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string name = args[i], value;
+    MAMMOTH_CHECK(name.rfind("--", 0) == 0) << "[bench offload] unexpected argument '" << name << "'";
+    name = name.substr(2);
+    if (name == "help") {
+      std::printf(
+          "mammoth bench offload [--model gpt2-tiny] [--steps 8] [--micro-batch 8] [--seq-len 64]\n"
+          "    [--modes none,host,nvme] [--budget-fraction 0.25] [--chunk-mb 0.5]\n"
+          "    [--nvme-dir DIR] [--threads 0] [--json FILE]\n");
+      std::exit(0);
+    }
+    if (const size_t eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+    } else {
+      MAMMOTH_CHECK(i + 1 < args.size()) << "[bench offload] --" << name << " needs a value";
+      value = args[++i];
+    }
+    auto number = [&](double lo) {
+      double v = 0;
+      try {
+        v = std::stod(value);
+      } catch (const std::exception&) {
+        v = lo - 1;
+      }
+      MAMMOTH_CHECK(v >= lo) << "[bench offload] --" << name << " must be a number >= " << lo
+                             << ", got '" << value << "'";
+      return v;
+    };
+    if (name == "model") {
+      o.model = value;
+    } else if (name == "steps") {
+      o.steps = static_cast<int64_t>(number(3));
+    } else if (name == "micro-batch") {
+      o.micro_batch = static_cast<int64_t>(number(1));
+    } else if (name == "seq-len") {
+      o.seq_len = static_cast<int64_t>(number(1));
+    } else if (name == "modes") {
+      o.modes = split(value);
+      for (const std::string& m : o.modes) engine::offload::parse_mode(m);
+    } else if (name == "budget-fraction") {
+      o.budget_fraction = number(0);
+      MAMMOTH_CHECK(o.budget_fraction > 0 && o.budget_fraction <= 1)
+          << "[bench offload] --budget-fraction must be in (0, 1], got " << value;
+    } else if (name == "chunk-mb") {
+      o.chunk_mb = number(0);
+    } else if (name == "nvme-dir") {
+      o.nvme_dir = value;
+    } else if (name == "threads") {
+      o.threads = static_cast<int>(number(0));
+    } else if (name == "json") {
+      o.json_path = value;
+    } else {
+      MAMMOTH_THROW() << "[bench offload] unknown option --" << name
+                      << " (known: --model --steps --micro-batch --seq-len --modes "
+                         "--budget-fraction --chunk-mb --nvme-dir --threads --json)";
+    }
+  }
+  return o;
+}
+
+std::shared_ptr<models::LanguageModel> make_model(const Options& o) {
+  models::ModelOptions mo;
+  mo.max_seq = o.seq_len;
+  mo.seed = 1;
+  return models::create_language_model(o.model, mo);
+}
+
+// offload null: the plain loop.
+RunResult run(const Options& o, const std::string& data_path, const std::string& dir,
+              const engine::offload::OffloadOptions* offload) {
+  auto model = make_model(o);
+  const auto data = data::TokenDataset::open(data_path);
+  engine::train::TrainOptions t;
+  t.steps = o.steps;
+  t.micro_batch = o.micro_batch;
+  t.seq_len = o.seq_len;
+  t.warmup = 2;
+  t.eval_every = 0;
+  t.quiet = true;
+  t.seed = 7;
+  t.metrics_path = dir + "/metrics.jsonl";
+  std::unique_ptr<engine::offload::Offload> off;
+  RunResult r;
+  if (offload) {
+    off = std::make_unique<engine::offload::Offload>(model->named_parameters(), *offload);
+    t.offload = off.get();
+    r.state_bytes = off->model_state_bytes();
+  }
+  r.losses = engine::train::train(
+                 *model,
+                 [&](const engine::Tensor& in, const engine::Tensor& tg) {
+                   return model->loss(in, tg);
+                 },
+                 data, data::TokenDataset(), t, json::Value::object())
+                 .losses;
+  std::ifstream in(t.metrics_path);
+  std::vector<double> times;
+  const double tokens = static_cast<double>(o.micro_batch * o.seq_len);
+  for (std::string line; std::getline(in, line);) {
+    const json::Value m = json::parse(line, "metrics line");
+    if (m.at("step").as_int() <= 1) continue;  // the first step records the trace
+    times.push_back(tokens / m.at("tokens_per_s").as_double());
+  }
+  MAMMOTH_CHECK(!times.empty()) << "[bench offload] no timed steps";
+  std::sort(times.begin(), times.end());
+  r.step_s = times[times.size() / 2];
+  if (off) {
+    r.report = off->report();
+    off.reset();
+  }
+  return r;
+}
+
+}  // namespace
+
+int run_offload_bench(const std::vector<std::string>& args) {
+  const Options o = parse(args);
+  if (o.threads > 0) set_num_threads(o.threads);
+  std::string tmpl = (std::getenv("TMPDIR") ? std::string(std::getenv("TMPDIR")) : "/tmp") +
+                     "/mammoth_offload_bench_XXXXXX";
+  MAMMOTH_CHECK(::mkdtemp(tmpl.data()) != nullptr)
+      << "[bench offload] cannot create a temporary directory " << tmpl;
+  const std::string dir = tmpl;
+  struct Cleanup {
+    std::string d;
+    ~Cleanup() {
+      std::error_code ec;
+      std::filesystem::remove_all(d, ec);
+    }
+  } cleanup{dir};
+  // Random tokens: the step time does not depend on what is learned.
+  const int64_t vocab = make_model(o)->config().vocab_size;
+  std::vector<int32_t> tokens(static_cast<size_t>((o.steps + 2) * o.micro_batch * (o.seq_len + 1) * 2));
+  std::mt19937 rng(3);
+  for (auto& t : tokens) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
+  const std::string data_path = dir + "/tokens.bin";
+  data::write_token_shard(data_path, tokens);
+
+  // The anchor runs before and after the offloaded rows and keeps its faster median, so a
+  // shared machine's drift cannot flatter the ratio.
+  RunResult base = run(o, data_path, dir, nullptr);
+  std::printf("bench offload: %s, %lld x %lld tokens/step, %lld steps, %d threads\n",
+              o.model.c_str(), static_cast<long long>(o.micro_batch),
+              static_cast<long long>(o.seq_len), static_cast<long long>(o.steps), num_threads());
+  std::printf("%-14s %12s %12s %14s %14s %8s %10s\n", "name", "model state", "device-mem",
+              "offloaded s", "in-memory s", "ratio", "identical");
+  json::Value rows = json::Value::array();
+  bool all_identical = true;
+  for (const std::string& mode_name : o.modes) {
+    engine::offload::OffloadOptions oo;
+    oo.mode = engine::offload::parse_mode(mode_name);
+    oo.chunk_bytes = static_cast<int64_t>(o.chunk_mb * 1048576.0);
+    oo.nvme_dir = o.nvme_dir.empty() ? dir : o.nvme_dir;
+    {
+      auto m = make_model(o);
+      engine::offload::Offload sizing(m->named_parameters(), engine::offload::OffloadOptions{});
+      oo.device_mem = static_cast<int64_t>(static_cast<double>(sizing.model_state_bytes()) *
+                                           o.budget_fraction);
+    }
+    const RunResult r = run(o, data_path, dir, &oo);
+    const bool identical = r.losses == base.losses;
+    all_identical &= identical;
+    const double ratio = base.step_s / r.step_s;
+    std::printf("%-14s %12s %12s %14.4f %14.4f %8.2f %10s\n", ("offload_" + mode_name).c_str(),
+                memory::chunks::short_bytes(r.state_bytes).c_str(),
+                memory::chunks::short_bytes(oo.device_mem).c_str(), r.step_s, base.step_s, ratio,
+                identical ? "yes" : "NO");
+    std::fprintf(stderr, "%s", r.report.c_str());
+    json::Value v = json::Value::object();
+    v.set("name", json::Value("offload_" + mode_name));
+    v.set("shape", json::Value(o.model + " " + std::to_string(o.micro_batch) + "x" +
+                               std::to_string(o.seq_len)));
+    v.set("threads", json::Value(static_cast<int64_t>(num_threads())));
+    v.set("ours", json::Value(r.step_s));
+    v.set("anchor", json::Value(base.step_s));
+    v.set("unit", json::Value("s/step"));
+    v.set("ratio", json::Value(ratio));
+    v.set("device_mem", json::Value(oo.device_mem));
+    v.set("model_state", json::Value(r.state_bytes));
+    v.set("identical", json::Value(identical));
+    rows.push_back(v);
+  }
+  {
+    const RunResult again = run(o, data_path, dir, nullptr);
+    MAMMOTH_CHECK(again.losses == base.losses) << "[bench offload] the in-memory run is not "
+                                                  "deterministic; identical-loss checks are void";
+    if (again.step_s < base.step_s) {
+      std::printf("(in-memory rerun after the rows: %.4f s/step, faster than first: ratios "
+                  "below use it)\n",
+                  again.step_s);
+      base.step_s = again.step_s;
+      for (size_t i = 0; i < rows.size(); ++i) {
+        json::Value& v = rows[i];
+        v.set("anchor", json::Value(base.step_s));
+        v.set("ratio", json::Value(base.step_s / v.at("ours").as_double()));
+        std::printf("%-14s ratio %.2f\n", v.at("name").as_string().c_str(),
+                    base.step_s / v.at("ours").as_double());
+      }
+    }
+  }
+  if (!o.json_path.empty()) {
+    std::ofstream file(o.json_path);
+    file << json::dump(rows, 2) << "\n";
+    MAMMOTH_CHECK(file.good()) << "[bench offload] cannot write --json " << o.json_path;
+  }
+  return all_identical ? 0 : 1;
+}
+
+}  // namespace mammoth::tools
