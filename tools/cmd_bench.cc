@@ -10,6 +10,7 @@
 #include "tools/bench/comm_bench.h"
 #include "tools/bench/gemm_bench.h"
 #include "tools/bench/io_bench.h"
+#include "tools/bench/offload_bench.h"
 #include "tools/bench/train/train_bench.h"
 #include "tools/command.h"
 
