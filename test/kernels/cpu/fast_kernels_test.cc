@@ -285,6 +285,38 @@ TEST_CASE("fast kernels give bitwise the same results at any thread count") {
   REQUIRE(std::memcmp(one.data(), three.data(), one.size() * sizeof(float)) == 0);
 }
 
+TEST_CASE("tiled attention gives bitwise the same results at any thread count") {
+  std::mt19937 rng(9);
+  const int before = num_threads();
+  // One head (a single task: sgemm may then use the pool itself) and several heads.
+  for (int64_t H : {int64_t{1}, int64_t{3}}) {
+    const int64_t B = H == 1 ? 1 : 2, T = 300, D = 64;
+    Buf q({B, H, T, D}), k({B, H, T, D}), v({B, H, T, D}), dout({B, H, T, D});
+    for (Buf* b : {&q, &k, &v, &dout}) b->random(rng);
+    AttentionParams p;
+    p.causal = true;
+    auto run = [&](int threads) {
+      set_num_threads(threads);
+      Buf o({B, H, T, D}), lse({B, H, T}), dq(q.shape), dk(k.shape), dv(v.shape);
+      std::vector<TensorArg> in = {q.arg(DType::kF32), k.arg(DType::kF32), v.arg(DType::kF32)};
+      std::vector<TensorArg> out = {o.arg(DType::kF32), lse.arg(DType::kF32)};
+      launch(Kernel::attention, DeviceType::kCPU, DType::kF32, in, out, &p);
+      std::vector<TensorArg> bin = {dout.arg(DType::kF32), in[0], in[1], in[2], out[0], out[1]};
+      std::vector<TensorArg> bout = {dq.arg(DType::kF32), dk.arg(DType::kF32), dv.arg(DType::kF32)};
+      launch(Kernel::attention_backward, DeviceType::kCPU, DType::kF32, bin, bout, &p);
+      std::vector<float> all;
+      for (Buf* r : {&o, &lse, &dq, &dk, &dv}) all.insert(all.end(), r->f.begin(), r->f.end());
+      return all;
+    };
+    const std::vector<float> one = run(1);
+    const std::vector<float> two = run(2);
+    const std::vector<float> three = run(3);
+    set_num_threads(before);
+    REQUIRE(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)) == 0);
+    REQUIRE(std::memcmp(one.data(), three.data(), one.size() * sizeof(float)) == 0);
+  }
+}
+
 struct AttnCase {
   int64_t B, Hq, Hk, Tq, Tk, D;
   bool causal, mask;
