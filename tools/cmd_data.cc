@@ -20,7 +20,10 @@
 #include "base/error.h"
 #include "base/thread_pool.h"
 #include "engine/data/build_shards.h"
+#include "engine/data/image_shard.h"
 #include "tools/command.h"
+
+ABSL_DECLARE_FLAG(int64_t, seed);
 
 ABSL_FLAG(std::string, out, "",
           "output: the directory for shards and vocab (data), the .svg file (plot)");
@@ -35,6 +38,11 @@ ABSL_DECLARE_FLAG(int, vocab_size);
 ABSL_DECLARE_FLAG(double, val_fraction);
 ABSL_DECLARE_FLAG(int, threads);
 ABSL_FLAG(bool, quiet, false, "no progress lines");
+ABSL_FLAG(int64_t, synthetic_images, 0,
+          "instead of text: write N synthetic labelled images for ViT to --out/images.bin");
+ABSL_FLAG(int64_t, image_classes, 10, "--synthetic-images: number of classes");
+ABSL_FLAG(int64_t, image_size, 32, "--synthetic-images: height and width");
+ABSL_FLAG(int64_t, image_channels, 3, "--synthetic-images: channels");
 
 namespace mammoth::tools {
 namespace {
@@ -109,6 +117,18 @@ std::vector<std::string> expand_inputs(const std::vector<std::string>& specs) {
 int run_data(const std::vector<std::string>& args) {
   const std::string out = absl::GetFlag(FLAGS_out);
   MAMMOTH_CHECK(!out.empty()) << "[data] --out DIR is required (where shards and vocab go)";
+  if (const int64_t n = absl::GetFlag(FLAGS_synthetic_images); n > 0) {
+    MAMMOTH_CHECK(args.empty()) << "[data] --synthetic-images takes no input files";
+    fs::create_directories(out);
+    const std::string path = out + "/images.bin";
+    data::write_synthetic_image_shard(
+        path, n, absl::GetFlag(FLAGS_image_classes), absl::GetFlag(FLAGS_image_channels),
+        absl::GetFlag(FLAGS_image_size), static_cast<uint64_t>(absl::GetFlag(FLAGS_seed)));
+    if (!absl::GetFlag(FLAGS_quiet))
+      std::fprintf(stderr, "[data] wrote %s (%lld images)\n", path.c_str(),
+                   static_cast<long long>(n));
+    return 0;
+  }
   const std::string vocab_json = absl::GetFlag(FLAGS_vocab_json);
   const std::string merges = absl::GetFlag(FLAGS_merges);
   MAMMOTH_CHECK(vocab_json.empty() == merges.empty())

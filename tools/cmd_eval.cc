@@ -11,23 +11,33 @@
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
+#include "base/error.h"
 #include "base/json.h"
+#include "base/philox.h"
 #include "engine/autograd.h"
+#include "engine/data/image_shard.h"
 #include "engine/data/token_shard.h"
 #include "engine/ops.h"
 #include "models/registry.h"
+#include "models/vit/vit.h"
 #include "models/weights.h"
 #include "tools/command.h"
 
 // Shared with `mammoth train` (defined in cmd_train.cc), so --seq-len defaults to train's.
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(int64_t, seq_len);
+ABSL_DECLARE_FLAG(int64_t, seed);
 ABSL_FLAG(std::string, weights, "",
           "eval/generate: safetensors file with Hugging Face names (default: the model "
           "directory's model.safetensors, or fresh weights for a registered name)");
 ABSL_FLAG(std::string, tokens, "", "eval: llm.c token shard(s): file, directory or glob");
 ABSL_FLAG(int64_t, batch, 8, "eval: sequences per forward pass");
 ABSL_FLAG(int64_t, max_sequences, 0, "eval: evaluate at most this many sequences (0: all)");
+ABSL_FLAG(std::string, images, "",
+          "eval (ViT): labelled image shard (mammoth data --synthetic-images)");
+ABSL_FLAG(int64_t, mask_token, 103,
+          "eval (BERT): id of the [MASK] token (103 in bert-base-uncased)");
+ABSL_FLAG(double, mask_prob, 0.15, "eval (BERT): fraction of positions masked, seeded by --seed");
 
 namespace mammoth::tools {
 
@@ -44,15 +54,115 @@ std::shared_ptr<models::LanguageModel> load_language_model(const std::string& na
 
 namespace {
 
+void print_result(double total_loss, int64_t count, const char* unit) {
+  json::Value out = json::Value::object();
+  out.set("loss", total_loss / static_cast<double>(count)).set(unit, count);
+  std::printf("%s\n", json::dump(out).c_str());
+}
+
+void check_vocab(const std::vector<int64_t>& ids, int64_t vocab, int64_t first_position) {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    MAMMOTH_CHECK(ids[i] < vocab) << "[eval] token " << ids[i] << " at position "
+                                  << first_position + static_cast<int64_t>(i)
+                                  << " is outside the model's vocabulary of " << vocab;
+  }
+}
+
+// ViT: mean cross-entropy of the classifier over a labelled image shard.
+int eval_images(const std::string& path) {
+  models::ModelOptions options;
+  options.load_weights = absl::GetFlag(FLAGS_weights).empty();
+  auto model = std::dynamic_pointer_cast<models::Vit>(
+      models::create_model(absl::GetFlag(FLAGS_model), options));
+  MAMMOTH_CHECK(model != nullptr) << "[eval] --images needs a ViT --model, got "
+                                  << absl::GetFlag(FLAGS_model);
+  if (!absl::GetFlag(FLAGS_weights).empty())
+    models::load_weights(*model, absl::GetFlag(FLAGS_weights));
+  model->eval();
+  const models::ModelConfig& c = model->config();
+  const data::ImageShard shard = data::ImageShard::open(path);
+  const data::ImageShardInfo& in = shard.info();
+  MAMMOTH_CHECK(in.channels == c.num_channels && in.height == c.image_size &&
+                in.width == c.image_size)
+      << "[eval] " << path << " holds " << in.channels << "x" << in.height << "x" << in.width
+      << " images but the model takes " << c.num_channels << "x" << c.image_size << "x"
+      << c.image_size;
+  MAMMOTH_CHECK(in.num_classes <= c.num_labels)
+      << "[eval] " << path << " has " << in.num_classes << " classes but the model's head has "
+      << c.num_labels;
+  int64_t n = in.count;
+  if (absl::GetFlag(FLAGS_max_sequences) > 0) n = std::min(n, absl::GetFlag(FLAGS_max_sequences));
+  MAMMOTH_CHECK(n > 0) << "[eval] " << path << " holds no images";
+  const int64_t B = absl::GetFlag(FLAGS_batch);
+  MAMMOTH_CHECK(B > 0) << "[eval] --batch must be positive, got " << B;
+  engine::NoGradGuard ng;
+  double total = 0;
+  std::vector<float> pixels;
+  std::vector<int64_t> labels;
+  for (int64_t s = 0; s < n; s += B) {
+    const int64_t b = std::min(B, n - s);
+    shard.read(s, b, &pixels, &labels);
+    std::vector<double> px(pixels.begin(), pixels.end());
+    engine::Tensor x = engine::Tensor::from_vector(px, {b, in.channels, in.height, in.width});
+    total += model->loss(x, engine::Tensor::from_ints(labels, {b})).item() * static_cast<double>(b);
+  }
+  print_result(total, n, "images");
+  return 0;
+}
+
+// BERT: masked-LM cross-entropy. Each position of each sequence is masked with probability
+// --mask-prob from Philox(--seed) (replaced by --mask-token and predicted), so the figure is
+// reproducible and independent of --batch.
+int eval_masked_lm(const models::LanguageModel& model_ref, const data::TokenDataset& data,
+                   int64_t T, int64_t n_seq) {
+  auto& model = const_cast<models::LanguageModel&>(model_ref);
+  const models::ModelConfig& c = model.config();
+  const int64_t mask = absl::GetFlag(FLAGS_mask_token);
+  MAMMOTH_CHECK(mask >= 0 && mask < c.vocab_size)
+      << "[eval] --mask-token " << mask << " is outside the vocabulary of " << c.vocab_size;
+  const double p = absl::GetFlag(FLAGS_mask_prob);
+  MAMMOTH_CHECK(p > 0 && p < 1) << "[eval] --mask-prob must be in (0, 1), got " << p;
+  const uint64_t seed = static_cast<uint64_t>(absl::GetFlag(FLAGS_seed));
+  const int64_t B = absl::GetFlag(FLAGS_batch);
+  engine::NoGradGuard ng;
+  double total = 0;
+  int64_t masked_total = 0;
+  std::vector<int32_t> buf;
+  for (int64_t s = 0; s < n_seq; s += B) {
+    const int64_t b = std::min(B, n_seq - s);
+    buf.resize(static_cast<size_t>(b * T));
+    data.read(s * T, b * T, buf.data());
+    std::vector<int64_t> ids(buf.begin(), buf.end()), targets(ids.size(), -100);
+    check_vocab(ids, c.vocab_size, s * T);
+    int64_t masked = 0;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const uint64_t position = static_cast<uint64_t>(s * T) + i;
+      if (philox_uniform(philox_element(seed, 0, position)) < p) {
+        targets[i] = ids[i];
+        ids[i] = mask;
+        ++masked;
+      }
+    }
+    if (masked == 0) continue;
+    total += model
+                 .loss(engine::Tensor::from_ints(ids, {b, T}),
+                       engine::Tensor::from_ints(targets, {b, T}))
+                 .item() *
+             static_cast<double>(masked);
+    masked_total += masked;
+  }
+  MAMMOTH_CHECK(masked_total > 0) << "[eval] no position was masked; raise --mask-prob";
+  print_result(total, masked_total, "tokens");
+  return 0;
+}
+
 int run_eval(const std::vector<std::string>& args) {
   MAMMOTH_CHECK(args.empty()) << "[eval] unexpected argument '" << args[0] << "'";
+  if (!absl::GetFlag(FLAGS_images).empty()) return eval_images(absl::GetFlag(FLAGS_images));
   const std::string tokens = absl::GetFlag(FLAGS_tokens);
   MAMMOTH_CHECK(!tokens.empty()) << "[eval] --tokens is required (llm.c token shard)";
   auto model = load_language_model(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_weights));
   const models::ModelConfig& c = model->config();
-  MAMMOTH_CHECK(model->supports_kv_cache())
-      << "[eval] --model must be a causal LM (gpt2, llama); " << models::family_name(c.family)
-      << " task evaluation is not available here";
   const int64_t T = absl::GetFlag(FLAGS_seq_len);
   MAMMOTH_CHECK(T >= 2 && T <= c.max_seq)
       << "[eval] --seq-len must be in [2, max_seq = " << c.max_seq << "], got " << T;
@@ -65,6 +175,7 @@ int run_eval(const std::vector<std::string>& args) {
     n_seq = std::min(n_seq, absl::GetFlag(FLAGS_max_sequences));
   MAMMOTH_CHECK(n_seq > 0) << "[eval] " << tokens << " holds " << data.size()
                            << " tokens, fewer than one sequence of " << T;
+  if (c.family == models::Family::kBert) return eval_masked_lm(*model, data, T, n_seq);
   engine::NoGradGuard ng;
   double total = 0;
   std::vector<int32_t> buf;
@@ -73,23 +184,19 @@ int run_eval(const std::vector<std::string>& args) {
     buf.resize(static_cast<size_t>(b * T));
     data.read(s * T, b * T, buf.data());
     std::vector<int64_t> ids(buf.begin(), buf.end());
-    for (size_t i = 0; i < ids.size(); ++i) {
-      MAMMOTH_CHECK(ids[i] < c.vocab_size)
-          << "[eval] token " << ids[i] << " at position " << s * T + int64_t(i)
-          << " is outside the model's vocabulary of " << c.vocab_size;
-    }
+    check_vocab(ids, c.vocab_size, s * T);
     const double loss = model->loss(engine::Tensor::from_ints(ids, {b, T})).item();
     total += loss * static_cast<double>(b * (T - 1));
   }
-  const int64_t predictions = n_seq * (T - 1);
-  json::Value out = json::Value::object();
-  out.set("loss", total / static_cast<double>(predictions)).set("tokens", predictions);
-  std::printf("%s\n", json::dump(out).c_str());
+  print_result(total, n_seq * (T - 1), "tokens");
   return 0;
 }
 
 }  // namespace
 
-MAMMOTH_COMMAND(eval, "mean next-token cross-entropy of a model on a token file", run_eval);
+MAMMOTH_COMMAND(eval,
+                "mean loss on a file: next-token (GPT-2, LLaMA), masked-LM (BERT) on --tokens, "
+                "classification (ViT) on --images",
+                run_eval);
 
 }  // namespace mammoth::tools
