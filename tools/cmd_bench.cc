@@ -8,6 +8,7 @@
 
 #include "base/error.h"
 #include "tools/bench/comm_bench.h"
+#include "tools/bench/dp_bench.h"
 #include "tools/bench/gemm_bench.h"
 #include "tools/bench/io_bench.h"
 #include "tools/bench/offload_bench.h"
@@ -27,6 +28,9 @@ const std::map<std::string, Bench>& benches() {
       {"comm",
        {"collective bus bandwidth vs raw MPI (run under mpirun, >= 2 ranks)",
         [](const std::vector<std::string>& a) { return run_comm_bench(a); }}},
+      {"dp",
+       {"data-parallel tokens/s, N ranks x 1 thread vs 1 rank x N threads (under mpirun)",
+        run_dp_bench}},
       {"gemm",
        {"fp32/bf16 GEMM GFLOP/s vs OpenBLAS sgemm on GPT-2 training shapes", run_gemm_bench}},
       {"io", {"NVMe engine sequential GB/s and random-read IOPS vs fio", run_io_bench}},
