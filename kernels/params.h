@@ -9,10 +9,16 @@ struct ScalarParams {
   double value = 0.0;
 };
 
+// How an f32 matmul computes (mixed-precision autocast): kBF16 rounds both inputs to bf16 and
+// accumulates in f32 (bf16 GEMM); kF16 rounds them to fp16 values (overflow becomes inf, which
+// loss scaling detects) and multiplies in f32. Other dtypes ignore it.
+enum class MatmulCompute : uint8_t { kNative, kBF16, kF16 };
+
 // c = alpha * op(a) @ op(b) + beta * c, where transposes are read from the strides.
 struct MatmulParams {
   double alpha = 1.0;
   double beta = 0.0;  // 1.0 accumulates into c (gradient accumulation)
+  MatmulCompute compute = MatmulCompute::kNative;
 };
 
 struct NormParams {

@@ -10,9 +10,9 @@
 // for) and multiplied by the f32 GEMM. Parameters, optimizer state, norms, softmax and the loss
 // stay f32, so the master weights are the parameters themselves.
 //
-// How: the guard swaps the registry's CPU f32 matmul kernel for a wrapper (once per process)
-// that consults the calling thread's autocast mode and otherwise calls the original kernel.
-// The engine's ops are untouched; CUDA matmuls are not affected.
+// How: the guard sets the thread's autocast mode (engine/autocast.h); the matmul op passes it
+// to its kernel as kernels::MatmulCompute, which the CPU f32 kernel implements. (The CUDA
+// kernel does not read it yet: under autocast CUDA matmuls still run in f32.)
 //
 // Loss scaling (fp16). DynamicLossScaler follows torch.cuda.amp.GradScaler: the loss is
 // multiplied by scale() before backward; a step whose gradients hold an inf or NaN is skipped

@@ -1,5 +1,6 @@
 // matmul and linear. Batch dims broadcast; transposed views reach the kernel without a copy
 // because the kernel reads transposes from strides.
+#include "engine/autocast.h"
 #include "engine/ops/common.h"
 
 namespace mammoth::engine {
@@ -67,7 +68,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   Tensor y = Tensor::empty(out_shape, a.dtype(), a.device());
   {
     NoGradGuard ng;
-    const kernels::MatmulParams p;
+    kernels::MatmulParams p;
+    if (a.dtype() == DType::kF32) p.compute = autocast_matmul_compute();
     detail::launch(Kernel::matmul, {as_batched(a, batch), as_batched(b, batch)},
                    {y.view({shape_numel(batch), M, N})}, &p);
   }
