@@ -158,8 +158,11 @@ TEST_CASE("DP and ZeRO 1/2 match the single-process run") {
   REQUIRE(kGlobalBatch % (2 * n) == 0);
   const Run ref1 = reference(1);
   const Run ref2 = reference(2);
-  // Reductions sum in a different order than one process does: agreement to float rounding.
-  const double tol = 2e-5;
+  // Reductions sum in a different order than one process does (the weight-gradient GEMMs sum
+  // over each rank's rows, then the all-reduce over ranks), and the fused f32 kernels
+  // accumulate in f32: 10 AdamW steps (lr 1e-2) turn that rounding into parameter differences
+  // of ~2e-5 at 4 ranks. 1e-4 is 1% of one step's update.
+  const double tol = 1e-4;
   for (int stage : {0, 1, 2}) {
     for (int accum : {1, 2}) {
       // A small bucket size forces many buckets (and shards that cut through parameters).
