@@ -64,7 +64,7 @@
                            (out [B,Hq,Tq,D], lse f32 [B,Hq,Tq]) AttentionParams */               \
   X(attention_backward) /* (dout, q, k, v, out, lse, key_mask?) -> (dq, dk, dv) */               \
   /* optimizers over flat buffers */                                                             \
-  X(adamw) /* (param, grad, m, v) -> (param, m, v) in place, AdamWParams */                      \
+  X(adamw) /* (param, grad, m, v[, half copy]) in place, AdamWParams; grad may be bf16/f16 */    \
   X(sgd)   /* (param, grad, momentum_buf) -> in place, SgdParams */
 
 namespace mammoth::kernels {

@@ -11,6 +11,7 @@
 #include "tools/bench/dp_bench.h"
 #include "tools/bench/gemm_bench.h"
 #include "tools/bench/io_bench.h"
+#include "tools/bench/kernels_bench.h"
 #include "tools/bench/offload_bench.h"
 #include "tools/bench/train/train_bench.h"
 #include "tools/command.h"
@@ -34,6 +35,9 @@ const std::map<std::string, Bench>& benches() {
       {"gemm",
        {"fp32/bf16 GEMM GFLOP/s vs OpenBLAS sgemm on GPT-2 training shapes", run_gemm_bench}},
       {"io", {"NVMe engine sequential GB/s and random-read IOPS vs fio", run_io_bench}},
+      {"kernels",
+       {"fused CPU kernels GB/s vs STREAM triad; attention vs the GEMM-bound rate",
+        run_kernels_bench}},
       {"offload",
        {"step time with parameters/optimizer paged under a device budget vs in memory",
         run_offload_bench}},
