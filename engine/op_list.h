@@ -8,7 +8,7 @@
 #define MAMMOTH_ENGINE_OPS(X)                                                                      \
   X(add)                                                                                           \
   X(sub) X(mul) X(div) X(neg) X(exp) X(log) X(sqrt) X(rsqrt) X(tanh) X(relu) X(gelu) X(gelu_tanh)  \
-      X(silu) X(add_scalar) X(mul_scalar) X(pow_scalar) X(sum) X(mean) X(max) X(matmul) X(softmax) \
+      X(silu) X(add_scalar) X(mul_scalar) X(pow_scalar) X(sum) X(mean) X(max) X(matmul) X(linear) X(softmax) \
           X(log_softmax) X(layer_norm) X(rms_norm) X(embedding) X(cross_entropy) X(dropout)        \
               X(attention) X(rope) X(concat) X(split) X(index_select) X(gather) X(where)           \
                   X(masked_fill) X(cast) X(view) X(permute) X(slice) X(expand) X(contiguous) X(checkpoint)

@@ -86,18 +86,75 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return y;
 }
 
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
-  check_defined(x, "linear", "x");
+// One GEMM launch: c [M, N] = alpha * op(a) op(b) + beta * c for 2-D views (transposes read
+// from strides), with the thread's autocast mode.
+void gemm2d(const Tensor& a, const Tensor& b, const Tensor& c, double beta) {
+  kernels::MatmulParams p;
+  p.beta = beta;
+  if (a.dtype() == DType::kF32) p.compute = autocast_matmul_compute();
+  const Shape empty;
+  detail::launch(Kernel::matmul, {as_batched(a, empty), as_batched(b, empty)},
+                 {c.view({1, c.size(0), c.size(1)})}, &p);
+}
+
+// y = x W^T + b as its own op, so that every product runs in the layout it is stored in:
+//   forward  y [M, out] = b (broadcast rows), then += x [M, in] @ W^T   (W [out, in], NT)
+//   backward dx [M, in] = dy @ W (NN);  dW [out, in] = dy^T @ x (TN);  db = 1^T dy (GEMV)
+// Composing matmul with a transposed view instead would produce dW transposed and copy it.
+Tensor linear(const Tensor& x_in, const Tensor& w, const Tensor& b) {
+  check_defined(x_in, "linear", "x");
   check_defined(w, "linear", "weight");
-  MAMMOTH_CHECK(w.dim() == 2 && x.size(-1) == w.size(1))
-      << "[linear] input features " << shape_str(x.shape()) << " do not match weight "
+  detail::check_same("linear", {x_in, w});
+  detail::check_floating("linear", x_in);
+  MAMMOTH_CHECK(w.dim() == 2 && x_in.dim() >= 1 && x_in.size(-1) == w.size(1))
+      << "[linear] input features " << shape_str(x_in.shape()) << " do not match weight "
       << shape_str(w.shape()) << " ([out, in])";
-  Tensor y = matmul(x, w.transpose(0, 1));
   if (b.defined()) {
+    detail::check_same("linear", {x_in, b});
     MAMMOTH_CHECK(b.dim() == 1 && b.size(0) == w.size(0))
         << "[linear] bias " << shape_str(b.shape()) << " does not match weight "
         << shape_str(w.shape());
-    y = add(y, b);
+  }
+  const int64_t in = w.size(1), out = w.size(0);
+  Tensor x;
+  {
+    NoGradGuard ng;
+    x = x_in.reshape({-1, in});
+  }
+  const int64_t M = x.size(0);
+  Shape out_shape = x_in.shape();
+  out_shape.back() = out;
+  Tensor y = Tensor::empty({M, out}, x.dtype(), x.device());
+  {
+    NoGradGuard ng;
+    if (b.defined()) copy_(y, b.expand({M, out}));
+    gemm2d(x, w.transpose(0, 1), y, b.defined() ? 1.0 : 0.0);
+  }
+  y = y.view(out_shape);
+  if (needs_grad({x_in, w, b})) {
+    const bool gx = x_in.requires_grad(), gw = w.requires_grad(),
+               gb = b.defined() && b.requires_grad();
+    record("linear", {x_in, w, b}, {&y},
+           [x = x.detach(), w = w.detach(), gx, gw, gb, in_shape = x_in.shape(), M, in,
+            out](const std::vector<Tensor>& g) {
+             const Tensor dy = g[0].reshape({M, out});
+             Tensor dx, dw, db;
+             if (gx) {
+               dx = Tensor::empty({M, in}, dy.dtype(), dy.device());
+               gemm2d(dy, w, dx, 0.0);
+               dx = dx.view(in_shape);
+             }
+             if (gw) {
+               dw = Tensor::empty({out, in}, dy.dtype(), dy.device());
+               gemm2d(dy.transpose(0, 1), x, dw, 0.0);
+             }
+             if (gb) {
+               db = Tensor::empty({1, out}, dy.dtype(), dy.device());
+               gemm2d(Tensor::ones({1, M}, dy.dtype(), dy.device()), dy, db, 0.0);
+               db = db.view({out});
+             }
+             return std::vector<Tensor>{dx, dw, db};
+           });
   }
   return y;
 }

@@ -69,8 +69,9 @@ Packed pack(const float* src, int64_t rows, int64_t cols, int64_t rs, int64_t cs
   return {true, std::max<int64_t>(rows, 1)};
 }
 
-uint16_t to_bf16_bits(float x) { return float_to_bf16(x).bits; }
-float round_f16(float x) { return f16_to_float(float_to_f16(x)); }
+// Lambdas (not function pointers) so the per-element conversion inlines and vectorises.
+constexpr auto to_bf16_bits = [](float x) { return float_to_bf16(x).bits; };
+constexpr auto round_f16 = [](float x) { return f16_to_float(float_to_f16(x)); };
 
 // (a [B,M,K], b [B,K,N]) -> c [B,M,N] with inputs rounded as `compute` says.
 void matmul_rounded(const TensorArg& a, const TensorArg& b, const TensorArg& c,

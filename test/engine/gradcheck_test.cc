@@ -126,6 +126,14 @@ std::map<std::string, std::vector<Case>> cases() {
        [] {
          return Inputs{leaf({1, 4, 3}, 34), leaf({2, 4, 2}, 35)};
        }}};
+  c["linear"] = {{[](const Inputs& x) { return linear(x[0], x[1], x[2]); },
+                  [] {
+                    return Inputs{leaf({2, 3, 4}, 76), leaf({5, 4}, 77), leaf({5}, 78)};
+                  }},
+                 {[](const Inputs& x) { return linear(x[0].transpose(0, 1), x[1]); },  // strided x
+                  [] {
+                    return Inputs{leaf({4, 3}, 79), leaf({2, 4}, 80)};
+                  }}};
   c["softmax"] = {{[](const Inputs& x) { return softmax(x[0], -1); },
                    [] {
                      return Inputs{leaf({3, 5}, 36)};
