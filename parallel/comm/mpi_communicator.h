@@ -124,7 +124,6 @@ class MpiCommunicator final : public Communicator {
 
  private:
   MPI_Comm comm_;
-  MPI_Comm ring_ = MPI_COMM_NULL;  // a duplicate for collectives built from point-to-point
   std::string name_;
   CommOptions options_;
   int rank_ = 0;
