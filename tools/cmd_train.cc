@@ -1,5 +1,6 @@
 // `mammoth train`: trains a model-zoo language model on llm.c token shards, or, with no
 // --data, on the embedded default corpus (tokenized once and cached).
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -12,8 +13,10 @@
 #include "engine/data/bpe.h"
 #include "engine/data/build_shards.h"
 #include "engine/data/token_shard.h"
+#include "engine/ops.h"
 #include "engine/offload/offload.h"
 #include "engine/train/trainer.h"
+#include "models/policies/policy.h"
 #include "models/registry.h"
 #include "parallel/comm/mpi_communicator.h"
 #include "parallel/data_parallel.h"
@@ -61,6 +64,10 @@ ABSL_FLAG(int, vocab_size, 1024,
 ABSL_FLAG(double, peak_gflops, 0, "machine peak GFLOP/s for MFU (0: not reported)");
 ABSL_FLAG(bool, activation_checkpointing, false,
           "keep only each transformer block's input and recompute the block in backward");
+ABSL_FLAG(int, tp, 1, "tensor-parallel ranks per model replica (GPT-2)");
+ABSL_FLAG(int, sp, 1, "sequence-parallel ranks for --sp-mode ulysses or ring");
+ABSL_FLAG(std::string, sp_mode, "none",
+          "sequence parallelism: none, split_gather (on the tp group), ulysses or ring (on sp)");
 ABSL_FLAG(int, dp, 0, "data-parallel ranks (0: all ranks mpirun started)");
 ABSL_FLAG(int, zero, 0,
           "ZeRO stage: 0 (replicated), 1 (optimizer states sharded), 2 (+ gradients)");
@@ -71,7 +78,8 @@ ABSL_FLAG(std::string, offload, "none",
 ABSL_FLAG(std::string, device_mem, "0",
           "device memory budget for parameters, gradients and states (K/M/G; 0: unlimited); "
           "on the CPU backend host memory stands in for it, paged through the same chunks");
-ABSL_FLAG(std::string, host_mem, "0", "host memory budget for offloaded chunks (K/M/G; 0: unlimited)");
+ABSL_FLAG(std::string, host_mem, "0",
+          "host memory budget for offloaded chunks (K/M/G; 0: unlimited)");
 ABSL_FLAG(std::string, nvme_dir, "", "directory for --offload=nvme swap files (removed at exit)");
 ABSL_FLAG(double, chunk_mb, 32.0, "chunk size in MiB (raised to the largest parameter)");
 ABSL_FLAG(double, comm_timeout, 600.0,
@@ -112,24 +120,47 @@ int run_train(const std::vector<std::string>& args) {
       << "[train] --amp must be fp32, bf16 or fp16, got '" << amp << "'";
   set_num_threads(absl::GetFlag(FLAGS_threads));
 
-  // Processes: mpirun's world. Only data parallelism is built so far, so --dp is the world.
+  // Processes: mpirun's world = dp x tp x sp (pipeline parallelism is not in train yet).
   const char* env_world = std::getenv("OMPI_COMM_WORLD_SIZE");
   const int launched = env_world ? std::max(1, std::atoi(env_world)) : 1;
-  const int dp_size = absl::GetFlag(FLAGS_dp) > 0 ? absl::GetFlag(FLAGS_dp) : launched;
-  MAMMOTH_CHECK(dp_size == launched)
-      << "[train] --dp " << dp_size << " but " << launched << " process(es) were started"
-      << (launched == 1
-              ? " (launch with: mpirun -np " + std::to_string(dp_size) + " mammoth train ...)"
-              : "; --dp must equal the number of ranks (tensor and pipeline "
-                "parallelism are not available in train yet)");
+  const int tp_size = absl::GetFlag(FLAGS_tp), sp_size = absl::GetFlag(FLAGS_sp);
+  MAMMOTH_CHECK(tp_size >= 1 && sp_size >= 1)
+      << "[train] --tp and --sp must be >= 1, got " << tp_size << " and " << sp_size;
+  const models::SpMode sp_mode = models::sp_mode_from_name(absl::GetFlag(FLAGS_sp_mode));
+  MAMMOTH_CHECK(sp_size == 1 || sp_mode == models::SpMode::kUlysses ||
+                sp_mode == models::SpMode::kRing)
+      << "[train] --sp " << sp_size << " needs --sp-mode ulysses or ring";
+  MAMMOTH_CHECK(launched % (tp_size * sp_size) == 0)
+      << "[train] " << launched << " process(es) cannot be split into --tp " << tp_size
+      << " x --sp " << sp_size << " groups";
+  const int dp_size =
+      absl::GetFlag(FLAGS_dp) > 0 ? absl::GetFlag(FLAGS_dp) : launched / (tp_size * sp_size);
+  MAMMOTH_CHECK(dp_size * tp_size * sp_size == launched)
+      << "[train] --dp " << dp_size << " x --tp " << tp_size << " x --sp " << sp_size << " = "
+      << dp_size * tp_size * sp_size << " but " << launched << " process(es) were started"
+      << (launched == 1 ? " (launch with: mpirun -np " +
+                              std::to_string(dp_size * tp_size * sp_size) + " mammoth train ...)"
+                        : "");
   MAMMOTH_CHECK(absl::GetFlag(FLAGS_zero) >= 0 && absl::GetFlag(FLAGS_zero) <= 3)
       << "[train] --zero must be 0, 1, 2 or 3, got " << absl::GetFlag(FLAGS_zero);
+  const bool model_parallel = tp_size * sp_size > 1 || sp_mode != models::SpMode::kNone;
+  if (model_parallel) {
+    MAMMOTH_CHECK(absl::GetFlag(FLAGS_zero) == 0)
+        << "[train] --zero with --tp/--sp is not supported yet (use --zero 0)";
+    MAMMOTH_CHECK(absl::GetFlag(FLAGS_save_dir).empty())
+        << "[train] checkpoints of tensor/sequence-parallel runs are not supported yet "
+           "(drop --save-dir or train with --tp 1 --sp 1)";
+    MAMMOTH_CHECK(sp_mode == models::SpMode::kNone || dp_size == 1)
+        << "[train] --sp-mode " << models::sp_mode_name(sp_mode)
+        << " with --dp > 1 is not supported yet";
+  }
   std::unique_ptr<parallel::DeviceMesh> mesh;
-  if (dp_size > 1) {
+  if (launched > 1) {
     parallel::MeshOptions mo;
     mo.comm.timeout_s = absl::GetFlag(FLAGS_comm_timeout);
-    mesh = std::make_unique<parallel::DeviceMesh>(parallel::mpi_world(mo.comm),
-                                                  parallel::MeshShape{.dp = dp_size}, mo);
+    mesh = std::make_unique<parallel::DeviceMesh>(
+        parallel::mpi_world(mo.comm),
+        parallel::MeshShape{.dp = dp_size, .tp = tp_size, .sp = sp_size}, mo);
   }
   const bool lead = mesh == nullptr || mesh->rank() == 0;
 
@@ -198,10 +229,37 @@ int run_train(const std::vector<std::string>& args) {
                       12.0 * static_cast<double>(cfg.n_layer * cfg.d_model * o.seq_len);
   o.peak_flops = absl::GetFlag(FLAGS_peak_gflops) * 1e9;
 
+  // Tensor/sequence parallelism: the model's sharded form (GPT-2's policy) trains instead.
+  std::shared_ptr<models::ShardedLanguageModel> sharded;
+  models::LanguageModel* trained = model.get();
+  if (model_parallel) {
+    MAMMOTH_CHECK(mesh != nullptr) << "[train] --tp/--sp need mpirun with several ranks";
+    sharded = models::apply_policy(*model, *mesh, {.sp_mode = sp_mode});
+    trained = sharded.get();
+    o.after_backward = [&sharded] { sharded->sync_grads(); };
+    // Global gradient norm: sharded parameters summed over tp; replicated ones counted once
+    // (on tp rank 0); every sp rank holds the same (synchronised) gradients, so sp rank 0.
+    o.grad_norm = [&sharded, &mesh] {
+      const bool tp0 = mesh->coord(parallel::Axis::kTp) == 0;
+      const bool sp0 = mesh->coord(parallel::Axis::kSp) == 0;
+      double local = 0;
+      for (const auto& [name, p] : sharded->named_parameters()) {
+        const engine::Tensor g = p.grad();
+        if (!g.defined() || !sp0 || (!sharded->spec(name).sharded() && !tp0)) continue;
+        local += engine::sum(engine::mul(g, g)).item();
+      }
+      engine::Tensor t = engine::Tensor::from_vector({local}, {1}, DType::kF64);
+      mesh->cpu_group(parallel::Axis::kTp).all_reduce(t, parallel::ReduceOp::kSum);
+      mesh->cpu_group(parallel::Axis::kSp).all_reduce(t, parallel::ReduceOp::kSum);
+      return std::sqrt(t.item());
+    };
+  }
+  if (mesh) o.logging_rank = mesh->rank() == 0;
+
   std::unique_ptr<parallel::DataParallel> dp;
-  if (mesh) {
+  if (mesh && dp_size > 1) {
     dp = std::make_unique<parallel::DataParallel>(
-        model->named_parameters(), mesh->group(parallel::Axis::kDp),
+        trained->named_parameters(), mesh->group(parallel::Axis::kDp),
         parallel::DataParallelOptions{.zero_stage = absl::GetFlag(FLAGS_zero),
                                       .bucket_mb = absl::GetFlag(FLAGS_bucket_mb)});
     dp->broadcast_parameters();
@@ -209,7 +267,7 @@ int run_train(const std::vector<std::string>& args) {
   } else {
     MAMMOTH_CHECK(absl::GetFlag(FLAGS_zero) == 0)
         << "[train] --zero " << absl::GetFlag(FLAGS_zero)
-        << " shards over data-parallel ranks: launch with mpirun -np N";
+        << " shards over data-parallel ranks: launch with mpirun -np N (and --dp > 1)";
   }
 
   // Chunked memory: any of --offload, --device-mem, --host-mem turns it on.
@@ -226,7 +284,8 @@ int run_train(const std::vector<std::string>& args) {
     oo.chunk_bytes = static_cast<int64_t>(chunk_mb * 1048576.0);
     if (oo.mode != engine::offload::Mode::kNone || oo.device_mem > 0 || oo.host_mem > 0) {
       MAMMOTH_CHECK(!mesh) << "[train] --offload/--device-mem/--host-mem with data parallelism "
-                              "(--dp " << dp_size << ") are not supported yet";
+                              "(--dp "
+                           << dp_size << ") are not supported yet";
       offload = std::make_unique<engine::offload::Offload>(model->named_parameters(), oo);
       o.offload = offload.get();
       if (lead) std::fprintf(stderr, "%s", offload->report().c_str());
@@ -262,8 +321,8 @@ int run_train(const std::vector<std::string>& args) {
   config.set("model", json::Value(model_name));
   config.set("model_config", models::config_to_hf_json(cfg));
   const engine::train::TrainResult r = engine::train::train(
-      *model,
-      [&](const engine::Tensor& in, const engine::Tensor& tg) { return model->loss(in, tg); },
+      *trained,
+      [&](const engine::Tensor& in, const engine::Tensor& tg) { return trained->loss(in, tg); },
       train_data, val_data, o, config);
   if (lead && !r.losses.empty()) {
     std::fprintf(stderr, "[train] done: steps %lld..%lld, loss %.4f -> %.4f",

@@ -137,7 +137,7 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
   ao.weight_decay = o.weight_decay;
   DataParallelRuntime* dp = o.dp;
   const int rank = dp ? dp->dp_rank() : 0, world = dp ? dp->dp_size() : 1;
-  const bool lead = rank == 0;
+  const bool lead = rank == 0 && o.logging_rank;
   const bool quiet = o.quiet || !lead;
   const nn::NamedTensors params = model.named_parameters();
   OffloadRuntime* offload = o.offload;
@@ -288,6 +288,7 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
       dp->finish_backward();
       step_loss = dp->average(step_loss);
     }
+    if (o.after_backward) o.after_backward();
     const nn::NamedTensors& grads_of = opt.params();
     if (step == o.inject_inf_grad_step) {
       for (const auto& [name, p] : grads_of) {
@@ -299,7 +300,10 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
     }
     // Gradients hold loss_scale * dL/dw; the norm and the update see them unscaled.
     // Under dp the norm is global, so an overflow on any rank makes every rank skip the step.
-    const double norm = (dp ? dp->grad_norm() : optim::grad_norm(grads_of)) / loss_scale;
+    const double norm = (o.grad_norm ? o.grad_norm()
+                         : dp        ? dp->grad_norm()
+                                     : optim::grad_norm(grads_of)) /
+                        loss_scale;
     bool applied = true;
     if (scaling) {
       applied = scaler.update(std::isfinite(step_loss) && std::isfinite(norm) &&

@@ -53,6 +53,14 @@ struct TrainOptions {
   // the loss curve does not depend on the split between ranks and accumulation. Rank 0 logs,
   // writes metrics and checkpoints.
   DataParallelRuntime* dp = nullptr;
+  // Model parallelism inside each dp rank (tensor/sequence parallel forms of the model):
+  // `after_backward` runs after the last micro-batch's backward (e.g. summing
+  // sequence-partial gradients), `grad_norm` replaces the local gradient norm (sharded
+  // parameters summed over their group), and only the rank with `logging_rank` set logs,
+  // writes metrics and checkpoints.
+  std::function<void()> after_backward;
+  std::function<double()> grad_norm;
+  bool logging_rank = true;
   std::string tensorboard_dir;  // empty: no TensorBoard event file
   // Mixed precision (engine/amp): "fp32", "bf16" (autocast matmuls) or "fp16" (autocast plus
   // dynamic loss scaling that skips steps with inf/NaN gradients).
