@@ -7,20 +7,24 @@
 #include <string>
 #include <thread>
 
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "base/error.h"
 #include "base/thread_pool.h"
 #include "engine/data/bpe.h"
 #include "engine/data/build_shards.h"
 #include "engine/data/token_shard.h"
-#include "engine/ops.h"
 #include "engine/offload/offload.h"
+#include "engine/ops.h"
 #include "engine/train/trainer.h"
+#include "models/gpt2/gpt2.h"
+#include "models/pipeline/gpt2_pipeline.h"
 #include "models/policies/policy.h"
 #include "models/registry.h"
 #include "parallel/comm/mpi_communicator.h"
 #include "parallel/data_parallel.h"
 #include "parallel/mesh.h"
+#include "parallel/pipeline/schedule.h"
 #include "tools/command.h"
 
 ABSL_FLAG(std::string, model, "gpt2-tiny", "registered model name or Hugging Face model directory");
@@ -64,6 +68,10 @@ ABSL_FLAG(int, vocab_size, 1024,
 ABSL_FLAG(double, peak_gflops, 0, "machine peak GFLOP/s for MFU (0: not reported)");
 ABSL_FLAG(bool, activation_checkpointing, false,
           "keep only each transformer block's input and recompute the block in backward");
+ABSL_DECLARE_FLAG(int, pp);
+ABSL_DECLARE_FLAG(std::string, pp_schedule);
+ABSL_DECLARE_FLAG(int, virtual_stages);
+
 ABSL_FLAG(int, tp, 1, "tensor-parallel ranks per model replica (GPT-2)");
 ABSL_FLAG(int, sp, 1, "sequence-parallel ranks for --sp-mode ulysses or ring");
 ABSL_FLAG(std::string, sp_mode, "none",
@@ -124,22 +132,27 @@ int run_train(const std::vector<std::string>& args) {
   const char* env_world = std::getenv("OMPI_COMM_WORLD_SIZE");
   const int launched = env_world ? std::max(1, std::atoi(env_world)) : 1;
   const int tp_size = absl::GetFlag(FLAGS_tp), sp_size = absl::GetFlag(FLAGS_sp);
+  const int pp_size = absl::GetFlag(FLAGS_pp);
+  MAMMOTH_CHECK(pp_size >= 1) << "[train] --pp must be >= 1, got " << pp_size;
+  MAMMOTH_CHECK(pp_size == 1 || (tp_size == 1 && sp_size == 1 && launched == pp_size))
+      << "[train] --pp " << pp_size << " runs alone so far: launch exactly " << pp_size
+      << " ranks with --tp 1 --sp 1 (hybrids with dp/tp/sp are not in train yet)";
   MAMMOTH_CHECK(tp_size >= 1 && sp_size >= 1)
       << "[train] --tp and --sp must be >= 1, got " << tp_size << " and " << sp_size;
   const models::SpMode sp_mode = models::sp_mode_from_name(absl::GetFlag(FLAGS_sp_mode));
   MAMMOTH_CHECK(sp_size == 1 || sp_mode == models::SpMode::kUlysses ||
                 sp_mode == models::SpMode::kRing)
       << "[train] --sp " << sp_size << " needs --sp-mode ulysses or ring";
-  MAMMOTH_CHECK(launched % (tp_size * sp_size) == 0)
-      << "[train] " << launched << " process(es) cannot be split into --tp " << tp_size
-      << " x --sp " << sp_size << " groups";
-  const int dp_size =
-      absl::GetFlag(FLAGS_dp) > 0 ? absl::GetFlag(FLAGS_dp) : launched / (tp_size * sp_size);
-  MAMMOTH_CHECK(dp_size * tp_size * sp_size == launched)
-      << "[train] --dp " << dp_size << " x --tp " << tp_size << " x --sp " << sp_size << " = "
-      << dp_size * tp_size * sp_size << " but " << launched << " process(es) were started"
-      << (launched == 1 ? " (launch with: mpirun -np " +
-                              std::to_string(dp_size * tp_size * sp_size) + " mammoth train ...)"
+  MAMMOTH_CHECK(launched % (tp_size * sp_size * pp_size) == 0)
+      << "[train] " << launched << " process(es) cannot be split into --pp " << pp_size
+      << " x --tp " << tp_size << " x --sp " << sp_size << " groups";
+  const int mp_size = tp_size * sp_size * pp_size;  // ranks per model replica
+  const int dp_size = absl::GetFlag(FLAGS_dp) > 0 ? absl::GetFlag(FLAGS_dp) : launched / mp_size;
+  MAMMOTH_CHECK(dp_size * mp_size == launched)
+      << "[train] --dp " << dp_size << " x --pp " << pp_size << " x --tp " << tp_size << " x --sp "
+      << sp_size << " = " << dp_size * mp_size << " but " << launched << " process(es) were started"
+      << (launched == 1 ? " (launch with: mpirun -np " + std::to_string(dp_size * mp_size) +
+                              " mammoth train ...)"
                         : "");
   MAMMOTH_CHECK(absl::GetFlag(FLAGS_zero) >= 0 && absl::GetFlag(FLAGS_zero) <= 3)
       << "[train] --zero must be 0, 1, 2 or 3, got " << absl::GetFlag(FLAGS_zero);
@@ -160,7 +173,7 @@ int run_train(const std::vector<std::string>& args) {
     mo.comm.timeout_s = absl::GetFlag(FLAGS_comm_timeout);
     mesh = std::make_unique<parallel::DeviceMesh>(
         parallel::mpi_world(mo.comm),
-        parallel::MeshShape{.dp = dp_size, .tp = tp_size, .sp = sp_size}, mo);
+        parallel::MeshShape{.dp = dp_size, .pp = pp_size, .tp = tp_size, .sp = sp_size}, mo);
   }
   const bool lead = mesh == nullptr || mesh->rank() == 0;
 
@@ -183,16 +196,18 @@ int run_train(const std::vector<std::string>& args) {
 
   models::ModelOptions mo;
   if (vocab > 0) mo.vocab_size = vocab;
-  mo.max_seq = std::max<int64_t>(absl::GetFlag(FLAGS_seq_len), 1);
   mo.dropout = absl::GetFlag(FLAGS_dropout);
   mo.seed = static_cast<uint64_t>(absl::GetFlag(FLAGS_seed));
   const std::string model_name = absl::GetFlag(FLAGS_model);
   std::shared_ptr<models::LanguageModel> model = models::create_language_model(model_name, mo);
   model->set_activation_checkpointing(absl::GetFlag(FLAGS_activation_checkpointing));
   const models::ModelConfig& cfg = model->config();
-  MAMMOTH_CHECK(absl::GetFlag(FLAGS_seq_len) <= cfg.max_seq)
-      << "[train] --seq-len " << absl::GetFlag(FLAGS_seq_len) << " exceeds the model's "
-      << cfg.max_seq << " positions";
+  // A pipeline stage carries each window as one row of seq_len + 1 tokens.
+  const int64_t positions = absl::GetFlag(FLAGS_seq_len) + (pp_size > 1 ? 1 : 0);
+  MAMMOTH_CHECK(absl::GetFlag(FLAGS_seq_len) > 0 && positions <= cfg.max_seq)
+      << "[train] --seq-len " << absl::GetFlag(FLAGS_seq_len)
+      << (pp_size > 1 ? " (+1 with --pp)" : "") << " exceeds the model's " << cfg.max_seq
+      << " positions";
 
   engine::train::TrainOptions o;
   o.steps = absl::GetFlag(FLAGS_steps);
@@ -253,6 +268,35 @@ int run_train(const std::vector<std::string>& args) {
       mesh->cpu_group(parallel::Axis::kSp).all_reduce(t, parallel::ReduceOp::kSum);
       return std::sqrt(t.item());
     };
+  }
+  // Pipeline parallelism: this rank runs its stages of the schedule over the step's
+  // gradient-accumulation micro-batches, and updates only its stages' parameters.
+  std::unique_ptr<models::Gpt2Pipeline> pipeline;
+  if (pp_size > 1) {
+    auto gpt2 = std::dynamic_pointer_cast<models::Gpt2>(model);
+    MAMMOTH_CHECK(gpt2 != nullptr)
+        << "[train] --pp supports GPT-2 models so far, got " << models::family_name(cfg.family);
+    MAMMOTH_CHECK(amp != "fp16") << "[train] --pp with --amp fp16 is not supported yet";
+    MAMMOTH_CHECK(absl::GetFlag(FLAGS_save_dir).empty())
+        << "[train] checkpoints of pipeline-parallel runs are not supported yet";
+    const auto schedule = parallel::pipeline::make_schedule(
+        parallel::pipeline::schedule_kind_from_name(absl::GetFlag(FLAGS_pp_schedule)),
+        {.stages = pp_size,
+         .micro_batches = static_cast<int>(o.grad_accum),
+         .virtual_stages = absl::GetFlag(FLAGS_virtual_stages)});
+    pipeline =
+        std::make_unique<models::Gpt2Pipeline>(gpt2, schedule, mesh->group(parallel::Axis::kPp));
+    o.pipeline_step = [&pipeline](const std::vector<engine::Tensor>& batches) {
+      return pipeline->step(batches);
+    };
+    o.optimizer_params = &pipeline->parameters();
+    o.grad_norm = [&pipeline] { return pipeline->grad_norm(); };
+    if (o.eval_every > 0 && mesh->rank() == 0) {
+      std::fprintf(stderr,
+                   "[train] --pp: periodic evaluation is off (stages hold only their "
+                   "own parameters' updates)\n");
+    }
+    o.eval_every = 0;
   }
   if (mesh) o.logging_rank = mesh->rank() == 0;
 

@@ -273,16 +273,23 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
       // Forward and backward both multiply under autocast (PyTorch's backward matmuls run in
       // the dtype autocast gave their inputs).
       amp::AutocastGuard autocast(precision);
+      std::vector<Tensor> pipeline_batches;
       for (int64_t m = 0; m < o.grad_accum; ++m) {
         const std::vector<int64_t> part(windows.begin() + m * o.micro_batch,
                                         windows.begin() + (m + 1) * o.micro_batch);
         auto [in, tg] = make_batch(data, sampler, part);
+        if (o.pipeline_step) {
+          // The window as one row of seq_len + 1 tokens: the input plus its last target.
+          pipeline_batches.push_back(concat({in, tg.slice(1, o.seq_len - 1, o.seq_len)}, 1));
+          continue;
+        }
         if (dp) dp->begin_backward(m == o.grad_accum - 1);  // no communication before the last
         Tensor loss = loss_fn(in, tg);
         step_loss += loss.item() / static_cast<double>(o.grad_accum);
         const double factor = loss_scale / static_cast<double>(o.grad_accum);
         (factor != 1.0 ? mul_scalar(loss, factor) : loss).backward();
       }
+      if (o.pipeline_step) step_loss = o.pipeline_step(pipeline_batches);
     }
     if (dp) {
       dp->finish_backward();

@@ -61,6 +61,11 @@ struct TrainOptions {
   std::function<void()> after_backward;
   std::function<double()> grad_norm;
   bool logging_rank = true;
+  // Pipeline parallelism: runs forward and backward of all of a step's micro-batches (ids
+  // [micro_batch, seq_len + 1] each: input and next-token targets in one window) and returns the
+  // step's mean loss; the optimizer then updates `optimizer_params` (this rank's stages).
+  std::function<double(const std::vector<Tensor>& micro_batches)> pipeline_step;
+  const nn::NamedTensors* optimizer_params = nullptr;
   std::string tensorboard_dir;  // empty: no TensorBoard event file
   // Mixed precision (engine/amp): "fp32", "bf16" (autocast matmuls) or "fp16" (autocast plus
   // dynamic loss scaling that skips steps with inf/NaN gradients).
