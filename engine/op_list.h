@@ -5,13 +5,23 @@
 // cannot land without a gradient check.
 #pragma once
 
-#define MAMMOTH_ENGINE_OPS(X)                                                                      \
-  X(add)                                                                                           \
-  X(sub) X(mul) X(div) X(neg) X(exp) X(log) X(sqrt) X(rsqrt) X(tanh) X(relu) X(gelu) X(gelu_tanh)  \
-      X(silu) X(add_scalar) X(mul_scalar) X(pow_scalar) X(sum) X(mean) X(max) X(matmul) X(linear) X(softmax) \
-          X(log_softmax) X(layer_norm) X(rms_norm) X(embedding) X(cross_entropy) X(dropout)        \
-              X(attention) X(rope) X(concat) X(split) X(index_select) X(gather) X(where)           \
-                  X(masked_fill) X(cast) X(view) X(permute) X(slice) X(expand) X(contiguous) X(checkpoint)
+// clang-format off
+#define MAMMOTH_ENGINE_OPS(X)                                                           \
+  /* elementwise */                                                                     \
+  X(add) X(sub) X(mul) X(div) X(neg) X(exp) X(log) X(sqrt) X(rsqrt) X(tanh) X(relu)     \
+  X(gelu) X(gelu_tanh) X(silu) X(add_scalar) X(mul_scalar) X(pow_scalar) X(where)       \
+  X(masked_fill) X(cast)                                                                \
+  /* reductions, linear algebra, normalisation */                                       \
+  X(sum) X(mean) X(max) X(matmul) X(linear) X(softmax) X(log_softmax) X(layer_norm)     \
+  X(rms_norm)                                                                           \
+  /* embedding, loss, randomness, attention */                                          \
+  X(embedding) X(cross_entropy) X(dropout) X(attention) X(rope)                         \
+  /* joining, indexing, views */                                                        \
+  X(concat) X(split) X(index_select) X(gather) X(view) X(permute) X(slice) X(expand)    \
+  X(contiguous)                                                                         \
+  /* recomputation (engine/nn/checkpoint.h) */                                          \
+  X(checkpoint)
+// clang-format on
 
 // Differentiable communication (parallel/tensor_parallel, parallel/sequence_parallel): one name
 // for every conjugate pair (identity / all-reduce, scatter / gather, all-to-all). They cannot be
