@@ -113,9 +113,10 @@ int run_comm_bench(const std::vector<std::string>& args) {
 
 int run_comm_bench(const CommBenchOptions& o) {
   for (const std::string& op : o.ops) {
-    MAMMOTH_CHECK(op == "all_reduce" || op == "reduce_scatter" || op == "all_gather")
+    MAMMOTH_CHECK(op == "all_reduce" || op == "reduce_scatter" || op == "all_gather" ||
+                  op == "all_to_all")
         << "[bench comm] --ops: unknown operation '" << op
-        << "' (all_reduce, reduce_scatter, all_gather)";
+        << "' (all_reduce, reduce_scatter, all_gather, all_to_all)";
   }
   MAMMOTH_CHECK(o.min_bytes <= o.max_bytes)
       << "[bench comm] --min-bytes " << o.min_bytes << " exceeds --max-bytes " << o.max_bytes;
@@ -179,6 +180,17 @@ int run_comm_bench(const CommBenchOptions& o) {
                     "MPI_Reduce_scatter_block");
         };
         ours = [&] { world->reduce_scatter(tin, tout, parallel::ReduceOp::kSum); };
+      } else if (op == "all_to_all") {
+        // nccl-tests' all-to-all bus bandwidth: (n-1)/n * size / time, size = the whole buffer.
+        factor = static_cast<double>(n - 1) / n;
+        tin = wrap(pin, count);
+        tout = wrap(pout, count);
+        raw = [&] {
+          mpi_check(MPI_Alltoall(pin, static_cast<int>(block), MPI_FLOAT, pout,
+                                 static_cast<int>(block), MPI_FLOAT, comm),
+                    "MPI_Alltoall");
+        };
+        ours = [&] { world->all_to_all(tin, tout); };
       } else {
         factor = static_cast<double>(n - 1) / n;
         tin = wrap(pin, block);

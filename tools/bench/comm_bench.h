@@ -9,6 +9,7 @@
 //   all_reduce       busbw = 2(n-1)/n * size / time
 //   reduce_scatter   busbw =  (n-1)/n * size / time   (size = the full input, n shards)
 //   all_gather       busbw =  (n-1)/n * size / time   (size = the full output)
+//   all_to_all       busbw =  (n-1)/n * size / time   (size = the whole buffer)
 // Run it under mpirun with >= 2 ranks:
 //   mpirun -np 2 mammoth bench comm [--json FILE] [--min-bytes 4096] [--max-bytes 268435456]
 //       [--ops all_reduce,reduce_scatter,all_gather] [--rounds 15] [--batch-ms 20] [--spin-polls
@@ -29,7 +30,7 @@ struct CommBenchOptions {
   std::string json_path;                   // empty: no JSON
   int64_t min_bytes = 4096;                // first size
   int64_t max_bytes = int64_t{256} << 20;  // last size (inclusive)
-  std::vector<std::string> ops = {"all_reduce", "reduce_scatter", "all_gather"};
+  std::vector<std::string> ops = {"all_reduce", "reduce_scatter", "all_gather", "all_to_all"};
   int rounds = 15;         // alternating ours/raw rounds per size
   double batch_ms = 20;    // target length of one timed batch
   int spin_polls = 200;    // CommOptions::spin_polls (yield every N polls)
