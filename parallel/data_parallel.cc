@@ -4,6 +4,7 @@
 
 #include "engine/autograd.h"
 #include "engine/ops.h"
+#include "memory/allocator.h"
 
 namespace mammoth::parallel {
 
@@ -12,9 +13,8 @@ using engine::Tensor;
 DataParallel::DataParallel(const engine::nn::NamedTensors& params, Communicator& dp,
                            const DataParallelOptions& options)
     : params_(params), dp_(dp), options_(options) {
-  MAMMOTH_CHECK(options.zero_stage >= 0 && options.zero_stage <= 2)
-      << "[data_parallel] --zero " << options.zero_stage
-      << " is not supported here (stages 0, 1 and 2 are; stage 3 is not built yet)";
+  MAMMOTH_CHECK(options.zero_stage >= 0 && options.zero_stage <= 3)
+      << "[data_parallel] --zero must be 0, 1, 2 or 3, got " << options.zero_stage;
   MAMMOTH_CHECK(options.bucket_mb > 0)
       << "[data_parallel] --bucket-mb must be > 0, got " << options.bucket_mb;
   const int n = dp.size();
@@ -46,7 +46,7 @@ DataParallel::DataParallel(const engine::nn::NamedTensors& params, Communicator&
   for (size_t b = 0; b < buckets_.size(); ++b) {
     Bucket& bk = buckets_[b];
     bk.flat_params = Tensor::zeros({bk.padded}, dtype);
-    if (options.zero_stage == 2) {
+    if (options.zero_stage >= 2) {
       bk.shard_grads = Tensor::zeros({bk.padded / n}, dtype);
     } else {
       bk.flat_grads = Tensor::zeros({bk.padded}, dtype);
@@ -64,6 +64,13 @@ DataParallel::DataParallel(const engine::nn::NamedTensors& params, Communicator&
       engine::set_grad_ready_hook(p, [this, b] { on_grad_ready(static_cast<int>(b)); });
     }
   }
+  if (options.zero_stage == 3) {
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      Bucket& bk = buckets_[b];
+      bk.shard_params = shard_of(bk.flat_params).clone();
+      bk.flat_params.storage()->ensure_resident = [this, b](bool) { make_resident(b); };
+    }
+  }
   // What this rank's optimizer updates.
   if (options.zero_stage == 0) {
     opt_params_ = params_;
@@ -78,7 +85,9 @@ DataParallel::DataParallel(const engine::nn::NamedTensors& params, Communicator&
       const auto& [name, p] = params_[bk.params[k]];
       const int64_t a = std::max(lo, bk.offsets[k]), e = std::min(hi, bk.offsets[k] + p.numel());
       if (a >= e) continue;
-      Tensor seg = bk.flat_params.slice(0, a, e);
+      // Stage 3: the shard buffer is the parameters' home; the full bucket is a cache.
+      Tensor seg = options.zero_stage == 3 ? bk.shard_params.slice(0, a - lo, e - lo)
+                                           : bk.flat_params.slice(0, a, e);
       opt_params_.emplace_back(name + "[" + std::to_string(a - bk.offsets[k]) + ":" +
                                    std::to_string(e - bk.offsets[k]) + "]",
                                seg);
@@ -103,8 +112,64 @@ bool DataParallel::decays(const std::string& name) const {
 }
 
 void DataParallel::broadcast_parameters() {
+  pin_all();
   for (Bucket& b : buckets_) dp_.broadcast(b.flat_params, 0);
+  unpin_all(/*refresh_shards=*/true);
 }
+
+// ---- ZeRO-3: full buckets gathered on use, at most kResidentBuckets kept ----
+
+void DataParallel::make_resident(size_t b) {
+  Bucket& bk = buckets_[b];
+  bk.last_use = ++use_clock_;
+  if (bk.resident) return;
+  engine::Storage& st = *bk.flat_params.storage();
+  st.data = st.allocator->allocate(st.nbytes);
+  dp_.all_gather(bk.shard_params, bk.flat_params);
+  bk.resident = true;
+  if (pinned_) return;
+  // Evict the least recently used other buckets beyond the budget. Every rank runs the same
+  // kernels in the same order, so every rank gathers and evicts the same buckets.
+  for (;;) {
+    int resident = 0;
+    size_t victim = buckets_.size();
+    for (size_t i = 0; i < buckets_.size(); ++i) {
+      if (!buckets_[i].resident) continue;
+      ++resident;
+      if (i != b && (victim == buckets_.size() || buckets_[i].last_use < buckets_[victim].last_use))
+        victim = i;
+    }
+    if (resident <= kResidentBuckets || victim == buckets_.size()) break;
+    release(victim);
+  }
+}
+
+void DataParallel::release(size_t b) {
+  Bucket& bk = buckets_[b];
+  if (!bk.resident) return;
+  engine::Storage& st = *bk.flat_params.storage();
+  st.allocator->deallocate(st.data, st.nbytes);
+  st.data = nullptr;
+  bk.resident = false;
+}
+
+void DataParallel::pin_all() {
+  if (options_.zero_stage != 3) return;
+  pinned_ = true;
+  for (size_t b = 0; b < buckets_.size(); ++b) make_resident(b);
+}
+
+void DataParallel::unpin_all(bool refresh_shards) {
+  if (options_.zero_stage != 3) return;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (refresh_shards) engine::copy_(buckets_[b].shard_params, shard_of(buckets_[b].flat_params));
+    release(b);
+  }
+  pinned_ = false;
+}
+
+void DataParallel::gather_parameters() { pin_all(); }
+void DataParallel::release_parameters(bool loaded) { unpin_all(loaded); }
 
 void DataParallel::begin_backward(bool sync) {
   sync_ = sync;
@@ -123,7 +188,7 @@ Tensor DataParallel::shard_of(const Tensor& flat) const {
 }
 
 void DataParallel::launch(Bucket& b) {
-  const bool stage2 = options_.zero_stage == 2;
+  const bool stage2 = options_.zero_stage >= 2;
   if (stage2) b.flat_grads = Tensor::empty({b.padded}, b.shard_grads.dtype());
   const int64_t used = b.offsets.back() + params_[b.params.back()].second.numel();
   engine::fill_(b.flat_grads.slice(0, used, b.padded), 0.0);  // the padding
@@ -173,7 +238,7 @@ void DataParallel::finish_backward() {
   }
   for (Bucket& b : buckets_) {
     b.work->wait();
-    if (options_.zero_stage == 2) b.flat_grads = Tensor();  // free the full-size buffer
+    if (options_.zero_stage >= 2) b.flat_grads = Tensor();  // free the full-size buffer
   }
   if (options_.zero_stage == 0) {
     for (Bucket& b : buckets_) {
@@ -191,7 +256,7 @@ void DataParallel::finish_backward() {
       const auto& [b, a] = opt_where_[i];
       const Tensor& seg = opt_params_[i].second;
       const Bucket& bk = buckets_[b];
-      if (options_.zero_stage == 2) {
+      if (options_.zero_stage >= 2) {
         const int64_t lo = dp_.rank() * (bk.padded / dp_.size());
         seg.set_grad(bk.shard_grads.slice(0, a - lo, a - lo + seg.numel()));
       } else {
@@ -222,6 +287,11 @@ double DataParallel::average(double value) {
 
 void DataParallel::after_step() {
   if (options_.zero_stage == 0) return;
+  if (options_.zero_stage == 3) {
+    // The optimizer wrote the shards; the cached full buckets are stale.
+    for (size_t b = 0; b < buckets_.size(); ++b) release(b);
+    return;
+  }
   for (Bucket& b : buckets_) dp_.all_gather(shard_of(b.flat_params), b.flat_params);
 }
 
@@ -305,8 +375,13 @@ DataParallel::MemoryReport DataParallel::memory(int states) const {
     full += b.padded;
     shard += b.padded / dp_.size();
   }
-  m.params = full * elem;
-  m.grads = (options_.zero_stage == 2 ? shard : full) * elem;
+  int64_t largest = 0;
+  for (const Bucket& b : buckets_) largest = std::max(largest, b.padded);
+  m.params = (options_.zero_stage == 3
+                  ? shard + std::min<int64_t>(kResidentBuckets, num_buckets()) * largest
+                  : full) *
+             elem;
+  m.grads = (options_.zero_stage >= 2 ? shard : full) * elem;
   m.optimizer = (options_.zero_stage >= 1 ? shard : full) * elem * states;
   return m;
 }

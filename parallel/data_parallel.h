@@ -12,6 +12,10 @@
 //   stage 1: gradients are all-reduced; each rank updates only its shard of every bucket, so
 //            optimizer states are 1/N; the updated shards are all-gathered after the step.
 //   stage 2: as stage 1, but gradients are reduce-scattered: each rank holds only its shard.
+//   stage 3: as stage 2, and the parameters live as shards too: a bucket's full buffer is
+//            all-gathered when a kernel first touches it (the Storage residency hook, called
+//            by every kernel launch) and at most kResidentBuckets stay gathered (least
+//            recently used evicted; all dropped after the optimizer step).
 //
 // Rank r's shard of a bucket of P (padded to a multiple of N) elements is [r P/N, (r+1) P/N).
 // The optimizer is built over optimizer_params(): the full parameters (stage 0) or views of the
@@ -56,8 +60,15 @@ class DataParallel final : public engine::train::DataParallelRuntime {
   bool decays(const std::string& optimizer_param_name) const override;
   // L2 norm of the averaged gradient over all parameters (collective).
   double grad_norm() override;
-  // After the optimizer step: all-gathers the updated shards (stages 1, 2).
+  // After the optimizer step: all-gathers the updated shards (stages 1, 2); stage 3 drops the
+  // stale full buckets.
   void after_step() override;
+  // Stage 3: every full bucket gathered and kept (checkpoints read and write the parameters
+  // directly), then released again; after a load, the shards are refreshed from the buckets.
+  void gather_parameters() override;
+  void release_parameters(bool loaded) override;
+  // Full buckets stage 3 keeps gathered at once (enough for every operand of one kernel).
+  static constexpr int kResidentBuckets = 4;
   int dp_rank() const override { return dp_.rank(); }
   int dp_size() const override { return dp_.size(); }
   double average(double value) override;
@@ -88,11 +99,18 @@ class DataParallel final : public engine::train::DataParallelRuntime {
     engine::Tensor flat_params;    // [padded]; the parameters are views of it
     engine::Tensor flat_grads;     // [padded]; under stage 2 only while its reduction runs
     engine::Tensor shard_grads;    // stage 2: [padded / N], this rank's averaged shard
+    engine::Tensor shard_params;   // stage 3: [padded / N], this rank's parameters (home)
+    bool resident = true;          // stage 3: flat_params holds gathered data
+    uint64_t last_use = 0;
     int ready = 0;
     bool launched = false;
     std::unique_ptr<Work> work;
   };
   void on_grad_ready(int bucket);
+  void make_resident(size_t bucket);
+  void release(size_t bucket);
+  void pin_all();
+  void unpin_all(bool refresh_shards);
   void launch_ready();
   void launch(Bucket& b);
   engine::Tensor shard_of(const engine::Tensor& flat) const;
@@ -104,6 +122,8 @@ class DataParallel final : public engine::train::DataParallelRuntime {
   std::vector<int> bucket_of_;  // per param
   int next_launch_ = 0;
   bool sync_ = false;
+  bool pinned_ = false;
+  uint64_t use_clock_ = 0;
   engine::nn::NamedTensors opt_params_;
   std::vector<bool> opt_decay_;
   // Per optimizer param under stages 1/2: (bucket, start within the bucket).

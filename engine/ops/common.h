@@ -11,17 +11,18 @@
 
 namespace mammoth::engine::detail {
 
+// Brings paged storage (offload, ZeRO-3) onto the compute device before its address is taken.
+inline void make_resident(const Tensor& t, bool write) {
+  if (t.defined() && t.storage()->ensure_resident) t.storage()->ensure_resident(write);
+}
+
 // Launches the `kernel` registered for `key`'s device and dtype.
 inline void launch_for(const Tensor& key, kernels::Kernel kernel,
                        std::initializer_list<Tensor> inputs, std::initializer_list<Tensor> outputs,
                        const void* params = nullptr) {
   // Paged storage first (all of it, before any address is taken: a load may move `data`).
-  for (const Tensor& t : inputs) {
-    if (t.defined() && t.storage()->ensure_resident) t.storage()->ensure_resident(false);
-  }
-  for (const Tensor& t : outputs) {
-    if (t.storage()->ensure_resident) t.storage()->ensure_resident(true);
-  }
+  for (const Tensor& t : inputs) make_resident(t, false);
+  for (const Tensor& t : outputs) make_resident(t, true);
   std::vector<kernels::TensorArg> in, out;
   for (const Tensor& t : inputs) in.push_back(t.defined() ? t.arg() : kernels::TensorArg{});
   for (const Tensor& t : outputs) out.push_back(t.arg());

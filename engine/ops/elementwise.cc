@@ -292,6 +292,7 @@ Tensor cast(const Tensor& x, DType dtype) {
   check_defined(x, "cast", "x");
   if (x.dtype() == dtype) return x;
   Tensor y = Tensor::empty(x.shape(), dtype, x.device());
+  detail::make_resident(x, false);
   kernels::launch(Kernel::copy, x.device().type, dtype, std::vector{x.arg()}, std::vector{y.arg()},
                   nullptr);
   if (needs_grad({x}) && is_floating(dtype)) {
@@ -310,6 +311,8 @@ void copy_(const Tensor& dst, const Tensor& src) {
       << " goes through to_device()";
   NoGradGuard ng;
   const Tensor s = src.expand(dst.shape());
+  detail::make_resident(s, false);
+  detail::make_resident(dst, true);
   kernels::launch(Kernel::copy, dst.device().type, dst.dtype(), std::vector{s.arg()},
                   std::vector{dst.arg()}, nullptr);
 }
@@ -317,6 +320,7 @@ void copy_(const Tensor& dst, const Tensor& src) {
 void fill_(const Tensor& dst, double value) {
   check_defined(dst, "fill_", "dst");
   const kernels::ScalarParams p{value};
+  detail::make_resident(dst, true);
   kernels::launch(Kernel::fill, dst.device().type, dst.dtype(), {}, std::vector{dst.arg()}, &p);
 }
 

@@ -34,6 +34,10 @@ class DataParallelRuntime {
   virtual void scatter_state(const nn::NamedTensors& full, const nn::NamedTensors& state,
                              const std::vector<std::string>& suffixes) const = 0;
   virtual void barrier() = 0;
+  // Parameters that live sharded (ZeRO-3) are gathered for direct reads and writes
+  // (checkpoints) and released after; `loaded` says they were overwritten.
+  virtual void gather_parameters() {}
+  virtual void release_parameters(bool /*loaded*/) {}
 };
 
 }  // namespace mammoth::engine::train

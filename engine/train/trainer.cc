@@ -233,12 +233,16 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
     if (scaling) state.set("loss_scaler", scaler.state());
     state.set("config", run_config);
     const nn::NamedTensors opt_state = full_optimizer_state();  // collective under dp
+    if (dp) dp->gather_parameters();                            // ZeRO-3: whole parameters
     if (lead) {
       const std::string dir =
           save_checkpoint(o.save_dir, at_step, {&params, &opt_state, state}, o.keep_last);
       if (!quiet) std::fprintf(stderr, "[train] saved checkpoint %s\n", dir.c_str());
     }
-    if (dp) dp->barrier();  // nobody reads `latest` before it is complete
+    if (dp) {
+      dp->release_parameters(/*loaded=*/false);
+      dp->barrier();  // nobody reads `latest` before it is complete
+    }
   };
 
   auto evaluate = [&]() {

@@ -1,7 +1,7 @@
 #!/bin/bash
 # `mammoth train` under mpirun: the loss curve does not depend on how the global batch is split
-# between data-parallel ranks and accumulation, for ZeRO 0/1/2; and a checkpoint written by
-# 2 ranks under ZeRO-2 resumes on 1 rank and on 4 ranks under other stages, continuing the curve.
+# between data-parallel ranks and accumulation, for ZeRO 0/1/2/3; and a checkpoint written by
+# 4 ranks under ZeRO-3 resumes on 1 rank and on 2 ranks under ZeRO-1, continuing the curve.
 set -euo pipefail
 mammoth="$1"
 mpirun="$2"
@@ -15,6 +15,8 @@ bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --micro-batch 4 --zero 1 \
   --metrics "$work/dp2_zero1.jsonl"
 bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --micro-batch 2 --zero 2 --bucket-mb 0.05 \
   --metrics "$work/dp4_zero2.jsonl"
+bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --micro-batch 4 --zero 3 --bucket-mb 0.05 \
+  --metrics "$work/dp2_zero3.jsonl"
 bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --micro-batch 2 --grad-accum 2 \
   --metrics "$work/dp2_zero0_accum.jsonl"
 
@@ -28,16 +30,16 @@ bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --micro-batch 4 --zero 1 --
 bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --micro-batch 4 --zero 2 --amp fp16 \
   --metrics "$work/dp2_fp16.jsonl"
 
-# Resharding: 8 steps on 2 ranks (ZeRO-2) saving at step 4; point `latest` back at step 4 and
-# continue on 1 rank and on 4 ranks (ZeRO-1).
-bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --micro-batch 4 --zero 2 --save-every 4 \
-  --save-dir "$work/ckpt" --metrics "$work/first_run.jsonl"
+# Resharding: 8 steps on 4 ranks (ZeRO-3) saving at step 4; point `latest` back at step 4 and
+# continue on 1 rank and on 2 ranks (ZeRO-1).
+bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --micro-batch 2 --zero 3 --bucket-mb 0.05 \
+  --save-every 4 --save-dir "$work/ckpt" --metrics "$work/first_run.jsonl"
 echo step_00000004 >"$work/ckpt/latest"
-cp -r "$work/ckpt" "$work/ckpt4"
+cp -r "$work/ckpt" "$work/ckpt2"
 "$mammoth" train "${common[@]}" --micro-batch 8 --save-dir "$work/ckpt" --resume \
   --metrics "$work/resumed_np1.jsonl"
-bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --micro-batch 2 --zero 1 \
-  --save-dir "$work/ckpt4" --resume --metrics "$work/resumed_np4.jsonl"
+bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --micro-batch 4 --zero 1 \
+  --save-dir "$work/ckpt2" --resume --metrics "$work/resumed_np2.jsonl"
 
 "${MAMMOTH_PYTHON:-/usr/bin/python3}" - "$work" <<'PY'
 import json, sys
@@ -65,11 +67,11 @@ def same(name, steps):
     worst = max(abs(got[s] - ref[s]) / abs(ref[s]) for s in steps)
     print(f"{name}: steps {steps[0]}..{steps[-1]}, largest relative loss difference {worst:.2e}")
     assert worst < tol, (name, worst)
-for name in ["dp2_zero1", "dp4_zero2", "dp2_zero0_accum"]:
+for name in ["dp2_zero1", "dp4_zero2", "dp2_zero3", "dp2_zero0_accum"]:
     same(name, list(range(1, 9)))
 same("first_run", list(range(1, 9)))
 same("resumed_np1", [5, 6, 7, 8])
-same("resumed_np4", [5, 6, 7, 8])
+same("resumed_np2", [5, 6, 7, 8])
 assert ref[8] < ref[1] - 0.3, "the loss should fall"
 print("ok")
 PY
