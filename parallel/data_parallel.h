@@ -1,4 +1,4 @@
-// Data parallelism with ZeRO stages 0-2 over the dp group, on gradient buckets.
+// Data parallelism with ZeRO stages 0-3 over the dp group, on gradient buckets.
 //
 // Parameters are grouped into buckets of about `bucket_mb` in reverse registration order (the
 // order backward produces their gradients) and each bucket's parameters are moved into one

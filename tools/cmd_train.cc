@@ -77,8 +77,9 @@ ABSL_FLAG(int, sp, 1, "sequence-parallel ranks for --sp-mode ulysses or ring");
 ABSL_FLAG(std::string, sp_mode, "none",
           "sequence parallelism: none, split_gather (on the tp group), ulysses or ring (on sp)");
 ABSL_FLAG(int, dp, 0, "data-parallel ranks (0: all ranks mpirun started)");
-ABSL_FLAG(int, zero, 0,
-          "ZeRO stage: 0 (replicated), 1 (optimizer states sharded), 2 (+ gradients)");
+ABSL_FLAG(
+    int, zero, 0,
+    "ZeRO stage: 0 (replicated), 1 (optimizer states sharded), 2 (+ gradients), 3 (+ parameters)");
 ABSL_FLAG(double, bucket_mb, 25.0, "gradient bucket size for data-parallel reductions, MiB");
 ABSL_FLAG(std::string, offload, "none",
           "where AdamW states live: none (beside the parameters), host (CPU AdamW on host "
