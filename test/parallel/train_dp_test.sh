@@ -23,8 +23,12 @@ bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --micro-batch 2 --grad-accu
 # bf16 autocast and fp16 loss scaling: every rank skips or applies the same steps.
 "$mammoth" train "${common[@]}" --micro-batch 4 --grad-accum 2 --amp bf16 \
   --metrics "$work/single_bf16.jsonl"
-bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --micro-batch 4 --zero 1 --amp bf16 \
-  --metrics "$work/dp2_bf16.jsonl"
+for zero in 0 1 2 3; do
+  bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --micro-batch 4 --zero $zero --amp bf16 \
+    --bucket-mb 0.05 --metrics "$work/dp2_bf16_zero$zero.jsonl"
+done
+bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --micro-batch 2 --zero 3 --amp bf16 \
+  --bucket-mb 0.05 --metrics "$work/dp4_bf16_zero3.jsonl"
 "$mammoth" train "${common[@]}" --micro-batch 4 --grad-accum 2 --amp fp16 \
   --metrics "$work/single_fp16.jsonl"
 bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --micro-batch 4 --zero 2 --amp fp16 \
@@ -55,7 +59,9 @@ def compare(name, reference, steps, tol):
 # Under autocast a float-rounding difference in a weight can flip its bf16/fp16 rounding (a
 # 2^-8 / 2^-11 relative change of that input), so the curves agree to well below bf16's
 # epsilon (7.8e-3) rather than to fp32 rounding.
-compare("dp2_bf16", "single_bf16", list(range(1, 9)), 1e-3)
+for name in ["dp2_bf16_zero0", "dp2_bf16_zero1", "dp2_bf16_zero2", "dp2_bf16_zero3",
+             "dp4_bf16_zero3"]:
+    compare(name, "single_bf16", list(range(1, 9)), 1e-3)
 compare("dp2_fp16", "single_fp16", list(range(1, 9)), 1e-3)
 ref = losses("single")
 assert sorted(ref) == list(range(1, 9)), ref
