@@ -352,7 +352,9 @@ TEST_CASE("a write refused by the kernel is an error naming file, offset, length
     AlignedBuffer b(512 * 1024);
     io->write(f, 0, b.data(), b.size()).wait();
     Ticket t = io->write(f, 2 << 20, b.data(), b.size());
-    return error_of([&] { t.wait(); }) + "\nstats.failed=" + std::to_string(io->stats().failed);
+    // Two statements: the operands of + are unsequenced, and stats must be read after wait.
+    const std::string error = error_of([&] { t.wait(); });
+    return error + "\nstats.failed=" + std::to_string(io->stats().failed);
   });
   INFO(out);
   CHECK(out.find("write of " + path +
