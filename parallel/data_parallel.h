@@ -67,8 +67,9 @@ class DataParallel final : public engine::train::DataParallelRuntime {
   // directly), then released again; after a load, the shards are refreshed from the buckets.
   void gather_parameters() override;
   void release_parameters(bool loaded) override;
-  // Full buckets stage 3 keeps gathered at once (enough for every operand of one kernel).
-  static constexpr int kResidentBuckets = 4;
+  // Full buckets stage 3 keeps gathered at once (a kernel reads at most two parameter buckets: a
+  // weight and a bias).
+  static constexpr int kResidentBuckets = 2;
   int dp_rank() const override { return dp_.rank(); }
   int dp_size() const override { return dp_.size(); }
   double average(double value) override;

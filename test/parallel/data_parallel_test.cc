@@ -175,6 +175,26 @@ TEST_CASE("DP and ZeRO 1/2/3 match the single-process run") {
   }
 }
 
+TEST_CASE("ZeRO-3 per-rank memory is within 10% of 1/N of one process") {
+  // Whole buckets are gathered, so the target needs a model whose largest parameter is small
+  // next to the model: gpt2-tiny's shapes with 24 layers (~19 MB of parameters).
+  auto world = parallel::mpi_world();
+  const int n = world->size();
+  models::ModelConfig cfg = models::resolve_config("gpt2-tiny");
+  cfg.vocab_size = kVocab;
+  cfg.n_layer = 24;
+  auto model = models::build_model(cfg, 5);
+  const double full = 4.0 * static_cast<double>(model->num_parameters());
+  parallel::DataParallel dp(model->named_parameters(), *world,
+                            {.zero_stage = 3, .bucket_mb = 0.05});
+  const auto mem = dp.memory();
+  // Parameters + gradients + AdamW's two states: 4 copies of 4 bytes per parameter.
+  const double ideal = 4.0 * full / n;
+  const double ours = static_cast<double>(mem.params + mem.grads + mem.optimizer);
+  INFO("per-rank bytes " << ours << ", ideal " << ideal << " (" << ours / ideal << "x)");
+  CHECK(ours <= 1.1 * ideal);
+}
+
 TEST_CASE("ZeRO shards optimizer states and gradients") {
   auto world = parallel::mpi_world();
   const int n = world->size();
