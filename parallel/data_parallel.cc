@@ -4,6 +4,7 @@
 
 #include "engine/autograd.h"
 #include "engine/ops.h"
+#include "engine/optim/optim.h"
 #include "memory/allocator.h"
 
 namespace mammoth::parallel {
@@ -268,11 +269,7 @@ void DataParallel::finish_backward() {
 }
 
 double DataParallel::grad_norm() {
-  double local = 0;
-  for (const auto& [name, t] : opt_params_) {
-    const Tensor g = t.grad();
-    if (g.defined()) local += engine::sum(engine::mul(g, g)).item();
-  }
+  const double local = engine::optim::grad_sq_sum(opt_params_);
   if (options_.zero_stage == 0) return std::sqrt(local);
   Tensor s = Tensor::from_vector({local}, {1}, DType::kF64);
   dp_.all_reduce(s, ReduceOp::kSum);

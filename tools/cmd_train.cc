@@ -16,6 +16,7 @@
 #include "engine/data/token_shard.h"
 #include "engine/offload/offload.h"
 #include "engine/ops.h"
+#include "engine/optim/optim.h"
 #include "engine/train/trainer.h"
 #include "models/gpt2/gpt2.h"
 #include "models/pipeline/gpt2_pipeline.h"
@@ -258,13 +259,12 @@ int run_train(const std::vector<std::string>& args) {
     o.grad_norm = [&sharded, &mesh] {
       const bool tp0 = mesh->coord(parallel::Axis::kTp) == 0;
       const bool sp0 = mesh->coord(parallel::Axis::kSp) == 0;
-      double local = 0;
+      engine::nn::NamedTensors counted;
       for (const auto& [name, p] : sharded->named_parameters()) {
-        const engine::Tensor g = p.grad();
-        if (!g.defined() || !sp0 || (!sharded->spec(name).sharded() && !tp0)) continue;
-        local += engine::sum(engine::mul(g, g)).item();
+        if (sp0 && (sharded->spec(name).sharded() || tp0)) counted.emplace_back(name, p);
       }
-      engine::Tensor t = engine::Tensor::from_vector({local}, {1}, DType::kF64);
+      engine::Tensor t =
+          engine::Tensor::from_vector({engine::optim::grad_sq_sum(counted)}, {1}, DType::kF64);
       mesh->cpu_group(parallel::Axis::kTp).all_reduce(t, parallel::ReduceOp::kSum);
       mesh->cpu_group(parallel::Axis::kSp).all_reduce(t, parallel::ReduceOp::kSum);
       return std::sqrt(t.item());

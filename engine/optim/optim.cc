@@ -121,7 +121,7 @@ NamedTensors AdamW::state() const {
   return out;
 }
 
-double grad_norm(const NamedTensors& params) {
+double grad_sq_sum(const NamedTensors& params) {
   NoGradGuard ng;
   double total = 0;
   for (const auto& [name, t] : params) {
@@ -129,8 +129,10 @@ double grad_norm(const NamedTensors& params) {
     if (!g.defined()) continue;
     total += sum(mul(g, g)).item();
   }
-  return std::sqrt(total);
+  return total;
 }
+
+double grad_norm(const NamedTensors& params) { return std::sqrt(grad_sq_sum(params)); }
 
 double clip_factor(double norm, double max_norm) {
   if (max_norm <= 0 || !std::isfinite(norm)) return 1.0;

@@ -81,6 +81,8 @@ class AdamW : public Optimizer {
 
 // L2 norm of all gradients together (parameters without grad count as zero).
 double grad_norm(const NamedTensors& params);
+// The sum of squared gradients (grad_norm squared), for norms assembled across processes.
+double grad_sq_sum(const NamedTensors& params);
 // The factor min(1, max_norm / (norm + 1e-6)) that clipping applies (1 when max_norm <= 0).
 double clip_factor(double norm, double max_norm);
 
