@@ -41,6 +41,10 @@ enum class ReduceOp { kSum, kAvg, kMax };
 
 const char* reduce_op_name(ReduceOp op);  // "sum", "avg", "max"
 
+// Tags of isend/irecv lie in [0, kReservedTag): backends may build collectives from
+// point-to-point messages on that tag (MPI guarantees tags up to at least 32767).
+inline constexpr int kReservedTag = 32000;
+
 // Settings of a communicator (tools map their flags onto this; the library reads no flags).
 struct CommOptions {
   // Seconds an operation may take before the job is aborted (`--comm-timeout`). <= 0: no limit.

@@ -156,6 +156,37 @@ TEST_CASE("all_gather, in place and out of place, every dtype") {
   }
 }
 
+TEST_CASE("several all_gathers in flight with point-to-point traffic between them") {
+  // The MPI backend builds all_gather from point-to-point messages on kReservedTag: blocks of
+  // consecutive gathers must not be mixed up, nor with user messages posted in between.
+  MpiCommunicator& w = world();
+  const int s = w.size(), r = w.rank();
+  constexpr int kGathers = 3;
+  constexpr int64_t n = 1000;
+  std::vector<Tensor> ins, outs;
+  std::vector<std::unique_ptr<Work>> works;
+  const int next = (r + 1) % s, prev = (r - 1 + s) % s;
+  Tensor sent = filled(r, 7, DType::kF32), got = Tensor::zeros({7}, DType::kF32);
+  auto recv = w.irecv(got, prev, 5);
+  for (int g = 0; g < kGathers; ++g) {
+    ins.push_back(filled(r + 10 * g, n, DType::kF32));
+    outs.push_back(Tensor::zeros({n * s}, DType::kF32));
+    works.push_back(w.iall_gather(ins.back(), outs.back()));
+    if (g == 0) works.push_back(w.isend(sent, next, 5));
+  }
+  for (int g = kGathers - 1; g >= 0; --g) works[g]->wait();  // waited out of order
+  for (auto& work : works) work->wait();
+  recv->wait();
+  for (int g = 0; g < kGathers; ++g) {
+    check_values(
+        outs[g],
+        [&](int64_t i) { return value(static_cast<int>(i / n) + 10 * g, i % n, DType::kF32); },
+        "gather " + std::to_string(g));
+  }
+  check_values(
+      got, [&](int64_t i) { return value(prev, i, DType::kF32); }, "user message");
+}
+
 TEST_CASE("broadcast from every root, every dtype") {
   MpiCommunicator& w = world();
   for (DType dtype : kAllDTypes) {
@@ -327,6 +358,9 @@ TEST_CASE("bad arguments throw naming the operation and group, before any commun
   }
   CHECK_THAT(message([&] { w.send(f, w.size()); }),
              Catch::Contains("peer " + std::to_string(w.size())));
+  CHECK_THAT(message([&] { w.send(f, 0, kReservedTag); }),
+             Catch::Contains("[send]") && Catch::Contains("reserved"));
+  CHECK_THAT(message([&] { w.irecv(f, 0, -1); }), Catch::Contains("[recv]"));
   CHECK_THAT(message([&] { w.broadcast(f, -1); }), Catch::Contains("root -1"));
   CHECK_THAT(message([&] { w.all_to_all(Tensor::zeros({4 * w.size() + 1}), f); }),
              Catch::Contains("[all_to_all]"));
