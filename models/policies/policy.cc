@@ -47,6 +47,30 @@ parallel::ShardSpec ShardedLanguageModel::spec(const std::string& name) const {
   return it == specs_.end() ? parallel::ShardSpec{} : it->second;
 }
 
+void ShardedLanguageModel::set_replicated_heads(const std::string& name, int64_t heads,
+                                                int64_t head_rows) {
+  const int tp = mesh_.size(parallel::Axis::kTp);
+  MAMMOTH_CHECK(heads > 0 && heads < tp && tp % heads == 0)
+      << "[apply_policy] '" << name << "': " << heads << " heads cannot be replicated over tp "
+      << tp << " (needs fewer heads than ranks, tp a multiple of them)";
+  replicated_[name] = {heads, head_rows};
+}
+
+const ShardedLanguageModel::ReplicatedHeads* ShardedLanguageModel::replicated_heads(
+    const std::string& name) const {
+  auto it = replicated_.find(name);
+  return it == replicated_.end() ? nullptr : &it->second;
+}
+
+bool ShardedLanguageModel::grad_owner(const std::string& name) const {
+  const parallel::Communicator& tp = mesh_.group(parallel::Axis::kTp);
+  if (spec(name).sharded()) return true;
+  if (const ReplicatedHeads* r = replicated_heads(name)) {
+    return tp.rank() % (tp.size() / r->heads) == 0;
+  }
+  return tp.rank() == 0;
+}
+
 void ShardedLanguageModel::load_from(const Model& full) {
   parallel::Communicator& tp = mesh_.group(parallel::Axis::kTp);
   std::map<std::string, Tensor> mine;
@@ -57,7 +81,14 @@ void ShardedLanguageModel::load_from(const Model& full) {
     auto it = mine.find(name);
     MAMMOTH_CHECK(it != mine.end())
         << "[apply_policy] the sharded model has no parameter '" << name << "'";
-    Tensor shard = parallel::shard_tensor(t, spec(name), tp.rank(), tp.size());
+    Tensor shard;
+    if (const ReplicatedHeads* r = replicated_heads(name)) {
+      const int64_t head = tp.rank() / (tp.size() / r->heads);
+      shard = t.detach().slice(0, head * r->head_rows, (head + 1) * r->head_rows).contiguous();
+      shard = shard.clone();
+    } else {
+      shard = parallel::shard_tensor(t, spec(name), tp.rank(), tp.size());
+    }
     MAMMOTH_CHECK(shard.shape() == it->second.shape())
         << "[apply_policy] shard of '" << name << "' is " << engine::shape_str(shard.shape())
         << ", the parameter " << engine::shape_str(it->second.shape());
@@ -73,6 +104,19 @@ engine::nn::NamedTensors ShardedLanguageModel::full_parameters() const {
   parallel::Communicator& tp = mesh_.group(parallel::Axis::kTp);
   engine::nn::NamedTensors out;
   for (const auto& [name, t] : named_parameters()) {
+    if (const ReplicatedHeads* r = replicated_heads(name)) {
+      // Every rank's copy, rank-major; head h is the copy of rank h * (tp / heads).
+      engine::NoGradGuard ng;
+      Tensor all = parallel::comm_ops::all_gather(t.detach().contiguous(), tp, 0);
+      std::vector<Tensor> heads;
+      const int64_t copies = tp.size() / r->heads;
+      for (int64_t h = 0; h < r->heads; ++h) {
+        const int64_t at = h * copies * r->head_rows;
+        heads.push_back(all.slice(0, at, at + r->head_rows));
+      }
+      out.emplace_back(name, engine::concat(heads, 0).contiguous());
+      continue;
+    }
     out.emplace_back(name, parallel::unshard_tensor(t, spec(name), tp));
   }
   return out;
@@ -86,7 +130,18 @@ void ShardedLanguageModel::sync_grads() const {
     Tensor g = t.grad();
     if (!g.defined()) g = Tensor::zeros(t.shape(), t.dtype(), t.device());
     bool changed = false;
-    if (split_gather && tp.size() > 1 && !spec(name).sharded()) {
+    if (const ReplicatedHeads* r = replicated_heads(name)) {
+      // Each copy's gradient covers only its rank's query heads: sum the copies of each head
+      // (placed in a full-size buffer, all-reduced over tp) and keep this rank's head.
+      const int64_t head = tp.rank() / (tp.size() / r->heads);
+      engine::Shape shape = g.shape();
+      shape[0] = r->heads * r->head_rows;
+      Tensor all = Tensor::zeros(shape, g.dtype(), g.device());
+      engine::copy_(all.slice(0, head * r->head_rows, (head + 1) * r->head_rows), g);
+      all = parallel::comm_ops::all_reduce(all, tp);
+      g = all.slice(0, head * r->head_rows, (head + 1) * r->head_rows).contiguous();
+      changed = true;
+    } else if (split_gather && tp.size() > 1 && !spec(name).sharded()) {
       g = parallel::comm_ops::all_reduce(g, tp);
       changed = true;
     }
@@ -98,12 +153,84 @@ void ShardedLanguageModel::sync_grads() const {
   }
 }
 
+ShardedLanguageModel::SeqPlan ShardedLanguageModel::plan_sequence(int64_t T) const {
+  parallel::Communicator& tp = mesh_.group(parallel::Axis::kTp);
+  parallel::Communicator& sp = mesh_.group(parallel::Axis::kSp);
+  int parts = 1;
+  SeqPlan plan;
+  parallel::SeqSplit split = parallel::SeqSplit::kContiguous;
+  if (options_.sp_mode == SpMode::kSplitGather) {
+    parts = tp.size();
+    plan.part = tp.rank();
+  } else if (sequence_on_sp()) {
+    parts = sp.size();
+    plan.part = sp.rank();
+    if (options_.sp_mode == SpMode::kRing) split = parallel::SeqSplit::kZigzag;
+  }
+  plan.layout = std::make_shared<parallel::SequenceLayout>(T, parts, split);
+  plan.local = plan.layout->positions(plan.part);
+  plan.every.resize(static_cast<size_t>(plan.layout->padded()));
+  for (int64_t i = 0; i < plan.layout->padded(); ++i) plan.every[i] = i;
+  return plan;
+}
+
+Tensor ShardedLanguageModel::ids_at(const Tensor& ids, const std::vector<int64_t>& pos) {
+  const int64_t B = ids.size(0), T = ids.size(1);
+  std::vector<int64_t> all = ids.to_int_vector();
+  std::vector<int64_t> v;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t p : pos) v.push_back(p < T ? all[b * T + p] : 0);
+  return Tensor::from_ints(v, {B, static_cast<int64_t>(pos.size())});
+}
+
+Tensor ShardedLanguageModel::loss_from_local(const Tensor& logits, const std::vector<int64_t>& rows,
+                                             const Tensor& ids, const Tensor& targets,
+                                             int64_t vocab_start, int64_t vocab_size) const {
+  const int64_t B = ids.size(0), T = ids.size(1);
+  // Targets over the whole sequence: the next token, or the given labels; -100 = no loss.
+  std::vector<int64_t> tg(static_cast<size_t>(B * T), -100);
+  if (targets.defined()) {
+    tg = targets.to_int_vector();
+  } else {
+    std::vector<int64_t> v = ids.to_int_vector();
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t + 1 < T; ++t) tg[b * T + t] = v[b * T + t + 1];
+  }
+  int64_t count = 0;
+  for (int64_t x : tg) count += x != -100 ? 1 : 0;
+  MAMMOTH_CHECK(count > 0) << "[ShardedLanguageModel::loss] no target positions";
+  std::vector<int64_t> mine;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t p : rows) mine.push_back(p < T ? tg[b * T + p] : -100);
+  const int64_t n = static_cast<int64_t>(rows.size());
+  Tensor per_row = parallel::vocab_parallel_cross_entropy(logits, Tensor::from_ints(mine, {B, n}),
+                                                          mesh_.group(parallel::Axis::kTp),
+                                                          vocab_start, vocab_size);
+  Tensor total = engine::sum(per_row);
+  if (sequence_on_sp()) {
+    total = parallel::reduce_from_group(total, mesh_.group(parallel::Axis::kSp));
+  }
+  return total / static_cast<double>(count);
+}
+
+Tensor ShardedLanguageModel::gather_logits(const Tensor& logits, const SeqPlan& plan, int64_t T,
+                                           int64_t vocab_size) const {
+  Tensor full = parallel::gather_from_group(logits, mesh_.group(parallel::Axis::kTp), -1)
+                    .slice(-1, 0, vocab_size);
+  if (sequence_on_sp()) {
+    return parallel::gather_sequence(full, 1, *plan.layout, mesh_.group(parallel::Axis::kSp));
+  }
+  return full.slice(1, 0, T);
+}
+
 std::shared_ptr<ShardedLanguageModel> apply_policy(const Model& model,
                                                    const parallel::DeviceMesh& mesh,
                                                    const ShardOptions& options) {
   switch (model.config().family) {
     case Family::kGpt2:
       return gpt2_policy(model, mesh, options);
+    case Family::kLlama:
+      return llama_policy(model, mesh, options);
     default:
       MAMMOTH_THROW() << "[apply_policy] no sharding policy for family '"
                       << family_name(model.config().family) << "' yet";

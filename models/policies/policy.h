@@ -22,15 +22,24 @@
 //   ring          on the sp axis: ring attention over a zigzag (load-balanced) layout.
 // Vocabulary sizes and sequence lengths that do not divide are padded; padding never reaches
 // the loss, and full_parameters() returns the unpadded tensors.
+//
+// Grouped-query attention (LLaMA) under tp: the H query heads must divide by tp. The Hk key/value
+// heads are split over tp when Hk % tp == 0; when there are fewer of them than ranks and
+// tp % Hk == 0, rank r holds a copy of KV head r / (tp / Hk) (the one its H/tp query heads use;
+// set_replicated_heads) and sync_grads sums the copies' gradients. Any other Hk (neither divides
+// the other, e.g. Hk = 3 at tp = 2) is refused with an error naming the sizes: a rank's query
+// heads would then need parts of two KV heads, whose copies would differ in size between ranks.
 #pragma once
 
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/nn/module.h"
 #include "models/model.h"
 #include "parallel/mesh.h"
+#include "parallel/sequence_parallel/sequence_parallel.h"
 #include "parallel/tensor_parallel/layers.h"
 
 namespace mammoth::models {
@@ -61,15 +70,54 @@ class ShardedLanguageModel : public LanguageModel {
   // the sequence (replicated parameters under split_gather over tp; all under ulysses/ring
   // over sp). Collective; call on every rank before the dp reduction and the optimizer.
   void sync_grads() const;
+  // Whether this tp rank counts `name`'s gradient in a global norm (summed over tp afterwards):
+  // sharded parameters on every rank, a replicated KV head on the first rank holding it, other
+  // replicated parameters on tp rank 0.
+  bool grad_owner(const std::string& name) const;
 
  protected:
   void set_spec(const std::string& name, const parallel::ShardSpec& spec) { specs_[name] = spec; }
+  // `name` holds `heads` heads of `head_rows` rows each along dim 0, fewer heads than tp ranks
+  // (tp % heads == 0): rank r holds a copy of head r / (tp / heads) (GQA's KV projections).
+  void set_replicated_heads(const std::string& name, int64_t heads, int64_t head_rows);
+
+  // How a batch of T positions is laid out under the sequence mode (shared by the families).
+  struct SeqPlan {
+    std::shared_ptr<parallel::SequenceLayout> layout;
+    int part = 0;                // this rank's part of the layout
+    std::vector<int64_t> local;  // global positions this rank holds (>= T: padding)
+    std::vector<int64_t> every;  // 0 .. padded - 1
+  };
+  bool sequence_on_sp() const {
+    return options_.sp_mode == SpMode::kUlysses || options_.sp_mode == SpMode::kRing;
+  }
+  // split_gather: T/tp contiguous positions per tp rank; ulysses: T/sp contiguous per sp rank;
+  // ring: a zigzag pair of chunks per sp rank; none: the whole sequence.
+  SeqPlan plan_sequence(int64_t T) const;
+  // Token ids [B, |pos|] of `pos` from ids [B, T] (padding positions: token 0).
+  static engine::Tensor ids_at(const engine::Tensor& ids, const std::vector<int64_t>& pos);
+  // The mean loss of a batch from this rank's vocab-parallel logits [B, n, Vp/tp], whose rows
+  // are the global positions `rows` (>= T: padding): next-token targets from ids, or `targets`
+  // (-100: no loss); the sum is reduced over sp when the sequence is on sp.
+  engine::Tensor loss_from_local(const engine::Tensor& logits, const std::vector<int64_t>& rows,
+                                 const engine::Tensor& ids, const engine::Tensor& targets,
+                                 int64_t vocab_start, int64_t vocab_size) const;
+  // The full logits [B, T, V] (gathered over tp's vocabulary and sp's sequence) from this
+  // rank's [B, n, Vp/tp] rows `rows` in `plan`.
+  engine::Tensor gather_logits(const engine::Tensor& logits, const SeqPlan& plan, int64_t T,
+                               int64_t vocab_size) const;
 
   const parallel::DeviceMesh& mesh_;
   ShardOptions options_;
 
  private:
+  struct ReplicatedHeads {
+    int64_t heads = 0, head_rows = 0;
+  };
+  const ReplicatedHeads* replicated_heads(const std::string& name) const;
+
   std::map<std::string, parallel::ShardSpec> specs_;
+  std::map<std::string, ReplicatedHeads> replicated_;
 };
 
 // The policy of `model`'s family (throws naming the family when it has none yet).
@@ -81,5 +129,8 @@ std::shared_ptr<ShardedLanguageModel> apply_policy(const Model& model,
 std::shared_ptr<ShardedLanguageModel> gpt2_policy(const Model& model,
                                                   const parallel::DeviceMesh& mesh,
                                                   const ShardOptions& options);
+std::shared_ptr<ShardedLanguageModel> llama_policy(const Model& model,
+                                                   const parallel::DeviceMesh& mesh,
+                                                   const ShardOptions& options);
 
 }  // namespace mammoth::models
