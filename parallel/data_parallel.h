@@ -58,7 +58,9 @@ class DataParallel final : public engine::train::DataParallelRuntime {
   // (decided on the original parameter's shape: matrices only).
   const engine::nn::NamedTensors& optimizer_params() const override { return opt_params_; }
   bool decays(const std::string& optimizer_param_name) const override;
-  // L2 norm of the averaged gradient over all parameters (collective).
+  // L2 norm of the averaged gradient over all parameters (collective). It is also the
+  // found-inf flag: an inf/NaN in any rank's gradient makes it non-finite on every rank, so
+  // all ranks skip an overflowed step together (tested in data_parallel_test).
   double grad_norm() override;
   // After the optimizer step: all-gathers the updated shards (stages 1, 2); stage 3 drops the
   // stale full buckets.

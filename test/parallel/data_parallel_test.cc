@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 
+#include "engine/amp/amp.h"
 #include "engine/ops.h"
 #include "engine/optim/optim.h"
 #include "models/registry.h"
@@ -35,9 +36,9 @@ Tensor batch(int64_t step, int64_t first, int64_t count) {
   return Tensor::from_ints(ids, {count, kSeq});
 }
 
-engine::optim::AdamWOptions adamw() {
+engine::optim::AdamWOptions adamw(double lr = 1e-2) {
   engine::optim::AdamWOptions o;
-  o.lr = 1e-2;
+  o.lr = lr;
   o.weight_decay = 0.1;
   // Adam divides by sqrt(v) + eps: with the default 1e-8, a gradient that is zero up to
   // rounding (1e-9) still moves its parameter by ~lr, so float-level differences in the
@@ -47,16 +48,22 @@ engine::optim::AdamWOptions adamw() {
   return o;
 }
 
+// Under bf16 autocast the runs are compared at a 10x smaller learning rate: see the bf16 test.
+double bf16_lr(engine::amp::Precision p) {
+  return p == engine::amp::Precision::kBF16 ? 1e-3 : 1e-2;
+}
+
 struct Run {
   std::vector<double> losses;
   std::vector<std::vector<double>> params;
   std::vector<std::vector<double>> state;  // optimizer state in the single-process layout
 };
 
-// Single process: the whole global batch, `accum` micro-batches.
-Run reference(int accum) {
+// Single process: the whole global batch, `accum` micro-batches (matmuls in `precision`).
+Run reference(int accum, engine::amp::Precision precision = engine::amp::Precision::kF32) {
+  engine::amp::AutocastGuard autocast(precision);
   auto model = make_model();
-  engine::optim::AdamW opt(model->named_parameters(), adamw());
+  engine::optim::AdamW opt(model->named_parameters(), adamw(bf16_lr(precision)));
   Run r;
   const int64_t micro = kGlobalBatch / accum;
   for (int64_t s = 0; s < kSteps; ++s) {
@@ -78,12 +85,14 @@ Run reference(int accum) {
 }
 
 // Data parallel: rank r takes its contiguous share of each global batch, in `accum` micro-batches.
-Run data_parallel(parallel::Communicator& world, int stage, int accum, double bucket_mb) {
+Run data_parallel(parallel::Communicator& world, int stage, int accum, double bucket_mb,
+                  engine::amp::Precision precision = engine::amp::Precision::kF32) {
+  engine::amp::AutocastGuard autocast(precision);
   auto model = make_model();
   parallel::DataParallel dp(model->named_parameters(), world,
                             {.zero_stage = stage, .bucket_mb = bucket_mb});
   dp.broadcast_parameters();
-  engine::optim::AdamW opt(dp.optimizer_params(), adamw(),
+  engine::optim::AdamW opt(dp.optimizer_params(), adamw(bf16_lr(precision)),
                            [&](const std::string& name, const Tensor&) { return dp.decays(name); });
   Run r;
   const int64_t share = kGlobalBatch / world.size(), micro = share / accum;
@@ -170,6 +179,73 @@ TEST_CASE("DP and ZeRO 1/2/3 match the single-process run") {
         DYNAMIC_SECTION("zero " << stage << " accum " << accum << " bucket " << bucket_mb) {
           check_same(data_parallel(*world, stage, accum, bucket_mb), accum == 1 ? ref1 : ref2, tol);
         }
+      }
+    }
+  }
+}
+
+TEST_CASE("DP and ZeRO 1/2/3 under bf16 autocast match the single-process bf16 run") {
+  // Autocast rounds each matmul input to bf16, so a rounding-level difference in a weight (the
+  // reductions run in another order) can flip one input's bf16 rounding (2^-8 relative), and
+  // Adam turns such flips into lr-sized steps: at lr 1e-2 the runs drift apart by 1e-2 within
+  // 10 steps, at lr 1e-3 (used here) by ~1e-4 (measured at 4 ranks: losses 6e-5 relative,
+  // parameters 9e-5, optimizer states 4e-5). The tolerance is 1e-3, far below bf16's 7.8e-3.
+  auto world = parallel::mpi_world();
+  REQUIRE(kGlobalBatch % (2 * world->size()) == 0);
+  const Run ref = reference(2, engine::amp::Precision::kBF16);
+  const Run f32 = reference(2);
+  REQUIRE(ref.losses.back() != f32.losses.back());  // autocast really changed the numerics
+  for (int stage : {0, 1, 2, 3}) {
+    DYNAMIC_SECTION("bf16 zero " << stage << " accum 2") {
+      check_same(data_parallel(*world, stage, 2, 0.05, engine::amp::Precision::kBF16), ref, 1e-3);
+    }
+  }
+}
+
+TEST_CASE("an overflow on one rank makes every rank skip the step") {
+  // The averaged gradient's norm is the found-inf flag: an inf or NaN in any rank's gradient
+  // reaches the global norm on every rank (through the all-reduce or reduce-scatter of the
+  // gradients and the all-reduce of the squared sums), so every rank skips together and the
+  // replicas never diverge. Here the last rank's loss overflows at step 1.
+  auto world = parallel::mpi_world();
+  const int n = world->size(), rank = world->rank();
+  for (int stage : {0, 1, 2, 3}) {
+    for (double poison : {INFINITY, NAN}) {
+      DYNAMIC_SECTION("zero " << stage << (std::isnan(poison) ? " nan" : " inf")) {
+        auto model = make_model();
+        parallel::DataParallel dp(model->named_parameters(), *world,
+                                  {.zero_stage = stage, .bucket_mb = 0.05});
+        dp.broadcast_parameters();
+        engine::optim::AdamW opt(dp.optimizer_params(), adamw());
+        const int64_t share = kGlobalBatch / n;
+        std::vector<int> skipped;
+        for (int64_t s = 0; s < 3; ++s) {
+          dp.begin_backward(true);
+          Tensor l = model->loss(batch(s, rank * share, share));
+          if (s == 1 && rank == n - 1) l = engine::mul_scalar(l, poison);
+          l.backward();
+          dp.finish_backward();
+          const double norm = dp.grad_norm();
+          if (std::isfinite(norm)) {
+            opt.step(engine::optim::clip_factor(norm, 1.0));
+            dp.after_step();
+          } else {
+            skipped.push_back(static_cast<int>(s));
+          }
+          opt.zero_grad();
+        }
+        CHECK(skipped == std::vector<int>{1});
+        // Every rank holds rank 0's parameters bit for bit, and they are finite.
+        dp.gather_parameters();
+        for (auto& [name, p] : model->named_parameters()) {
+          Tensor mine = p.contiguous().clone();
+          Tensor root = mine.clone();
+          world->broadcast(root, 0);
+          INFO(name);
+          CHECK(mine.to_vector() == root.to_vector());
+          for (double v : mine.to_vector()) REQUIRE(std::isfinite(v));
+        }
+        dp.release_parameters(false);
       }
     }
   }
