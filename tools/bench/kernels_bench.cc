@@ -14,16 +14,26 @@
 // best of `reps` runs after a warm-up (STREAM's convention), at 1 thread and at all threads.
 // Kernels run through the registry exactly as the engine calls them.
 //
-// --json FILE writes one object per row: {name, shape, threads, ours, anchor, unit, ratio}.
+// The bf16 GEMM rows (our gemm_bf16: bf16 in, fp32 accumulate and out) report GFLOP/s against
+// torch.matmul on bf16 tensors of the same shapes at the same thread count (oneDNN; Debian's
+// python3-torch), run by tools/bench/kernels/bf16_anchor.py in a Python subprocess: the python
+// is --python, else $MAMMOTH_PYTHON, else /usr/bin/python3 (as `mammoth bench train` finds it).
+// Without torch (or with --no-torch) those rows have no anchor and say why; no number is made up.
+//
+// --json FILE writes one object per row: {name, shape, threads, ours, anchor, unit, ratio}
+// (anchor and ratio null when there is none; bf16 rows add anchor_impl, or anchor_error).
 #include "tools/bench/kernels_bench.h"
 
 #include <immintrin.h>
+#include <sys/wait.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <initializer_list>
@@ -32,6 +42,7 @@
 
 #include "base/dtype.h"
 #include "base/error.h"
+#include "base/json.h"
 #include "base/thread_pool.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/simd.h"
@@ -52,6 +63,9 @@ struct Options {
   std::string filter;
   int threads = 0;  // 0: 1 and all
   std::string isa;
+  bool torch = true;       // run the bf16 GEMM anchor
+  std::string python;      // for it; empty: $MAMMOTH_PYTHON or /usr/bin/python3
+  std::string bf16_script; // tools/bench/kernels/bf16_anchor.py; empty: looked for
 };
 
 struct Row {
@@ -60,6 +74,9 @@ struct Row {
   double ours, anchor;
   std::string unit;
   double ratio;
+  bool has_anchor = true;
+  std::string anchor_impl;   // which library code ran the anchor, where known
+  std::string anchor_error;  // why there is no anchor
 };
 
 double best_seconds(int reps, const std::function<void()>& f) {
@@ -166,6 +183,94 @@ double seconds_of(const std::function<void()>& f) {
   const auto t0 = std::chrono::steady_clock::now();
   f();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// ---- the bf16 GEMM anchor (torch.matmul in a subprocess) --------------------------------------
+
+// GPT-2 small training GEMMs (B*T = 4096 tokens, C = 768; weights [in, out]: forward NN,
+// dX = dY W^T is NT, dW = X^T dY is TN) and a 2048^3 square, in bf16.
+struct Bf16Shape {
+  const char* name;
+  bool ta, tb;
+  int64_t M, N, K;
+};
+constexpr Bf16Shape kBf16Shapes[] = {
+    {"qkv_fwd", false, false, 4096, 2304, 768}, {"fc_fwd", false, false, 4096, 3072, 768},
+    {"proj_fwd", false, false, 4096, 768, 3072}, {"fc_dx", false, true, 4096, 768, 3072},
+    {"proj_dw", true, false, 3072, 768, 4096},  {"square2048", false, false, 2048, 2048, 2048},
+};
+
+std::string bf16_row_name(const Bf16Shape& s) {
+  return std::string("gemm_bf16_") + s.name + "_" + (s.ta ? "T" : "N") + (s.tb ? "T" : "N");
+}
+
+// tools/bench/kernels/bf16_anchor.py: given, under the working directory, in Bazel runfiles,
+// or beside a parent of the binary (bazel-bin/... sits in the source tree). Empty if not found.
+std::string find_bf16_script(const Options& o) {
+  if (!o.bf16_script.empty()) return o.bf16_script;
+  const std::string rel = "tools/bench/kernels/bf16_anchor.py";
+  std::vector<std::string> candidates = {rel};
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    candidates.push_back(exe.string() + ".runfiles/mammoth/" + rel);
+    for (auto p = exe.parent_path(); !p.empty() && p != p.root_path(); p = p.parent_path()) {
+      candidates.push_back((p / rel).string());
+    }
+  }
+  for (const std::string& c : candidates) {
+    if (std::filesystem::exists(c, ec)) return c;
+  }
+  return "";
+}
+
+// Runs the anchor script for `shapes` at `threads`; its last output line is a JSON object.
+// On failure returns an object {"error": why}.
+json::Value torch_bf16_anchor(const Options& o, int threads,
+                              const std::vector<const Bf16Shape*>& shapes) {
+  auto failed = [](const std::string& why) {
+    json::Value v = json::Value::object();
+    v.set("error", json::Value(why));
+    return v;
+  };
+  if (!o.torch) return failed("anchor skipped (--no-torch)");
+  const std::string script = find_bf16_script(o);
+  if (script.empty()) return failed("tools/bench/kernels/bf16_anchor.py not found");
+  std::string python = o.python;
+  if (python.empty()) {
+    const char* env = std::getenv("MAMMOTH_PYTHON");
+    python = env != nullptr && *env != '\0' ? env : "/usr/bin/python3";
+  }
+  std::string spec;
+  for (const Bf16Shape* s : shapes) {
+    spec += std::string(spec.empty() ? "" : ",") + s->name + ":" + (s->ta ? "1" : "0") + ":" +
+            (s->tb ? "1" : "0") + ":" + std::to_string(s->M) + ":" + std::to_string(s->N) + ":" +
+            std::to_string(s->K);
+  }
+  const std::string cmd = "'" + python + "' '" + script + "' --threads " +
+                          std::to_string(threads) + " --reps " + std::to_string(o.reps) +
+                          " --shapes " + spec;
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return failed("cannot run " + cmd);
+  std::string out;
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof(buf), pipe)) out.append(buf, n);
+  const int status = ::pclose(pipe);
+  const int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+  const size_t nl = out.rfind('\n');
+  const std::string last = nl == std::string::npos ? out : out.substr(nl + 1);
+  json::Value v;
+  try {
+    v = json::parse(last, "bf16_anchor.py output");
+  } catch (const std::exception&) {
+    return failed("the torch anchor failed (exit " + std::to_string(rc) + "): " + cmd);
+  }
+  if (!v.is_object()) return failed("the torch anchor printed no result: " + cmd);
+  if (rc != 0 && !v.contains("error")) {
+    return failed("the torch anchor failed (exit " + std::to_string(rc) + ")");
+  }
+  return v;
 }
 
 // ---- rows ------------------------------------------------------------------------------------
@@ -416,6 +521,51 @@ struct Bench {
     }
   }
 
+  // Our gemm_bf16 on each shape, then torch.matmul on all of them in one subprocess.
+  void bf16_gemm_rows() {
+    std::vector<const Bf16Shape*> shapes;
+    for (const Bf16Shape& s : kBf16Shapes) {
+      if (opt.quick && s.M * s.N * s.K > int64_t{4096} * 2304 * 768) continue;
+      if (wanted(bf16_row_name(s))) shapes.push_back(&s);
+    }
+    if (shapes.empty()) return;
+    const size_t first = rows.size();
+    for (const Bf16Shape* s : shapes) {
+      const int64_t a_cols = s->ta ? s->M : s->K, b_cols = s->tb ? s->K : s->N;
+      std::vector<float> af(s->M * s->K), bf(s->K * s->N), c(s->M * s->N);
+      fill(af, -1, 1, 70);
+      fill(bf, -1, 1, 71);
+      std::vector<uint16_t> a(af.size()), b(bf.size());
+      for (size_t i = 0; i < af.size(); ++i) a[i] = float_to_bf16(af[i]).bits;
+      for (size_t i = 0; i < bf.size(); ++i) b[i] = float_to_bf16(bf[i]).bits;
+      const double t = best_seconds(opt.reps, [&] {
+        kc::gemm_bf16(s->ta, s->tb, s->M, s->N, s->K, 1.0f, a.data(), a_cols, b.data(), b_cols,
+                      0.0f, c.data(), s->N);
+      });
+      const std::string shape =
+          std::to_string(s->M) + "x" + std::to_string(s->N) + "x" + std::to_string(s->K);
+      add(bf16_row_name(*s), shape, 2.0 * s->M * s->N * s->K / t / 1e9, 0, "GFLOP/s");
+    }
+    const json::Value v = torch_bf16_anchor(opt, threads, shapes);
+    for (size_t i = first; i < rows.size(); ++i) {
+      Row& r = rows[i];
+      r.has_anchor = false;
+      if (v.contains("error")) {
+        r.anchor_error = v.at("error").as_string();
+        continue;
+      }
+      if (v.at("threads").as_int() != threads) {
+        r.anchor_error = "torch ran " + std::to_string(v.at("threads").as_int()) + " threads";
+        continue;
+      }
+      const json::Value& t = v.at("rows")[i - first];
+      r.has_anchor = true;
+      r.anchor = t.at("gflops").as_double();
+      r.ratio = r.ours / r.anchor;
+      r.anchor_impl = "torch " + v.at("torch").as_string() + " matmul, " + t.at("impl").as_string();
+    }
+  }
+
   // Runs every row at the current thread count, then prints them. The GB/s anchor of every
   // row is the best triad seen across the whole section (each row contributed `reps` samples
   // of it): the bandwidth at its best, not a sample a busy neighbour happened to slow down.
@@ -427,20 +577,37 @@ struct Bench {
     cross_entropy_rows();
     gelu_rows();
     attention_rows();
+    bf16_gemm_rows();
     double best_triad = 0;
     for (size_t i = first; i < rows.size(); ++i) {
       if (rows[i].unit == "GB/s") best_triad = std::max(best_triad, rows[i].anchor);
     }
-    std::printf("-- %d thread%s: best triad %.1f GB/s\n", threads, threads == 1 ? "" : "s",
-                best_triad);
+    std::printf("-- %d thread%s", threads, threads == 1 ? "" : "s");
+    if (best_triad > 0) std::printf(": best triad %.1f GB/s", best_triad);
+    std::printf("\n");
     for (size_t i = first; i < rows.size(); ++i) {
       Row& r = rows[i];
       if (r.unit == "GB/s") {
         r.anchor = best_triad;
         r.ratio = r.ours / r.anchor;
       }
+      if (!r.has_anchor) {
+        std::printf("%-26s %-22s %7d %10.1f %10s %-7s %6s  (%s)\n", r.name.c_str(),
+                    r.shape.c_str(), r.threads, r.ours, "-", r.unit.c_str(), "-",
+                    r.anchor_error.c_str());
+        continue;
+      }
       std::printf("%-26s %-22s %7d %10.1f %10.1f %-7s %6.2f\n", r.name.c_str(), r.shape.c_str(),
                   r.threads, r.ours, r.anchor, r.unit.c_str(), r.ratio);
+    }
+    // Which code ran the anchors that name it (the bf16 rows: the oneDNN primitive).
+    std::vector<std::string> impls;
+    for (size_t i = first; i < rows.size(); ++i) {
+      const std::string& im = rows[i].anchor_impl;
+      if (!im.empty() && std::find(impls.begin(), impls.end(), im) == impls.end()) {
+        impls.push_back(im);
+        std::printf("bf16 anchor: %s\n", im.c_str());
+      }
     }
     std::fflush(stdout);
   }
@@ -452,13 +619,17 @@ void write_json(const std::string& path, const std::vector<Row>& rows) {
   f << "[\n";
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
-    char buf[512];
-    std::snprintf(buf, sizeof(buf),
-                  "  {\"name\": \"%s\", \"shape\": \"%s\", \"threads\": %d, \"ours\": %.3f, "
-                  "\"anchor\": %.3f, \"unit\": \"%s\", \"ratio\": %.4f}%s\n",
-                  r.name.c_str(), r.shape.c_str(), r.threads, r.ours, r.anchor, r.unit.c_str(),
-                  r.ratio, i + 1 < rows.size() ? "," : "");
-    f << buf;
+    json::Value o = json::Value::object();
+    o.set("name", json::Value(r.name));
+    o.set("shape", json::Value(r.shape));
+    o.set("threads", json::Value(r.threads));
+    o.set("ours", json::Value(r.ours));
+    o.set("anchor", r.has_anchor ? json::Value(r.anchor) : json::Value());
+    o.set("unit", json::Value(r.unit));
+    o.set("ratio", r.has_anchor ? json::Value(r.ratio) : json::Value());
+    if (!r.anchor_impl.empty()) o.set("anchor_impl", json::Value(r.anchor_impl));
+    if (!r.anchor_error.empty()) o.set("anchor_error", json::Value(r.anchor_error));
+    f << "  " << json::dump(o) << (i + 1 < rows.size() ? ",\n" : "\n");
   }
   f << "]\n";
 }
@@ -487,10 +658,19 @@ int run_kernels_bench(const std::vector<std::string>& args) {
       opt.threads = std::stoi(value());
     } else if (a == "--isa") {
       opt.isa = value();
+    } else if (a == "--no-torch") {
+      opt.torch = false;
+    } else if (a == "--python") {
+      opt.python = value();
+    } else if (a == "--bf16-anchor-script") {
+      opt.bf16_script = value();
     } else if (a == "--help" || a == "-h") {
       std::printf(
           "usage: mammoth bench kernels [--json FILE] [--reps N] [--quick] [--filter NAME]\n"
-          "                             [--threads N] [--isa avx512|avx2|portable]\n");
+          "                             [--threads N] [--isa avx512|avx2|portable]\n"
+          "                             [--no-torch] [--python PATH] [--bf16-anchor-script PATH]\n"
+          "bf16 GEMM rows are anchored on torch.matmul (bf16, oneDNN) run by PATH (default\n"
+          "$MAMMOTH_PYTHON, else /usr/bin/python3); --no-torch leaves them without an anchor.\n");
       return 0;
     } else {
       MAMMOTH_THROW() << "[bench kernels] unknown flag '" << a << "'";
