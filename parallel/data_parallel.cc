@@ -75,7 +75,10 @@ DataParallel::DataParallel(const engine::nn::NamedTensors& params, Communicator&
   // What this rank's optimizer updates.
   if (options.zero_stage == 0) {
     opt_params_ = params_;
-    for (const auto& [name, t] : params_) opt_decay_.push_back(t.dim() >= 2);
+    for (size_t i = 0; i < params_.size(); ++i) {
+      opt_decay_.push_back(params_[i].second.dim() >= 2);
+      opt_source_.push_back(static_cast<int>(i));
+    }
     return;
   }
   const int r = dp.rank();
@@ -93,6 +96,7 @@ DataParallel::DataParallel(const engine::nn::NamedTensors& params, Communicator&
                                    std::to_string(e - bk.offsets[k]) + "]",
                                seg);
       opt_decay_.push_back(p.dim() >= 2);
+      opt_source_.push_back(bk.params[k]);
       opt_where_.emplace_back(static_cast<int>(b), a);
     }
   }
@@ -268,12 +272,18 @@ void DataParallel::finish_backward() {
   sync_ = false;
 }
 
-double DataParallel::grad_norm() {
-  const double local = engine::optim::grad_sq_sum(opt_params_);
-  if (options_.zero_stage == 0) return std::sqrt(local);
+double DataParallel::grad_norm() { return std::sqrt(grad_sq_sum()); }
+
+double DataParallel::grad_sq_sum(const std::function<bool(const std::string&)>& include) {
+  engine::nn::NamedTensors counted;
+  for (size_t i = 0; i < opt_params_.size(); ++i) {
+    if (!include || include(params_[opt_source_[i]].first)) counted.push_back(opt_params_[i]);
+  }
+  const double local = engine::optim::grad_sq_sum(counted);
+  if (options_.zero_stage == 0) return local;
   Tensor s = Tensor::from_vector({local}, {1}, DType::kF64);
   dp_.all_reduce(s, ReduceOp::kSum);
-  return std::sqrt(s.item());
+  return s.item();
 }
 
 double DataParallel::average(double value) {

@@ -22,6 +22,7 @@
 // shard slices of them (stages 1, 2), named "<param>[a:b]".
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -62,6 +63,10 @@ class DataParallel final : public engine::train::DataParallelRuntime {
   // found-inf flag: an inf/NaN in any rank's gradient makes it non-finite on every rank, so
   // all ranks skip an overflowed step together (tested in data_parallel_test).
   double grad_norm() override;
+  // Sum of squares of the averaged gradient over the parameters whose (original) name passes
+  // `include` (all when empty), summed over the dp group (collective): the building block of a
+  // norm that spans other groups too (pipeline stages).
+  double grad_sq_sum(const std::function<bool(const std::string&)>& include = {});
   // After the optimizer step: all-gathers the updated shards (stages 1, 2); stage 3 drops the
   // stale full buckets.
   void after_step() override;
@@ -129,6 +134,7 @@ class DataParallel final : public engine::train::DataParallelRuntime {
   uint64_t use_clock_ = 0;
   engine::nn::NamedTensors opt_params_;
   std::vector<bool> opt_decay_;
+  std::vector<int> opt_source_;  // per optimizer param: its index in params_
   // Per optimizer param under stages 1/2: (bucket, start within the bucket).
   std::vector<std::pair<int, int64_t>> opt_where_;
 };

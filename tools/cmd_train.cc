@@ -130,15 +130,17 @@ int run_train(const std::vector<std::string>& args) {
       << "[train] --amp must be fp32, bf16 or fp16, got '" << amp << "'";
   set_num_threads(absl::GetFlag(FLAGS_threads));
 
-  // Processes: mpirun's world = dp x tp x sp (pipeline parallelism is not in train yet).
+  // Processes: mpirun's world = dp x pp x tp x sp (pp combines with dp so far, not tp/sp).
   const char* env_world = std::getenv("OMPI_COMM_WORLD_SIZE");
   const int launched = env_world ? std::max(1, std::atoi(env_world)) : 1;
   const int tp_size = absl::GetFlag(FLAGS_tp), sp_size = absl::GetFlag(FLAGS_sp);
   const int pp_size = absl::GetFlag(FLAGS_pp);
   MAMMOTH_CHECK(pp_size >= 1) << "[train] --pp must be >= 1, got " << pp_size;
-  MAMMOTH_CHECK(pp_size == 1 || (tp_size == 1 && sp_size == 1 && launched == pp_size))
-      << "[train] --pp " << pp_size << " runs alone so far: launch exactly " << pp_size
-      << " ranks with --tp 1 --sp 1 (hybrids with dp/tp/sp are not in train yet)";
+  MAMMOTH_CHECK(pp_size == 1 || (tp_size == 1 && sp_size == 1))
+      << "[train] --pp " << pp_size << " with --tp " << tp_size << " --sp " << sp_size
+      << ": pipeline parallelism combines with --dp so far, not with tp/sp";
+  MAMMOTH_CHECK(pp_size == 1 || absl::GetFlag(FLAGS_zero) <= 2)
+      << "[train] --pp with --zero 3 is not supported yet (use --zero 0, 1 or 2)";
   MAMMOTH_CHECK(tp_size >= 1 && sp_size >= 1)
       << "[train] --tp and --sp must be >= 1, got " << tp_size << " and " << sp_size;
   const models::SpMode sp_mode = models::sp_mode_from_name(absl::GetFlag(FLAGS_sp_mode));
@@ -303,12 +305,21 @@ int run_train(const std::vector<std::string>& args) {
 
   std::unique_ptr<parallel::DataParallel> dp;
   if (mesh && dp_size > 1) {
+    // Under pp each stage's replicas reduce their stage's parameters.
     dp = std::make_unique<parallel::DataParallel>(
-        trained->named_parameters(), mesh->group(parallel::Axis::kDp),
+        pipeline ? pipeline->parameters() : trained->named_parameters(),
+        mesh->group(parallel::Axis::kDp),
         parallel::DataParallelOptions{.zero_stage = absl::GetFlag(FLAGS_zero),
                                       .bucket_mb = absl::GetFlag(FLAGS_bucket_mb)});
     dp->broadcast_parameters();
     o.dp = dp.get();
+    if (pipeline) {
+      // The dp-averaged gradient's squares (ZeRO: over the shards) summed over the stages.
+      o.grad_norm = [&pipeline, &dp] {
+        return pipeline->grad_norm(dp->grad_sq_sum(
+            [&pipeline](const std::string& name) { return pipeline->counts_in_norm(name); }));
+      };
+    }
   } else {
     MAMMOTH_CHECK(absl::GetFlag(FLAGS_zero) == 0)
         << "[train] --zero " << absl::GetFlag(FLAGS_zero)

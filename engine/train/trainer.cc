@@ -139,7 +139,9 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
   const int rank = dp ? dp->dp_rank() : 0, world = dp ? dp->dp_size() : 1;
   const bool lead = rank == 0 && o.logging_rank;
   const bool quiet = o.quiet || !lead;
-  const nn::NamedTensors params = model.named_parameters();
+  // What this rank trains: its pipeline stages' parameters, or the whole model.
+  const nn::NamedTensors params =
+      o.optimizer_params ? *o.optimizer_params : model.named_parameters();
   OffloadRuntime* offload = o.offload;
   MAMMOTH_CHECK(offload == nullptr || dp == nullptr)
       << "[train] --offload with data parallelism (--dp " << world << ") is not supported yet";
@@ -293,7 +295,13 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
         const double factor = loss_scale / static_cast<double>(o.grad_accum);
         (factor != 1.0 ? mul_scalar(loss, factor) : loss).backward();
       }
-      if (o.pipeline_step) step_loss = o.pipeline_step(pipeline_batches);
+      if (o.pipeline_step) {
+        // The schedule interleaves the micro-batches' backwards, so dp reduces once, after all
+        // of them (no overlap with the pipeline's backward yet).
+        if (dp) dp->begin_backward(false);
+        step_loss = o.pipeline_step(pipeline_batches);
+        if (dp) dp->begin_backward(true);
+      }
     }
     if (dp) {
       dp->finish_backward();

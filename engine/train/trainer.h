@@ -64,6 +64,8 @@ struct TrainOptions {
   // Pipeline parallelism: runs forward and backward of all of a step's micro-batches (ids
   // [micro_batch, seq_len + 1] each: input and next-token targets in one window) and returns the
   // step's mean loss; the optimizer then updates `optimizer_params` (this rank's stages).
+  // With dp as well, dp's runtime is built over `optimizer_params` and reduces the gradients
+  // after the pipeline step.
   std::function<double(const std::vector<Tensor>& micro_batches)> pipeline_step;
   const nn::NamedTensors* optimizer_params = nullptr;
   std::string tensorboard_dir;  // empty: no TensorBoard event file

@@ -5,6 +5,7 @@
 #include "base/error.h"
 #include "engine/autograd.h"
 #include "engine/ops.h"
+#include "engine/optim/optim.h"
 #include "models/gpt2/gpt2.h"
 #include "models/layers.h"
 
@@ -76,10 +77,7 @@ Gpt2Pipeline::Gpt2Pipeline(std::shared_ptr<models::Gpt2> model, const Schedule& 
   }
   params_ = std::move(unique);
   const bool first_rank = rank == 0, last_rank = rank == p - 1;
-  for (const auto& [name, t] : params_) {
-    if (p > 1 && last_rank && name.rfind("wte.", 0) == 0) continue;
-    norm_params_.push_back(t);
-  }
+  skip_wte_in_norm_ = p > 1 && last_rank;
   if (p > 1) tied_ = pp.split(first_rank || last_rank ? 0 : -1, rank, pp.name() + "/tied");
   stage_ = std::make_unique<PipelineStage>(schedule, std::move(chunks), pp);
 }
@@ -107,14 +105,20 @@ double Gpt2Pipeline::step(const std::vector<Tensor>& micro_batches) {
   return l.item();
 }
 
-double Gpt2Pipeline::grad_norm() {
-  double sq = 0;
-  for (const Tensor& t : norm_params_) {
-    const Tensor g = t.grad();
-    if (!g.defined()) continue;
-    for (double v : g.to_vector()) sq += v * v;
+bool Gpt2Pipeline::counts_in_norm(const std::string& name) const {
+  return !(skip_wte_in_norm_ && name.rfind("wte.", 0) == 0);
+}
+
+double Gpt2Pipeline::local_grad_sq_sum() const {
+  engine::nn::NamedTensors counted;
+  for (const auto& np : params_) {
+    if (counts_in_norm(np.first)) counted.push_back(np);
   }
-  Tensor s = Tensor::from_vector({sq}, {1}, DType::kF64);
+  return engine::optim::grad_sq_sum(counted);
+}
+
+double Gpt2Pipeline::grad_norm(double local_sq_sum) {
+  Tensor s = Tensor::from_vector({local_sq_sum}, {1}, DType::kF64);
   pp_.all_reduce(s, parallel::ReduceOp::kSum);
   return std::sqrt(s.item());
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -36,7 +37,13 @@ class Gpt2Pipeline {
   // every rank.
   double step(const std::vector<engine::Tensor>& micro_batches);
   // L2 norm of the whole model's gradient (collective over pp; wte counted once).
-  double grad_norm();
+  double grad_norm() { return grad_norm(local_grad_sq_sum()); }
+  // The same from this rank's share of the squared sum, e.g. summed over a dp group first
+  // (parallel::DataParallel::grad_sq_sum(counts_in_norm)); collective over pp.
+  double grad_norm(double local_sq_sum);
+  // Whether parameter `name` of this rank counts in the norm (not the last stage's wte copy).
+  bool counts_in_norm(const std::string& name) const;
+  double local_grad_sq_sum() const;
   // This rank's parameters, under the full model's names (for the optimizer).
   const engine::nn::NamedTensors& parameters() const { return params_; }
   PipelineStage& runtime() { return *stage_; }
@@ -49,7 +56,7 @@ class Gpt2Pipeline {
   std::unique_ptr<Communicator> tied_;  // first and last stage (null elsewhere, or pp == 1)
   std::unique_ptr<PipelineStage> stage_;
   engine::nn::NamedTensors params_;
-  std::vector<engine::Tensor> norm_params_;  // params_ without the last stage's copy of wte
+  bool skip_wte_in_norm_ = false;  // the last stage's copy of wte (p > 1)
   std::vector<engine::Tensor> batches_;
 };
 

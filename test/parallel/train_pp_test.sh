@@ -1,7 +1,8 @@
 #!/bin/bash
 # `mammoth train --pp`: the step's gradient-accumulation micro-batches stream through the
-# pipeline, so pp=2 with every schedule and pp=4 give the single-process loss curve of the same
-# flags; unsupported combinations are clear errors.
+# pipeline, so pp=2 with every schedule, pp=4, and pp=2 x dp=2 (ZeRO 0, 1, 2; half the
+# accumulation per replica) give the single-process loss curve of the same global batch;
+# unsupported combinations are clear errors.
 set -euo pipefail
 mammoth="$1"
 mpirun="$2"
@@ -21,6 +22,20 @@ done
 bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --pp 4 --pp-schedule 1f1b \
   --metrics "$work/pp4_1f1b.jsonl"
 
+# pp x dp: 4 ranks = 2 replicas of a 2-stage pipeline, each streaming 2 micro-batches.
+for zero in 0 1 2; do
+  bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --grad-accum 2 --pp 2 --pp-schedule 1f1b \
+    --zero $zero --bucket-mb 0.05 --metrics "$work/pp2_dp2_zero$zero.jsonl"
+done
+if bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --pp 2 --tp 2 2>"$work/err"; then
+  echo "expected an error for --pp 2 --tp 2"; exit 1
+fi
+grep -q "not with tp/sp" "$work/err"
+if bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --pp 2 --zero 3 2>"$work/err"; then
+  echo "expected an error for --pp 2 --zero 3"; exit 1
+fi
+grep -q "\-\-zero 3" "$work/err"
+
 if "$mammoth" train "${common[@]}" --pp 2 2>"$work/err"; then
   echo "expected an error for --pp 2 on one process"; exit 1
 fi
@@ -33,7 +48,8 @@ def losses(name):
     return [r["loss"] for r in map(json.loads, open(f"{work}/{name}.jsonl"))]
 ref = losses("single")
 assert len(ref) == 8 and ref[-1] < ref[0] - 0.3, ref
-for name in ["pp2_gpipe", "pp2_1f1b", "pp2_interleaved", "pp2_zb", "pp4_1f1b"]:
+for name in ["pp2_gpipe", "pp2_1f1b", "pp2_interleaved", "pp2_zb", "pp4_1f1b",
+             "pp2_dp2_zero0", "pp2_dp2_zero1", "pp2_dp2_zero2"]:
     got = losses(name)
     worst = max(abs(a - b) / abs(b) for a, b in zip(got, ref))
     print(f"{name}: largest relative loss difference {worst:.2e}")
