@@ -73,7 +73,7 @@ ABSL_DECLARE_FLAG(int, pp);
 ABSL_DECLARE_FLAG(std::string, pp_schedule);
 ABSL_DECLARE_FLAG(int, virtual_stages);
 
-ABSL_FLAG(int, tp, 1, "tensor-parallel ranks per model replica (GPT-2)");
+ABSL_FLAG(int, tp, 1, "tensor-parallel ranks per model replica (GPT-2, LLaMA)");
 ABSL_FLAG(int, sp, 1, "sequence-parallel ranks for --sp-mode ulysses or ring");
 ABSL_FLAG(std::string, sp_mode, "none",
           "sequence parallelism: none, split_gather (on the tp group), ulysses or ring (on sp)");
@@ -248,7 +248,7 @@ int run_train(const std::vector<std::string>& args) {
                       12.0 * static_cast<double>(cfg.n_layer * cfg.d_model * o.seq_len);
   o.peak_flops = absl::GetFlag(FLAGS_peak_gflops) * 1e9;
 
-  // Tensor/sequence parallelism: the model's sharded form (GPT-2's policy) trains instead.
+  // Tensor/sequence parallelism: the model's sharded form (its family's policy) trains instead.
   std::shared_ptr<models::ShardedLanguageModel> sharded;
   models::LanguageModel* trained = model.get();
   if (model_parallel) {
@@ -257,13 +257,13 @@ int run_train(const std::vector<std::string>& args) {
     trained = sharded.get();
     o.after_backward = [&sharded] { sharded->sync_grads(); };
     // Global gradient norm: sharded parameters summed over tp; replicated ones counted once
-    // (on tp rank 0); every sp rank holds the same (synchronised) gradients, so sp rank 0.
+    // (grad_owner: tp rank 0, or a replicated KV head's first rank); every sp rank holds the
+    // same (synchronised) gradients, so sp rank 0.
     o.grad_norm = [&sharded, &mesh] {
-      const bool tp0 = mesh->coord(parallel::Axis::kTp) == 0;
       const bool sp0 = mesh->coord(parallel::Axis::kSp) == 0;
       engine::nn::NamedTensors counted;
       for (const auto& [name, p] : sharded->named_parameters()) {
-        if (sp0 && (sharded->spec(name).sharded() || tp0)) counted.emplace_back(name, p);
+        if (sp0 && sharded->grad_owner(name)) counted.emplace_back(name, p);
       }
       engine::Tensor t =
           engine::Tensor::from_vector({engine::optim::grad_sq_sum(counted)}, {1}, DType::kF64);
