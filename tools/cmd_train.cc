@@ -73,7 +73,7 @@ ABSL_DECLARE_FLAG(int, pp);
 ABSL_DECLARE_FLAG(std::string, pp_schedule);
 ABSL_DECLARE_FLAG(int, virtual_stages);
 
-ABSL_FLAG(int, tp, 1, "tensor-parallel ranks per model replica (GPT-2, LLaMA)");
+ABSL_FLAG(int, tp, 1, "tensor-parallel ranks per model replica (GPT-2, LLaMA, BERT)");
 ABSL_FLAG(int, sp, 1, "sequence-parallel ranks for --sp-mode ulysses or ring");
 ABSL_FLAG(std::string, sp_mode, "none",
           "sequence parallelism: none, split_gather (on the tp group), ulysses or ring (on sp)");

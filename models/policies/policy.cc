@@ -128,7 +128,10 @@ void ShardedLanguageModel::sync_grads() const {
   parallel::Communicator& sp = mesh_.group(parallel::Axis::kSp);
   for (const auto& [name, t] : named_parameters()) {
     Tensor g = t.grad();
-    if (!g.defined()) g = Tensor::zeros(t.shape(), t.dtype(), t.device());
+    // A parameter the loss does not use (BERT's pooler under the MLM loss) has no gradient on
+    // any rank (the graph is the same on all): nothing to sum, and the optimizer skips it as it
+    // does on one device.
+    if (!g.defined()) continue;
     bool changed = false;
     if (const ReplicatedHeads* r = replicated_heads(name)) {
       // Each copy's gradient covers only its rank's query heads: sum the copies of each head
@@ -231,6 +234,8 @@ std::shared_ptr<ShardedLanguageModel> apply_policy(const Model& model,
       return gpt2_policy(model, mesh, options);
     case Family::kLlama:
       return llama_policy(model, mesh, options);
+    case Family::kBert:
+      return bert_policy(model, mesh, options);
     default:
       MAMMOTH_THROW() << "[apply_policy] no sharding policy for family '"
                       << family_name(model.config().family) << "' yet";

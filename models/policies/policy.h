@@ -69,6 +69,7 @@ class ShardedLanguageModel : public LanguageModel {
   // After backward: sums the gradients that are partial because each rank saw only part of
   // the sequence (replicated parameters under split_gather over tp; all under ulysses/ring
   // over sp). Collective; call on every rank before the dp reduction and the optimizer.
+  // Parameters without a gradient (unused by the loss) are left without one.
   void sync_grads() const;
   // Whether this tp rank counts `name`'s gradient in a global norm (summed over tp afterwards):
   // sharded parameters on every rank, a replicated KV head on the first rank holding it, other
@@ -127,6 +128,9 @@ std::shared_ptr<ShardedLanguageModel> apply_policy(const Model& model,
 
 // Family policies (one file each).
 std::shared_ptr<ShardedLanguageModel> gpt2_policy(const Model& model,
+                                                  const parallel::DeviceMesh& mesh,
+                                                  const ShardOptions& options);
+std::shared_ptr<ShardedLanguageModel> bert_policy(const Model& model,
                                                   const parallel::DeviceMesh& mesh,
                                                   const ShardOptions& options);
 std::shared_ptr<ShardedLanguageModel> llama_policy(const Model& model,
