@@ -158,41 +158,12 @@ class TpGpt2 : public ShardedLanguageModel {
 
   Tensor forward(const Tensor& ids) override {
     Local l = run(ids);
-    Communicator& tp = mesh_.group(Axis::kTp);
-    Tensor logits = parallel::gather_from_group(l.logits, tp, -1).slice(-1, 0, config_.vocab_size);
-    const int64_t T = ids.size(1);
-    if (l.layout && (options_.sp_mode == SpMode::kUlysses || options_.sp_mode == SpMode::kRing)) {
-      return parallel::gather_sequence(logits, 1, *l.layout, mesh_.group(Axis::kSp));
-    }
-    return logits.slice(1, 0, T);
+    return gather_logits(l.logits, l.plan, ids.size(1), config_.vocab_size);
   }
 
   Tensor loss(const Tensor& ids, const Tensor& targets) override {
-    const int64_t B = ids.size(0), T = ids.size(1);
-    // Targets over the whole sequence: the next token, or the given labels; -100 = no loss.
-    std::vector<int64_t> tg(static_cast<size_t>(B * T), -100);
-    if (targets.defined()) {
-      tg = targets.to_int_vector();
-    } else {
-      std::vector<int64_t> v = ids.to_int_vector();
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t t = 0; t + 1 < T; ++t) tg[b * T + t] = v[b * T + t + 1];
-    }
-    int64_t count = 0;
-    for (int64_t x : tg) count += x != -100 ? 1 : 0;
-    MAMMOTH_CHECK(count > 0) << "[TpGpt2::loss] no target positions";
     Local l = run(ids);
-    // This rank's rows: the positions its logits hold.
-    std::vector<int64_t> mine;
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t p : l.positions) mine.push_back(p < T ? tg[b * T + p] : -100);
-    const int64_t n = static_cast<int64_t>(l.positions.size());
-    Communicator& tp = mesh_.group(Axis::kTp);
-    Tensor rows = parallel::vocab_parallel_cross_entropy(
-        l.logits, Tensor::from_ints(mine, {B, n}), tp, wte->vocab_start(), config_.vocab_size);
-    Tensor total = engine::sum(rows);
-    if (sequence_on_sp()) total = parallel::reduce_from_group(total, mesh_.group(Axis::kSp));
-    return total / static_cast<double>(count);
+    return loss_from_local(l.logits, l.rows, ids, targets, wte->vocab_start(), config_.vocab_size);
   }
 
   std::shared_ptr<parallel::VocabParallelEmbedding> wte;
@@ -202,63 +173,37 @@ class TpGpt2 : public ShardedLanguageModel {
 
  private:
   struct Local {
-    Tensor logits;                   // [B, n, Vp/tp]: the rows of `positions`
-    std::vector<int64_t> positions;  // global positions (>= T: padding)
-    std::shared_ptr<parallel::SequenceLayout> layout;
+    Tensor logits;              // [B, n, Vp/tp]: the rows of `rows`
+    std::vector<int64_t> rows;  // global positions (>= T: padding)
+    SeqPlan plan;
   };
-
-  bool sequence_on_sp() const {
-    return options_.sp_mode == SpMode::kUlysses || options_.sp_mode == SpMode::kRing;
-  }
 
   Local run(const Tensor& ids) {
     MAMMOTH_CHECK(ids.dim() == 2 && ids.dtype() == DType::kI64)
         << "[TpGpt2::forward] ids must be i64 [B, T], got " << engine::shape_str(ids.shape());
-    const int64_t B = ids.size(0), T = ids.size(1);
+    const int64_t T = ids.size(1);
     Communicator& tp = mesh_.group(Axis::kTp);
-    Communicator& sp = mesh_.group(Axis::kSp);
     const SpMode mode = options_.sp_mode;
+    const bool sg = mode == SpMode::kSplitGather;
     Local out;
-    SeqContext seq{mode, nullptr, &sp};
-    int parts = 1, part = 0;
-    parallel::SeqSplit split = parallel::SeqSplit::kContiguous;
-    if (mode == SpMode::kSplitGather) {
-      parts = tp.size();
-      part = tp.rank();
-    } else if (sequence_on_sp()) {
-      parts = sp.size();
-      part = sp.rank();
-      if (mode == SpMode::kRing) split = parallel::SeqSplit::kZigzag;
-    }
-    out.layout = std::make_shared<parallel::SequenceLayout>(T, parts, split);
-    const parallel::SequenceLayout& layout = *out.layout;
-    seq.layout = out.layout.get();
-    MAMMOTH_CHECK(layout.padded() <= config_.max_seq)
-        << "[TpGpt2::forward] " << T << " positions padded to " << layout.padded()
+    out.plan = plan_sequence(T);
+    const SeqPlan& plan = out.plan;
+    MAMMOTH_CHECK(plan.layout->padded() <= config_.max_seq)
+        << "[TpGpt2::forward] " << T << " positions padded to " << plan.layout->padded()
         << " exceed max_seq " << config_.max_seq;
-    // Token ids of the positions this rank embeds (padding: token 0).
-    std::vector<int64_t> all = ids.to_int_vector();
-    auto ids_at = [&](const std::vector<int64_t>& pos) {
-      std::vector<int64_t> v;
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t p : pos) v.push_back(p < T ? all[b * T + p] : 0);
-      return Tensor::from_ints(v, {B, static_cast<int64_t>(pos.size())});
-    };
-    std::vector<int64_t> every(static_cast<size_t>(layout.padded()));
-    for (int64_t i = 0; i < layout.padded(); ++i) every[i] = i;
-    const std::vector<int64_t> local = layout.positions(part);
+    SeqContext seq{mode, plan.layout.get(), &mesh_.group(Axis::kSp)};
+    const int64_t n = static_cast<int64_t>(plan.local.size());
     // split_gather embeds the whole sequence and reduce-scatters it along the sequence.
-    Tensor x = wte->forward(ids_at(mode == SpMode::kSplitGather ? every : local));
-    x = x + wpe->forward(Tensor::from_ints(local, {static_cast<int64_t>(local.size())}));
+    Tensor x = wte->forward(ids_at(ids, sg ? plan.every : plan.local));
+    x = x + wpe->forward(Tensor::from_ints(plan.local, {n}));
     x = drop_->forward(x);
     for (size_t l = 0; l < h->size(); ++l) x = (*h)[l].forward(x, seq);
     x = ln_f->forward(x);
     // The tied head: columns of this rank's vocabulary shard, every position of the sequence
     // under split_gather (gathered), this rank's positions otherwise.
-    Tensor xh = mode == SpMode::kSplitGather ? parallel::all_gather_from_group(x, tp, 1)
-                                             : parallel::copy_to_group(x, tp);
+    Tensor xh = sg ? parallel::all_gather_from_group(x, tp, 1) : parallel::copy_to_group(x, tp);
     out.logits = engine::linear(xh, wte->weight);
-    out.positions = mode == SpMode::kSplitGather ? every : local;
+    out.rows = sg ? plan.every : plan.local;
     return out;
   }
 
