@@ -5,6 +5,7 @@
 #include "base/dtype.h"
 #include "base/error.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/gemm_bf16_f32.h"
 #include "kernels/cpu/register.h"
 #include "kernels/params.h"
 
@@ -78,6 +79,14 @@ void matmul_rounded(const TensorArg& a, const TensorArg& b, const TensorArg& c,
                     const MatmulParams& p) {
   const int64_t batch = a.shape[0], M = a.shape[1], K = a.shape[2], N = b.shape[2];
   const float alpha = static_cast<float>(p.alpha), beta = static_cast<float>(p.beta);
+  if (p.compute == MatmulCompute::kBF16 && gemm_bf16_f32_enabled()) {
+    // AVX512_BF16: round while packing, straight from the f32 operands (no bf16 copies).
+    const MatrixLayout la = layout_of(a), lb = layout_of(b);
+    gemm_bf16_f32_batched(la.trans, lb.trans, M, N, K, alpha, a.ptr<const float>(), la.ld,
+                          a.strides[0], b.ptr<const float>(), lb.ld, b.strides[0], beta,
+                          c.ptr<float>(), c.strides[1], c.strides[0], batch);
+    return;
+  }
   if (p.compute == MatmulCompute::kBF16) {
     std::vector<uint16_t> ab(static_cast<size_t>(M * K)), bb(static_cast<size_t>(K * N));
     Packed la, lb;
