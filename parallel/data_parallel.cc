@@ -1,6 +1,7 @@
 #include "parallel/data_parallel.h"
 
 #include <cmath>
+#include <map>
 
 #include "engine/autograd.h"
 #include "engine/ops.h"
@@ -78,6 +79,7 @@ DataParallel::DataParallel(const engine::nn::NamedTensors& params, Communicator&
     for (size_t i = 0; i < params_.size(); ++i) {
       opt_decay_.push_back(params_[i].second.dim() >= 2);
       opt_source_.push_back(static_cast<int>(i));
+      opt_offset_.push_back(0);
     }
     return;
   }
@@ -97,6 +99,7 @@ DataParallel::DataParallel(const engine::nn::NamedTensors& params, Communicator&
                                seg);
       opt_decay_.push_back(p.dim() >= 2);
       opt_source_.push_back(bk.params[k]);
+      opt_offset_.push_back(a - bk.offsets[k]);
       opt_where_.emplace_back(static_cast<int>(b), a);
     }
   }
@@ -174,6 +177,40 @@ void DataParallel::unpin_all(bool refresh_shards) {
 }
 
 void DataParallel::gather_parameters() { pin_all(); }
+
+std::vector<engine::train::CheckpointPiece> DataParallel::checkpoint_pieces(
+    const engine::nn::NamedTensors& state, const std::vector<std::string>& suffixes, bool writing) {
+  std::vector<engine::train::CheckpointPiece> out;
+  const bool all = !writing || dp_.rank() == 0;
+  if (options_.zero_stage == 3) {
+    // The shard segments are the parameters' home.
+    for (size_t i = 0; i < opt_params_.size(); ++i) {
+      out.push_back({params_[opt_source_[i]].first, opt_offset_[i], opt_params_[i].second});
+    }
+  } else if (all) {
+    for (const auto& [name, p] : params_) out.push_back({name, 0, p});
+  }
+  if (options_.zero_stage >= 1 || all) {
+    std::map<std::string, Tensor> by_name(state.begin(), state.end());
+    for (size_t i = 0; i < opt_params_.size(); ++i) {
+      const std::string& param = params_[opt_source_[i]].first;
+      for (const std::string& suffix : suffixes) {
+        auto it = by_name.find(opt_params_[i].first + "." + suffix);
+        MAMMOTH_CHECK(it != by_name.end()) << "[data_parallel] the optimizer state has no '"
+                                           << opt_params_[i].first << "." << suffix << "'";
+        out.push_back({param + "." + suffix, opt_offset_[i], it->second});
+      }
+    }
+  }
+  return out;
+}
+
+void DataParallel::pieces_loaded() {
+  // Stage 3 loaded its shards; gathered buckets hold the old values.
+  if (options_.zero_stage == 3) {
+    for (size_t b = 0; b < buckets_.size(); ++b) release(b);
+  }
+}
 void DataParallel::release_parameters(bool loaded) { unpin_all(loaded); }
 
 void DataParallel::begin_backward(bool sync) {

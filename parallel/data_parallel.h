@@ -72,8 +72,8 @@ class DataParallel final : public engine::train::DataParallelRuntime {
   void after_step() override;
   // Stage 3: every full bucket gathered and kept (checkpoints read and write the parameters
   // directly), then released again; after a load, the shards are refreshed from the buckets.
-  void gather_parameters() override;
-  void release_parameters(bool loaded) override;
+  void gather_parameters();
+  void release_parameters(bool loaded);
   // Full buckets stage 3 keeps gathered at once (a kernel reads at most two parameter buckets: a
   // weight and a bias).
   static constexpr int kResidentBuckets = 2;
@@ -87,10 +87,17 @@ class DataParallel final : public engine::train::DataParallelRuntime {
   // Optimizer::state() over optimizer_params() ("<opt param>.S"). Collective: every rank gets
   // the full state. Checkpoints store this form, so they load into any dp size or stage.
   engine::nn::NamedTensors gather_state(const engine::nn::NamedTensors& state,
-                                        const std::vector<std::string>& suffixes) override;
+                                        const std::vector<std::string>& suffixes);
   // The inverse: copies this rank's part of a full single-process state into `state`.
   void scatter_state(const engine::nn::NamedTensors& full, const engine::nn::NamedTensors& state,
-                     const std::vector<std::string>& suffixes) const override;
+                     const std::vector<std::string>& suffixes) const;
+  // Sharded checkpoints: parameters whole from dp rank 0 under stages 0-2 (replicated), this
+  // rank's shard segments under stage 3; optimizer state whole from rank 0 under stage 0,
+  // segments under stages >= 1. Loading asks for everything this rank holds.
+  std::vector<engine::train::CheckpointPiece> checkpoint_pieces(
+      const engine::nn::NamedTensors& state, const std::vector<std::string>& suffixes,
+      bool writing) override;
+  void pieces_loaded() override;
 
   // Bytes this rank holds for parameters, gradients and (AdamW: 2 states) optimizer states.
   struct MemoryReport {
@@ -134,7 +141,8 @@ class DataParallel final : public engine::train::DataParallelRuntime {
   uint64_t use_clock_ = 0;
   engine::nn::NamedTensors opt_params_;
   std::vector<bool> opt_decay_;
-  std::vector<int> opt_source_;  // per optimizer param: its index in params_
+  std::vector<int> opt_source_;      // per optimizer param: its index in params_
+  std::vector<int64_t> opt_offset_;  // per optimizer param: its first element in that param
   // Per optimizer param under stages 1/2: (bucket, start within the bucket).
   std::vector<std::pair<int, int64_t>> opt_where_;
 };

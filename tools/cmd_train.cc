@@ -280,8 +280,6 @@ int run_train(const std::vector<std::string>& args) {
     MAMMOTH_CHECK(gpt2 != nullptr)
         << "[train] --pp supports GPT-2 models so far, got " << models::family_name(cfg.family);
     MAMMOTH_CHECK(amp != "fp16") << "[train] --pp with --amp fp16 is not supported yet";
-    MAMMOTH_CHECK(absl::GetFlag(FLAGS_save_dir).empty())
-        << "[train] checkpoints of pipeline-parallel runs are not supported yet";
     const auto schedule = parallel::pipeline::make_schedule(
         parallel::pipeline::schedule_kind_from_name(absl::GetFlag(FLAGS_pp_schedule)),
         {.stages = pp_size,
@@ -301,7 +299,25 @@ int run_train(const std::vector<std::string>& args) {
     }
     o.eval_every = 0;
   }
-  if (mesh) o.logging_rank = mesh->rank() == 0;
+  if (mesh) {
+    o.logging_rank = mesh->rank() == 0;
+    // Every rank writes its shard of a sharded checkpoint.
+    o.world_rank = mesh->rank();
+    o.world_size = mesh->world_size();
+    o.world_barrier = [&mesh] { mesh->world().barrier(); };
+    o.layout = json::Value::object();
+    o.layout.set("dp", json::Value(dp_size));
+    o.layout.set("pp", json::Value(pp_size));
+    o.layout.set("tp", json::Value(tp_size));
+    o.layout.set("sp", json::Value(sp_size));
+    o.layout.set("zero", json::Value(absl::GetFlag(FLAGS_zero)));
+    if (pipeline) {
+      // The tied wte lives on the first and the last stage; the first writes it.
+      o.writes_parameter = [&pipeline](const std::string& name) {
+        return pipeline->counts_in_norm(name);
+      };
+    }
+  }
 
   std::unique_ptr<parallel::DataParallel> dp;
   if (mesh && dp_size > 1) {

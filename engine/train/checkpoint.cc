@@ -12,7 +12,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 #include "base/crc32c.h"
@@ -62,37 +64,37 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
-}  // namespace
-
-std::string save_checkpoint(const std::string& save_dir, int64_t step, const CheckpointContents& c,
-                            int keep_last) {
-  std::error_code ec;
-  fs::create_directories(save_dir, ec);
-  MAMMOTH_CHECK(!ec) << "[checkpoint] cannot create --save-dir " << save_dir << ": "
-                     << ec.message();
-  const std::string name = step_name(step);
-  const std::string final_dir = save_dir + "/" + name;
-  const std::string tmp_dir = save_dir + "/." + name + ".tmp." + std::to_string(::getpid());
-  fs::remove_all(tmp_dir, ec);
-  fs::create_directories(tmp_dir, ec);
-  MAMMOTH_CHECK(!ec) << "[checkpoint] cannot create " << tmp_dir << ": " << ec.message();
-  try {
-    io::save_tensors(tmp_dir + "/model.safetensors", *c.model, {{"format", "pt"}});
-    io::save_tensors(tmp_dir + "/optimizer.safetensors", *c.optimizer);
-    write_file_synced(tmp_dir + "/state.json", json::dump(c.state, 2) + "\n");
-    json::Value manifest = json::Value::object();
-    manifest.set("step", json::Value(step));
-    json::Value files = json::Value::object();
-    for (const char* f : kFiles) {
-      const std::string p = tmp_dir + "/" + f;
-      json::Value entry = json::Value::object();
-      entry.set("bytes", json::Value(static_cast<int64_t>(fs::file_size(p))));
-      entry.set("crc32c", json::Value(static_cast<int64_t>(crc32c_file(p))));
-      files.set(f, entry);
+// manifest.json: size and CRC-32C of each file. `known` gives them for files whose writer
+// already computed them (shards); the others are read here.
+void write_manifest(const std::string& tmp_dir, int64_t step, const std::vector<std::string>& files,
+                    const std::map<std::string, json::Value>& known) {
+  json::Value manifest = json::Value::object();
+  manifest.set("step", json::Value(step));
+  json::Value entries = json::Value::object();
+  for (const std::string& f : files) {
+    auto it = known.find(f);
+    if (it != known.end()) {
+      entries.set(f, it->second);
+      continue;
     }
-    manifest.set("files", files);
-    write_file_synced(tmp_dir + "/manifest.json", json::dump(manifest, 2) + "\n");
-    fsync_path(tmp_dir, true);
+    const std::string p = tmp_dir + "/" + f;
+    json::Value entry = json::Value::object();
+    entry.set("bytes", json::Value(static_cast<int64_t>(fs::file_size(p))));
+    entry.set("crc32c", json::Value(static_cast<int64_t>(crc32c_file(p))));
+    entries.set(f, entry);
+  }
+  manifest.set("files", entries);
+  write_file_synced(tmp_dir + "/manifest.json", json::dump(manifest, 2) + "\n");
+  fsync_path(tmp_dir, true);
+}
+
+// Moves a complete temporary checkpoint into place, points `latest` at it, removes temporary
+// directories of dead writers and prunes beyond keep_last.
+std::string finish_checkpoint(const std::string& save_dir, const std::string& name,
+                              const std::string& tmp_dir, int keep_last) {
+  std::error_code ec;
+  const std::string final_dir = save_dir + "/" + name;
+  try {
     // Replace an existing checkpoint of the same step only after the new one is complete.
     if (fs::exists(final_dir)) {
       const std::string old = final_dir + ".old." + std::to_string(::getpid());
@@ -138,6 +140,49 @@ std::string save_checkpoint(const std::string& save_dir, int64_t step, const Che
   return final_dir;
 }
 
+std::string shard_name(int rank) {
+  char buf[40];
+  std::snprintf(buf, sizeof(buf), "shard_%05d.safetensors", rank);
+  return buf;
+}
+
+// "<tensor>@<offset>" -> (tensor, offset); throws naming the file for anything else.
+std::pair<std::string, int64_t> parse_piece_key(const std::string& key, const std::string& file) {
+  const size_t at = key.rfind('@');
+  char* end = nullptr;
+  const long long off = at == std::string::npos ? -1 : std::strtoll(key.c_str() + at + 1, &end, 10);
+  MAMMOTH_CHECK(at != std::string::npos && at > 0 && off >= 0 && end != nullptr && *end == '\0' &&
+                end != key.c_str() + at + 1)
+      << "[checkpoint] " << file << ": tensor '" << key
+      << "' is not named <tensor>@<offset> as a shard's pieces are";
+  return {key.substr(0, at), off};
+}
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& save_dir, int64_t step, const CheckpointContents& c,
+                            int keep_last) {
+  std::error_code ec;
+  fs::create_directories(save_dir, ec);
+  MAMMOTH_CHECK(!ec) << "[checkpoint] cannot create --save-dir " << save_dir << ": "
+                     << ec.message();
+  const std::string name = step_name(step);
+  const std::string tmp_dir = save_dir + "/." + name + ".tmp." + std::to_string(::getpid());
+  fs::remove_all(tmp_dir, ec);
+  fs::create_directories(tmp_dir, ec);
+  MAMMOTH_CHECK(!ec) << "[checkpoint] cannot create " << tmp_dir << ": " << ec.message();
+  try {
+    io::save_tensors(tmp_dir + "/model.safetensors", *c.model, {{"format", "pt"}});
+    io::save_tensors(tmp_dir + "/optimizer.safetensors", *c.optimizer);
+    write_file_synced(tmp_dir + "/state.json", json::dump(c.state, 2) + "\n");
+    write_manifest(tmp_dir, step, {std::begin(kFiles), std::end(kFiles)}, {});
+  } catch (...) {
+    fs::remove_all(tmp_dir, ec);
+    throw;
+  }
+  return finish_checkpoint(save_dir, name, tmp_dir, keep_last);
+}
+
 std::optional<std::string> latest_checkpoint(const std::string& save_dir) {
   const std::string pointer = save_dir + "/latest";
   if (!fs::exists(pointer)) return std::nullopt;
@@ -157,19 +202,29 @@ void verify_checkpoint(const std::string& dir) {
       << "[checkpoint] " << mpath << " is missing: not a complete checkpoint";
   const json::Value manifest = json::parse(read_file(mpath), mpath);
   const json::Value& files = manifest.at("files");
-  for (const char* f : kFiles) {
+  MAMMOTH_CHECK(files.is_object()) << "[checkpoint] " << mpath << ": 'files' is not an object";
+  // The files either form needs (the shards are checked against index.json when loading).
+  const bool sharded = files.contains("index.json");
+  const std::vector<std::string> needed =
+      sharded ? std::vector<std::string>{"index.json", "state.json"}
+              : std::vector<std::string>{std::begin(kFiles), std::end(kFiles)};
+  for (const std::string& f : needed) {
+    MAMMOTH_CHECK(files.contains(f)) << "[checkpoint] " << mpath << " does not list " << f;
+  }
+  for (const json::Value& entry : files) {
+    const std::string& f = entry.key();
+    MAMMOTH_CHECK(!f.empty() && f.find('/') == std::string::npos && f[0] != '.')
+        << "[checkpoint] " << mpath << " lists a file outside the checkpoint: '" << f << "'";
     const std::string p = dir + "/" + f;
-    const json::Value* entry = files.find(f);
-    MAMMOTH_CHECK(entry != nullptr) << "[checkpoint] " << mpath << " does not list " << f;
     MAMMOTH_CHECK(fs::exists(p)) << "[checkpoint] " << p << " is missing";
     const int64_t bytes = static_cast<int64_t>(fs::file_size(p));
-    MAMMOTH_CHECK(bytes == entry->at("bytes").as_int())
+    MAMMOTH_CHECK(bytes == entry.at("bytes").as_int())
         << "[checkpoint] " << p << " has " << bytes << " bytes, the manifest says "
-        << entry->at("bytes").as_int() << " (truncated or replaced)";
+        << entry.at("bytes").as_int() << " (truncated or replaced)";
     const int64_t crc = crc32c_file(p);
-    MAMMOTH_CHECK(crc == entry->at("crc32c").as_int())
+    MAMMOTH_CHECK(crc == entry.at("crc32c").as_int())
         << "[checkpoint] " << p << " is corrupt: CRC-32C " << crc << " differs from the manifest's "
-        << entry->at("crc32c").as_int();
+        << entry.at("crc32c").as_int();
   }
 }
 
@@ -181,6 +236,246 @@ json::Value load_checkpoint(const std::string& dir, const nn::NamedTensors& mode
   MAMMOTH_CHECK(state.is_object()) << "[checkpoint] " << spath << " is not a JSON object";
   io::load_tensors(model, io::SafetensorsFile::open(dir + "/model.safetensors"));
   io::load_tensors(optimizer, io::SafetensorsFile::open(dir + "/optimizer.safetensors"));
+  return state;
+}
+
+}  // namespace mammoth::engine::train
+
+namespace mammoth::engine::train {
+namespace {
+
+std::string pointer_path(const std::string& save_dir, int64_t step) {
+  return save_dir + "/." + step_name(step) + ".saving";
+}
+
+// Every single-process tensor's pieces, from a checkpoint of either form.
+struct PieceSource {
+  const io::TensorView* view;
+  int64_t offset;
+};
+struct PieceTable {
+  std::vector<io::SafetensorsFile> files;
+  std::map<std::string, std::vector<PieceSource>> pieces;
+  std::map<std::string, std::pair<DType, std::vector<int64_t>>> tensors;  // dtype, full shape
+};
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Checks that the pieces of every tensor cover it exactly once; throws naming the first gap or
+// overlap and the checkpoint.
+void check_coverage(const PieceTable& t, const std::string& what) {
+  for (const auto& [name, src] : t.pieces) {
+    MAMMOTH_CHECK(t.tensors.count(name))
+        << "[checkpoint] " << what << " holds pieces of '" << name << "', which the index lacks";
+  }
+  for (const auto& [name, info] : t.tensors) {
+    auto it = t.pieces.find(name);
+    MAMMOTH_CHECK(it != t.pieces.end())
+        << "[checkpoint] " << what << ": no shard holds '" << name << "'";
+    std::vector<std::pair<int64_t, int64_t>> ranges;
+    for (const PieceSource& p : it->second) {
+      MAMMOTH_CHECK(p.view->dtype == info.first)
+          << "[checkpoint] " << what << ": a piece of '" << name << "' is "
+          << dtype_name(p.view->dtype) << ", the index says " << dtype_name(info.first);
+      ranges.emplace_back(p.offset, p.offset + numel_of(p.view->shape));
+    }
+    std::sort(ranges.begin(), ranges.end());
+    int64_t at = 0;
+    for (const auto& [lo, hi] : ranges) {
+      MAMMOTH_CHECK(lo == at) << "[checkpoint] " << what << ": the pieces of '" << name << "' "
+                              << (lo < at ? "overlap" : "leave a gap") << " at element "
+                              << std::min(lo, at);
+      at = hi;
+    }
+    MAMMOTH_CHECK(at == numel_of(info.second))
+        << "[checkpoint] " << what << ": the pieces of '" << name << "' cover " << at << " of "
+        << numel_of(info.second) << " elements";
+  }
+}
+
+void add_shard(PieceTable& t, io::SafetensorsFile file) { t.files.push_back(std::move(file)); }
+
+void index_shards(PieceTable& t) {
+  for (const io::SafetensorsFile& f : t.files) {
+    for (const io::TensorView& v : f.tensors()) {
+      auto [name, offset] = parse_piece_key(v.name, f.path());
+      MAMMOTH_CHECK(v.shape.size() == 1)
+          << "[checkpoint] " << f.path() << ": piece '" << v.name << "' is not 1-D";
+      t.pieces[name].push_back({&v, offset});
+    }
+  }
+}
+
+PieceTable read_pieces(const std::string& dir) {
+  PieceTable t;
+  const std::string ipath = dir + "/index.json";
+  if (fs::exists(ipath)) {
+    const json::Value index = json::parse(read_file(ipath), ipath);
+    for (const json::Value& e : index.at("tensors")) {
+      std::vector<int64_t> shape;
+      for (const json::Value& d : e.at("shape")) shape.push_back(d.as_int());
+      t.tensors[e.key()] = {dtype_from_name(e.at("dtype").as_string()), shape};
+    }
+    t.files.reserve(index.at("shards").size());
+    for (const json::Value& f : index.at("shards")) {
+      add_shard(t, io::SafetensorsFile::open(dir + "/" + f.as_string()));
+    }
+    index_shards(t);
+    check_coverage(t, dir);
+    return t;
+  }
+  // The single-process form: whole tensors, offset 0.
+  t.files.reserve(2);
+  for (const char* f : {"model.safetensors", "optimizer.safetensors"}) {
+    add_shard(t, io::SafetensorsFile::open(dir + "/" + f));
+  }
+  for (const io::SafetensorsFile& f : t.files) {
+    for (const io::TensorView& v : f.tensors()) {
+      t.pieces[v.name].push_back({&v, 0});
+      t.tensors[v.name] = {v.dtype, v.shape};
+    }
+  }
+  return t;
+}
+
+}  // namespace
+
+std::string begin_sharded_checkpoint(const std::string& save_dir, int64_t step) {
+  std::error_code ec;
+  fs::create_directories(save_dir, ec);
+  MAMMOTH_CHECK(!ec) << "[checkpoint] cannot create --save-dir " << save_dir << ": "
+                     << ec.message();
+  const std::string tmp_name = "." + step_name(step) + ".tmp." + std::to_string(::getpid());
+  const std::string tmp_dir = save_dir + "/" + tmp_name;
+  fs::remove_all(tmp_dir, ec);
+  fs::create_directories(tmp_dir, ec);
+  MAMMOTH_CHECK(!ec) << "[checkpoint] cannot create " << tmp_dir << ": " << ec.message();
+  write_file_synced(pointer_path(save_dir, step), tmp_name + "\n");
+  return tmp_dir;
+}
+
+std::string sharded_checkpoint_tmp(const std::string& save_dir, int64_t step) {
+  std::string name = read_file(pointer_path(save_dir, step));
+  while (!name.empty() && name.back() == '\n') name.pop_back();
+  MAMMOTH_CHECK(name.rfind(".step_", 0) == 0 && name.find('/') == std::string::npos)
+      << "[checkpoint] " << pointer_path(save_dir, step) << " is malformed: '" << name << "'";
+  return save_dir + "/" + name;
+}
+
+void write_checkpoint_shard(const std::string& tmp_dir, int rank,
+                            const std::vector<CheckpointPiece>& pieces) {
+  nn::NamedTensors flat;
+  for (const CheckpointPiece& p : pieces) {
+    MAMMOTH_CHECK(p.data.defined() && p.data.is_contiguous() && p.offset >= 0)
+        << "[checkpoint] piece of '" << p.name << "' at " << p.offset
+        << " must be a defined contiguous tensor at a non-negative offset";
+    flat.emplace_back(p.name + "@" + std::to_string(p.offset), p.data.reshape({-1}));
+  }
+  const std::string file = shard_name(rank);
+  const std::string path = tmp_dir + "/" + file;
+  io::save_tensors(path, flat, {{"format", "mammoth-checkpoint-shard"}});
+  json::Value entry = json::Value::object();
+  entry.set("bytes", json::Value(static_cast<int64_t>(fs::file_size(path))));
+  entry.set("crc32c", json::Value(static_cast<int64_t>(crc32c_file(path))));
+  write_file_synced(path + ".crc.json", json::dump(entry) + "\n");
+}
+
+std::string commit_sharded_checkpoint(const std::string& save_dir, int64_t step,
+                                      const std::string& tmp_dir, const ShardedLayout& layout,
+                                      const json::Value& state, int keep_last) {
+  std::error_code ec;
+  try {
+    json::Value index = json::Value::object();
+    index.set("format", json::Value("mammoth-sharded-checkpoint-1"));
+    index.set("layout", layout.layout);
+    json::Value tensors = json::Value::object();
+    PieceTable table;
+    for (const auto& [name, t] : layout.tensors) {
+      json::Value e = json::Value::object();
+      e.set("dtype", json::Value(dtype_name(t.dtype())));
+      json::Value shape = json::Value::array();
+      for (int64_t d : t.shape()) shape.push_back(json::Value(d));
+      e.set("shape", shape);
+      tensors.set(name, e);
+      table.tensors[name] = {t.dtype(), t.shape()};
+    }
+    index.set("tensors", tensors);
+    json::Value shards = json::Value::array();
+    std::vector<std::string> files = {"index.json", "state.json"};
+    std::map<std::string, json::Value> known;
+    table.files.reserve(static_cast<size_t>(layout.world));
+    for (int r = 0; r < layout.world; ++r) {
+      const std::string f = shard_name(r);
+      const std::string crc_path = tmp_dir + "/" + f + ".crc.json";
+      MAMMOTH_CHECK(fs::exists(crc_path))
+          << "[checkpoint] rank " << r << " did not write its shard " << f << " into " << tmp_dir;
+      known[f] = json::parse(read_file(crc_path), crc_path);
+      fs::remove(crc_path, ec);
+      shards.push_back(json::Value(f));
+      files.push_back(f);
+      add_shard(table, io::SafetensorsFile::open(tmp_dir + "/" + f));
+    }
+    index_shards(table);
+    check_coverage(table, tmp_dir);  // a layout bug must not produce a checkpoint
+    index.set("shards", shards);
+    write_file_synced(tmp_dir + "/index.json", json::dump(index, 2) + "\n");
+    write_file_synced(tmp_dir + "/state.json", json::dump(state, 2) + "\n");
+    write_manifest(tmp_dir, step, files, known);
+  } catch (...) {
+    fs::remove_all(tmp_dir, ec);
+    fs::remove(pointer_path(save_dir, step), ec);
+    throw;
+  }
+  fs::remove(pointer_path(save_dir, step), ec);
+  return finish_checkpoint(save_dir, step_name(step), tmp_dir, keep_last);
+}
+
+json::Value load_checkpoint_pieces(const std::string& dir,
+                                   const std::vector<CheckpointPiece>& into) {
+  verify_checkpoint(dir);
+  const std::string spath = dir + "/state.json";
+  json::Value state = json::parse(read_file(spath), spath);
+  MAMMOTH_CHECK(state.is_object()) << "[checkpoint] " << spath << " is not a JSON object";
+  const PieceTable table = read_pieces(dir);
+  // Check every request before changing anything.
+  for (const CheckpointPiece& p : into) {
+    auto it = table.tensors.find(p.name);
+    MAMMOTH_CHECK(it != table.tensors.end())
+        << "[checkpoint] " << dir << " has no tensor '" << p.name << "'";
+    const auto& [dtype, shape] = it->second;
+    MAMMOTH_CHECK(p.data.defined() && p.data.is_contiguous() &&
+                  p.data.device().type == DeviceType::kCPU)
+        << "[checkpoint] the destination of '" << p.name << "' must be a contiguous CPU tensor";
+    MAMMOTH_CHECK(p.data.dtype() == dtype)
+        << "[checkpoint] '" << p.name << "' is " << dtype_name(dtype) << " in " << dir
+        << ", the model's is " << dtype_name(p.data.dtype());
+    const int64_t full = numel_of(shape), n = p.data.numel();
+    MAMMOTH_CHECK(p.offset >= 0 && p.offset + n <= full)
+        << "[checkpoint] '" << p.name << "' has " << full << " elements in " << dir << " (shape "
+        << shape_str(shape) << "); elements [" << p.offset << ", " << p.offset + n
+        << ") were asked for";
+    // A whole tensor asked for in a shape must have the checkpoint's (1-D is a flat range).
+    MAMMOTH_CHECK(n != full || p.data.dim() == 1 || p.data.shape() == shape)
+        << "[checkpoint] '" << p.name << "' is " << shape_str(shape) << " in " << dir
+        << ", the model's is " << shape_str(p.data.shape());
+  }
+  for (const CheckpointPiece& p : into) {
+    const int64_t lo = p.offset, hi = p.offset + p.data.numel();
+    const size_t es = dtype_size(p.data.dtype());
+    char* dst = static_cast<char*>(p.data.raw_data());
+    for (const PieceSource& src : table.pieces.at(p.name)) {
+      const int64_t s_lo = src.offset, s_hi = src.offset + numel_of(src.view->shape);
+      const int64_t a = std::max(lo, s_lo), b = std::min(hi, s_hi);
+      if (a >= b) continue;
+      std::memcpy(dst + static_cast<size_t>(a - lo) * es,
+                  src.view->data + static_cast<size_t>(a - s_lo) * es,
+                  static_cast<size_t>(b - a) * es);
+    }
+  }
   return state;
 }
 

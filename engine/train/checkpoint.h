@@ -11,14 +11,32 @@
 // then renamed into place; only then is `latest` replaced (write + fsync + rename) and the
 // oldest checkpoints beyond keep_last removed. Loading verifies the manifest first, so a
 // flipped byte or truncated file is reported by name instead of being trained on.
+//
+// Distributed runs write the sharded form instead: no rank ever holds the whole model or
+// optimizer state, each writes what it holds.
+//
+//   SAVE_DIR/step_00000100/shard_00003.safetensors  rank 3's pieces, one 1-D tensor each,
+//                                                    named "<tensor>@<flat offset>"
+//                          index.json               every single-process tensor's dtype and
+//                                                    shape, the shard files, the run's layout
+//                          state.json, manifest.json as above (the manifest lists every file)
+//
+// A piece is a flat range of a single-process tensor ("h.0.attn.c_attn.weight" or
+// "h.0.attn.c_attn.weight.exp_avg", row-major), so ZeRO shards that cut through a parameter,
+// a pipeline stage's whole parameters and replicated copies written once all fit, and a
+// checkpoint loads into any other layout (another dp size or ZeRO stage, other pipeline
+// stages, one process): each rank asks for the ranges it holds and they are cut out of
+// whichever pieces cover them. load_checkpoint_pieces reads both forms.
 #pragma once
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "base/json.h"
 #include "engine/io/safetensors.h"
 #include "engine/nn/module.h"
+#include "engine/train/distributed.h"
 
 namespace mammoth::engine::train {
 
@@ -42,5 +60,35 @@ json::Value load_checkpoint(const std::string& dir, const nn::NamedTensors& mode
 
 // Checks every file of the manifest (sizes and CRC-32C); throws naming the first bad file.
 void verify_checkpoint(const std::string& dir);
+
+// ---- sharded checkpoints ----
+
+// Writing is three steps around two barriers of all ranks:
+//   lead:  tmp = begin_sharded_checkpoint(save_dir, step)            -- barrier --
+//   all:   write_checkpoint_shard(sharded_checkpoint_tmp(save_dir, step), rank, pieces)
+//                                                                     -- barrier --
+//   lead:  commit_sharded_checkpoint(...)
+// The lead creates the temporary directory and records its name for the others.
+std::string begin_sharded_checkpoint(const std::string& save_dir, int64_t step);
+std::string sharded_checkpoint_tmp(const std::string& save_dir, int64_t step);
+// Writes shard_<rank>.safetensors (fsynced) and its size and CRC-32C for the manifest.
+void write_checkpoint_shard(const std::string& tmp_dir, int rank,
+                            const std::vector<CheckpointPiece>& pieces);
+struct ShardedLayout {
+  int world = 1;             // shard files 0..world-1
+  nn::NamedTensors tensors;  // every single-process tensor (dtype, shape; values unused)
+  json::Value layout;        // the run's parallel layout, for people reading the index
+};
+// Checks that the shards cover every tensor of `layout` exactly once, writes index.json,
+// state.json and the manifest, moves the checkpoint into place and updates `latest`.
+std::string commit_sharded_checkpoint(const std::string& save_dir, int64_t step,
+                                      const std::string& tmp_dir, const ShardedLayout& layout,
+                                      const json::Value& state, int keep_last);
+
+// Verifies the checkpoint, then fills every piece of `into` (its name, offset and size say
+// which range) from the checkpoint, whichever form and layout wrote it, and returns
+// state.json. Throws naming the tensor when a range is not covered or shapes/dtypes differ.
+json::Value load_checkpoint_pieces(const std::string& dir,
+                                   const std::vector<CheckpointPiece>& into);
 
 }  // namespace mammoth::engine::train

@@ -10,6 +10,14 @@
 
 namespace mammoth::engine::train {
 
+// Elements [offset, offset + data.numel()) of the single-process tensor `name`, in row-major
+// order; `data` is contiguous, of any shape. The unit of sharded checkpoints.
+struct CheckpointPiece {
+  std::string name;
+  int64_t offset = 0;
+  Tensor data;
+};
+
 class DataParallelRuntime {
  public:
   virtual ~DataParallelRuntime() = default;
@@ -28,16 +36,16 @@ class DataParallelRuntime {
   virtual void after_step() = 0;
   // Mean of a scalar over the dp group (collective), for logged losses.
   virtual double average(double value) = 0;
-  // Optimizer state <-> the single-process layout (see parallel/data_parallel.h).
-  virtual nn::NamedTensors gather_state(const nn::NamedTensors& state,
-                                        const std::vector<std::string>& suffixes) = 0;
-  virtual void scatter_state(const nn::NamedTensors& full, const nn::NamedTensors& state,
-                             const std::vector<std::string>& suffixes) const = 0;
   virtual void barrier() = 0;
-  // Parameters that live sharded (ZeRO-3) are gathered for direct reads and writes
-  // (checkpoints) and released after; `loaded` says they were overwritten.
-  virtual void gather_parameters() {}
-  virtual void release_parameters(bool /*loaded*/) {}
+  // Sharded checkpoints (engine/train/checkpoint.h): views of the flat ranges of
+  // single-process parameters and optimizer state ("<param>.<suffix>", cut from `state`, this
+  // rank's optimizer state) that this rank holds. writing: only the ranges this rank writes,
+  // each element by exactly one dp rank; otherwise every range it must load.
+  virtual std::vector<CheckpointPiece> checkpoint_pieces(const nn::NamedTensors& state,
+                                                         const std::vector<std::string>& suffixes,
+                                                         bool writing) = 0;
+  // After pieces were loaded into those views (ZeRO-3 drops its stale gathered buckets).
+  virtual void pieces_loaded() {}
 };
 
 }  // namespace mammoth::engine::train

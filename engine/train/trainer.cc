@@ -156,9 +156,43 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
   optim::Optimizer& opt = offload ? offload->optimizer(ao) : *own_opt;
   // Optimizer state in the single-process layout ("<param>.exp_avg"), as checkpoints hold it.
   const std::vector<std::string> state_suffixes = {"exp_avg", "exp_avg_sq"};
-  auto full_optimizer_state = [&]() {
-    if (offload) return offload->gather_state();
-    return dp ? dp->gather_state(opt.state(), state_suffixes) : opt.state();
+  // Several processes write one sharded checkpoint together (checkpoint.h).
+  const bool sharded_checkpoints = o.world_size > 1;
+  MAMMOTH_CHECK(!sharded_checkpoints ||
+                (o.world_barrier && o.world_rank >= 0 && o.world_rank < o.world_size))
+      << "[train] world_size " << o.world_size << " needs world_barrier and a world_rank in range";
+  MAMMOTH_CHECK(sharded_checkpoints || world == 1 || o.save_dir.empty())
+      << "[train] checkpoints of a run with " << world
+      << " dp ranks need world_rank, world_size and world_barrier";
+  const bool checkpoint_lead = sharded_checkpoints ? o.world_rank == 0 : lead;
+  // This rank's parameters and optimizer state as pieces of the single-process tensors: what
+  // it writes (`writing`), or everything it loads. `full_state`: the single-process state to
+  // load into when the optimizer's own does not have that layout (offload).
+  auto checkpoint_pieces = [&](bool writing, const nn::NamedTensors* full_state) {
+    std::vector<CheckpointPiece> pieces;
+    if (dp) {
+      pieces = dp->checkpoint_pieces(opt.state(), state_suffixes, writing);
+    } else {
+      for (const auto& [name, p] : params) pieces.push_back({name, 0, p});
+      for (const auto& [name, t] : full_state ? *full_state : opt.state()) {
+        pieces.push_back({name, 0, t});
+      }
+    }
+    if (!writing || !o.writes_parameter) return pieces;
+    std::vector<CheckpointPiece> mine;
+    for (CheckpointPiece& p : pieces) {
+      std::string param = p.name;
+      for (const std::string& suffix : state_suffixes) {
+        const std::string tail = "." + suffix;
+        if (param.size() > tail.size() &&
+            param.compare(param.size() - tail.size(), tail.size(), tail) == 0) {
+          param.resize(param.size() - tail.size());
+          break;
+        }
+      }
+      if (o.writes_parameter(param)) mine.push_back(std::move(p));
+    }
+    return mine;
   };
   optim::LrSchedule sched;
   sched.kind = optim::LrSchedule::parse_kind(o.schedule);
@@ -179,23 +213,19 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
   nn::rng_state() = {o.seed, 0};
   if (o.resume) {
     if (auto dir = latest_checkpoint(o.save_dir)) {
-      json::Value state;
-      if (dp || offload) {
-        // Every rank reads the full state and keeps its part.
-        nn::NamedTensors full;
+      // Each rank reads the ranges it holds, whichever layout wrote the checkpoint.
+      nn::NamedTensors full_state;
+      if (offload) {
         for (const std::string& suffix : state_suffixes) {
           for (const auto& [name, p] : params) {
-            full.emplace_back(name + "." + suffix, Tensor::zeros(p.shape(), p.dtype()));
+            full_state.emplace_back(name + "." + suffix, Tensor::zeros(p.shape(), p.dtype()));
           }
         }
-        state = load_checkpoint(*dir, params, full);
-        if (offload)
-          offload->scatter_state(full);
-        else
-          dp->scatter_state(full, opt.state(), state_suffixes);
-      } else {
-        state = load_checkpoint(*dir, params, opt.state());
       }
+      const json::Value state = load_checkpoint_pieces(
+          *dir, checkpoint_pieces(/*writing=*/false, offload ? &full_state : nullptr));
+      if (offload) offload->scatter_state(full_state);
+      if (dp) dp->pieces_loaded();
       check_resume_compatible(state.at("config"), run_config);
       step = state.at("step").as_int();
       opt.set_step_count(state.at("optimizer_step").as_int());
@@ -234,17 +264,35 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
     state.set("loss_scale", json::Value(scaling ? scaler.scale() : 1.0));
     if (scaling) state.set("loss_scaler", scaler.state());
     state.set("config", run_config);
-    const nn::NamedTensors opt_state = full_optimizer_state();  // collective under dp
-    if (dp) dp->gather_parameters();                            // ZeRO-3: whole parameters
-    if (lead) {
-      const std::string dir =
-          save_checkpoint(o.save_dir, at_step, {&params, &opt_state, state}, o.keep_last);
-      if (!quiet) std::fprintf(stderr, "[train] saved checkpoint %s\n", dir.c_str());
+    std::string dir;
+    if (sharded_checkpoints) {
+      if (checkpoint_lead) begin_sharded_checkpoint(o.save_dir, at_step);
+      o.world_barrier();
+      write_checkpoint_shard(sharded_checkpoint_tmp(o.save_dir, at_step), o.world_rank,
+                             checkpoint_pieces(/*writing=*/true, nullptr));
+      o.world_barrier();
+      if (checkpoint_lead) {
+        // The index describes the single-process tensors: the whole model's parameters and
+        // their optimizer state.
+        ShardedLayout layout;
+        layout.world = o.world_size;
+        layout.layout = o.layout.is_object() ? o.layout : json::Value::object();
+        const nn::NamedTensors whole = model.named_parameters();
+        layout.tensors = whole;
+        for (const std::string& suffix : state_suffixes) {
+          for (const auto& [name, p] : whole) layout.tensors.emplace_back(name + "." + suffix, p);
+        }
+        dir = commit_sharded_checkpoint(o.save_dir, at_step,
+                                        sharded_checkpoint_tmp(o.save_dir, at_step), layout, state,
+                                        o.keep_last);
+      }
+      o.world_barrier();  // nobody reads `latest` before it is complete
+    } else if (lead) {
+      const nn::NamedTensors opt_state = offload ? offload->gather_state() : opt.state();
+      dir = save_checkpoint(o.save_dir, at_step, {&params, &opt_state, state}, o.keep_last);
     }
-    if (dp) {
-      dp->release_parameters(/*loaded=*/false);
-      dp->barrier();  // nobody reads `latest` before it is complete
-    }
+    if (checkpoint_lead && !quiet)
+      std::fprintf(stderr, "[train] saved checkpoint %s\n", dir.c_str());
   };
 
   auto evaluate = [&]() {

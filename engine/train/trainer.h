@@ -74,6 +74,15 @@ struct TrainOptions {
   std::string amp = "fp32";
   double init_loss_scale = 65536.0;
   int64_t loss_scale_growth_interval = 2000;
+  // Distributed checkpoints: with world_size > 1 every rank writes its shard of one sharded
+  // checkpoint (engine/train/checkpoint.h) and rank 0 commits it; world_barrier synchronises
+  // all ranks. writes_parameter, when set, says whether this rank writes a parameter it holds
+  // (false for a pipeline's second copy of a tied weight); layout is recorded in the index.
+  int world_rank = 0;
+  int world_size = 1;
+  std::function<void()> world_barrier;
+  std::function<bool(const std::string& name)> writes_parameter;
+  json::Value layout;
   // Chunked memory (engine/offload), not owned; null: none. Not combined with dp yet.
   OffloadRuntime* offload = nullptr;
   // Test hook: the step (0-based) whose gradients are overwritten with +inf before the

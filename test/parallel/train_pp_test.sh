@@ -2,7 +2,8 @@
 # `mammoth train --pp`: the step's gradient-accumulation micro-batches stream through the
 # pipeline, so pp=2 with every schedule, pp=4, and pp=2 x dp=2 (ZeRO 0, 1, 2; half the
 # accumulation per replica) give the single-process loss curve of the same global batch;
-# unsupported combinations are clear errors.
+# a checkpoint written by pp=2 resumes at pp=1, pp=4 and pp=2 x dp=2 (ZeRO-1), continuing the
+# curve; unsupported combinations are clear errors.
 set -euo pipefail
 mammoth="$1"
 mpirun="$2"
@@ -27,6 +28,18 @@ for zero in 0 1 2; do
   bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --grad-accum 2 --pp 2 --pp-schedule 1f1b \
     --zero $zero --bucket-mb 0.05 --metrics "$work/pp2_dp2_zero$zero.jsonl"
 done
+# Checkpoints: pp=2 saves at step 4 (each stage its shard); resume at other layouts.
+bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --pp 2 --save-every 4 \
+  --save-dir "$work/ckpt" --metrics "$work/pp2_saving.jsonl"
+echo step_00000004 >"$work/ckpt/latest"
+for layout in pp1 pp4 pp2_dp2; do cp -r "$work/ckpt" "$work/ckpt_$layout"; done
+"$mammoth" train "${common[@]}" --save-dir "$work/ckpt_pp1" --resume \
+  --metrics "$work/resumed_pp1.jsonl"
+bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --pp 4 --save-dir "$work/ckpt_pp4" --resume \
+  --metrics "$work/resumed_pp4.jsonl"
+bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --grad-accum 2 --pp 2 --zero 1 \
+  --save-dir "$work/ckpt_pp2_dp2" --resume --metrics "$work/resumed_pp2_dp2.jsonl"
+
 if bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --pp 2 --tp 2 2>"$work/err"; then
   echo "expected an error for --pp 2 --tp 2"; exit 1
 fi
@@ -54,5 +67,13 @@ for name in ["pp2_gpipe", "pp2_1f1b", "pp2_interleaved", "pp2_zb", "pp4_1f1b",
     worst = max(abs(a - b) / abs(b) for a, b in zip(got, ref))
     print(f"{name}: largest relative loss difference {worst:.2e}")
     assert len(got) == 8 and worst < 1e-5, (name, worst)
+def steps(name):
+    return [r["step"] for r in map(json.loads, open(f"{work}/{name}.jsonl"))]
+for name in ["resumed_pp1", "resumed_pp4", "resumed_pp2_dp2"]:
+    got = losses(name)
+    assert steps(name) == [5, 6, 7, 8], (name, steps(name))
+    worst = max(abs(a - b) / abs(b) for a, b in zip(got, ref[4:]))
+    print(f"{name}: steps 5..8, largest relative loss difference {worst:.2e}")
+    assert worst < 1e-5, (name, worst)
 print("ok")
 PY
