@@ -42,7 +42,8 @@ namespace {
 // What the attention needs to know about the sequence layout of its input.
 struct SeqContext {
   SpMode mode = SpMode::kNone;
-  const parallel::SequenceLayout* layout = nullptr;
+  // Owned, not borrowed: a recomputed (activation-checkpointed) layer runs again in backward.
+  std::shared_ptr<const parallel::SequenceLayout> layout;
   Communicator* sp = nullptr;
   Tensor key_mask;  // split_gather with padding: bool [B, padded], true = a real position
 };
@@ -312,7 +313,7 @@ class TpBert : public ShardedLanguageModel {
     MAMMOTH_CHECK(plan.layout->padded() <= config_.max_seq)
         << "[TpBert::forward] " << T << " positions padded to " << plan.layout->padded()
         << " exceed max_seq " << config_.max_seq;
-    SeqContext seq{mode, plan.layout.get(), &mesh_.group(Axis::kSp), Tensor()};
+    SeqContext seq{mode, plan.layout, &mesh_.group(Axis::kSp), Tensor()};
     if (sg && plan.layout->padded() > T) {
       std::vector<double> keep(static_cast<size_t>(B * plan.layout->padded()));
       for (size_t i = 0; i < keep.size(); ++i) {
@@ -321,8 +322,12 @@ class TpBert : public ShardedLanguageModel {
       seq.key_mask = Tensor::from_vector(keep, {B, plan.layout->padded()}, DType::kBool);
     }
     Tensor x = bert->embeddings->forward(ids_at(ids, sg ? plan.every : plan.local), plan.local);
-    for (size_t l = 0; l < bert->encoder->layer->size(); ++l)
-      x = (*bert->encoder->layer)[l].forward(x, seq);
+    const bool recompute = activation_checkpointing_ && is_training();
+    for (size_t l = 0; l < bert->encoder->layer->size(); ++l) {
+      const TpBertLayer* layer = &(*bert->encoder->layer)[l];
+      x = run_block(
+          recompute, [layer, seq](const Tensor& in) { return layer->forward(in, seq); }, x);
+    }
     const DenseHolder& t = *predictions->transform;
     x = t.LayerNorm->forward(engine::gelu(t.dense->forward(x)));
     // The tied decoder: columns (and bias) of this rank's vocabulary shard, for every position
@@ -346,6 +351,7 @@ std::shared_ptr<ShardedLanguageModel> bert_policy(const Model& model,
   auto sharded = std::make_shared<TpBert>(model.config(), mesh, options);
   sharded->load_from(model);
   sharded->train(model.is_training());
+  sharded->set_activation_checkpointing(model.activation_checkpointing());
   return sharded;
 }
 

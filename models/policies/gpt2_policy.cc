@@ -33,7 +33,8 @@ namespace {
 // What a block needs to know about the sequence layout of its input.
 struct SeqContext {
   SpMode mode = SpMode::kNone;
-  const parallel::SequenceLayout* layout = nullptr;  // ulysses / ring
+  // Owned, not borrowed: a recomputed (activation-checkpointed) block runs again in backward.
+  std::shared_ptr<const parallel::SequenceLayout> layout;  // ulysses / ring
   Communicator* sp = nullptr;
 };
 
@@ -191,13 +192,18 @@ class TpGpt2 : public ShardedLanguageModel {
     MAMMOTH_CHECK(plan.layout->padded() <= config_.max_seq)
         << "[TpGpt2::forward] " << T << " positions padded to " << plan.layout->padded()
         << " exceed max_seq " << config_.max_seq;
-    SeqContext seq{mode, plan.layout.get(), &mesh_.group(Axis::kSp)};
+    const SeqContext seq{mode, plan.layout, &mesh_.group(Axis::kSp)};
     const int64_t n = static_cast<int64_t>(plan.local.size());
     // split_gather embeds the whole sequence and reduce-scatters it along the sequence.
     Tensor x = wte->forward(ids_at(ids, sg ? plan.every : plan.local));
     x = x + wpe->forward(Tensor::from_ints(plan.local, {n}));
     x = drop_->forward(x);
-    for (size_t l = 0; l < h->size(); ++l) x = (*h)[l].forward(x, seq);
+    const bool recompute = activation_checkpointing_ && is_training();
+    for (size_t l = 0; l < h->size(); ++l) {
+      const TpGpt2Block* block = &(*h)[l];
+      x = run_block(
+          recompute, [block, seq](const Tensor& in) { return block->forward(in, seq); }, x);
+    }
     x = ln_f->forward(x);
     // The tied head: columns of this rank's vocabulary shard, every position of the sequence
     // under split_gather (gathered), this rank's positions otherwise.
@@ -219,6 +225,7 @@ std::shared_ptr<ShardedLanguageModel> gpt2_policy(const Model& model,
   auto sharded = std::make_shared<TpGpt2>(model.config(), mesh, options);
   sharded->load_from(model);
   sharded->train(model.is_training());
+  sharded->set_activation_checkpointing(model.activation_checkpointing());
   return sharded;
 }
 

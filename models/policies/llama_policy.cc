@@ -40,10 +40,11 @@ namespace {
 // What a layer needs to know about the sequence layout of its attention input.
 struct SeqContext {
   SpMode mode = SpMode::kNone;
-  const parallel::SequenceLayout* layout = nullptr;  // ulysses / ring
+  // Owned, not borrowed: a recomputed (activation-checkpointed) layer runs again in backward.
+  std::shared_ptr<const parallel::SequenceLayout> layout;  // ulysses / ring
   Communicator* sp = nullptr;
   // Global positions of the rows the attention sees, in order (>= T: padding).
-  const std::vector<int64_t>* positions = nullptr;
+  std::shared_ptr<const std::vector<int64_t>> positions;
 };
 
 // Rotary embedding of t [B, n, H, D] whose rows are the global `positions`: engine::rope takes
@@ -259,11 +260,16 @@ class TpLlama : public ShardedLanguageModel {
     const SeqPlan& plan = out.plan;
     // The attention sees the whole padded sequence under split_gather (gathered by the
     // column-parallel projections), this rank's positions otherwise.
-    const std::vector<int64_t>& attn_rows = sg ? plan.every : plan.local;
-    SeqContext seq{mode, plan.layout.get(), &mesh_.group(Axis::kSp), &attn_rows};
+    auto attn_rows = std::make_shared<const std::vector<int64_t>>(sg ? plan.every : plan.local);
+    const SeqContext seq{mode, plan.layout, &mesh_.group(Axis::kSp), attn_rows};
     // split_gather embeds the whole sequence and reduce-scatters it along the sequence.
     Tensor x = model->embed_tokens->forward(ids_at(ids, sg ? plan.every : plan.local));
-    for (size_t l = 0; l < model->layers->size(); ++l) x = (*model->layers)[l].forward(x, seq);
+    const bool recompute = activation_checkpointing_ && is_training();
+    for (size_t l = 0; l < model->layers->size(); ++l) {
+      const TpLlamaDecoderLayer* layer = &(*model->layers)[l];
+      x = run_block(
+          recompute, [layer, seq](const Tensor& in) { return layer->forward(in, seq); }, x);
+    }
     x = model->norm->forward(x);
     // The head: columns of this rank's vocabulary shard, for every position under split_gather
     // (gathered), this rank's positions otherwise.
@@ -290,6 +296,7 @@ std::shared_ptr<ShardedLanguageModel> llama_policy(const Model& model,
   auto sharded = std::make_shared<TpLlama>(model.config(), mesh, options);
   sharded->load_from(model);
   sharded->train(model.is_training());
+  sharded->set_activation_checkpointing(model.activation_checkpointing());
   return sharded;
 }
 

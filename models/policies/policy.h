@@ -21,7 +21,9 @@
 //   ulysses       on the sp axis: all-to-all between sequence and heads around attention;
 //   ring          on the sp axis: ring attention over a zigzag (load-balanced) layout.
 // Vocabulary sizes and sequence lengths that do not divide are padded; padding never reaches
-// the loss, and full_parameters() returns the unpadded tensors.
+// the loss, and full_parameters() returns the unpadded tensors. The sharded model takes over
+// the model's training mode and activation checkpointing (each block recomputed in backward,
+// its collectives with it).
 //
 // Grouped-query attention (LLaMA) under tp: the H query heads must divide by tp. The Hk key/value
 // heads are split over tp when Hk % tp == 0; when there are fewer of them than ranks and

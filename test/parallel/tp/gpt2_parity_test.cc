@@ -90,7 +90,7 @@ int64_t linear_weight_bytes(const engine::nn::NamedTensors& params) {
   return n;
 }
 
-void parity(const parallel::MeshShape& shape, models::SpMode mode) {
+void parity(const parallel::MeshShape& shape, models::SpMode mode, bool recompute = false) {
   auto w = world();
   REQUIRE(w->size() == shape.product());  // run this case with -np = dp*tp*sp
   parallel::DeviceMesh mesh(w, shape);
@@ -103,7 +103,9 @@ void parity(const parallel::MeshShape& shape, models::SpMode mode) {
   double last_loss = 0;
 
   auto full = make_model();
+  full->set_activation_checkpointing(recompute);
   auto sharded = models::apply_policy(*full, mesh, {.sp_mode = mode});
+  REQUIRE(sharded->activation_checkpointing() == recompute);
   // Same names as the single-device model.
   std::set<std::string> names, full_names;
   for (auto& [n, t] : sharded->named_parameters()) names.insert(n);
@@ -190,3 +192,7 @@ TEST_CASE("gpt2 sp2 ulysses") { parity({.sp = 2}, models::SpMode::kUlysses); }
 TEST_CASE("gpt2 sp2 ring") { parity({.sp = 2}, models::SpMode::kRing); }
 TEST_CASE("gpt2 dp2 tp2") { parity({.dp = 2, .tp = 2}, models::SpMode::kNone); }
 TEST_CASE("gpt2 tp2 sp2 ring") { parity({.tp = 2, .sp = 2}, models::SpMode::kRing); }
+// Activation checkpointing: every block recomputed (collectives included) in backward.
+TEST_CASE("gpt2 tp2 split_gather recompute") {
+  parity({.tp = 2}, models::SpMode::kSplitGather, true);
+}

@@ -41,6 +41,7 @@ std::shared_ptr<parallel::MpiCommunicator> world() {
 struct Variant {
   int64_t n_head = 0, n_kv_head = 0, d_model = 0;  // 0: llama-tiny's
   bool tied = false;
+  bool recompute = false;  // activation checkpointing in the sharded model
 };
 
 models::ModelConfig config_of(const Variant& v) {
@@ -138,11 +139,13 @@ void parity(const parallel::MeshShape& shape, models::SpMode mode, const Variant
   double last_loss = 0;
   const std::string tag = "[llama parity " + shape.str() +
                           " sp_mode=" + models::sp_mode_name(mode) + (variant.tied ? " tied" : "") +
-                          "]";
+                          (variant.recompute ? " recompute" : "") + "]";
 
   auto full = make_model(variant);
   const models::ModelConfig& cfg = full->config();
+  full->set_activation_checkpointing(variant.recompute);
   auto sharded = models::apply_policy(*full, mesh, {.sp_mode = mode});
+  REQUIRE(sharded->activation_checkpointing() == variant.recompute);
   // Same names as the single-device model.
   std::set<std::string> names, full_names;
   for (auto& [n, t] : sharded->named_parameters()) names.insert(n);
@@ -263,6 +266,14 @@ TEST_CASE("llama tp4 mha tied") {
 }
 TEST_CASE("llama tp2 tied split_gather") {
   parity({.tp = 2}, models::SpMode::kSplitGather, {.tied = true});
+}
+// Activation checkpointing: each decoder layer (its collectives, ring passes and rotary
+// positions included) recomputed in backward gives the same results.
+TEST_CASE("llama tp2 split_gather recompute") {
+  parity({.tp = 2}, models::SpMode::kSplitGather, {.recompute = true});
+}
+TEST_CASE("llama tp2 sp2 ring recompute") {
+  parity({.tp = 2, .sp = 2}, models::SpMode::kRing, {.recompute = true});
 }
 
 // 3 KV heads can be neither split over 2 ranks nor replicated on them: refused, naming sizes.
