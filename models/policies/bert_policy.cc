@@ -17,6 +17,9 @@
 // attends to (a key mask under split_gather; ulysses_attention and ring_attention mask them
 // themselves). Only forward(ids) and loss(ids, targets) exist in the sharded form: no attention
 // mask or token types (token type 0 everywhere, as Bert::forward), no classification.
+#include <memory>
+#include <vector>
+
 #include "engine/autograd.h"
 #include "engine/ops.h"
 #include "models/layers.h"

@@ -18,6 +18,10 @@
 // whole (padded) sequence without sp and under split_gather (the column-parallel projections
 // all-gather it), T/sp contiguous positions from sp rank r * T/sp under Ulysses, and a zigzag
 // pair of chunks under ring attention, each chunk rotated from its own first position.
+#include <algorithm>
+#include <memory>
+#include <vector>
+
 #include "engine/autograd.h"
 #include "engine/ops.h"
 #include "models/layers.h"
