@@ -140,21 +140,23 @@ void pack_a(bool trans, const float* A, int64_t lda, int64_t i0, int64_t mc, int
     const int64_t rows = std::min<int64_t>(kMR, mc - ip);
     uint32_t* panel = dst + (ip / kMR) * pairs * kMR;
     if (!trans) {
-      for (int i = 0; i < kMR; ++i) {
-        if (i >= rows) {
-          for (int64_t p = 0; p < pairs; ++p) panel[p * kMR + i] = 0;
-          continue;
+      // 32 k of the panel's rows -> 16 words per row, transposed so that each k pair's kMR
+      // words are one contiguous (masked) store.
+      const __mmask16 store = first_n(kMR);
+      const float* src = A + (i0 + ip) * lda + p0;
+      for (int64_t k0 = 0; k0 < kc; k0 += 32) {
+        const int64_t n = std::min<int64_t>(32, kc - k0);
+        const __mmask16 lo = first_n(n), hi = first_n(n - 16);
+        __m512i r[16];
+        for (int i = 0; i < 16; ++i) {
+          r[i] = i < rows ? to_bf16(_mm512_maskz_loadu_ps(lo, src + i * lda + k0),
+                                    _mm512_maskz_loadu_ps(hi, src + i * lda + k0 + 16))
+                          : _mm512_setzero_si512();
         }
-        const float* src = A + (i0 + ip + i) * lda + p0;
-        for (int64_t k0 = 0; k0 < kc; k0 += 32) {
-          const int64_t n = std::min<int64_t>(32, kc - k0);
-          alignas(64) uint32_t w[16];
-          _mm512_store_si512(w, to_bf16(_mm512_maskz_loadu_ps(first_n(n), src + k0),
-                                        _mm512_maskz_loadu_ps(first_n(n - 16), src + k0 + 16)));
-          uint32_t* d = panel + (k0 / 2) * kMR + i;
-          const int64_t np = (n + 1) / 2;
-          for (int64_t q = 0; q < np; ++q) d[q * kMR] = w[q];
-        }
+        transpose16(r);
+        uint32_t* d = panel + (k0 / 2) * kMR;
+        const int64_t np = (n + 1) / 2;
+        for (int64_t q = 0; q < np; ++q) _mm512_mask_storeu_epi32(d + q * kMR, store, r[q]);
       }
     } else {
       // op(A)[i, k] = A[k, i]: rows k and k+1 of A give one word per op(A) row.
