@@ -62,6 +62,11 @@ const ShardedLanguageModel::ReplicatedHeads* ShardedLanguageModel::replicated_he
   return it == replicated_.end() ? nullptr : &it->second;
 }
 
+bool ShardedLanguageModel::holds_full(const std::string& name) const {
+  if (mesh_.size(parallel::Axis::kTp) == 1) return true;  // one piece, unpadded
+  return !spec(name).sharded() && replicated_heads(name) == nullptr;
+}
+
 bool ShardedLanguageModel::grad_owner(const std::string& name) const {
   const parallel::Communicator& tp = mesh_.group(parallel::Axis::kTp);
   if (spec(name).sharded()) return true;

@@ -62,8 +62,13 @@ class ShardedLanguageModel : public LanguageModel {
   const ShardOptions& shard_options() const { return options_; }
   const parallel::DeviceMesh& mesh() const { return mesh_; }
 
-  // How each parameter is split over the tp group (replicated when absent).
+  // How each parameter is split over the tp group (not sharded when absent). Careful: a
+  // replicated KV head (GQA, fewer KV heads than tp) has no spec either, yet holds one head,
+  // not the whole tensor; holds_full() tells the two apart.
   parallel::ShardSpec spec(const std::string& name) const;
+  // Whether this rank's `name` is the whole single-device tensor (neither sharded nor one
+  // replicated KV head): what a checkpoint writer may save from one rank as it is.
+  bool holds_full(const std::string& name) const;
   // Copies this rank's shard of every parameter of `full` (the same family and config).
   void load_from(const Model& full);
   // The single-device parameters, unpadded, gathered over tp (collective over the tp group).

@@ -152,6 +152,13 @@ void parity(const parallel::MeshShape& shape, models::SpMode mode, const Variant
   for (auto& [n, t] : full->named_parameters()) full_names.insert(n);
   REQUIRE(names == full_names);
   REQUIRE(names.count("lm_head.weight") == (cfg.tie_embeddings ? 0u : 1u));
+  // Which tensors are whole: the norms always; the projections only without tp; a replicated KV
+  // head (no spec) is not.
+  for (auto& [n, t] : sharded->named_parameters()) {
+    const bool norm = n.find("norm") != std::string::npos;
+    CAPTURE(n);
+    REQUIRE(sharded->holds_full(n) == (norm || shape.tp == 1));
+  }
   // Per-rank parameter memory of the linear layers: 1/tp of the single device's (GQA's
   // replicated KV heads: one head per rank); the vocabulary tables 1/tp up to padding.
   const double ratio = double(linear_weight_bytes(sharded->named_parameters())) /
