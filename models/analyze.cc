@@ -92,6 +92,8 @@ ModelAnalysis analyze(const ModelConfig& c, int64_t seq_len) {
              2.0 * d * c.num_labels / T;
       break;
   }
+  a.block_flops_per_token_forward = block_flops(c, T);
+  a.head_flops_per_token_forward = head;
   a.flops_per_token_forward = c.n_layer * block_flops(c, T) + head;
   a.flops_per_token_train = 3 * a.flops_per_token_forward;
   for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {

@@ -35,6 +35,10 @@ struct ModelAnalysis {
   int64_t seq_len = 0;           // context length the FLOPs assume (ViT: patches + 1)
   double flops_per_token_forward = 0;
   double flops_per_token_train = 0;    // forward + backward
+  // The forward's parts (pipeline stages are balanced with these): one transformer block, and
+  // the head (LM head / MLM transform / ViT patch projection and classifier).
+  double block_flops_per_token_forward = 0;
+  double head_flops_per_token_forward = 0;
   std::vector<MemoryEstimate> memory;  // f32, bf16, f16
 };
 

@@ -72,6 +72,7 @@ ABSL_FLAG(bool, activation_checkpointing, false,
 ABSL_DECLARE_FLAG(int, pp);
 ABSL_DECLARE_FLAG(std::string, pp_schedule);
 ABSL_DECLARE_FLAG(int, virtual_stages);
+ABSL_DECLARE_FLAG(std::string, pp_partition);
 
 ABSL_FLAG(int, tp, 1, "tensor-parallel ranks per model replica (GPT-2, LLaMA, BERT)");
 ABSL_FLAG(int, sp, 1, "sequence-parallel ranks for --sp-mode ulysses or ring");
@@ -285,8 +286,22 @@ int run_train(const std::vector<std::string>& args) {
         {.stages = pp_size,
          .micro_batches = static_cast<int>(o.grad_accum),
          .virtual_stages = absl::GetFlag(FLAGS_virtual_stages)});
-    pipeline =
-        std::make_unique<models::Gpt2Pipeline>(gpt2, schedule, mesh->group(parallel::Axis::kPp));
+    // Balanced by FLOPs by default: the LM head alone costs several blocks.
+    const parallel::pipeline::Partition partition =
+        parallel::pipeline::partition_is_balanced(absl::GetFlag(FLAGS_pp_partition))
+            ? models::Gpt2Pipeline::balanced(cfg, positions, schedule.num_virtual_stages())
+            : parallel::pipeline::Partition{};
+    pipeline = std::make_unique<models::Gpt2Pipeline>(gpt2, schedule,
+                                                      mesh->group(parallel::Axis::kPp), partition);
+    if (mesh->rank() == 0) {
+      std::string cuts;
+      for (size_t s = 0; s + 1 < pipeline->partition().size(); ++s) {
+        cuts += (s ? ", " : "") + std::to_string(pipeline->partition()[s]) + "-" +
+                std::to_string(pipeline->partition()[s + 1] - 1);
+      }
+      std::fprintf(stderr, "[train] pipeline stages (%s): layers %s\n",
+                   absl::GetFlag(FLAGS_pp_partition).c_str(), cuts.c_str());
+    }
     o.pipeline_step = [&pipeline](const std::vector<engine::Tensor>& batches) {
       return pipeline->step(batches);
     };

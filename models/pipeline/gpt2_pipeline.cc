@@ -1,11 +1,13 @@
 #include "models/pipeline/gpt2_pipeline.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "base/error.h"
 #include "engine/autograd.h"
 #include "engine/ops.h"
 #include "engine/optim/optim.h"
+#include "models/analyze.h"
 #include "models/gpt2/gpt2.h"
 #include "models/layers.h"
 
@@ -15,19 +17,30 @@ using engine::Shape;
 using engine::Tensor;
 using parallel::pipeline::StageChunk;
 
-std::pair<int64_t, int64_t> Gpt2Pipeline::layer_range(int64_t n_layer, int num_stages, int s) {
-  return {n_layer * s / num_stages, n_layer * (s + 1) / num_stages};
+parallel::pipeline::Partition Gpt2Pipeline::balanced(const ModelConfig& config, int64_t seq_len,
+                                                     int stages) {
+  const ModelAnalysis a = analyze(config, seq_len);
+  const std::vector<double> blocks(static_cast<size_t>(config.n_layer),
+                                   a.block_flops_per_token_forward);
+  return parallel::pipeline::balanced_partition(blocks, 0.0, a.head_flops_per_token_forward,
+                                                stages);
 }
 
 Gpt2Pipeline::Gpt2Pipeline(std::shared_ptr<models::Gpt2> model, const Schedule& schedule,
-                           Communicator& pp)
-    : model_(std::move(model)), pp_(pp) {
+                           Communicator& pp, parallel::pipeline::Partition partition)
+    : model_(std::move(model)), pp_(pp), partition_(std::move(partition)) {
   MAMMOTH_CHECK(model_ != nullptr) << "[Gpt2Pipeline] model is null";
   const int S = schedule.num_virtual_stages();
   const int64_t L = static_cast<int64_t>(model_->h->size());
   MAMMOTH_CHECK(L >= S) << "[Gpt2Pipeline] " << L << " layers cannot fill " << S
                         << " virtual stages (pp " << schedule.stages << " x virtual stages "
                         << schedule.virtual_stages << ")";
+  if (partition_.empty()) partition_ = parallel::pipeline::partition_by_count(L, S);
+  MAMMOTH_CHECK(static_cast<int>(partition_.size()) == S + 1 && partition_.front() == 0 &&
+                partition_.back() == L && std::is_sorted(partition_.begin(), partition_.end()) &&
+                std::adjacent_find(partition_.begin(), partition_.end()) == partition_.end())
+      << "[Gpt2Pipeline] the partition must cut " << L << " layers into " << S
+      << " non-empty virtual stages";
   const int rank = pp.rank(), p = pp.size();
   const int M = schedule.micro_batches;
   const auto all = model_->named_parameters();
@@ -41,7 +54,8 @@ Gpt2Pipeline::Gpt2Pipeline(std::shared_ptr<models::Gpt2> model, const Schedule& 
   std::vector<StageChunk> chunks;
   for (int c = 0; c < schedule.virtual_stages; ++c) {
     const int s = schedule.virtual_stage(rank, c);
-    const auto [first, last] = layer_range(L, S, s);
+    const int64_t first = partition_[static_cast<size_t>(s)];
+    const int64_t last = partition_[static_cast<size_t>(s) + 1];
     const bool head = s == S - 1, embed = s == 0;
     StageChunk chunk;
     chunk.params = params_with([&](const std::string& name) {

@@ -9,7 +9,9 @@
 
 #include "engine/nn/module.h"
 #include "engine/tensor.h"
+#include "models/config.h"
 #include "parallel/comm/communicator.h"
+#include "parallel/pipeline/partition.h"
 #include "parallel/pipeline/schedule.h"
 #include "parallel/pipeline/stage.h"
 
@@ -20,15 +22,17 @@ using parallel::Communicator;
 using parallel::pipeline::PipelineStage;
 using parallel::pipeline::Schedule;
 
-// GPT-2 cut by layer count into schedule.num_virtual_stages() chunks: the embeddings (wte,
-// wpe) before the first, ln_f and the tied head after the last. Every rank builds the whole
+// GPT-2 cut into schedule.num_virtual_stages() chunks of consecutive layers (`partition`:
+// by count when empty; balanced() evens out the head's cost): the embeddings (wte, wpe)
+// before the first, ln_f and the tied head after the last. Every rank builds the whole
 // model from the same seed and keeps using only its chunks' parameters. The tied wte lives on
 // the first and the last stage; its gradient is summed between the two after the backward, so
 // both apply the same update and stay equal. The model's dropout must be 0 (its RNG stream
 // would differ from the single-process order) unless parity does not matter.
 class Gpt2Pipeline {
  public:
-  Gpt2Pipeline(std::shared_ptr<models::Gpt2> model, const Schedule& schedule, Communicator& pp);
+  Gpt2Pipeline(std::shared_ptr<models::Gpt2> model, const Schedule& schedule, Communicator& pp,
+               parallel::pipeline::Partition partition = {});
   ~Gpt2Pipeline();
 
   // ids i64 [b, T] per micro-batch, schedule.micro_batches of them, the same on every rank.
@@ -47,12 +51,16 @@ class Gpt2Pipeline {
   // This rank's parameters, under the full model's names (for the optimizer).
   const engine::nn::NamedTensors& parameters() const { return params_; }
   PipelineStage& runtime() { return *stage_; }
-  // Layers [first, last) of virtual stage s.
-  static std::pair<int64_t, int64_t> layer_range(int64_t n_layer, int num_stages, int s);
+  const parallel::pipeline::Partition& partition() const { return partition_; }
+  // The cut into `stages` virtual stages that minimises the largest stage's training FLOPs
+  // (models/analyze: per block, and the LM head on the last stage) at `seq_len` positions.
+  static parallel::pipeline::Partition balanced(const ModelConfig& config, int64_t seq_len,
+                                                int stages);
 
  private:
   std::shared_ptr<models::Gpt2> model_;
   Communicator& pp_;
+  parallel::pipeline::Partition partition_;
   std::unique_ptr<Communicator> tied_;  // first and last stage (null elsewhere, or pp == 1)
   std::unique_ptr<PipelineStage> stage_;
   engine::nn::NamedTensors params_;

@@ -85,9 +85,10 @@ Run reference() {
   return r;
 }
 
-Run pipeline(parallel::Communicator& pp, const pl::Schedule& schedule) {
+Run pipeline(parallel::Communicator& pp, const pl::Schedule& schedule,
+             pl::Partition partition = {}) {
   auto model = make_model(8);
-  models::Gpt2Pipeline pipe(model, schedule, pp);
+  models::Gpt2Pipeline pipe(model, schedule, pp, std::move(partition));
   engine::optim::AdamW opt(pipe.parameters(), adamw());
   Run r;
   for (int64_t s = 0; s < kSteps; ++s) {
@@ -144,6 +145,35 @@ TEST_CASE("pipeline schedules match the single-process run") {
       CHECK(static_cast<size_t>(count.item()) == total + (p > 1 ? wte : 0));
     }
   }
+}
+
+TEST_CASE("an uneven partition matches the single-process run too") {
+  // One layer on every stage but the last, which takes the rest (and the head).
+  auto world = parallel::mpi_world();
+  const int p = world->size();
+  const Run ref = reference();
+  pl::Partition partition;
+  for (int s = 0; s < p; ++s) partition.push_back(s);
+  partition.push_back(kLayers);
+  const pl::Schedule schedule =
+      pl::make_schedule(pl::ScheduleKind::k1F1B, {.stages = p, .micro_batches = kMicro});
+  const Run run = pipeline(*world, schedule, partition);
+  for (size_t s = 0; s < ref.losses.size(); ++s) {
+    INFO("step " << s);
+    CHECK(run.losses[s] == Approx(ref.losses[s]).epsilon(2e-5));
+  }
+  double worst = 0;
+  for (const auto& [name, values] : run.params) {
+    const auto& want = ref.params.at(name);
+    for (size_t k = 0; k < want.size(); ++k)
+      worst = std::max(worst, std::fabs(values[k] - want[k]));
+  }
+  INFO("largest parameter difference " << worst);
+  CHECK(worst < 2e-5);
+  // The last rank holds layers p-1 .. kLayers-1: check it really got them.
+  if (world->rank() == p - 1)
+    CHECK(run.params.count("h." + std::to_string(kLayers - 1) + ".ln_1.weight"));
+  if (world->rank() == 0) CHECK_FALSE(run.params.count("h.1.ln_1.weight"));
 }
 
 TEST_CASE("1F1B holds p - r micro-batches of activations, GPipe all of them") {
