@@ -99,6 +99,30 @@ ABSL_FLAG(double, comm_timeout, 600.0,
 namespace mammoth::tools {
 namespace {
 
+// Checkpoints of a tensor/sequence-parallel run see the single-process model through this:
+// tensors are gathered over tp for writing (by tp rank 0 of sp rank 0) and sharded on load.
+class PolicyShards final : public engine::train::ModelShardRuntime {
+ public:
+  PolicyShards(const models::ShardedLanguageModel& sharded, const models::Model& full,
+               const parallel::DeviceMesh& mesh)
+      : sharded_(sharded), full_(full.named_parameters()), mesh_(mesh) {}
+  engine::Tensor full_tensor(const std::string& param, const engine::Tensor& local) override {
+    return sharded_.full_tensor(param, local);
+  }
+  engine::Tensor shard_of(const std::string& param, const engine::Tensor& full) override {
+    return sharded_.shard_of(param, full);
+  }
+  bool writes_full() const override {
+    return mesh_.coord(parallel::Axis::kTp) == 0 && mesh_.coord(parallel::Axis::kSp) == 0;
+  }
+  const engine::nn::NamedTensors& single_process_parameters() const override { return full_; }
+
+ private:
+  const models::ShardedLanguageModel& sharded_;
+  engine::nn::NamedTensors full_;
+  const parallel::DeviceMesh& mesh_;
+};
+
 std::string cache_dir() {
   const char* home = std::getenv("HOME");
   return std::string(home && *home ? home : "/tmp") + "/.cache/mammoth";
@@ -165,9 +189,6 @@ int run_train(const std::vector<std::string>& args) {
   if (model_parallel) {
     MAMMOTH_CHECK(absl::GetFlag(FLAGS_zero) == 0)
         << "[train] --zero with --tp/--sp is not supported yet (use --zero 0)";
-    MAMMOTH_CHECK(absl::GetFlag(FLAGS_save_dir).empty())
-        << "[train] checkpoints of tensor/sequence-parallel runs are not supported yet "
-           "(drop --save-dir or train with --tp 1 --sp 1)";
     MAMMOTH_CHECK(sp_mode == models::SpMode::kNone || dp_size == 1)
         << "[train] --sp-mode " << models::sp_mode_name(sp_mode)
         << " with --dp > 1 is not supported yet";
@@ -251,11 +272,14 @@ int run_train(const std::vector<std::string>& args) {
 
   // Tensor/sequence parallelism: the model's sharded form (its family's policy) trains instead.
   std::shared_ptr<models::ShardedLanguageModel> sharded;
+  std::unique_ptr<PolicyShards> policy_shards;
   models::LanguageModel* trained = model.get();
   if (model_parallel) {
     MAMMOTH_CHECK(mesh != nullptr) << "[train] --tp/--sp need mpirun with several ranks";
     sharded = models::apply_policy(*model, *mesh, {.sp_mode = sp_mode});
     trained = sharded.get();
+    policy_shards = std::make_unique<PolicyShards>(*sharded, *model, *mesh);
+    o.model_shards = policy_shards.get();
     o.after_backward = [&sharded] { sharded->sync_grads(); };
     // Global gradient norm: sharded parameters summed over tp; replicated ones counted once
     // (grad_owner: tp rank 0, or a replicated KV head's first rank); every sp rank holds the

@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <memory>
 
 #include "engine/amp/amp.h"
@@ -168,6 +169,17 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
   // This rank's parameters and optimizer state as pieces of the single-process tensors: what
   // it writes (`writing`), or everything it loads. `full_state`: the single-process state to
   // load into when the optimizer's own does not have that layout (offload).
+  // "h.0.attn.c_attn.weight.exp_avg" -> "h.0.attn.c_attn.weight".
+  auto param_of = [&](const std::string& name) {
+    for (const std::string& suffix : state_suffixes) {
+      const std::string tail = "." + suffix;
+      if (name.size() > tail.size() &&
+          name.compare(name.size() - tail.size(), tail.size(), tail) == 0) {
+        return name.substr(0, name.size() - tail.size());
+      }
+    }
+    return name;
+  };
   auto checkpoint_pieces = [&](bool writing, const nn::NamedTensors* full_state) {
     std::vector<CheckpointPiece> pieces;
     if (dp) {
@@ -181,18 +193,52 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
     if (!writing || !o.writes_parameter) return pieces;
     std::vector<CheckpointPiece> mine;
     for (CheckpointPiece& p : pieces) {
-      std::string param = p.name;
-      for (const std::string& suffix : state_suffixes) {
-        const std::string tail = "." + suffix;
-        if (param.size() > tail.size() &&
-            param.compare(param.size() - tail.size(), tail.size(), tail) == 0) {
-          param.resize(param.size() - tail.size());
-          break;
-        }
-      }
-      if (o.writes_parameter(param)) mine.push_back(std::move(p));
+      if (o.writes_parameter(param_of(p.name))) mine.push_back(std::move(p));
     }
     return mine;
+  };
+  // Under tensor parallelism the pieces above are whole local shards (dp does not shard
+  // then): writing gathers each whole and one rank per tp group keeps it; loading reads whole
+  // single-process tensors, then copies this rank's shard out of each.
+  ModelShardRuntime* shards = o.model_shards;
+  MAMMOTH_CHECK(shards == nullptr || offload == nullptr)
+      << "[train] offload with tensor parallelism is not supported";
+  auto check_whole =
+      [&](const CheckpointPiece& p) {
+        MAMMOTH_CHECK(p.offset == 0)
+            << "[train] checkpoint piece of '" << p.name << "' at offset " << p.offset
+            << ": tensor-parallel checkpoints need whole local tensors (use --zero 0)";
+      };
+  auto pieces_to_write = [&]() {
+    std::vector<CheckpointPiece> pieces = checkpoint_pieces(/*writing=*/true, nullptr);
+    if (!shards) return pieces;
+    std::vector<CheckpointPiece> whole;
+    for (const CheckpointPiece& p : pieces) {
+      check_whole(p);
+      Tensor full = shards->full_tensor(param_of(p.name), p.data);  // collective over tp
+      if (shards->writes_full()) whole.push_back({p.name, 0, full});
+    }
+    return whole;
+  };
+  auto load_pieces = [&](const std::string& dir, const nn::NamedTensors* full_state) {
+    std::vector<CheckpointPiece> pieces = checkpoint_pieces(/*writing=*/false, full_state);
+    if (!shards) return load_checkpoint_pieces(dir, pieces);
+    std::map<std::string, Tensor> shape_of;
+    for (const auto& [name, p] : shards->single_process_parameters()) shape_of[name] = p;
+    std::vector<CheckpointPiece> whole;
+    for (const CheckpointPiece& p : pieces) {
+      check_whole(p);
+      auto it = shape_of.find(param_of(p.name));
+      MAMMOTH_CHECK(it != shape_of.end())
+          << "[train] '" << p.name << "' is not a tensor of the single-process model";
+      whole.push_back({p.name, 0, Tensor::zeros(it->second.shape(), it->second.dtype())});
+    }
+    json::Value state = load_checkpoint_pieces(dir, whole);
+    NoGradGuard ng;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      copy_(pieces[i].data, shards->shard_of(param_of(pieces[i].name), whole[i].data));
+    }
+    return state;
   };
   optim::LrSchedule sched;
   sched.kind = optim::LrSchedule::parse_kind(o.schedule);
@@ -222,8 +268,7 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
           }
         }
       }
-      const json::Value state = load_checkpoint_pieces(
-          *dir, checkpoint_pieces(/*writing=*/false, offload ? &full_state : nullptr));
+      const json::Value state = load_pieces(*dir, offload ? &full_state : nullptr);
       if (offload) offload->scatter_state(full_state);
       if (dp) dp->pieces_loaded();
       check_resume_compatible(state.at("config"), run_config);
@@ -268,8 +313,8 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
     if (sharded_checkpoints) {
       if (checkpoint_lead) begin_sharded_checkpoint(o.save_dir, at_step);
       o.world_barrier();
-      write_checkpoint_shard(sharded_checkpoint_tmp(o.save_dir, at_step), o.world_rank,
-                             checkpoint_pieces(/*writing=*/true, nullptr));
+      const std::vector<CheckpointPiece> mine = pieces_to_write();  // collective under tp
+      write_checkpoint_shard(sharded_checkpoint_tmp(o.save_dir, at_step), o.world_rank, mine);
       o.world_barrier();
       if (checkpoint_lead) {
         // The index describes the single-process tensors: the whole model's parameters and
@@ -277,7 +322,8 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
         ShardedLayout layout;
         layout.world = o.world_size;
         layout.layout = o.layout.is_object() ? o.layout : json::Value::object();
-        const nn::NamedTensors whole = model.named_parameters();
+        const nn::NamedTensors whole =
+            shards ? shards->single_process_parameters() : model.named_parameters();
         layout.tensors = whole;
         for (const std::string& suffix : state_suffixes) {
           for (const auto& [name, p] : whole) layout.tensors.emplace_back(name + "." + suffix, p);

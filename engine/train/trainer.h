@@ -83,6 +83,9 @@ struct TrainOptions {
   std::function<void()> world_barrier;
   std::function<bool(const std::string& name)> writes_parameter;
   json::Value layout;
+  // Tensor parallelism: how this rank's parameters relate to the single-process ones (not
+  // owned; null: they are the single-process ones). Under it dp must not shard (ZeRO 0).
+  ModelShardRuntime* model_shards = nullptr;
   // Chunked memory (engine/offload), not owned; null: none. Not combined with dp yet.
   OffloadRuntime* offload = nullptr;
   // Test hook: the step (0-based) whose gradients are overwritten with +inf before the

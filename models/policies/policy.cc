@@ -76,8 +76,37 @@ bool ShardedLanguageModel::grad_owner(const std::string& name) const {
   return tp.rank() == 0;
 }
 
-void ShardedLanguageModel::load_from(const Model& full) {
+Tensor ShardedLanguageModel::shard_of(const std::string& name, const Tensor& full) const {
   parallel::Communicator& tp = mesh_.group(parallel::Axis::kTp);
+  engine::NoGradGuard ng;
+  if (const ReplicatedHeads* r = replicated_heads(name)) {
+    const int64_t head = tp.rank() / (tp.size() / r->heads);
+    return full.detach()
+        .slice(0, head * r->head_rows, (head + 1) * r->head_rows)
+        .contiguous()
+        .clone();
+  }
+  return parallel::shard_tensor(full.detach(), spec(name), tp.rank(), tp.size());
+}
+
+Tensor ShardedLanguageModel::full_tensor(const std::string& name, const Tensor& local) const {
+  parallel::Communicator& tp = mesh_.group(parallel::Axis::kTp);
+  engine::NoGradGuard ng;
+  if (const ReplicatedHeads* r = replicated_heads(name)) {
+    // Every rank's copy, rank-major; head h is the copy of rank h * (tp / heads).
+    Tensor all = parallel::comm_ops::all_gather(local.detach().contiguous(), tp, 0);
+    std::vector<Tensor> heads;
+    const int64_t copies = tp.size() / r->heads;
+    for (int64_t h = 0; h < r->heads; ++h) {
+      const int64_t at = h * copies * r->head_rows;
+      heads.push_back(all.slice(0, at, at + r->head_rows));
+    }
+    return engine::concat(heads, 0).contiguous();
+  }
+  return parallel::unshard_tensor(local.detach(), spec(name), tp);
+}
+
+void ShardedLanguageModel::load_from(const Model& full) {
   std::map<std::string, Tensor> mine;
   for (const auto& [name, t] : named_parameters()) mine[name] = t;
   std::set<std::string> seen;
@@ -86,14 +115,7 @@ void ShardedLanguageModel::load_from(const Model& full) {
     auto it = mine.find(name);
     MAMMOTH_CHECK(it != mine.end())
         << "[apply_policy] the sharded model has no parameter '" << name << "'";
-    Tensor shard;
-    if (const ReplicatedHeads* r = replicated_heads(name)) {
-      const int64_t head = tp.rank() / (tp.size() / r->heads);
-      shard = t.detach().slice(0, head * r->head_rows, (head + 1) * r->head_rows).contiguous();
-      shard = shard.clone();
-    } else {
-      shard = parallel::shard_tensor(t, spec(name), tp.rank(), tp.size());
-    }
+    const Tensor shard = shard_of(name, t);
     MAMMOTH_CHECK(shard.shape() == it->second.shape())
         << "[apply_policy] shard of '" << name << "' is " << engine::shape_str(shard.shape())
         << ", the parameter " << engine::shape_str(it->second.shape());
@@ -106,24 +128,8 @@ void ShardedLanguageModel::load_from(const Model& full) {
 }
 
 engine::nn::NamedTensors ShardedLanguageModel::full_parameters() const {
-  parallel::Communicator& tp = mesh_.group(parallel::Axis::kTp);
   engine::nn::NamedTensors out;
-  for (const auto& [name, t] : named_parameters()) {
-    if (const ReplicatedHeads* r = replicated_heads(name)) {
-      // Every rank's copy, rank-major; head h is the copy of rank h * (tp / heads).
-      engine::NoGradGuard ng;
-      Tensor all = parallel::comm_ops::all_gather(t.detach().contiguous(), tp, 0);
-      std::vector<Tensor> heads;
-      const int64_t copies = tp.size() / r->heads;
-      for (int64_t h = 0; h < r->heads; ++h) {
-        const int64_t at = h * copies * r->head_rows;
-        heads.push_back(all.slice(0, at, at + r->head_rows));
-      }
-      out.emplace_back(name, engine::concat(heads, 0).contiguous());
-      continue;
-    }
-    out.emplace_back(name, parallel::unshard_tensor(t, spec(name), tp));
-  }
+  for (const auto& [name, t] : named_parameters()) out.emplace_back(name, full_tensor(name, t));
   return out;
 }
 

@@ -73,6 +73,11 @@ class ShardedLanguageModel : public LanguageModel {
   void load_from(const Model& full);
   // The single-device parameters, unpadded, gathered over tp (collective over the tp group).
   engine::nn::NamedTensors full_parameters() const;
+  // The same for one tensor shaped like parameter `name`'s shard (the parameter itself, or
+  // its optimizer state): the single-device tensor, unpadded (collective over tp).
+  engine::Tensor full_tensor(const std::string& name, const engine::Tensor& local) const;
+  // This rank's shard of a single-device tensor shaped like parameter `name` (a copy).
+  engine::Tensor shard_of(const std::string& name, const engine::Tensor& full) const;
   // After backward: sums the gradients that are partial because each rank saw only part of
   // the sequence (replicated parameters under split_gather over tp; all under ulysses/ring
   // over sp). Collective; call on every rank before the dp reduction and the optimizer.

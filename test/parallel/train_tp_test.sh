@@ -1,7 +1,9 @@
 #!/bin/bash
 # `mammoth train` with tensor and sequence parallelism (GPT-2's sharding policy): tp=2,
 # tp=2 + split_gather, dp=2 x tp=2, sp=2 Ulysses and sp=2 ring give the single-process loss
-# curve; unsupported combinations are clear errors.
+# curve; a checkpoint written at dp=2 x tp=2 resumes at tp=4, at dp=4 and on one process, and
+# one written at sp=2 (ring) at tp=2, each continuing the curve; unsupported combinations are
+# clear errors.
 set -euo pipefail
 mammoth="$1"
 mpirun="$2"
@@ -21,6 +23,23 @@ bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --micro-batch 4 --sp 2 --sp
   --metrics "$work/sp2_ulysses.jsonl"
 bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --micro-batch 4 --sp 2 --sp-mode ring \
   --metrics "$work/sp2_ring.jsonl"
+
+# Resharding: dp=2 x tp=2 saves at step 4 (tp rank 0 of each group writes whole tensors).
+bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --micro-batch 2 --tp 2 --save-every 4 \
+  --save-dir "$work/ckpt" --metrics "$work/saving.jsonl"
+echo step_00000004 >"$work/ckpt/latest"
+for layout in tp4 dp4 np1; do cp -r "$work/ckpt" "$work/ckpt_$layout"; done
+bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --micro-batch 4 --tp 4 \
+  --save-dir "$work/ckpt_tp4" --resume --metrics "$work/resumed_tp4.jsonl"
+bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --micro-batch 1 \
+  --save-dir "$work/ckpt_dp4" --resume --metrics "$work/resumed_dp4.jsonl"
+"$mammoth" train "${common[@]}" --micro-batch 4 --save-dir "$work/ckpt_np1" --resume \
+  --metrics "$work/resumed_np1.jsonl"
+bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --micro-batch 4 --sp 2 --sp-mode ring \
+  --save-every 4 --save-dir "$work/ckpt_sp" --metrics "$work/saving_sp.jsonl"
+echo step_00000004 >"$work/ckpt_sp/latest"
+bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --micro-batch 4 --tp 2 \
+  --save-dir "$work/ckpt_sp" --resume --metrics "$work/resumed_sp_tp2.jsonl"
 
 if "$mammoth" train "${common[@]}" --tp 2 2>"$work/err"; then
   echo "expected an error for --tp 2 on one process"; exit 1
@@ -44,5 +63,16 @@ for name in ["tp2", "tp2_split_gather", "dp2_tp2", "sp2_ulysses", "sp2_ring"]:
     worst = max(abs(a - b) / abs(b) for a, b in zip(got, ref))
     print(f"{name}: largest relative loss difference {worst:.2e}")
     assert len(got) == 8 and worst < 1e-4, (name, worst)
+for name in ["resumed_tp4", "resumed_dp4", "resumed_np1", "resumed_sp_tp2"]:
+    rows = list(map(json.loads, open(f"{work}/{name}.jsonl")))
+    assert [r["step"] for r in rows] == [5, 6, 7, 8], (name, [r["step"] for r in rows])
+    worst = max(abs(r["loss"] - b) / abs(b) for r, b in zip(rows, ref[4:]))
+    print(f"{name}: steps 5..8, largest relative loss difference {worst:.2e}")
+    assert worst < 1e-4, (name, worst)
+index = json.load(open(f"{work}/ckpt_np1/step_00000004/index.json"))
+assert index["layout"]["tp"] == 2 and index["layout"]["dp"] == 2, index["layout"]
+# Whole single-process tensors: e.g. c_attn's weight with GPT-2's full [d, 3d] shape.
+shapes = {k: v["shape"] for k, v in index["tensors"].items()}
+assert shapes["h.0.attn.c_attn.weight"] == shapes["h.0.attn.c_attn.weight.exp_avg"]
 print("ok")
 PY
