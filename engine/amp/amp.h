@@ -11,8 +11,11 @@
 // stay f32, so the master weights are the parameters themselves.
 //
 // How: the guard sets the thread's autocast mode (engine/autocast.h); the matmul op passes it
-// to its kernel as kernels::MatmulCompute, which the CPU f32 kernel implements. (The CUDA
-// kernel does not read it yet: under autocast CUDA matmuls still run in f32.)
+// to its kernel as kernels::MatmulCompute, which the CPU f32 kernel implements. On CPUs with
+// AVX512_BF16 that kernel rounds the f32 operands to bf16 while packing them into the GEMM's
+// panels (kernels/cpu/gemm_bf16_f32.h), so no bf16 copy of a weight or activation is kept or
+// cached: a parameter update needs no invalidation. (The CUDA kernel does not read the mode
+// yet: under autocast CUDA matmuls still run in f32.)
 //
 // Loss scaling (fp16). DynamicLossScaler follows torch.cuda.amp.GradScaler: the loss is
 // multiplied by scale() before backward; a step whose gradients hold an inf or NaN is skipped
