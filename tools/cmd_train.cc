@@ -189,9 +189,6 @@ int run_train(const std::vector<std::string>& args) {
   if (model_parallel) {
     MAMMOTH_CHECK(absl::GetFlag(FLAGS_zero) == 0)
         << "[train] --zero with --tp/--sp is not supported yet (use --zero 0)";
-    MAMMOTH_CHECK(sp_mode == models::SpMode::kNone || dp_size == 1)
-        << "[train] --sp-mode " << models::sp_mode_name(sp_mode)
-        << " with --dp > 1 is not supported yet";
   }
   std::unique_ptr<parallel::DeviceMesh> mesh;
   if (launched > 1) {
@@ -416,16 +413,25 @@ int run_train(const std::vector<std::string>& args) {
         static_cast<long long>(o.grad_accum), dp_size,
         static_cast<long long>(o.micro_batch * o.seq_len * o.grad_accum * dp_size),
         static_cast<long long>(o.steps));
-    // Bytes per rank for parameters, gradients and AdamW's two states (ZeRO divides them).
+    // Bytes on this rank for parameters, gradients and AdamW's two states: its tp shards or
+    // pipeline stages, divided further by ZeRO.
     const int64_t elem = static_cast<int64_t>(dtype_size(cfg.dtype));
-    const int64_t n = model->num_parameters();
+    int64_t n = 0;
+    if (pipeline) {
+      for (const auto& [name, t] : pipeline->parameters()) n += t.numel();
+    } else {
+      n = trained->num_parameters();
+    }
     const parallel::DataParallel::MemoryReport m =
         dp ? dp->memory() : parallel::DataParallel::MemoryReport{n * elem, n * elem, 2 * n * elem};
-    std::fprintf(stderr,
-                 "[train] per rank: parameters %.1f MiB, gradients %.1f MiB, optimizer states "
-                 "%.1f MiB (ZeRO stage %d)\n",
-                 m.params / 1048576.0, m.grads / 1048576.0, m.optimizer / 1048576.0,
-                 absl::GetFlag(FLAGS_zero));
+    std::fprintf(
+        stderr,
+        "[train] per rank: parameters %.1f MiB (%.1f%% of the model's %.1f MiB), "
+        "gradients %.1f MiB, optimizer states %.1f MiB (ZeRO stage %d)\n",
+        m.params / 1048576.0,
+        100.0 * static_cast<double>(m.params) / static_cast<double>(model->num_parameters() * elem),
+        static_cast<double>(model->num_parameters() * elem) / 1048576.0, m.grads / 1048576.0,
+        m.optimizer / 1048576.0, absl::GetFlag(FLAGS_zero));
   }
 
   json::Value config = json::Value::object();

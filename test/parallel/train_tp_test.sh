@@ -1,6 +1,6 @@
 #!/bin/bash
 # `mammoth train` with tensor and sequence parallelism (GPT-2's sharding policy): tp=2,
-# tp=2 + split_gather, dp=2 x tp=2, sp=2 Ulysses and sp=2 ring give the single-process loss
+# tp=2 + split_gather, dp=2 x tp=2, sp=2 Ulysses and sp=2 ring (also with dp=2) give the single-process loss
 # curve; a checkpoint written at dp=2 x tp=2 resumes at tp=4, at dp=4 and on one process, and
 # one written at sp=2 (ring) at tp=2, each continuing the curve; unsupported combinations are
 # clear errors.
@@ -23,6 +23,10 @@ bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --micro-batch 4 --sp 2 --sp
   --metrics "$work/sp2_ulysses.jsonl"
 bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --micro-batch 4 --sp 2 --sp-mode ring \
   --metrics "$work/sp2_ring.jsonl"
+for mode in ring ulysses; do
+  bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --micro-batch 2 --sp 2 --sp-mode $mode \
+    --metrics "$work/dp2_sp2_$mode.jsonl"
+done
 
 # Resharding: dp=2 x tp=2 saves at step 4 (tp rank 0 of each group writes whole tensors).
 bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --micro-batch 2 --tp 2 --save-every 4 \
@@ -41,6 +45,12 @@ echo step_00000004 >"$work/ckpt_sp/latest"
 bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --micro-batch 4 --tp 2 \
   --save-dir "$work/ckpt_sp" --resume --metrics "$work/resumed_sp_tp2.jsonl"
 
+# The job prints this rank's share of the parameters: ~1/4 at tp=4 (norms are replicated).
+bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --steps 1 --tp 4 2>"$work/tp4_log"
+share="$(sed -n 's/.*per rank: parameters [0-9.]* MiB (\([0-9.]*\)% of the model.*/\1/p' "$work/tp4_log")"
+echo "tp4 parameter share per rank: ${share}%"
+awk -v s="$share" 'BEGIN { exit !(s >= 25 && s <= 30) }'
+
 if "$mammoth" train "${common[@]}" --tp 2 2>"$work/err"; then
   echo "expected an error for --tp 2 on one process"; exit 1
 fi
@@ -58,7 +68,8 @@ def losses(name):
 ref = losses("single")
 assert len(ref) == 8 and ref[-1] < ref[0] - 0.3, ref
 # f32: tensor-parallel matmuls and all-reduces sum in another order than one process.
-for name in ["tp2", "tp2_split_gather", "dp2_tp2", "sp2_ulysses", "sp2_ring"]:
+for name in ["tp2", "tp2_split_gather", "dp2_tp2", "sp2_ulysses", "sp2_ring", "dp2_sp2_ring",
+             "dp2_sp2_ulysses"]:
     got = losses(name)
     worst = max(abs(a - b) / abs(b) for a, b in zip(got, ref))
     print(f"{name}: largest relative loss difference {worst:.2e}")
