@@ -187,8 +187,9 @@ int run_train(const std::vector<std::string>& args) {
       << "[train] --zero must be 0, 1, 2 or 3, got " << absl::GetFlag(FLAGS_zero);
   const bool model_parallel = tp_size * sp_size > 1 || sp_mode != models::SpMode::kNone;
   if (model_parallel) {
-    MAMMOTH_CHECK(absl::GetFlag(FLAGS_zero) == 0)
-        << "[train] --zero with --tp/--sp is not supported yet (use --zero 0)";
+    MAMMOTH_CHECK(absl::GetFlag(FLAGS_zero) == 0 || absl::GetFlag(FLAGS_save_dir).empty())
+        << "[train] checkpoints of --tp/--sp runs with --zero " << absl::GetFlag(FLAGS_zero)
+        << " are not supported yet (use --zero 0, or drop --save-dir)";
   }
   std::unique_ptr<parallel::DeviceMesh> mesh;
   if (launched > 1) {
@@ -270,6 +271,7 @@ int run_train(const std::vector<std::string>& args) {
   // Tensor/sequence parallelism: the model's sharded form (its family's policy) trains instead.
   std::shared_ptr<models::ShardedLanguageModel> sharded;
   std::unique_ptr<PolicyShards> policy_shards;
+  std::unique_ptr<parallel::DataParallel> dp;  // made below, once the trained form is known
   models::LanguageModel* trained = model.get();
   if (model_parallel) {
     MAMMOTH_CHECK(mesh != nullptr) << "[train] --tp/--sp need mpirun with several ranks";
@@ -281,14 +283,22 @@ int run_train(const std::vector<std::string>& args) {
     // Global gradient norm: sharded parameters summed over tp; replicated ones counted once
     // (grad_owner: tp rank 0, or a replicated KV head's first rank); every sp rank holds the
     // same (synchronised) gradients, so sp rank 0.
-    o.grad_norm = [&sharded, &mesh] {
+    // Under dp the dp-averaged gradient is summed (ZeRO: over this rank's shards, then the
+    // dp group).
+    o.grad_norm = [&sharded, &mesh, &dp] {
       const bool sp0 = mesh->coord(parallel::Axis::kSp) == 0;
-      engine::nn::NamedTensors counted;
-      for (const auto& [name, p] : sharded->named_parameters()) {
-        if (sp0 && sharded->grad_owner(name)) counted.emplace_back(name, p);
+      auto counts = [&](const std::string& name) { return sp0 && sharded->grad_owner(name); };
+      double sq = 0;
+      if (dp) {
+        sq = dp->grad_sq_sum(counts);
+      } else {
+        engine::nn::NamedTensors counted;
+        for (const auto& [name, p] : sharded->named_parameters()) {
+          if (counts(name)) counted.emplace_back(name, p);
+        }
+        sq = engine::optim::grad_sq_sum(counted);
       }
-      engine::Tensor t =
-          engine::Tensor::from_vector({engine::optim::grad_sq_sum(counted)}, {1}, DType::kF64);
+      engine::Tensor t = engine::Tensor::from_vector({sq}, {1}, DType::kF64);
       mesh->cpu_group(parallel::Axis::kTp).all_reduce(t, parallel::ReduceOp::kSum);
       mesh->cpu_group(parallel::Axis::kSp).all_reduce(t, parallel::ReduceOp::kSum);
       return std::sqrt(t.item());
@@ -355,7 +365,6 @@ int run_train(const std::vector<std::string>& args) {
     }
   }
 
-  std::unique_ptr<parallel::DataParallel> dp;
   if (mesh && dp_size > 1) {
     // Under pp each stage's replicas reduce their stage's parameters.
     dp = std::make_unique<parallel::DataParallel>(

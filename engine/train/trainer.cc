@@ -383,7 +383,9 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
           pipeline_batches.push_back(concat({in, tg.slice(1, o.seq_len - 1, o.seq_len)}, 1));
           continue;
         }
-        if (dp) dp->begin_backward(m == o.grad_accum - 1);  // no communication before the last
+        // No communication before the last micro-batch; none during backward at all when the
+        // gradients must be synchronised within the replica first (after_backward).
+        if (dp) dp->begin_backward(m == o.grad_accum - 1 && !o.after_backward);
         Tensor loss = loss_fn(in, tg);
         step_loss += loss.item() / static_cast<double>(o.grad_accum);
         const double factor = loss_scale / static_cast<double>(o.grad_accum);
@@ -397,11 +399,16 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
         if (dp) dp->begin_backward(true);
       }
     }
+    // Model-parallel gradient sums (sequence-partial, replicated heads) come before the dp
+    // reduction, which under ZeRO >= 1 leaves the parameters without their own gradients.
+    if (o.after_backward) {
+      o.after_backward();
+      if (dp) dp->begin_backward(true);  // reduces every bucket in finish_backward
+    }
     if (dp) {
       dp->finish_backward();
       step_loss = dp->average(step_loss);
     }
-    if (o.after_backward) o.after_backward();
     const nn::NamedTensors& grads_of = opt.params();
     if (step == o.inject_inf_grad_step) {
       for (const auto& [name, p] : grads_of) {

@@ -54,7 +54,8 @@ struct TrainOptions {
   // writes metrics and checkpoints.
   DataParallelRuntime* dp = nullptr;
   // Model parallelism inside each dp rank (tensor/sequence parallel forms of the model):
-  // `after_backward` runs after the last micro-batch's backward (e.g. summing
+  // `after_backward` runs after the last micro-batch's backward and before dp's reduction,
+  // which then waits for it (no overlap with the backward) (e.g. summing
   // sequence-partial gradients), `grad_norm` replaces the local gradient norm (sharded
   // parameters summed over their group), and only the rank with `logging_rank` set logs,
   // writes metrics and checkpoints.
