@@ -71,6 +71,10 @@ struct FastKernels {
   void (*gelu_backward)(const float* dy, const float* x, float* dx, int64_t n, bool stream);
   void (*silu)(const float* x, float* y, int64_t n, bool stream);
   void (*silu_backward)(const float* dy, const float* x, float* dx, int64_t n, bool stream);
+  // y = e^x over a contiguous run with the vector exp the kernels above use (the exp_nonpos
+  // variant when `nonpos`: arguments known to be <= 88, as softmax's x - max); for tests of its
+  // accuracy over the whole float range.
+  void (*exp)(const float* x, float* y, int64_t n, bool nonpos);
 };
 
 // True when an output of this many bytes should bypass the caches (non-temporal stores): it is

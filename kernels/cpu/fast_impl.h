@@ -80,44 +80,44 @@ float row_dot(const float* x, const float* y, int64_t n) {
   return hsum((a0 + a1) + (a2 + a3));
 }
 
-// y = exp(x - m) (y may alias x); returns the sum of y.
+// y = exp(x - m) (y may alias x; m >= max x, so exp_nonpos); returns the sum of y.
 float exp_store_sum(const float* x, float* y, int64_t n, float m) {
   const Vec mv = Vec::set1(m);
   Vec a0 = Vec::zero(), a1 = a0;
   int64_t i = 0;
   for (; i + 2 * W <= n; i += 2 * W) {
-    const Vec e0 = exp(Vec::load(x + i) - mv);
-    const Vec e1 = exp(Vec::load(x + i + W) - mv);
+    const Vec e0 = exp_nonpos(Vec::load(x + i) - mv);
+    const Vec e1 = exp_nonpos(Vec::load(x + i + W) - mv);
     e0.store(y + i);
     e1.store(y + i + W);
     a0 = a0 + e0;
     a1 = a1 + e1;
   }
   for (; i + W <= n; i += W) {
-    const Vec e = exp(Vec::load(x + i) - mv);
+    const Vec e = exp_nonpos(Vec::load(x + i) - mv);
     e.store(y + i);
     a0 = a0 + e;
   }
   if (i < n) {
     const int r = static_cast<int>(n - i);
-    const Vec e = exp(Vec::load_n(x + i, r, -kInf) - mv);
+    const Vec e = exp_nonpos(Vec::load_n(x + i, r, -kInf) - mv);
     e.store_n(y + i, r);
     a1 = a1 + e;
   }
   return hsum(a0 + a1);
 }
 
-// sum of exp(x - m), nothing stored.
+// sum of exp(x - m) (m >= max x), nothing stored.
 float exp_sum(const float* x, int64_t n, float m) {
   const Vec mv = Vec::set1(m);
   Vec a0 = Vec::zero(), a1 = a0;
   int64_t i = 0;
   for (; i + 2 * W <= n; i += 2 * W) {
-    a0 = a0 + exp(Vec::load(x + i) - mv);
-    a1 = a1 + exp(Vec::load(x + i + W) - mv);
+    a0 = a0 + exp_nonpos(Vec::load(x + i) - mv);
+    a1 = a1 + exp_nonpos(Vec::load(x + i + W) - mv);
   }
-  for (; i + W <= n; i += W) a0 = a0 + exp(Vec::load(x + i) - mv);
-  if (i < n) a1 = a1 + exp(Vec::load_n(x + i, static_cast<int>(n - i), -kInf) - mv);
+  for (; i + W <= n; i += W) a0 = a0 + exp_nonpos(Vec::load(x + i) - mv);
+  if (i < n) a1 = a1 + exp_nonpos(Vec::load_n(x + i, static_cast<int>(n - i), -kInf) - mv);
   return hsum(a0 + a1);
 }
 
@@ -237,7 +237,8 @@ void log_softmax_backward(const float* dy, const float* y, float* dx, int64_t ro
         const int64_t o = m * n;
         const Vec s = Vec::set1(row_sum(dy + o, n));
         map2(
-            dy + o, y + o, dx + o, n, [&](Vec g, Vec ly) { return g - exp(ly) * s; }, stream);
+            dy + o, y + o, dx + o, n, [&](Vec g, Vec ly) { return g - exp_nonpos(ly) * s; },
+            stream);
       },
       stream);
 }
@@ -440,7 +441,7 @@ void cross_entropy_backward(const float* dloss, const float* x, const int64_t* t
         const Vec gv = Vec::set1(g), l = Vec::set1(lse[m]);
         const Vec smooth = Vec::set1(static_cast<float>(smoothing / V));
         map1(
-            x + m * V, dr, V, [&](Vec v) { return gv * (exp(v - l) - smooth); }, stream);
+            x + m * V, dr, V, [&](Vec v) { return gv * (exp_nonpos(v - l) - smooth); }, stream);
         dr[t] -= g * static_cast<float>(1 - smoothing);
       },
       stream);
@@ -567,7 +568,7 @@ Vec normal_cdf(Vec x) {
   p = fma(p, t, Vec::set1(1.421413741f));
   p = fma(p, t, Vec::set1(-0.284496736f));
   p = fma(p, t, Vec::set1(0.254829592f));
-  const Vec half_erfc = Vec::set1(0.5f) * p * t * exp(Vec::zero() - u * u);
+  const Vec half_erfc = Vec::set1(0.5f) * p * t * exp_nonpos(Vec::zero() - u * u);
   return select_neg(x, half_erfc, Vec::set1(1.0f) - half_erfc);
 }
 
@@ -583,7 +584,7 @@ void gelu_backward(const float* dy, const float* x, float* dx, int64_t n, bool s
   map2(
       dy, x, dx, n,
       [&](Vec g, Vec v) {
-        const Vec pdf = inv_sqrt_2pi * exp(mhalf * v * v);
+        const Vec pdf = inv_sqrt_2pi * exp_nonpos(mhalf * v * v);
         return g * fma(v, pdf, normal_cdf(v));
       },
       stream);
@@ -608,6 +609,14 @@ void silu_backward(const float* dy, const float* x, float* dx, int64_t n, bool s
       },
       stream);
   if (stream) Vec::fence();
+}
+
+void exp_run(const float* x, float* y, int64_t n, bool nonpos) {
+  if (nonpos) {
+    map1(x, y, n, [](Vec v) { return exp_nonpos(v); });
+  } else {
+    map1(x, y, n, [](Vec v) { return exp(v); });
+  }
 }
 
 // ---- attention -------------------------------------------------------------------------------
@@ -739,7 +748,7 @@ void attention_backward(const AttnArgs& a) {
                 continue;
               }
               const Vec l = Vec::set1(lse[r]);
-              map1(pr, pr, cols, [&](Vec s) { return exp(s - l); });
+              map1(pr, pr, cols, [&](Vec s) { return exp_nonpos(s - l); });  // s <= lse
             }
             sgemm(true, false, cols, D, rows, 1.0f, P.data(), kBk, dO, D, 1.0f, dV + j0 * D, D);
             sgemm(false, true, rows, cols, D, 1.0f, dO, D, V + j0 * D, D, 0.0f, dP.data(), kBk);
@@ -781,6 +790,7 @@ const FastKernels& fast_kernels() {
       &gelu_backward,
       &silu,
       &silu_backward,
+      &exp_run,
   };
   return k;
 }

@@ -83,34 +83,48 @@ inline float hmax(Vec a) {
   return _mm_cvtss_f32(q);
 }
 
-// e^x, about 1 ulp (Cephes' expf polynomial on the reduced argument). 2^n is built in the
-// exponent bits, valid for normal results only, so underflow (incl. -inf) is set to 0 and
-// overflow to inf afterwards; NaN stays NaN.
-inline Vec exp(Vec x) {
+// e^x = 2^n e^r as in simd_avx512.h (Cody-Waite reduction, degree-6 minimax polynomial on
+// |r| <= ln2/2, within 1.5 * 2^-24 relative). 2^n is built in the exponent bits, valid for
+// normal results only, so underflow (incl. -inf) is set to 0 and overflow to inf afterwards;
+// NaN stays NaN. kNonPos: the caller guarantees x <= 88 or -inf or NaN (see avx512's), which
+// drops the overflow handling; only +inf would come out wrong.
+template <bool kNonPos>
+inline __m256 exp_impl(__m256 x) {
   const __m256 lo = _mm256_set1_ps(-87.33654f), hi = _mm256_set1_ps(88.72283f);
-  const __m256 xc = _mm256_min_ps(hi, _mm256_max_ps(lo, x.v));
+  __m256 xc = _mm256_max_ps(lo, x);
+  if constexpr (!kNonPos) xc = _mm256_min_ps(hi, xc);
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
   r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  // n is in [-126, 128] and 2^128 is not a float, so 2^n is applied in two normal halves.
+  __m256 p = _mm256_set1_ps(1.3843653723597527e-3f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.37415549904108e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.166800156235695e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666431725025177e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.999999403953552e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
   const __m256i ni = _mm256_cvtps_epi32(n);
-  const __m256i n1 = _mm256_srai_epi32(ni, 1);
-  const __m256i n2 = _mm256_sub_epi32(ni, n1);
   const __m256i bias = _mm256_set1_epi32(127);
-  const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
-  const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
-  __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
-  y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x.v, lo, _CMP_LT_OQ));
-  y = _mm256_blendv_ps(y, _mm256_set1_ps(__builtin_inff()), _mm256_cmp_ps(x.v, hi, _CMP_GT_OQ));
-  return {y};
+  __m256 y;
+  if constexpr (kNonPos) {
+    // n <= 127: 2^n is a normal float.
+    y = _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(ni, bias), 23)));
+  } else {
+    // n is in [-126, 128] and 2^128 is not a float, so 2^n is applied in two normal halves.
+    const __m256i n1 = _mm256_srai_epi32(ni, 1);
+    const __m256i n2 = _mm256_sub_epi32(ni, n1);
+    const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
+    const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
+    y = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+  }
+  y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, lo, _CMP_LT_OQ));
+  if constexpr (!kNonPos) {
+    y = _mm256_blendv_ps(y, _mm256_set1_ps(__builtin_inff()), _mm256_cmp_ps(x, hi, _CMP_GT_OQ));
+  }
+  return y;
 }
+inline Vec exp(Vec x) { return {exp_impl<false>(x.v)}; }
+inline Vec exp_nonpos(Vec x) { return {exp_impl<true>(x.v)}; }
 
 }  // namespace mammoth::kernels::cpu::avx2

@@ -63,9 +63,9 @@ struct Options {
   std::string filter;
   int threads = 0;  // 0: 1 and all
   std::string isa;
-  bool torch = true;       // run the bf16 GEMM anchor
-  std::string python;      // for it; empty: $MAMMOTH_PYTHON or /usr/bin/python3
-  std::string bf16_script; // tools/bench/kernels/bf16_anchor.py; empty: looked for
+  bool torch = true;        // run the bf16 GEMM anchor
+  std::string python;       // for it; empty: $MAMMOTH_PYTHON or /usr/bin/python3
+  std::string bf16_script;  // tools/bench/kernels/bf16_anchor.py; empty: looked for
 };
 
 struct Row {
@@ -195,9 +195,9 @@ struct Bf16Shape {
   int64_t M, N, K;
 };
 constexpr Bf16Shape kBf16Shapes[] = {
-    {"qkv_fwd", false, false, 4096, 2304, 768}, {"fc_fwd", false, false, 4096, 3072, 768},
+    {"qkv_fwd", false, false, 4096, 2304, 768},  {"fc_fwd", false, false, 4096, 3072, 768},
     {"proj_fwd", false, false, 4096, 768, 3072}, {"fc_dx", false, true, 4096, 768, 3072},
-    {"proj_dw", true, false, 3072, 768, 4096},  {"square2048", false, false, 2048, 2048, 2048},
+    {"proj_dw", true, false, 3072, 768, 4096},   {"square2048", false, false, 2048, 2048, 2048},
 };
 
 std::string bf16_row_name(const Bf16Shape& s) {
@@ -247,9 +247,8 @@ json::Value torch_bf16_anchor(const Options& o, int threads,
             (s->tb ? "1" : "0") + ":" + std::to_string(s->M) + ":" + std::to_string(s->N) + ":" +
             std::to_string(s->K);
   }
-  const std::string cmd = "'" + python + "' '" + script + "' --threads " +
-                          std::to_string(threads) + " --reps " + std::to_string(o.reps) +
-                          " --shapes " + spec;
+  const std::string cmd = "'" + python + "' '" + script + "' --threads " + std::to_string(threads) +
+                          " --reps " + std::to_string(o.reps) + " --shapes " + spec;
   FILE* pipe = ::popen(cmd.c_str(), "r");
   if (pipe == nullptr) return failed("cannot run " + cmd);
   std::string out;
@@ -592,9 +591,8 @@ struct Bench {
         r.ratio = r.ours / r.anchor;
       }
       if (!r.has_anchor) {
-        std::printf("%-26s %-22s %7d %10.1f %10s %-7s %6s  (%s)\n", r.name.c_str(),
-                    r.shape.c_str(), r.threads, r.ours, "-", r.unit.c_str(), "-",
-                    r.anchor_error.c_str());
+        std::printf("%-26s %-22s %7d %10.1f %10s %-7s %6s  (%s)\n", r.name.c_str(), r.shape.c_str(),
+                    r.threads, r.ours, "-", r.unit.c_str(), "-", r.anchor_error.c_str());
         continue;
       }
       std::printf("%-26s %-22s %7d %10.1f %10.1f %-7s %6.2f\n", r.name.c_str(), r.shape.c_str(),

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "base/dtype.h"
 #include "base/error.h"
 #include "base/thread_pool.h"
+#include "kernels/cpu/fast.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/params.h"
 #include "kernels/registry.h"
@@ -250,6 +252,82 @@ TEST_CASE("fast cross-entropy rejects out-of-range targets") {
     std::vector<TensorArg> out = {loss.arg(DType::kF32), lse.arg(DType::kF32)};
     REQUIRE_THROWS_AS(launch(Kernel::cross_entropy, DeviceType::kCPU, DType::kF32, in, out, &p),
                       Error);
+  }
+}
+
+// The vector exp behind softmax, log_softmax, cross-entropy, attention and GELU/SiLU, against
+// e^x in double over the whole float range: -inf, NaN, zeros, tiny, the underflow region, a
+// dense sweep of the normal range (relative error), overflow to inf; both the general form and
+// the one for arguments known to be <= 88 (softmax's x - max), on every ISA.
+TEST_CASE("vector exp is within 3 * 2^-24 relative over the normal range, exact at the edges") {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float min_normal = std::numeric_limits<float>::min();
+  std::vector<float> x = {-inf,
+                          nan,
+                          0.0f,
+                          -0.0f,
+                          1e-30f,
+                          -1e-30f,
+                          1e-40f,
+                          -1e-40f,
+                          1.0f,
+                          -1.0f,
+                          -87.0f,
+                          -87.5f,
+                          -88.0f,
+                          -100.0f,
+                          -103.9f,
+                          -104.0f,
+                          -150.0f,
+                          -1e30f,
+                          88.0f,
+                          std::nextafter(0.0f, -1.0f),
+                          0.5f * std::log(2.0f)};
+  for (double v = -104.0; v <= 88.0; v += 1.0 / 1024) x.push_back(static_cast<float>(v));
+  for (double v = -1.0; v <= 1.0; v += 1.0 / 65536) x.push_back(static_cast<float>(v));
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-104.0f, 88.0f);
+  for (int i = 0; i < 100000; ++i) x.push_back(u(rng));
+  const size_t general_from = x.size();  // beyond here only for the general form
+  for (float v : {88.7f, 88.72f, 88.73f, 89.0f, 100.0f, 1e30f, inf}) x.push_back(v);
+  for (SimdIsa isa : isas()) {
+    IsaGuard guard(isa);
+    for (bool nonpos : {false, true}) {
+      INFO("isa " << simd_isa_name(isa) << " nonpos " << nonpos);
+      const int64_t n = static_cast<int64_t>(nonpos ? general_from : x.size());
+      std::vector<float> y(static_cast<size_t>(n), -1.0f);
+      fast_kernels().exp(x.data(), y.data(), n, nonpos);
+      double worst = 0;
+      float worst_x = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const float xi = x[i], yi = y[i];
+        INFO("x " << xi << " got " << yi);
+        if (std::isnan(xi)) {
+          CHECK(std::isnan(yi));
+          continue;
+        }
+        const double want = std::exp(static_cast<double>(xi));
+        if (xi == -inf || xi < -104.0f) {
+          CHECK(yi == 0.0f);
+        } else if (want > std::numeric_limits<float>::max()) {
+          CHECK(yi == inf);
+        } else if (want < min_normal) {
+          // Below the normal range: denormal (AVX-512) or flushed to 0 (AVX2), never more off.
+          CHECK(yi >= 0.0f);
+          CHECK(std::abs(yi - want) <= min_normal);
+        } else {
+          const double rel = std::abs(yi - want) / want;
+          if (rel > worst) {
+            worst = rel;
+            worst_x = xi;
+          }
+          if (xi == 0.0f) CHECK(yi == 1.0f);
+        }
+      }
+      INFO("worst relative error " << worst << " at x " << worst_x);
+      CHECK(worst <= 3.0 * std::ldexp(1.0, -24));
+    }
   }
 }
 
