@@ -59,6 +59,20 @@ Tensor LanguageModel::forward_cached(const Tensor&, KVCache*) {
                   << " does not decode incrementally";
 }
 
+namespace {
+[[noreturn]] void no_pipeline(const LanguageModel& m) {
+  MAMMOTH_THROW() << "[pipeline] model family " << family_name(m.config().family)
+                  << " has no pipeline stages yet (GPT-2 has; see LanguageModel::pipeline_*)";
+}
+}  // namespace
+
+Tensor LanguageModel::pipeline_embed(const Tensor&) { no_pipeline(*this); }
+Tensor LanguageModel::pipeline_block(int64_t, const Tensor&, const Tensor&) { no_pipeline(*this); }
+Tensor LanguageModel::pipeline_loss(const Tensor&, const Tensor&) { no_pipeline(*this); }
+LanguageModel::PipelinePart LanguageModel::pipeline_part(const std::string&) const {
+  no_pipeline(*this);
+}
+
 KVCache LanguageModel::make_cache(int64_t batch, int64_t capacity) const {
   const ModelConfig& c = config();
   MAMMOTH_CHECK(batch > 0 && capacity > 0)

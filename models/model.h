@@ -88,6 +88,25 @@ class LanguageModel : public Model {
   virtual engine::Tensor forward_cached(const engine::Tensor& ids, KVCache* cache);
   // An empty cache for `batch` sequences of up to `capacity` positions.
   KVCache make_cache(int64_t batch, int64_t capacity) const;
+
+  // Pipeline stages (models/pipeline/pipeline.h): the forward cut into embedding, blocks and
+  // head, and which part uses each parameter. A family that implements these trains under
+  // --pp; the defaults throw naming the family.
+  virtual bool supports_pipeline() const { return false; }
+  // ids [B, T] -> the first block's input.
+  virtual engine::Tensor pipeline_embed(const engine::Tensor& ids);
+  // Block l on x; ids is the micro-batch (for position-dependent layouts).
+  virtual engine::Tensor pipeline_block(int64_t l, const engine::Tensor& x,
+                                        const engine::Tensor& ids);
+  // The last block's output -> the mean next-token loss (logits[:, :-1] against ids[:, 1:]).
+  virtual engine::Tensor pipeline_loss(const engine::Tensor& x, const engine::Tensor& ids);
+  // Which parts use parameter `name`: the embedding, the head (both for tied embeddings),
+  // or block `block` (>= 0).
+  struct PipelinePart {
+    bool embed = false, head = false;
+    int64_t block = -1;
+  };
+  virtual PipelinePart pipeline_part(const std::string& name) const;
 };
 
 }  // namespace mammoth::models

@@ -19,7 +19,7 @@
 #include "engine/optim/optim.h"
 #include "engine/train/trainer.h"
 #include "models/gpt2/gpt2.h"
-#include "models/pipeline/gpt2_pipeline.h"
+#include "models/pipeline/pipeline.h"
 #include "models/policies/policy.h"
 #include "models/registry.h"
 #include "parallel/comm/mpi_communicator.h"
@@ -155,15 +155,12 @@ int run_train(const std::vector<std::string>& args) {
       << "[train] --amp must be fp32, bf16 or fp16, got '" << amp << "'";
   set_num_threads(absl::GetFlag(FLAGS_threads));
 
-  // Processes: mpirun's world = dp x pp x tp x sp (pp combines with dp so far, not tp/sp).
+  // Processes: mpirun's world = dp x pp x tp x sp.
   const char* env_world = std::getenv("OMPI_COMM_WORLD_SIZE");
   const int launched = env_world ? std::max(1, std::atoi(env_world)) : 1;
   const int tp_size = absl::GetFlag(FLAGS_tp), sp_size = absl::GetFlag(FLAGS_sp);
   const int pp_size = absl::GetFlag(FLAGS_pp);
   MAMMOTH_CHECK(pp_size >= 1) << "[train] --pp must be >= 1, got " << pp_size;
-  MAMMOTH_CHECK(pp_size == 1 || (tp_size == 1 && sp_size == 1))
-      << "[train] --pp " << pp_size << " with --tp " << tp_size << " --sp " << sp_size
-      << ": pipeline parallelism combines with --dp so far, not with tp/sp";
   MAMMOTH_CHECK(pp_size == 1 || absl::GetFlag(FLAGS_zero) <= 2)
       << "[train] --pp with --zero 3 is not supported yet (use --zero 0, 1 or 2)";
   MAMMOTH_CHECK(tp_size >= 1 && sp_size >= 1)
@@ -280,37 +277,17 @@ int run_train(const std::vector<std::string>& args) {
     policy_shards = std::make_unique<PolicyShards>(*sharded, *model, *mesh);
     o.model_shards = policy_shards.get();
     o.after_backward = [&sharded] { sharded->sync_grads(); };
-    // Global gradient norm: sharded parameters summed over tp; replicated ones counted once
-    // (grad_owner: tp rank 0, or a replicated KV head's first rank); every sp rank holds the
-    // same (synchronised) gradients, so sp rank 0.
-    // Under dp the dp-averaged gradient is summed (ZeRO: over this rank's shards, then the
-    // dp group).
-    o.grad_norm = [&sharded, &mesh, &dp] {
-      const bool sp0 = mesh->coord(parallel::Axis::kSp) == 0;
-      auto counts = [&](const std::string& name) { return sp0 && sharded->grad_owner(name); };
-      double sq = 0;
-      if (dp) {
-        sq = dp->grad_sq_sum(counts);
-      } else {
-        engine::nn::NamedTensors counted;
-        for (const auto& [name, p] : sharded->named_parameters()) {
-          if (counts(name)) counted.emplace_back(name, p);
-        }
-        sq = engine::optim::grad_sq_sum(counted);
-      }
-      engine::Tensor t = engine::Tensor::from_vector({sq}, {1}, DType::kF64);
-      mesh->cpu_group(parallel::Axis::kTp).all_reduce(t, parallel::ReduceOp::kSum);
-      mesh->cpu_group(parallel::Axis::kSp).all_reduce(t, parallel::ReduceOp::kSum);
-      return std::sqrt(t.item());
-    };
   }
   // Pipeline parallelism: this rank runs its stages of the schedule over the step's
   // gradient-accumulation micro-batches, and updates only its stages' parameters.
-  std::unique_ptr<models::Gpt2Pipeline> pipeline;
+  std::unique_ptr<models::LanguageModelPipeline> pipeline;
   if (pp_size > 1) {
-    auto gpt2 = std::dynamic_pointer_cast<models::Gpt2>(model);
-    MAMMOTH_CHECK(gpt2 != nullptr)
-        << "[train] --pp supports GPT-2 models so far, got " << models::family_name(cfg.family);
+    // The trained form: the model, or its tensor/sequence-parallel shards.
+    std::shared_ptr<models::LanguageModel> staged =
+        sharded ? std::shared_ptr<models::LanguageModel>(sharded) : model;
+    MAMMOTH_CHECK(staged->supports_pipeline())
+        << "[train] --pp: model family " << models::family_name(cfg.family)
+        << " has no pipeline stages yet (GPT-2 has)";
     MAMMOTH_CHECK(amp != "fp16") << "[train] --pp with --amp fp16 is not supported yet";
     const auto schedule = parallel::pipeline::make_schedule(
         parallel::pipeline::schedule_kind_from_name(absl::GetFlag(FLAGS_pp_schedule)),
@@ -320,10 +297,10 @@ int run_train(const std::vector<std::string>& args) {
     // Balanced by FLOPs by default: the LM head alone costs several blocks.
     const parallel::pipeline::Partition partition =
         parallel::pipeline::partition_is_balanced(absl::GetFlag(FLAGS_pp_partition))
-            ? models::Gpt2Pipeline::balanced(cfg, positions, schedule.num_virtual_stages())
+            ? models::LanguageModelPipeline::balanced(cfg, positions, schedule.num_virtual_stages())
             : parallel::pipeline::Partition{};
-    pipeline = std::make_unique<models::Gpt2Pipeline>(gpt2, schedule,
-                                                      mesh->group(parallel::Axis::kPp), partition);
+    pipeline = std::make_unique<models::LanguageModelPipeline>(
+        staged, schedule, mesh->group(parallel::Axis::kPp), partition);
     if (mesh->rank() == 0) {
       std::string cuts;
       for (size_t s = 0; s + 1 < pipeline->partition().size(); ++s) {
@@ -337,7 +314,6 @@ int run_train(const std::vector<std::string>& args) {
       return pipeline->step(batches);
     };
     o.optimizer_params = &pipeline->parameters();
-    o.grad_norm = [&pipeline] { return pipeline->grad_norm(); };
     if (o.eval_every > 0 && mesh->rank() == 0) {
       std::fprintf(stderr,
                    "[train] --pp: periodic evaluation is off (stages hold only their "
@@ -374,17 +350,43 @@ int run_train(const std::vector<std::string>& args) {
                                       .bucket_mb = absl::GetFlag(FLAGS_bucket_mb)});
     dp->broadcast_parameters();
     o.dp = dp.get();
-    if (pipeline) {
-      // The dp-averaged gradient's squares (ZeRO: over the shards) summed over the stages.
-      o.grad_norm = [&pipeline, &dp] {
-        return pipeline->grad_norm(dp->grad_sq_sum(
-            [&pipeline](const std::string& name) { return pipeline->counts_in_norm(name); }));
-      };
-    }
+
   } else {
     MAMMOTH_CHECK(absl::GetFlag(FLAGS_zero) == 0)
         << "[train] --zero " << absl::GetFlag(FLAGS_zero)
         << " shards over data-parallel ranks: launch with mpirun -np N (and --dp > 1)";
+  }
+
+  // The global gradient norm when the model is split: each rank sums the squares of the
+  // gradients it counts (tp: sharded ones, replicated ones on their owner; sp: sp rank 0; pp:
+  // a tied parameter on the first stage only), over its ZeRO shards and the dp group when dp
+  // shards, then over tp, sp and pp.
+  if (sharded || pipeline) {
+    o.grad_norm = [&sharded, &pipeline, &dp, &mesh] {
+      const bool sp0 = mesh->coord(parallel::Axis::kSp) == 0;
+      auto counts = [&](const std::string& name) {
+        return (!sharded || (sp0 && sharded->grad_owner(name))) &&
+               (!pipeline || pipeline->counts_in_norm(name));
+      };
+      double sq = 0;
+      if (dp) {
+        sq = dp->grad_sq_sum(counts);
+      } else {
+        engine::nn::NamedTensors counted;
+        for (const auto& [name, p] :
+             pipeline ? pipeline->parameters() : sharded->named_parameters()) {
+          if (counts(name)) counted.emplace_back(name, p);
+        }
+        sq = engine::optim::grad_sq_sum(counted);
+      }
+      if (sharded) {
+        engine::Tensor t = engine::Tensor::from_vector({sq}, {1}, DType::kF64);
+        mesh->cpu_group(parallel::Axis::kTp).all_reduce(t, parallel::ReduceOp::kSum);
+        mesh->cpu_group(parallel::Axis::kSp).all_reduce(t, parallel::ReduceOp::kSum);
+        sq = t.item();
+      }
+      return pipeline ? pipeline->grad_norm(sq) : std::sqrt(sq);
+    };
   }
 
   // Chunked memory: any of --offload, --device-mem, --host-mem turns it on.

@@ -102,6 +102,34 @@ Tensor Gpt2::forward_cached(const Tensor& ids, KVCache* cache) {
   return run(ids, cache);
 }
 
+Tensor Gpt2::pipeline_embed(const Tensor& ids) {
+  const int64_t T = ids.size(1);
+  MAMMOTH_CHECK(T <= config_.max_seq)
+      << "[Gpt2::pipeline_embed] " << T << " positions exceed max_seq " << config_.max_seq;
+  return drop_->forward(wte->forward(ids) + wpe->forward(positions(0, T)));
+}
+
+Tensor Gpt2::pipeline_block(int64_t l, const Tensor& x, const Tensor&) {
+  const Gpt2Block& block = (*h)[static_cast<size_t>(l)];
+  return run_block(
+      activation_checkpointing_ && is_training(),
+      [&block, l](const Tensor& in) { return block.forward(in, nullptr, l); }, x);
+}
+
+Tensor Gpt2::pipeline_loss(const Tensor& x, const Tensor& ids) {
+  const int64_t T = ids.size(1);
+  Tensor logits = engine::linear(ln_f->forward(x), wte->weight);
+  return engine::cross_entropy(logits.slice(1, 0, T - 1), ids.slice(1, 1, T));
+}
+
+LanguageModel::PipelinePart Gpt2::pipeline_part(const std::string& name) const {
+  if (name.rfind("h.", 0) == 0) return {.block = std::stoll(name.substr(2, name.find('.', 2) - 2))};
+  if (name.rfind("wte.", 0) == 0) return {.embed = true, .head = true};  // tied head
+  if (name.rfind("wpe.", 0) == 0) return {.embed = true};
+  if (name.rfind("ln_f.", 0) == 0) return {.head = true};
+  MAMMOTH_THROW() << "[Gpt2::pipeline_part] parameter '" << name << "' belongs to no part";
+}
+
 HfLayout Gpt2::hf_layout() const {
   HfLayout layout;
   for (const auto& [name, t] : named_parameters()) {

@@ -56,6 +56,13 @@ class Gpt2 : public LanguageModel {
   const ModelConfig& config() const override { return config_; }
   HfLayout hf_layout() const override;
 
+  bool supports_pipeline() const override { return true; }
+  engine::Tensor pipeline_embed(const engine::Tensor& ids) override;
+  engine::Tensor pipeline_block(int64_t l, const engine::Tensor& x,
+                                const engine::Tensor& ids) override;
+  engine::Tensor pipeline_loss(const engine::Tensor& x, const engine::Tensor& ids) override;
+  PipelinePart pipeline_part(const std::string& name) const override;
+
   std::shared_ptr<engine::nn::Embedding> wte, wpe;
   std::shared_ptr<ModuleList<Gpt2Block>> h;
   std::shared_ptr<engine::nn::LayerNorm> ln_f;

@@ -167,49 +167,79 @@ class TpGpt2 : public ShardedLanguageModel {
     return loss_from_local(l.logits, l.rows, ids, targets, wte->vocab_start(), config_.vocab_size);
   }
 
+  // Pipeline stages: the pieces of run() below, each re-deriving the sequence plan from T.
+  bool supports_pipeline() const override { return true; }
+  Tensor pipeline_embed(const Tensor& ids) override {
+    const SeqPlan plan = checked_plan(ids);
+    const bool sg = options_.sp_mode == SpMode::kSplitGather;
+    const int64_t n = static_cast<int64_t>(plan.local.size());
+    Tensor x = wte->forward(ids_at(ids, sg ? plan.every : plan.local));
+    return drop_->forward(x + wpe->forward(Tensor::from_ints(plan.local, {n})));
+  }
+  Tensor pipeline_block(int64_t l, const Tensor& x, const Tensor& ids) override {
+    const SeqPlan plan = plan_sequence(ids.size(1));
+    const SeqContext seq{options_.sp_mode, plan.layout, &mesh_.group(Axis::kSp)};
+    const TpGpt2Block* block = &(*h)[static_cast<size_t>(l)];
+    return run_block(
+        activation_checkpointing_ && is_training(),
+        [block, seq](const Tensor& in) { return block->forward(in, seq); }, x);
+  }
+  Tensor pipeline_loss(const Tensor& x, const Tensor& ids) override {
+    const SeqPlan plan = plan_sequence(ids.size(1));
+    const bool sg = options_.sp_mode == SpMode::kSplitGather;
+    Tensor logits = head_logits(ln_f->forward(x));
+    return loss_from_local(logits, sg ? plan.every : plan.local, ids, Tensor(), wte->vocab_start(),
+                           config_.vocab_size);
+  }
+  PipelinePart pipeline_part(const std::string& name) const override {
+    if (name.rfind("h.", 0) == 0) {
+      return {.block = std::stoll(name.substr(2, name.find('.', 2) - 2))};
+    }
+    if (name.rfind("wte.", 0) == 0) return {.embed = true, .head = true};  // tied head
+    if (name.rfind("wpe.", 0) == 0) return {.embed = true};
+    if (name.rfind("ln_f.", 0) == 0) return {.head = true};
+    MAMMOTH_THROW() << "[TpGpt2::pipeline_part] parameter '" << name << "' belongs to no part";
+  }
+
   std::shared_ptr<parallel::VocabParallelEmbedding> wte;
   std::shared_ptr<Embedding> wpe;
   std::shared_ptr<ModuleList<TpGpt2Block>> h;
   std::shared_ptr<LayerNorm> ln_f;
 
  private:
+  SeqPlan checked_plan(const Tensor& ids) const {
+    MAMMOTH_CHECK(ids.dim() == 2 && ids.dtype() == DType::kI64)
+        << "[TpGpt2::forward] ids must be i64 [B, T], got " << engine::shape_str(ids.shape());
+    SeqPlan plan = plan_sequence(ids.size(1));
+    MAMMOTH_CHECK(plan.layout->padded() <= config_.max_seq)
+        << "[TpGpt2::forward] " << ids.size(1) << " positions padded to " << plan.layout->padded()
+        << " exceed max_seq " << config_.max_seq;
+    return plan;
+  }
+  // The tied head: columns of this rank's vocabulary shard, every position of the sequence
+  // under split_gather (gathered), this rank's positions otherwise.
+  Tensor head_logits(const Tensor& x) const {
+    Communicator& tp = mesh_.group(Axis::kTp);
+    const bool sg = options_.sp_mode == SpMode::kSplitGather;
+    Tensor xh = sg ? parallel::all_gather_from_group(x, tp, 1) : parallel::copy_to_group(x, tp);
+    return engine::linear(xh, wte->weight);
+  }
+
   struct Local {
     Tensor logits;              // [B, n, Vp/tp]: the rows of `rows`
     std::vector<int64_t> rows;  // global positions (>= T: padding)
     SeqPlan plan;
   };
 
+  // The whole forward: the same pieces the pipeline stages run.
   Local run(const Tensor& ids) {
-    MAMMOTH_CHECK(ids.dim() == 2 && ids.dtype() == DType::kI64)
-        << "[TpGpt2::forward] ids must be i64 [B, T], got " << engine::shape_str(ids.shape());
-    const int64_t T = ids.size(1);
-    Communicator& tp = mesh_.group(Axis::kTp);
-    const SpMode mode = options_.sp_mode;
-    const bool sg = mode == SpMode::kSplitGather;
     Local out;
-    out.plan = plan_sequence(T);
-    const SeqPlan& plan = out.plan;
-    MAMMOTH_CHECK(plan.layout->padded() <= config_.max_seq)
-        << "[TpGpt2::forward] " << T << " positions padded to " << plan.layout->padded()
-        << " exceed max_seq " << config_.max_seq;
-    const SeqContext seq{mode, plan.layout, &mesh_.group(Axis::kSp)};
-    const int64_t n = static_cast<int64_t>(plan.local.size());
+    out.plan = checked_plan(ids);
     // split_gather embeds the whole sequence and reduce-scatters it along the sequence.
-    Tensor x = wte->forward(ids_at(ids, sg ? plan.every : plan.local));
-    x = x + wpe->forward(Tensor::from_ints(plan.local, {n}));
-    x = drop_->forward(x);
-    const bool recompute = activation_checkpointing_ && is_training();
-    for (size_t l = 0; l < h->size(); ++l) {
-      const TpGpt2Block* block = &(*h)[l];
-      x = run_block(
-          recompute, [block, seq](const Tensor& in) { return block->forward(in, seq); }, x);
-    }
-    x = ln_f->forward(x);
-    // The tied head: columns of this rank's vocabulary shard, every position of the sequence
-    // under split_gather (gathered), this rank's positions otherwise.
-    Tensor xh = sg ? parallel::all_gather_from_group(x, tp, 1) : parallel::copy_to_group(x, tp);
-    out.logits = engine::linear(xh, wte->weight);
-    out.rows = sg ? plan.every : plan.local;
+    Tensor x = pipeline_embed(ids);
+    for (int64_t l = 0; l < static_cast<int64_t>(h->size()); ++l) x = pipeline_block(l, x, ids);
+    out.logits = head_logits(ln_f->forward(x));
+    out.rows = options_.sp_mode == SpMode::kSplitGather ? out.plan.every : out.plan.local;
     return out;
   }
 

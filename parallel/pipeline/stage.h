@@ -1,6 +1,6 @@
 // The pipeline runtime of one rank: runs this rank's list of a Schedule (parallel/pipeline/
 // schedule.h) over its model chunks, exchanging activations and gradients with its neighbours
-// in the pp group. models/pipeline/gpt2_pipeline.h cuts a GPT-2 into such chunks.
+// in the pp group. models/pipeline/pipeline.h cuts a language model into such chunks.
 //
 // A chunk is a function from the previous virtual stage's activation to this stage's output
 // (the loss on the last virtual stage). No new differentiable op is needed to cut the graph:
@@ -22,7 +22,7 @@
 //
 //   auto model = std::dynamic_pointer_cast<models::Gpt2>(models::build_model(cfg, seed));
 //   auto sched = make_schedule(ScheduleKind::k1F1B, {.stages = pp.size(), .micro_batches = 4});
-//   Gpt2Pipeline pipe(model, sched, pp);
+//   LanguageModelPipeline pipe(model, sched, pp);
 //   AdamW opt(pipe.parameters(), adamw);
 //   double loss = pipe.step(micro_batches);   // forward + backward of every micro-batch
 //   opt.step(clip_factor(pipe.grad_norm(), 1.0));

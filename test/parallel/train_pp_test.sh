@@ -2,8 +2,10 @@
 # `mammoth train --pp`: the step's gradient-accumulation micro-batches stream through the
 # pipeline, so pp=2 with every schedule, pp=4, and pp=2 x dp=2 (ZeRO 0, 1, 2; half the
 # accumulation per replica) give the single-process loss curve of the same global batch;
-# a checkpoint written by pp=2 resumes at pp=1, pp=4 and pp=2 x dp=2 (ZeRO-1), continuing the
-# curve; unsupported combinations are clear errors.
+# pp=2 with tp=2 (also split_gather), with sp=2 ring, and dp=2 x pp=2 x tp=2 (ZeRO-1, 8 ranks)
+# too; a checkpoint written by pp=2 resumes at pp=1, pp=4, pp=2 x dp=2 (ZeRO-1) and tp=2, one
+# written by pp=2 x tp=2 at tp=2 and on one process, continuing the curve; unsupported
+# combinations are clear errors.
 set -euo pipefail
 mammoth="$1"
 mpirun="$2"
@@ -40,10 +42,27 @@ bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --pp 4 --save-dir "$work/ck
 bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --grad-accum 2 --pp 2 --zero 1 \
   --save-dir "$work/ckpt_pp2_dp2" --resume --metrics "$work/resumed_pp2_dp2.jsonl"
 
-if bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --pp 2 --tp 2 2>"$work/err"; then
-  echo "expected an error for --pp 2 --tp 2"; exit 1
-fi
-grep -q "not with tp/sp" "$work/err"
+# pp with tensor/sequence parallelism inside each stage, and the full dp x pp x tp hybrid.
+bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --pp 2 --tp 2 --metrics "$work/pp2_tp2.jsonl"
+bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --pp 2 --tp 2 --sp-mode split_gather \
+  --metrics "$work/pp2_tp2_split_gather.jsonl"
+bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --pp 2 --sp 2 --sp-mode ring \
+  --metrics "$work/pp2_sp2_ring.jsonl"
+bash "$mpirun" -np 8 "$mammoth" train "${common[@]}" --grad-accum 2 --pp 2 --tp 2 --zero 1 \
+  --metrics "$work/dp2_pp2_tp2_zero1.jsonl"
+# A pp=2 x tp=2 checkpoint resumes at tp=2 alone and on one process; the pp=2 one at tp=2.
+bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --pp 2 --tp 2 --save-every 4 \
+  --save-dir "$work/ckpt_pptp" --metrics "$work/pp2_tp2_saving.jsonl"
+echo step_00000004 >"$work/ckpt_pptp/latest"
+cp -r "$work/ckpt_pptp" "$work/ckpt_pptp_np1"
+bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --tp 2 --save-dir "$work/ckpt_pptp" \
+  --resume --metrics "$work/resumed_pptp_tp2.jsonl"
+"$mammoth" train "${common[@]}" --save-dir "$work/ckpt_pptp_np1" --resume \
+  --metrics "$work/resumed_pptp_np1.jsonl"
+cp -r "$work/ckpt" "$work/ckpt_pp2_to_tp2"
+echo step_00000004 >"$work/ckpt_pp2_to_tp2/latest"
+bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --tp 2 --save-dir "$work/ckpt_pp2_to_tp2" \
+  --resume --metrics "$work/resumed_pp2_tp2.jsonl"
 if bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --pp 2 --zero 3 2>"$work/err"; then
   echo "expected an error for --pp 2 --zero 3"; exit 1
 fi
@@ -62,14 +81,16 @@ def losses(name):
 ref = losses("single")
 assert len(ref) == 8 and ref[-1] < ref[0] - 0.3, ref
 for name in ["pp2_gpipe", "pp2_1f1b", "pp2_interleaved", "pp2_zb", "pp4_1f1b",
-             "pp2_dp2_zero0", "pp2_dp2_zero1", "pp2_dp2_zero2"]:
+             "pp2_dp2_zero0", "pp2_dp2_zero1", "pp2_dp2_zero2", "pp2_tp2",
+             "pp2_tp2_split_gather", "pp2_sp2_ring", "dp2_pp2_tp2_zero1"]:
     got = losses(name)
     worst = max(abs(a - b) / abs(b) for a, b in zip(got, ref))
     print(f"{name}: largest relative loss difference {worst:.2e}")
     assert len(got) == 8 and worst < 1e-5, (name, worst)
 def steps(name):
     return [r["step"] for r in map(json.loads, open(f"{work}/{name}.jsonl"))]
-for name in ["resumed_pp1", "resumed_pp4", "resumed_pp2_dp2"]:
+for name in ["resumed_pp1", "resumed_pp4", "resumed_pp2_dp2", "resumed_pptp_tp2",
+             "resumed_pptp_np1", "resumed_pp2_tp2"]:
     got = losses(name)
     assert steps(name) == [5, 6, 7, 8], (name, steps(name))
     worst = max(abs(a - b) / abs(b) for a, b in zip(got, ref[4:]))

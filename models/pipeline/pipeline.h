@@ -1,5 +1,17 @@
-// GPT-2 cut into pipeline stages for parallel/pipeline's runtime (a model-side policy: the
-// parallel layer knows nothing of models).
+// A language model cut into pipeline stages for parallel/pipeline's runtime (the model side of
+// pipeline parallelism: the parallel layer knows nothing of models).
+//
+// Any LanguageModel with pipeline stages (LanguageModel::supports_pipeline: its forward as
+// pipeline_embed -> pipeline_block(l) -> pipeline_loss, and pipeline_part for its parameters)
+// is cut into schedule.num_virtual_stages() chunks of consecutive blocks (`partition`: by count
+// when empty; balanced() evens out the head's cost): the embedding before the first, the head
+// after the last. That includes a model's tensor/sequence-parallel form (models/policies): each
+// tp rank then runs its shard of the stage and the pp group is the one of its tp coordinate.
+// Every rank builds the whole model from the same seed and keeps using only its chunks'
+// parameters. A parameter used by the embedding and the head (tied embeddings) lives on the
+// first and the last stage; its gradient is summed between the two after the backward, so both
+// apply the same update and stay equal. Dropout must be 0 for parity with one process (its RNG
+// stream would differ from the single-process order).
 #pragma once
 
 #include <memory>
@@ -10,6 +22,7 @@
 #include "engine/nn/module.h"
 #include "engine/tensor.h"
 #include "models/config.h"
+#include "models/model.h"
 #include "parallel/comm/communicator.h"
 #include "parallel/pipeline/partition.h"
 #include "parallel/pipeline/schedule.h"
@@ -17,35 +30,28 @@
 
 namespace mammoth::models {
 
-class Gpt2;
 using parallel::Communicator;
 using parallel::pipeline::PipelineStage;
 using parallel::pipeline::Schedule;
 
-// GPT-2 cut into schedule.num_virtual_stages() chunks of consecutive layers (`partition`:
-// by count when empty; balanced() evens out the head's cost): the embeddings (wte, wpe)
-// before the first, ln_f and the tied head after the last. Every rank builds the whole
-// model from the same seed and keeps using only its chunks' parameters. The tied wte lives on
-// the first and the last stage; its gradient is summed between the two after the backward, so
-// both apply the same update and stay equal. The model's dropout must be 0 (its RNG stream
-// would differ from the single-process order) unless parity does not matter.
-class Gpt2Pipeline {
+class LanguageModelPipeline {
  public:
-  Gpt2Pipeline(std::shared_ptr<models::Gpt2> model, const Schedule& schedule, Communicator& pp,
-               parallel::pipeline::Partition partition = {});
-  ~Gpt2Pipeline();
+  LanguageModelPipeline(std::shared_ptr<LanguageModel> model, const Schedule& schedule,
+                        Communicator& pp, parallel::pipeline::Partition partition = {});
+  ~LanguageModelPipeline();
 
   // ids i64 [b, T] per micro-batch, schedule.micro_batches of them, the same on every rank.
   // Runs forward and backward of each (loss of each scaled by 1/m, as gradient accumulation
-  // does) and sums the tied gradient. Returns the step's loss (mean over micro-batches) on
+  // does) and sums the tied gradients. Returns the step's loss (mean over micro-batches) on
   // every rank.
   double step(const std::vector<engine::Tensor>& micro_batches);
-  // L2 norm of the whole model's gradient (collective over pp; wte counted once).
+  // L2 norm of the whole model's gradient (collective over pp; tied parameters counted once).
   double grad_norm() { return grad_norm(local_grad_sq_sum()); }
   // The same from this rank's share of the squared sum, e.g. summed over a dp group first
   // (parallel::DataParallel::grad_sq_sum(counts_in_norm)); collective over pp.
   double grad_norm(double local_sq_sum);
-  // Whether parameter `name` of this rank counts in the norm (not the last stage's wte copy).
+  // Whether parameter `name` of this rank counts in the norm (not the last stage's copy of a
+  // tied parameter). Checkpoints write the same ones.
   bool counts_in_norm(const std::string& name) const;
   double local_grad_sq_sum() const;
   // This rank's parameters, under the full model's names (for the optimizer).
@@ -58,13 +64,14 @@ class Gpt2Pipeline {
                                                 int stages);
 
  private:
-  std::shared_ptr<models::Gpt2> model_;
+  std::shared_ptr<LanguageModel> model_;
   Communicator& pp_;
   parallel::pipeline::Partition partition_;
   std::unique_ptr<Communicator> tied_;  // first and last stage (null elsewhere, or pp == 1)
   std::unique_ptr<PipelineStage> stage_;
   engine::nn::NamedTensors params_;
-  bool skip_wte_in_norm_ = false;  // the last stage's copy of wte (p > 1)
+  engine::nn::NamedTensors tied_params_;  // used by the embedding and the head
+  bool last_stage_ = false;
   std::vector<engine::Tensor> batches_;
 };
 
