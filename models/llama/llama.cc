@@ -121,6 +121,39 @@ Tensor Llama::forward_cached(const Tensor& ids, KVCache* cache) {
   return run(ids, cache);
 }
 
+Tensor Llama::pipeline_embed(const Tensor& ids) {
+  MAMMOTH_CHECK(ids.size(1) <= config_.max_seq) << "[Llama::pipeline_embed] " << ids.size(1)
+                                                << " positions exceed max_seq " << config_.max_seq;
+  return model->embed_tokens->forward(ids);
+}
+
+Tensor Llama::pipeline_block(int64_t l, const Tensor& x, const Tensor&) {
+  const LlamaDecoderLayer& layer = (*model->layers)[static_cast<size_t>(l)];
+  return run_block(
+      activation_checkpointing_ && is_training(),
+      [&layer, l](const Tensor& in) { return layer.forward(in, nullptr, l); }, x);
+}
+
+Tensor Llama::pipeline_loss(const Tensor& x, const Tensor& ids) {
+  const int64_t T = ids.size(1);
+  const Tensor h = model->norm->forward(x);
+  Tensor logits = lm_head ? lm_head->forward(h) : engine::linear(h, model->embed_tokens->weight);
+  return engine::cross_entropy(logits.slice(1, 0, T - 1), ids.slice(1, 1, T));
+}
+
+LanguageModel::PipelinePart Llama::pipeline_part(const std::string& name) const {
+  const std::string layers = "model.layers.";
+  if (name.rfind(layers, 0) == 0) {
+    const size_t at = layers.size();
+    return {.block = std::stoll(name.substr(at, name.find('.', at) - at))};
+  }
+  if (name.rfind("model.embed_tokens.", 0) == 0) {
+    return {.embed = true, .head = config_.tie_embeddings};
+  }
+  if (name.rfind("model.norm.", 0) == 0 || name.rfind("lm_head.", 0) == 0) return {.head = true};
+  MAMMOTH_THROW() << "[Llama::pipeline_part] parameter '" << name << "' belongs to no part";
+}
+
 HfLayout Llama::hf_layout() const {
   HfLayout layout = Model::hf_layout();
   layout.ignored = {"*.rotary_emb.inv_freq"};

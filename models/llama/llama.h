@@ -65,6 +65,13 @@ class Llama : public LanguageModel {
   const ModelConfig& config() const override { return config_; }
   HfLayout hf_layout() const override;
 
+  bool supports_pipeline() const override { return true; }
+  engine::Tensor pipeline_embed(const engine::Tensor& ids) override;
+  engine::Tensor pipeline_block(int64_t l, const engine::Tensor& x,
+                                const engine::Tensor& ids) override;
+  engine::Tensor pipeline_loss(const engine::Tensor& x, const engine::Tensor& ids) override;
+  PipelinePart pipeline_part(const std::string& name) const override;
+
   std::shared_ptr<LlamaModel> model;
   std::shared_ptr<engine::nn::Linear> lm_head;  // null when tied to model.embed_tokens
 

@@ -50,6 +50,12 @@ bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --pp 2 --sp 2 --sp-mode rin
   --metrics "$work/pp2_sp2_ring.jsonl"
 bash "$mpirun" -np 8 "$mammoth" train "${common[@]}" --grad-accum 2 --pp 2 --tp 2 --zero 1 \
   --metrics "$work/dp2_pp2_tp2_zero1.jsonl"
+# LLaMA's stages (untied head): pp=2, and pp=2 x dp=2 under ZeRO-1.
+"$mammoth" train "${common[@]}" --model llama-tiny --metrics "$work/llama_single.jsonl"
+bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --model llama-tiny --pp 2 \
+  --metrics "$work/llama_pp2.jsonl"
+bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --model llama-tiny --grad-accum 2 --pp 2 \
+  --zero 1 --metrics "$work/llama_pp2_dp2_zero1.jsonl"
 # A pp=2 x tp=2 checkpoint resumes at tp=2 alone and on one process; the pp=2 one at tp=2.
 bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --pp 2 --tp 2 --save-every 4 \
   --save-dir "$work/ckpt_pptp" --metrics "$work/pp2_tp2_saving.jsonl"
@@ -85,6 +91,12 @@ for name in ["pp2_gpipe", "pp2_1f1b", "pp2_interleaved", "pp2_zb", "pp4_1f1b",
              "pp2_tp2_split_gather", "pp2_sp2_ring", "dp2_pp2_tp2_zero1"]:
     got = losses(name)
     worst = max(abs(a - b) / abs(b) for a, b in zip(got, ref))
+    print(f"{name}: largest relative loss difference {worst:.2e}")
+    assert len(got) == 8 and worst < 1e-5, (name, worst)
+llama = losses("llama_single")
+for name in ["llama_pp2", "llama_pp2_dp2_zero1"]:
+    got = losses(name)
+    worst = max(abs(a - b) / abs(b) for a, b in zip(got, llama))
     print(f"{name}: largest relative loss difference {worst:.2e}")
     assert len(got) == 8 and worst < 1e-5, (name, worst)
 def steps(name):
