@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <thread>
 
@@ -100,27 +101,54 @@ namespace mammoth::tools {
 namespace {
 
 // Checkpoints of a tensor/sequence-parallel run see the single-process model through this:
-// tensors are gathered over tp for writing (by tp rank 0 of sp rank 0) and sharded on load.
+// each piece of a rank's shard is mapped onto the single-process tensor (ShardSpec's layout;
+// a replicated KV head is rows of the full projection), and one rank per distinct part writes.
 class PolicyShards final : public engine::train::ModelShardRuntime {
  public:
   PolicyShards(const models::ShardedLanguageModel& sharded, const models::Model& full,
                const parallel::DeviceMesh& mesh)
-      : sharded_(sharded), full_(full.named_parameters()), mesh_(mesh) {}
-  engine::Tensor full_tensor(const std::string& param, const engine::Tensor& local) override {
-    return sharded_.full_tensor(param, local);
+      : sharded_(sharded), full_(full.named_parameters()), mesh_(mesh) {
+    for (const auto& [name, t] : sharded.named_parameters()) local_shape_[name] = t.shape();
+    for (const auto& [name, t] : full_) full_shape_[name] = t.shape();
   }
-  engine::Tensor shard_of(const std::string& param, const engine::Tensor& full) override {
-    return sharded_.shard_of(param, full);
+  std::vector<FlatRun> single_process_runs(const std::string& param, int64_t lo,
+                                           int64_t hi) const override {
+    const engine::Shape& local = shape_in(local_shape_, param);
+    const int tp = mesh_.size(parallel::Axis::kTp), r = mesh_.coord(parallel::Axis::kTp);
+    const parallel::ShardSpec spec = sharded_.spec(param);
+    std::vector<FlatRun> runs;
+    if (spec.sharded()) {
+      for (const auto& run : parallel::shard_flat_runs(spec, local, r, tp, lo, hi)) {
+        runs.push_back({run.global, run.local, run.length});
+      }
+      return runs;
+    }
+    int64_t offset = 0;
+    if (!sharded_.holds_full(param)) {
+      // A replicated KV head: this rank holds head r / (tp / heads), rows of dim 0.
+      const int64_t rows = local[0], heads = shape_in(full_shape_, param)[0] / rows;
+      const int64_t head = r / (tp / heads);
+      offset = head * engine::shape_numel(local);
+    }
+    if (lo < hi) runs.push_back({offset + lo, lo, hi - lo});
+    return runs;
   }
-  bool writes_full() const override {
-    return mesh_.coord(parallel::Axis::kTp) == 0 && mesh_.coord(parallel::Axis::kSp) == 0;
+  bool writes(const std::string& param) const override {
+    return mesh_.coord(parallel::Axis::kSp) == 0 && sharded_.grad_owner(param);
   }
   const engine::nn::NamedTensors& single_process_parameters() const override { return full_; }
 
  private:
+  static const engine::Shape& shape_in(const std::map<std::string, engine::Shape>& shapes,
+                                       const std::string& param) {
+    auto it = shapes.find(param);
+    MAMMOTH_CHECK(it != shapes.end()) << "[train] no parameter '" << param << "'";
+    return it->second;
+  }
   const models::ShardedLanguageModel& sharded_;
   engine::nn::NamedTensors full_;
   const parallel::DeviceMesh& mesh_;
+  std::map<std::string, engine::Shape> local_shape_, full_shape_;
 };
 
 std::string cache_dir() {
@@ -183,11 +211,6 @@ int run_train(const std::vector<std::string>& args) {
   MAMMOTH_CHECK(absl::GetFlag(FLAGS_zero) >= 0 && absl::GetFlag(FLAGS_zero) <= 3)
       << "[train] --zero must be 0, 1, 2 or 3, got " << absl::GetFlag(FLAGS_zero);
   const bool model_parallel = tp_size * sp_size > 1 || sp_mode != models::SpMode::kNone;
-  if (model_parallel) {
-    MAMMOTH_CHECK(absl::GetFlag(FLAGS_zero) == 0 || absl::GetFlag(FLAGS_save_dir).empty())
-        << "[train] checkpoints of --tp/--sp runs with --zero " << absl::GetFlag(FLAGS_zero)
-        << " are not supported yet (use --zero 0, or drop --save-dir)";
-  }
   std::unique_ptr<parallel::DeviceMesh> mesh;
   if (launched > 1) {
     parallel::MeshOptions mo;

@@ -49,19 +49,23 @@ class DataParallelRuntime {
 };
 
 // A model split across the ranks of each data-parallel replica (tensor parallelism): this
-// rank's parameters are shards of the single-process ones. Checkpoints gather each tensor
-// whole for writing and cut this rank's shard out when loading, so they resume at any tp.
+// rank's parameters are shards of the single-process ones. Checkpoints map every piece of a
+// shard onto the single-process tensor (no gathering: each rank writes and reads its own), so
+// they resume at any tp.
 class ModelShardRuntime {
  public:
   virtual ~ModelShardRuntime() = default;
-  // The single-process tensor from this rank's `local`, shaped like parameter `param`'s shard
-  // (the parameter or its optimizer state). Collective over the model-parallel group: every
-  // rank calls it for the same tensors in the same order.
-  virtual Tensor full_tensor(const std::string& param, const Tensor& local) = 0;
-  // This rank's shard of `full`, a single-process tensor shaped like parameter `param`.
-  virtual Tensor shard_of(const std::string& param, const Tensor& full) = 0;
-  // Whether this rank writes its group's whole tensors (exactly one rank per group does).
-  virtual bool writes_full() const = 0;
+  // `length` elements from local index `local` are single-process elements from `global` on
+  // (both flattened row-major).
+  struct FlatRun {
+    int64_t global = 0, local = 0, length = 0;
+  };
+  // The runs covering elements [lo, hi) of this rank's tensor shaped like parameter `param`'s
+  // shard (the parameter or its optimizer state), in local order; padding is in none.
+  virtual std::vector<FlatRun> single_process_runs(const std::string& param, int64_t lo,
+                                                   int64_t hi) const = 0;
+  // Whether this rank writes its part of `param` (exactly one rank per distinct part).
+  virtual bool writes(const std::string& param) const = 0;
   // The single-process parameters (their names, shapes and dtypes).
   virtual const nn::NamedTensors& single_process_parameters() const = 0;
 };

@@ -6,7 +6,6 @@
 #include <csignal>
 #include <cstdio>
 #include <fstream>
-#include <map>
 #include <memory>
 
 #include "engine/amp/amp.h"
@@ -197,48 +196,34 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
     }
     return mine;
   };
-  // Under tensor parallelism the pieces above are whole local shards (dp does not shard
-  // then): writing gathers each whole and one rank per tp group keeps it; loading reads whole
-  // single-process tensors, then copies this rank's shard out of each.
+  // Under tensor parallelism the pieces above are ranges of this rank's shards: each is cut
+  // into the runs of single-process elements it holds (padding dropped), and only one rank
+  // per distinct part writes it.
   ModelShardRuntime* shards = o.model_shards;
   MAMMOTH_CHECK(shards == nullptr || offload == nullptr)
       << "[train] offload with tensor parallelism is not supported";
-  auto check_whole =
-      [&](const CheckpointPiece& p) {
-        MAMMOTH_CHECK(p.offset == 0)
-            << "[train] checkpoint piece of '" << p.name << "' at offset " << p.offset
-            << ": tensor-parallel checkpoints need whole local tensors (use --zero 0)";
-      };
-  auto pieces_to_write = [&]() {
-    std::vector<CheckpointPiece> pieces = checkpoint_pieces(/*writing=*/true, nullptr);
+  auto to_single_process = [&](std::vector<CheckpointPiece> pieces, bool writing) {
     if (!shards) return pieces;
-    std::vector<CheckpointPiece> whole;
+    std::vector<CheckpointPiece> out;
     for (const CheckpointPiece& p : pieces) {
-      check_whole(p);
-      Tensor full = shards->full_tensor(param_of(p.name), p.data);  // collective over tp
-      if (shards->writes_full()) whole.push_back({p.name, 0, full});
+      const std::string param = param_of(p.name);
+      if (writing && !shards->writes(param)) continue;
+      const Tensor flat = p.data.reshape({-1});
+      const int64_t n = flat.numel();
+      for (const ModelShardRuntime::FlatRun& run :
+           shards->single_process_runs(param, p.offset, p.offset + n)) {
+        const int64_t at = run.local - p.offset;
+        out.push_back({p.name, run.global, flat.slice(0, at, at + run.length)});
+      }
     }
-    return whole;
+    return out;
+  };
+  auto pieces_to_write = [&]() {
+    return to_single_process(checkpoint_pieces(/*writing=*/true, nullptr), true);
   };
   auto load_pieces = [&](const std::string& dir, const nn::NamedTensors* full_state) {
-    std::vector<CheckpointPiece> pieces = checkpoint_pieces(/*writing=*/false, full_state);
-    if (!shards) return load_checkpoint_pieces(dir, pieces);
-    std::map<std::string, Tensor> shape_of;
-    for (const auto& [name, p] : shards->single_process_parameters()) shape_of[name] = p;
-    std::vector<CheckpointPiece> whole;
-    for (const CheckpointPiece& p : pieces) {
-      check_whole(p);
-      auto it = shape_of.find(param_of(p.name));
-      MAMMOTH_CHECK(it != shape_of.end())
-          << "[train] '" << p.name << "' is not a tensor of the single-process model";
-      whole.push_back({p.name, 0, Tensor::zeros(it->second.shape(), it->second.dtype())});
-    }
-    json::Value state = load_checkpoint_pieces(dir, whole);
-    NoGradGuard ng;
-    for (size_t i = 0; i < pieces.size(); ++i) {
-      copy_(pieces[i].data, shards->shard_of(param_of(pieces[i].name), whole[i].data));
-    }
-    return state;
+    return load_checkpoint_pieces(
+        dir, to_single_process(checkpoint_pieces(/*writing=*/false, full_state), false));
   };
   optim::LrSchedule sched;
   sched.kind = optim::LrSchedule::parse_kind(o.schedule);
@@ -313,7 +298,7 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
     if (sharded_checkpoints) {
       if (checkpoint_lead) begin_sharded_checkpoint(o.save_dir, at_step);
       o.world_barrier();
-      const std::vector<CheckpointPiece> mine = pieces_to_write();  // collective under tp
+      const std::vector<CheckpointPiece> mine = pieces_to_write();
       write_checkpoint_shard(sharded_checkpoint_tmp(o.save_dir, at_step), o.world_rank, mine);
       o.world_barrier();
       if (checkpoint_lead) {

@@ -1,5 +1,6 @@
 #include "parallel/tensor_parallel/layers.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "engine/autograd.h"
@@ -63,6 +64,45 @@ Tensor unshard_tensor(const Tensor& shard, const ShardSpec& spec, Communicator& 
     segments.push_back(engine::concat(pieces, spec.dim).slice(spec.dim, 0, seg));
   }
   return engine::concat(segments, spec.dim).contiguous();
+}
+
+std::vector<FlatRun> shard_flat_runs(const ShardSpec& spec, const engine::Shape& shard_shape,
+                                     int rank, int p, int64_t lo, int64_t hi) {
+  int64_t numel = 1;
+  for (int64_t d : shard_shape) numel *= d;
+  MAMMOTH_CHECK(0 <= lo && lo <= hi && hi <= numel)
+      << "[shard_flat_runs] range [" << lo << ", " << hi << ") outside a shard of " << numel
+      << " elements";
+  std::vector<FlatRun> runs;
+  auto add = [&](int64_t global, int64_t local, int64_t length) {
+    const int64_t a = std::max(lo, local), b = std::min(hi, local + length);
+    if (a < b) runs.push_back({global + (a - local), a, b - a});
+  };
+  if (!spec.sharded()) {
+    add(0, 0, numel);
+    return runs;
+  }
+  const size_t dim = static_cast<size_t>(spec.dim);
+  MAMMOTH_CHECK(dim < shard_shape.size())
+      << "[shard_flat_runs] split dim " << spec.dim << " of a " << shard_shape.size() << "-d shard";
+  int64_t outer = 1, inner = 1;
+  for (size_t d = 0; d < dim; ++d) outer *= shard_shape[d];
+  for (size_t d = dim + 1; d < shard_shape.size(); ++d) inner *= shard_shape[d];
+  const int64_t seg = spec.size / spec.parts, piece = spec.padded / spec.parts / p;
+  MAMMOTH_CHECK(shard_shape[dim] == piece * spec.parts)
+      << "[shard_flat_runs] shard has " << shard_shape[dim] << " rows along dim " << spec.dim
+      << ", the spec gives " << piece * spec.parts;
+  // Rows s*piece + j of the shard are rows s*seg + rank*piece + j of the full tensor while
+  // rank*piece + j < seg (the rest is padding).
+  const int64_t valid = std::clamp<int64_t>(seg - static_cast<int64_t>(rank) * piece, 0, piece);
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int s = 0; s < spec.parts; ++s) {
+      const int64_t local = (o * piece * spec.parts + s * piece) * inner;
+      const int64_t global = (o * spec.size + s * seg + static_cast<int64_t>(rank) * piece) * inner;
+      add(global, local, valid * inner);
+    }
+  }
+  return runs;
 }
 
 // ---- ColumnParallelLinear ----

@@ -39,6 +39,17 @@ engine::Tensor shard_tensor(const engine::Tensor& full, const ShardSpec& spec, i
 engine::Tensor unshard_tensor(const engine::Tensor& shard, const ShardSpec& spec,
                               Communicator& group);
 
+// Where elements of a shard sit in the full tensor, both flattened row-major: `length`
+// elements from shard index `local` are full-tensor elements from `global` on.
+struct FlatRun {
+  int64_t global = 0, local = 0, length = 0;
+};
+// The runs covering shard elements [lo, hi) of rank `rank`'s shard (shape `shard_shape`, as
+// shard_tensor makes it), in shard order; padding elements belong to no run. This lets a rank
+// read or write its shard as pieces of the full tensor without gathering it.
+std::vector<FlatRun> shard_flat_runs(const ShardSpec& spec, const engine::Shape& shard_shape,
+                                     int rank, int p, int64_t lo, int64_t hi);
+
 // Y = X A + b with A = [A_1 ... A_p] split by output columns: rank r holds A_r (the rows
 // [r*out/p, (r+1)*out/p) of W, or piece r of every segment for a fused weight) and b_r.
 // The input X is replicated (copy_to_group: its gradient is all-reduced in backward), or, with

@@ -1,9 +1,10 @@
 #!/bin/bash
 # `mammoth train` with tensor and sequence parallelism (GPT-2's sharding policy): tp=2,
 # tp=2 + split_gather, dp=2 x tp=2, sp=2 Ulysses and sp=2 ring (also with dp=2) give the single-process loss
-# curve; a checkpoint written at dp=2 x tp=2 resumes at tp=4, at dp=4 and on one process, and
-# one written at sp=2 (ring) at tp=2, each continuing the curve; unsupported combinations are
-# clear errors.
+# curve; a checkpoint written at dp=2 x tp=2 resumes at tp=4, at dp=4 and on one process, one
+# written at sp=2 (ring) at tp=2, one written under ZeRO-1 at tp=4 and at dp=4 ZeRO-3, and a
+# LLaMA one at tp=4 (replicated KV heads) at tp=2 and on one process, each continuing the
+# curve; unsupported combinations are clear errors.
 set -euo pipefail
 mammoth="$1"
 mpirun="$2"
@@ -60,11 +61,27 @@ share="$(sed -n 's/.*per rank: parameters [0-9.]* MiB (\([0-9.]*\)% of the model
 echo "tp4 parameter share per rank: ${share}%"
 awk -v s="$share" 'BEGIN { exit !(s >= 25 && s <= 30) }'
 
-if bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --tp 2 --zero 1 --save-dir "$work/z" \
-  2>"$work/err"; then
-  echo "expected an error for checkpoints of --tp with --zero 1"; exit 1
-fi
-grep -q "not supported yet (use --zero 0" "$work/err"
+# Under ZeRO each rank writes the runs of its ZeRO shard of its tp shard: dp2 x tp2 ZeRO-1
+# resumes at tp4 and at dp4 ZeRO-3.
+bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --micro-batch 2 --tp 2 --zero 1 \
+  --bucket-mb 0.05 --save-every 4 --save-dir "$work/ckpt_z" --metrics "$work/saving_z.jsonl"
+echo step_00000004 >"$work/ckpt_z/latest"
+cp -r "$work/ckpt_z" "$work/ckpt_z2"
+bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --micro-batch 4 --tp 4 \
+  --save-dir "$work/ckpt_z" --resume --metrics "$work/resumed_z_tp4.jsonl"
+bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --micro-batch 1 --zero 3 --bucket-mb 0.05 \
+  --save-dir "$work/ckpt_z2" --resume --metrics "$work/resumed_z_dp4_zero3.jsonl"
+# LLaMA at tp4 replicates its 2 KV heads: each head is written once; resume at tp2 and alone.
+"$mammoth" train "${common[@]}" --model llama-tiny --micro-batch 4 \
+  --metrics "$work/llama_single.jsonl"
+bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --model llama-tiny --micro-batch 4 --tp 4 \
+  --save-every 4 --save-dir "$work/ckpt_llama" --metrics "$work/llama_saving.jsonl"
+echo step_00000004 >"$work/ckpt_llama/latest"
+cp -r "$work/ckpt_llama" "$work/ckpt_llama2"
+bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --model llama-tiny --micro-batch 4 --tp 2 \
+  --save-dir "$work/ckpt_llama" --resume --metrics "$work/llama_resumed_tp2.jsonl"
+"$mammoth" train "${common[@]}" --model llama-tiny --micro-batch 4 \
+  --save-dir "$work/ckpt_llama2" --resume --metrics "$work/llama_resumed_np1.jsonl"
 if "$mammoth" train "${common[@]}" --tp 2 2>"$work/err"; then
   echo "expected an error for --tp 2 on one process"; exit 1
 fi
@@ -93,10 +110,14 @@ for name in ["tp2", "tp2_split_gather", "dp2_tp2", "sp2_ulysses", "sp2_ring", "d
     worst_norm = max(abs(a - b) / abs(b) for a, b in zip(norms(name), norms("single")))
     print(f"{name}: largest relative loss difference {worst:.2e}, grad norm {worst_norm:.2e}")
     assert len(got) == 8 and worst < 1e-4 and worst_norm < 1e-4, (name, worst, worst_norm)
-for name in ["resumed_tp4", "resumed_dp4", "resumed_np1", "resumed_sp_tp2"]:
+llama = losses("llama_single")
+for name, want in [("resumed_tp4", ref), ("resumed_dp4", ref), ("resumed_np1", ref),
+                   ("resumed_sp_tp2", ref), ("resumed_z_tp4", ref),
+                   ("resumed_z_dp4_zero3", ref), ("llama_resumed_tp2", llama),
+                   ("llama_resumed_np1", llama)]:
     rows = list(map(json.loads, open(f"{work}/{name}.jsonl")))
     assert [r["step"] for r in rows] == [5, 6, 7, 8], (name, [r["step"] for r in rows])
-    worst = max(abs(r["loss"] - b) / abs(b) for r, b in zip(rows, ref[4:]))
+    worst = max(abs(r["loss"] - b) / abs(b) for r, b in zip(rows, want[4:]))
     print(f"{name}: steps 5..8, largest relative loss difference {worst:.2e}")
     assert worst < 1e-4, (name, worst)
 index = json.load(open(f"{work}/ckpt_np1/step_00000004/index.json"))
