@@ -130,6 +130,34 @@ inline void transpose16(__m512i (&r)[16]) {
   }
 }
 
+// r[i][j] (8 rows of 16 words) -> out[j] = the 8 words r[0..7][j].
+static_assert(kMR <= 8, "pack_a transposes at most 8 rows");
+inline void transpose8x16(const __m512i (&r)[8], __m256i (&out)[16]) {
+  __m512i t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  // u[4g + c], lane L: column 4L + c of rows 4g..4g+3.
+  for (int g = 0; g < 2; ++g) {
+    u[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+    u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+  }
+  // Lanes (u[c] L, u[4 + c] L) side by side: column 4L + c, rows 0..7.
+  for (int c = 0; c < 4; ++c) {
+    const __m512i x0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44);
+    const __m512i x1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xee);
+    const __m512i y0 = _mm512_shuffle_i32x4(x0, x0, 0xd8);
+    const __m512i y1 = _mm512_shuffle_i32x4(x1, x1, 0xd8);
+    out[c] = _mm512_castsi512_si256(y0);
+    out[4 + c] = _mm512_extracti64x4_epi64(y0, 1);
+    out[8 + c] = _mm512_castsi512_si256(y1);
+    out[12 + c] = _mm512_extracti64x4_epi64(y1, 1);
+  }
+}
+
 // Packs op(A)[i0:+mc, p0:+kc] into ceil(mc/kMR) panels of `pairs` x kMR words: word
 // (p, i) = (op(A)[i, 2p], op(A)[i, 2p+1]) at p * kMR + i. Missing rows and k are zero.
 void pack_a(bool trans, const float* A, int64_t lda, int64_t i0, int64_t mc, int64_t p0, int64_t kc,
@@ -140,23 +168,24 @@ void pack_a(bool trans, const float* A, int64_t lda, int64_t i0, int64_t mc, int
     const int64_t rows = std::min<int64_t>(kMR, mc - ip);
     uint32_t* panel = dst + (ip / kMR) * pairs * kMR;
     if (!trans) {
-      // 32 k of the panel's rows -> 16 words per row, transposed so that each k pair's kMR
-      // words are one contiguous (masked) store.
-      const __mmask16 store = first_n(kMR);
+      // 32 k of the panel's rows -> 16 words per row, transposed (8 rows, the last zero) so
+      // that each k pair's kMR words are one contiguous masked store.
+      const __mmask8 store = static_cast<__mmask8>((1u << kMR) - 1u);
       const float* src = A + (i0 + ip) * lda + p0;
       for (int64_t k0 = 0; k0 < kc; k0 += 32) {
         const int64_t n = std::min<int64_t>(32, kc - k0);
         const __mmask16 lo = first_n(n), hi = first_n(n - 16);
-        __m512i r[16];
-        for (int i = 0; i < 16; ++i) {
+        __m512i r[8];
+        for (int i = 0; i < 8; ++i) {
           r[i] = i < rows ? to_bf16(_mm512_maskz_loadu_ps(lo, src + i * lda + k0),
                                     _mm512_maskz_loadu_ps(hi, src + i * lda + k0 + 16))
                           : _mm512_setzero_si512();
         }
-        transpose16(r);
+        __m256i cols[16];
+        transpose8x16(r, cols);
         uint32_t* d = panel + (k0 / 2) * kMR;
         const int64_t np = (n + 1) / 2;
-        for (int64_t q = 0; q < np; ++q) _mm512_mask_storeu_epi32(d + q * kMR, store, r[q]);
+        for (int64_t q = 0; q < np; ++q) _mm256_mask_storeu_epi32(d + q * kMR, store, cols[q]);
       }
     } else {
       // op(A)[i, k] = A[k, i]: rows k and k+1 of A give one word per op(A) row.
