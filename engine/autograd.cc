@@ -22,6 +22,12 @@ bool is_listed_op(const char* name) {
 }
 
 // Adds b into a (either may be undefined).
+// A leaf's .grad += g (with grad mode off).
+void accumulate_into(TensorImpl* leaf, const Tensor& g) {
+  const Tensor gc = g.is_contiguous() ? g : g.contiguous();
+  leaf->grad = leaf->grad.defined() ? add(leaf->grad, gc) : gc.clone();
+}
+
 Tensor accumulate(const Tensor& a, const Tensor& b) {
   if (!a.defined()) return b;
   if (!b.defined()) return a;
@@ -106,12 +112,9 @@ void run_backward(const Tensor& root, const Tensor& gradient) {
       << "[backward] gradient shape " << shape_str(seed.shape()) << " differs from the root's "
       << shape_str(root.shape());
   NoGradGuard no_grad;
-  auto accumulate_leaf = [](TensorImpl* leaf, const Tensor& g) {
-    const Tensor gc = g.is_contiguous() ? g : g.contiguous();
-    leaf->grad = leaf->grad.defined() ? add(leaf->grad, gc) : gc.clone();
-  };
+
   if (!root.grad_fn()) {  // a leaf root
-    accumulate_leaf(root.impl(), seed);
+    accumulate_into(root.impl(), seed);
     if (root.impl()->grad_ready_hook) root.impl()->grad_ready_hook();
     return;
   }
@@ -149,7 +152,7 @@ void run_backward(const Tensor& root, const Tensor& gradient) {
       const Edge& e = edges[i];
       if (e.leaf) {
         TensorImpl* leaf = e.leaf.get();
-        if (grads_in[i].defined()) accumulate_leaf(leaf, grads_in[i]);
+        if (grads_in[i].defined()) accumulate_into(leaf, grads_in[i]);
         if (--leaf_deps[leaf] == 0 && leaf->grad_ready_hook) leaf->grad_ready_hook();
       } else if (e.node) {
         Node* next = e.node.get();
@@ -162,6 +165,33 @@ void run_backward(const Tensor& root, const Tensor& gradient) {
     }
     n->release();
   }
+}
+
+namespace {
+thread_local WeightGradQueue* g_weight_grad_queue = nullptr;
+}  // namespace
+
+void WeightGradQueue::run() {
+  NoGradGuard ng;
+  std::vector<std::function<void()>> work;
+  work.swap(work_);
+  for (auto& w : work) w();
+}
+
+DeferWeightGradsGuard::DeferWeightGradsGuard(WeightGradQueue* queue)
+    : previous_(g_weight_grad_queue) {
+  g_weight_grad_queue = queue;
+}
+
+DeferWeightGradsGuard::~DeferWeightGradsGuard() { g_weight_grad_queue = previous_; }
+
+WeightGradQueue* deferred_weight_grads() { return g_weight_grad_queue; }
+
+void accumulate_grad(const Tensor& leaf, const Tensor& g) {
+  MAMMOTH_CHECK(leaf.defined() && leaf.is_leaf())
+      << "[accumulate_grad] gradients accumulate into leaf tensors only";
+  NoGradGuard ng;
+  accumulate_into(leaf.impl(), g);
 }
 
 }  // namespace mammoth::engine

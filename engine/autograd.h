@@ -91,4 +91,39 @@ void set_grad_ready_hook(const Tensor& param, std::function<void()> hook);
 // Runs backward from `root` seeded with `gradient`.
 void run_backward(const Tensor& root, const Tensor& gradient);
 
+// Zero-bubble pipelines split a backward into the input gradients (now: the next stage back
+// waits for them) and the weight gradients (later, in a bubble). Inside a
+// DeferWeightGradsGuard, ops that compute a leaf's gradient by a GEMM of saved tensors
+// (linear's weight: dY^T X) push that work to the guard's queue instead of running it; run()
+// later computes and accumulates those gradients into the leaves' .grad. A leaf whose gradient
+// is deferred has its grad-ready hook fire before the deferred part arrives, so data
+// parallelism must reduce after run() (the pipeline runtime does).
+class WeightGradQueue {
+ public:
+  void push(std::function<void()> work) { work_.push_back(std::move(work)); }
+  bool empty() const { return work_.empty(); }
+  size_t size() const { return work_.size(); }
+  // Runs every deferred computation in order (grad mode off), then empties the queue.
+  void run();
+
+ private:
+  std::vector<std::function<void()>> work_;
+};
+
+class DeferWeightGradsGuard {
+ public:
+  explicit DeferWeightGradsGuard(WeightGradQueue* queue);
+  ~DeferWeightGradsGuard();
+  DeferWeightGradsGuard(const DeferWeightGradsGuard&) = delete;
+  DeferWeightGradsGuard& operator=(const DeferWeightGradsGuard&) = delete;
+
+ private:
+  WeightGradQueue* previous_;
+};
+
+// The calling thread's active queue, or null (for ops' backward closures).
+WeightGradQueue* deferred_weight_grads();
+// Adds `g` to the leaf's gradient (as backward does).
+void accumulate_grad(const Tensor& leaf, const Tensor& g);
+
 }  // namespace mammoth::engine

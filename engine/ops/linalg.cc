@@ -134,8 +134,10 @@ Tensor linear(const Tensor& x_in, const Tensor& w, const Tensor& b) {
   if (needs_grad({x_in, w, b})) {
     const bool gx = x_in.requires_grad(), gw = w.requires_grad(),
                gb = b.defined() && b.requires_grad();
+    // A parameter's weight gradient may be deferred (zero-bubble pipelines, autograd.h).
+    const Tensor w_leaf = gw && w.is_leaf() ? w : Tensor();
     record("linear", {x_in, w, b}, {&y},
-           [x = x.detach(), w = w.detach(), gx, gw, gb, in_shape = x_in.shape(), M, in,
+           [x = x.detach(), w = w.detach(), w_leaf, gx, gw, gb, in_shape = x_in.shape(), M, in,
             out](const std::vector<Tensor>& g) {
              const Tensor dy = g[0].reshape({M, out});
              Tensor dx, dw, db;
@@ -144,7 +146,13 @@ Tensor linear(const Tensor& x_in, const Tensor& w, const Tensor& b) {
                gemm2d(dy, w, dx, 0.0);
                dx = dx.view(in_shape);
              }
-             if (gw) {
+             if (gw && w_leaf.defined() && deferred_weight_grads() != nullptr) {
+               deferred_weight_grads()->push([dy, x, w_leaf, out, in] {
+                 Tensor dw_later = Tensor::empty({out, in}, dy.dtype(), dy.device());
+                 gemm2d(dy.transpose(0, 1), x, dw_later, 0.0);
+                 accumulate_grad(w_leaf, dw_later);
+               });
+             } else if (gw) {
                dw = Tensor::empty({out, in}, dy.dtype(), dy.device());
                gemm2d(dy.transpose(0, 1), x, dw, 0.0);
              }

@@ -1,6 +1,7 @@
 #include "parallel/pipeline/stage.h"
 
 #include <cmath>
+#include <optional>
 
 #include "base/error.h"
 #include "engine/autograd.h"
@@ -165,21 +166,18 @@ void PipelineStage::backward(const Action& a) {
   Stored st = std::move(it->second);
   stored_.erase(it);
   stats_.stored = static_cast<int>(stored_.size());
-  const auto& params = chunks_[a.chunk].params;
-  std::vector<Tensor> saved;
-  if (schedule_.split_backward) {
-    // Set the accumulated gradients aside so this backward's weight gradients can be
-    // deferred to W.
-    for (const auto& [name, p] : params) {
-      saved.push_back(p.grad());
-      p.zero_grad();
+  // Split backward: the weight-gradient GEMMs of this backward wait in a queue for W, so the
+  // input gradient reaches the previous stage sooner (what zero-bubble schedules rely on).
+  engine::WeightGradQueue queue;
+  {
+    std::optional<engine::DeferWeightGradsGuard> defer;
+    if (schedule_.split_backward) defer.emplace(&queue);
+    if (s == S - 1) {
+      st.output.backward();
+    } else {
+      Tensor g = take(kGradient, s, a.micro_batch, schedule_.rank_of(s + 1), st.output.shape());
+      st.output.backward(g);
     }
-  }
-  if (s == S - 1) {
-    st.output.backward();
-  } else {
-    Tensor g = take(kGradient, s, a.micro_batch, schedule_.rank_of(s + 1), st.output.shape());
-    st.output.backward(g);
   }
   if (s > 0) {
     Tensor g = st.input.grad();
@@ -188,17 +186,8 @@ void PipelineStage::backward(const Action& a) {
     send(g, kGradient, s - 1, a.micro_batch, schedule_.rank_of(s - 1));
   }
   if (schedule_.split_backward) {
-    std::vector<Tensor> contrib;
-    for (size_t i = 0; i < params.size(); ++i) {
-      const Tensor& p = params[i].second;
-      contrib.push_back(p.grad());
-      if (saved[i].defined()) {
-        p.set_grad(saved[i]);
-      } else {
-        p.zero_grad();
-      }
-    }
-    deferred_[{a.micro_batch, a.chunk}] = std::move(contrib);
+    stats_.deferred_weight_grads += static_cast<int64_t>(queue.size());
+    deferred_[{a.micro_batch, a.chunk}] = std::move(queue);
   }
 }
 
@@ -206,14 +195,7 @@ void PipelineStage::weight(const Action& a) {
   auto it = deferred_.find({a.micro_batch, a.chunk});
   MAMMOTH_CHECK(it != deferred_.end()) << "[PipelineStage] W of micro-batch " << a.micro_batch
                                        << " chunk " << a.chunk << " before its B";
-  engine::NoGradGuard ng;
-  const auto& params = chunks_[a.chunk].params;
-  for (size_t i = 0; i < params.size(); ++i) {
-    const Tensor& c = it->second[i];
-    if (!c.defined()) continue;
-    const Tensor& p = params[i].second;
-    p.set_grad(p.grad().defined() ? engine::add(p.grad(), c) : c);
-  }
+  it->second.run();
   deferred_.erase(it);
 }
 

@@ -34,6 +34,7 @@
 #include <tuple>
 #include <vector>
 
+#include "engine/autograd.h"
 #include "engine/nn/module.h"
 #include "engine/tensor.h"
 #include "parallel/comm/communicator.h"
@@ -52,9 +53,10 @@ struct StageChunk {
 };
 
 struct StageStats {
-  int stored = 0;                  // micro-batch activations held now (F done, B not)
-  int peak_stored = 0;             // the most held at once since reset_stats()
-  int64_t sent = 0, received = 0;  // messages this step
+  int stored = 0;                     // micro-batch activations held now (F done, B not)
+  int peak_stored = 0;                // the most held at once since reset_stats()
+  int64_t deferred_weight_grads = 0;  // weight-gradient GEMMs B left to W (split backward)
+  int64_t sent = 0, received = 0;     // messages this step
 };
 
 class PipelineStage {
@@ -105,8 +107,9 @@ class PipelineStage {
   std::map<int, engine::Shape> shapes_;
   std::map<Key, Posted> posted_;
   std::vector<std::pair<engine::Tensor, std::unique_ptr<Work>>> sends_;
-  std::map<std::pair<int, int>, Stored> stored_;                         // (micro-batch, chunk)
-  std::map<std::pair<int, int>, std::vector<engine::Tensor>> deferred_;  // W contributions
+  std::map<std::pair<int, int>, Stored> stored_;  // (micro-batch, chunk)
+  // Weight-gradient GEMMs deferred by B to W (split backward), per (micro-batch, chunk).
+  std::map<std::pair<int, int>, engine::WeightGradQueue> deferred_;
   double loss_ = 0;
   StageStats stats_;
 };

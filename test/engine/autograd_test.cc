@@ -84,3 +84,38 @@ TEST_CASE("gradient-ready hooks fire once, after the last contribution") {
   engine::sum(w).backward();
   CHECK(calls == 1);
 }
+
+TEST_CASE("linear's weight gradient can be deferred to a queue and run later") {
+  // x [3, 4] -> linear(w [5, 4], b [5]) -> sum: the input gradient is computed during
+  // backward, the weight's GEMM waits in the queue; running it gives the same gradient, added
+  // to what the weight already had.
+  auto make = [](double scale) {
+    std::vector<double> v(20);
+    for (int i = 0; i < 20; ++i) v[i] = scale * (i % 7 - 3);
+    return Tensor::from_vector(v, {5, 4}, DType::kF64);
+  };
+  Tensor x0 = Tensor::from_vector({1, 2, 3, 4, -1, 0, 2, 1, 0.5, -2, 1, 3}, {3, 4}, DType::kF64);
+  Tensor w_ref = make(0.25), w = make(0.25);
+  Tensor b_ref = Tensor::zeros({5}, DType::kF64), b = Tensor::zeros({5}, DType::kF64);
+  Tensor x_ref = x0.clone(), x = x0.clone();
+  for (Tensor* t : {&w_ref, &w, &b_ref, &b, &x_ref, &x}) t->requires_grad_();
+  engine::sum(engine::linear(x_ref, w_ref, b_ref)).backward();
+
+  engine::accumulate_grad(w, Tensor::ones({5, 4}, DType::kF64));  // an earlier contribution
+  engine::WeightGradQueue queue;
+  {
+    engine::DeferWeightGradsGuard defer(&queue);
+    engine::sum(engine::linear(x, w, b)).backward();
+  }
+  REQUIRE(queue.size() == 1);
+  CHECK(x.grad().to_vector() == x_ref.grad().to_vector());      // input gradient: now
+  CHECK(b.grad().to_vector() == b_ref.grad().to_vector());      // bias: not a GEMM of saved tensors
+  CHECK(w.grad().to_vector() == std::vector<double>(20, 1.0));  // weight: not yet
+  queue.run();
+  CHECK(queue.empty());
+  const std::vector<double> want = w_ref.grad().to_vector();
+  const std::vector<double> got = w.grad().to_vector();
+  for (size_t i = 0; i < want.size(); ++i) CHECK(got[i] == Approx(want[i] + 1.0));
+  // Outside a guard nothing is deferred.
+  CHECK(engine::deferred_weight_grads() == nullptr);
+}
