@@ -32,9 +32,9 @@ SpMode sp_mode_from_name(const std::string& name) {
                   << "'; expected none, split_gather, ulysses or ring";
 }
 
-ShardedLanguageModel::ShardedLanguageModel(const parallel::DeviceMesh& mesh,
-                                           const ShardOptions& options)
-    : mesh_(mesh), options_(options) {
+ShardLayout::ShardLayout(const engine::nn::Module& self, const parallel::DeviceMesh& mesh,
+                         const ShardOptions& options)
+    : mesh_(mesh), options_(options), self_(self) {
   const int sp = mesh.size(parallel::Axis::kSp);
   const bool sp_mode = options.sp_mode == SpMode::kUlysses || options.sp_mode == SpMode::kRing;
   MAMMOTH_CHECK(sp == 1 || sp_mode)
@@ -42,13 +42,19 @@ ShardedLanguageModel::ShardedLanguageModel(const parallel::DeviceMesh& mesh,
       << sp_mode_name(options.sp_mode) << "; use ulysses or ring (split_gather runs on tp)";
 }
 
-parallel::ShardSpec ShardedLanguageModel::spec(const std::string& name) const {
+ShardedLanguageModel::ShardedLanguageModel(const parallel::DeviceMesh& mesh,
+                                           const ShardOptions& options)
+    : ShardLayout(*this, mesh, options) {}
+
+ShardedVit::ShardedVit(const parallel::DeviceMesh& mesh, const ShardOptions& options)
+    : ShardLayout(*this, mesh, options) {}
+
+parallel::ShardSpec ShardLayout::spec(const std::string& name) const {
   auto it = specs_.find(name);
   return it == specs_.end() ? parallel::ShardSpec{} : it->second;
 }
 
-void ShardedLanguageModel::set_replicated_heads(const std::string& name, int64_t heads,
-                                                int64_t head_rows) {
+void ShardLayout::set_replicated_heads(const std::string& name, int64_t heads, int64_t head_rows) {
   const int tp = mesh_.size(parallel::Axis::kTp);
   MAMMOTH_CHECK(heads > 0 && heads < tp && tp % heads == 0)
       << "[apply_policy] '" << name << "': " << heads << " heads cannot be replicated over tp "
@@ -56,18 +62,17 @@ void ShardedLanguageModel::set_replicated_heads(const std::string& name, int64_t
   replicated_[name] = {heads, head_rows};
 }
 
-const ShardedLanguageModel::ReplicatedHeads* ShardedLanguageModel::replicated_heads(
-    const std::string& name) const {
+const ShardLayout::ReplicatedHeads* ShardLayout::replicated_heads(const std::string& name) const {
   auto it = replicated_.find(name);
   return it == replicated_.end() ? nullptr : &it->second;
 }
 
-bool ShardedLanguageModel::holds_full(const std::string& name) const {
+bool ShardLayout::holds_full(const std::string& name) const {
   if (mesh_.size(parallel::Axis::kTp) == 1) return true;  // one piece, unpadded
   return !spec(name).sharded() && replicated_heads(name) == nullptr;
 }
 
-bool ShardedLanguageModel::grad_owner(const std::string& name) const {
+bool ShardLayout::grad_owner(const std::string& name) const {
   const parallel::Communicator& tp = mesh_.group(parallel::Axis::kTp);
   if (spec(name).sharded()) return true;
   if (const ReplicatedHeads* r = replicated_heads(name)) {
@@ -76,7 +81,7 @@ bool ShardedLanguageModel::grad_owner(const std::string& name) const {
   return tp.rank() == 0;
 }
 
-Tensor ShardedLanguageModel::shard_of(const std::string& name, const Tensor& full) const {
+Tensor ShardLayout::shard_of(const std::string& name, const Tensor& full) const {
   parallel::Communicator& tp = mesh_.group(parallel::Axis::kTp);
   engine::NoGradGuard ng;
   if (const ReplicatedHeads* r = replicated_heads(name)) {
@@ -89,7 +94,7 @@ Tensor ShardedLanguageModel::shard_of(const std::string& name, const Tensor& ful
   return parallel::shard_tensor(full.detach(), spec(name), tp.rank(), tp.size());
 }
 
-Tensor ShardedLanguageModel::full_tensor(const std::string& name, const Tensor& local) const {
+Tensor ShardLayout::full_tensor(const std::string& name, const Tensor& local) const {
   parallel::Communicator& tp = mesh_.group(parallel::Axis::kTp);
   engine::NoGradGuard ng;
   if (const ReplicatedHeads* r = replicated_heads(name)) {
@@ -106,9 +111,9 @@ Tensor ShardedLanguageModel::full_tensor(const std::string& name, const Tensor& 
   return parallel::unshard_tensor(local.detach(), spec(name), tp);
 }
 
-void ShardedLanguageModel::load_from(const Model& full) {
+void ShardLayout::load_from(const Model& full) {
   std::map<std::string, Tensor> mine;
-  for (const auto& [name, t] : named_parameters()) mine[name] = t;
+  for (const auto& [name, t] : self_.named_parameters()) mine[name] = t;
   std::set<std::string> seen;
   engine::NoGradGuard ng;
   for (const auto& [name, t] : full.named_parameters()) {
@@ -127,17 +132,18 @@ void ShardedLanguageModel::load_from(const Model& full) {
       << seen.size();
 }
 
-engine::nn::NamedTensors ShardedLanguageModel::full_parameters() const {
+engine::nn::NamedTensors ShardLayout::full_parameters() const {
   engine::nn::NamedTensors out;
-  for (const auto& [name, t] : named_parameters()) out.emplace_back(name, full_tensor(name, t));
+  for (const auto& [name, t] : self_.named_parameters())
+    out.emplace_back(name, full_tensor(name, t));
   return out;
 }
 
-void ShardedLanguageModel::sync_grads() const {
+void ShardLayout::sync_grads() const {
   const bool split_gather = options_.sp_mode == SpMode::kSplitGather;
   parallel::Communicator& tp = mesh_.group(parallel::Axis::kTp);
   parallel::Communicator& sp = mesh_.group(parallel::Axis::kSp);
-  for (const auto& [name, t] : named_parameters()) {
+  for (const auto& [name, t] : self_.named_parameters()) {
     Tensor g = t.grad();
     // A parameter the loss does not use (BERT's pooler under the MLM loss) has no gradient on
     // any rank (the graph is the same on all): nothing to sum, and the optimizer skips it as it
@@ -167,7 +173,7 @@ void ShardedLanguageModel::sync_grads() const {
   }
 }
 
-ShardedLanguageModel::SeqPlan ShardedLanguageModel::plan_sequence(int64_t T) const {
+ShardLayout::SeqPlan ShardLayout::plan_sequence(int64_t T) const {
   parallel::Communicator& tp = mesh_.group(parallel::Axis::kTp);
   parallel::Communicator& sp = mesh_.group(parallel::Axis::kSp);
   int parts = 1;
@@ -186,6 +192,11 @@ ShardedLanguageModel::SeqPlan ShardedLanguageModel::plan_sequence(int64_t T) con
   plan.every.resize(static_cast<size_t>(plan.layout->padded()));
   for (int64_t i = 0; i < plan.layout->padded(); ++i) plan.every[i] = i;
   return plan;
+}
+
+parallel::Communicator& ShardLayout::sequence_group() const {
+  return mesh_.group(options_.sp_mode == SpMode::kSplitGather ? parallel::Axis::kTp
+                                                              : parallel::Axis::kSp);
 }
 
 Tensor ShardedLanguageModel::ids_at(const Tensor& ids, const std::vector<int64_t>& pos) {
@@ -247,6 +258,8 @@ std::shared_ptr<ShardedLanguageModel> apply_policy(const Model& model,
       return llama_policy(model, mesh, options);
     case Family::kBert:
       return bert_policy(model, mesh, options);
+    case Family::kVit:
+      MAMMOTH_THROW() << "[apply_policy] ViT is not a language model: use vit_policy";
     default:
       MAMMOTH_THROW() << "[apply_policy] no sharding policy for family '"
                       << family_name(model.config().family) << "' yet";

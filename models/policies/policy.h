@@ -4,7 +4,9 @@
 // A policy per family builds the same module tree from parallel layers (column-/row-parallel
 // linear, vocab-parallel embedding and loss, Ulysses or ring attention), with the single-device
 // parameter names, and copies this rank's shard of every weight from the model it is given
-// (built with the same seed on every rank). A new family needs only a policy.
+// (built with the same seed on every rank). A new family needs only a policy. The bookkeeping
+// every family shares (specs, load/gather/shard of tensors, gradient sums, sequence plans) is
+// ShardLayout, a mixin of both ShardedLanguageModel and ShardedVit (an image classifier).
 //
 //   auto model = models::create_language_model("gpt2-tiny", {.seed = 1});
 //   parallel::DeviceMesh mesh(parallel::mpi_world(), {.dp = 2, .tp = 2});
@@ -14,6 +16,10 @@
 //   sharded->sync_grads();                // sequence-partial gradients -> full (tp / sp groups)
 //   ... dp all-reduce (DataParallel), optimizer over sharded->named_parameters() ...
 //   auto full = sharded->full_parameters();  // unpadded single-device tensors, for checkpoints
+//
+//   auto vit = std::dynamic_pointer_cast<models::Vit>(models::create_model("vit-tiny"));
+//   auto sharded_vit = models::vit_policy(*vit, mesh, {.sp_mode = models::SpMode::kRing});
+//   Tensor l = sharded_vit->loss(pixels, labels);  // the same sync_grads / full_parameters
 //
 // Layouts: tp splits heads, MLP width and vocabulary over the mesh's tp axis. Sequence modes:
 //   split_gather  Megatron SP on the tp group: norms/residuals hold T/tp positions, all-gather
@@ -54,11 +60,20 @@ struct ShardOptions {
   SpMode sp_mode = SpMode::kNone;
 };
 
-// A language model in its tp/sp form. Its parameters are this rank's shards, named like the
-// single-device model's.
-class ShardedLanguageModel : public LanguageModel {
+// The sharding bookkeeping of a model in its tp/sp form, shared by every family's sharded
+// model (ShardedLanguageModel, ShardedVit): which parameters are split and how, moving tensors
+// between the single-device and the sharded form, the gradient sums the sequence split needs,
+// and the sequence layout. It needs only the parameters and the mesh, so it is a mixin beside
+// the Model base rather than a Model itself; `self` is the sharded module whose
+// named_parameters() it manages (the object that derives from this).
+class ShardLayout {
  public:
-  ShardedLanguageModel(const parallel::DeviceMesh& mesh, const ShardOptions& options);
+  ShardLayout(const engine::nn::Module& self, const parallel::DeviceMesh& mesh,
+              const ShardOptions& options);
+  virtual ~ShardLayout() = default;
+  ShardLayout(const ShardLayout&) = delete;
+  ShardLayout& operator=(const ShardLayout&) = delete;
+
   const ShardOptions& shard_options() const { return options_; }
   const parallel::DeviceMesh& mesh() const { return mesh_; }
 
@@ -107,6 +122,31 @@ class ShardedLanguageModel : public LanguageModel {
   // split_gather: T/tp contiguous positions per tp rank; ulysses: T/sp contiguous per sp rank;
   // ring: a zigzag pair of chunks per sp rank; none: the whole sequence.
   SeqPlan plan_sequence(int64_t T) const;
+  // The group the sequence is split over: tp under split_gather, sp under ulysses/ring, else
+  // a group of one (sp, whose size is then 1).
+  parallel::Communicator& sequence_group() const;
+
+  const parallel::DeviceMesh& mesh_;
+  ShardOptions options_;
+
+ private:
+  struct ReplicatedHeads {
+    int64_t heads = 0, head_rows = 0;
+  };
+  const ReplicatedHeads* replicated_heads(const std::string& name) const;
+
+  const engine::nn::Module& self_;
+  std::map<std::string, parallel::ShardSpec> specs_;
+  std::map<std::string, ReplicatedHeads> replicated_;
+};
+
+// A language model in its tp/sp form. Its parameters are this rank's shards, named like the
+// single-device model's.
+class ShardedLanguageModel : public LanguageModel, public ShardLayout {
+ public:
+  ShardedLanguageModel(const parallel::DeviceMesh& mesh, const ShardOptions& options);
+
+ protected:
   // Token ids [B, |pos|] of `pos` from ids [B, T] (padding positions: token 0).
   static engine::Tensor ids_at(const engine::Tensor& ids, const std::vector<int64_t>& pos);
   // The mean loss of a batch from this rank's vocab-parallel logits [B, n, Vp/tp], whose rows
@@ -119,18 +159,20 @@ class ShardedLanguageModel : public LanguageModel {
   // rank's [B, n, Vp/tp] rows `rows` in `plan`.
   engine::Tensor gather_logits(const engine::Tensor& logits, const SeqPlan& plan, int64_t T,
                                int64_t vocab_size) const;
+};
 
-  const parallel::DeviceMesh& mesh_;
-  ShardOptions options_;
+class Vit;
 
- private:
-  struct ReplicatedHeads {
-    int64_t heads = 0, head_rows = 0;
-  };
-  const ReplicatedHeads* replicated_heads(const std::string& name) const;
-
-  std::map<std::string, parallel::ShardSpec> specs_;
-  std::map<std::string, ReplicatedHeads> replicated_;
+// ViT (models/vit) in its tp/sp form: an image classifier, not a language model, so it has its
+// own base. forward and loss take the whole batch of this dp rank on every tp/sp rank and give
+// the same result on all of them.
+class ShardedVit : public Model, public ShardLayout {
+ public:
+  ShardedVit(const parallel::DeviceMesh& mesh, const ShardOptions& options);
+  // pixels [B, C, H, W] -> class logits [B, num_labels].
+  virtual engine::Tensor forward(const engine::Tensor& pixels) = 0;
+  // Mean cross-entropy of forward(pixels) against labels i64 [B].
+  virtual engine::Tensor loss(const engine::Tensor& pixels, const engine::Tensor& labels) = 0;
 };
 
 // The policy of `model`'s family (throws naming the family when it has none yet).
@@ -148,5 +190,8 @@ std::shared_ptr<ShardedLanguageModel> bert_policy(const Model& model,
 std::shared_ptr<ShardedLanguageModel> llama_policy(const Model& model,
                                                    const parallel::DeviceMesh& mesh,
                                                    const ShardOptions& options);
+// ViT's policy (vit_policy.cc); apply_policy refuses ViT, which is not a language model.
+std::shared_ptr<ShardedVit> vit_policy(const Vit& model, const parallel::DeviceMesh& mesh,
+                                       const ShardOptions& options = {});
 
 }  // namespace mammoth::models
