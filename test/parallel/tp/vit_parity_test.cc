@@ -216,6 +216,7 @@ TEST_CASE("vit sp2 ulysses") { parity({.sp = 2}, models::SpMode::kUlysses); }
 TEST_CASE("vit sp2 ring") { parity({.sp = 2}, models::SpMode::kRing); }
 TEST_CASE("vit dp2 tp2") { parity({.dp = 2, .tp = 2}, models::SpMode::kNone); }
 TEST_CASE("vit tp2 sp2 ring") { parity({.tp = 2, .sp = 2}, models::SpMode::kRing); }
+TEST_CASE("vit tp2 sp2 ulysses") { parity({.tp = 2, .sp = 2}, models::SpMode::kUlysses); }
 // Activation checkpointing: every layer recomputed (collectives included) in backward.
 TEST_CASE("vit tp2 split_gather recompute") {
   parity({.tp = 2}, models::SpMode::kSplitGather, true);
