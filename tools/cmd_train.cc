@@ -311,7 +311,6 @@ int run_train(const std::vector<std::string>& args) {
     MAMMOTH_CHECK(staged->supports_pipeline())
         << "[train] --pp: model family " << models::family_name(cfg.family)
         << " has no pipeline stages yet (GPT-2 has)";
-    MAMMOTH_CHECK(amp != "fp16") << "[train] --pp with --amp fp16 is not supported yet";
     const auto schedule = parallel::pipeline::make_schedule(
         parallel::pipeline::schedule_kind_from_name(absl::GetFlag(FLAGS_pp_schedule)),
         {.stages = pp_size,
@@ -333,8 +332,8 @@ int run_train(const std::vector<std::string>& args) {
       std::fprintf(stderr, "[train] pipeline stages (%s): layers %s\n",
                    absl::GetFlag(FLAGS_pp_partition).c_str(), cuts.c_str());
     }
-    o.pipeline_step = [&pipeline](const std::vector<engine::Tensor>& batches) {
-      return pipeline->step(batches);
+    o.pipeline_step = [&pipeline](const std::vector<engine::Tensor>& batches, double scale) {
+      return pipeline->step(batches, scale);
     };
     o.optimizer_params = &pipeline->parameters();
     if (o.eval_every > 0 && mesh->rank() == 0) {

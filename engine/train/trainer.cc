@@ -380,7 +380,7 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
         // The schedule interleaves the micro-batches' backwards, so dp reduces once, after all
         // of them (no overlap with the pipeline's backward yet).
         if (dp) dp->begin_backward(false);
-        step_loss = o.pipeline_step(pipeline_batches);
+        step_loss = o.pipeline_step(pipeline_batches, loss_scale);
         if (dp) dp->begin_backward(true);
       }
     }

@@ -67,7 +67,8 @@ struct TrainOptions {
   // step's mean loss; the optimizer then updates `optimizer_params` (this rank's stages).
   // With dp as well, dp's runtime is built over `optimizer_params` and reduces the gradients
   // after the pipeline step.
-  std::function<double(const std::vector<Tensor>& micro_batches)> pipeline_step;
+  // `loss_scale` multiplies the loss before backward (fp16); the returned loss is unscaled.
+  std::function<double(const std::vector<Tensor>& micro_batches, double loss_scale)> pipeline_step;
   const nn::NamedTensors* optimizer_params = nullptr;
   std::string tensorboard_dir;  // empty: no TensorBoard event file
   // Mixed precision (engine/amp): "fp32", "bf16" (autocast matmuls) or "fp16" (autocast plus

@@ -65,7 +65,7 @@ LanguageModelPipeline::LanguageModelPipeline(std::shared_ptr<LanguageModel> mode
       Tensor x = embed ? model_->pipeline_embed(ids) : input;
       for (int64_t l = first; l < last; ++l) x = model_->pipeline_block(l, x, ids);
       if (!head) return x;
-      return engine::mul_scalar(model_->pipeline_loss(x, ids), 1.0 / M);
+      return engine::mul_scalar(model_->pipeline_loss(x, ids), loss_scale_ / M);
     };
     chunks.push_back(std::move(chunk));
   }
@@ -91,12 +91,14 @@ LanguageModelPipeline::LanguageModelPipeline(std::shared_ptr<LanguageModel> mode
 
 LanguageModelPipeline::~LanguageModelPipeline() = default;
 
-double LanguageModelPipeline::step(const std::vector<Tensor>& micro_batches) {
+double LanguageModelPipeline::step(const std::vector<Tensor>& micro_batches, double loss_scale) {
+  MAMMOTH_CHECK(loss_scale > 0) << "[pipeline] loss scale must be > 0, got " << loss_scale;
   const int M = stage_->schedule().micro_batches;
   MAMMOTH_CHECK(static_cast<int>(micro_batches.size()) == M)
       << "[pipeline] step: " << micro_batches.size() << " micro-batches for a schedule of " << M;
   batches_ = micro_batches;
-  const double local = stage_->run();
+  loss_scale_ = loss_scale;
+  const double local = stage_->run() / loss_scale;
   batches_.clear();
   if (tied_ != nullptr) {
     for (const auto& [name, w] : tied_params_) {

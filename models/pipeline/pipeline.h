@@ -42,9 +42,9 @@ class LanguageModelPipeline {
 
   // ids i64 [b, T] per micro-batch, schedule.micro_batches of them, the same on every rank.
   // Runs forward and backward of each (loss of each scaled by 1/m, as gradient accumulation
-  // does) and sums the tied gradients. Returns the step's loss (mean over micro-batches) on
-  // every rank.
-  double step(const std::vector<engine::Tensor>& micro_batches);
+  // does, and by `loss_scale` for fp16's loss scaling) and sums the tied gradients. Returns the
+  // step's loss (mean over micro-batches, unscaled) on every rank.
+  double step(const std::vector<engine::Tensor>& micro_batches, double loss_scale = 1.0);
   // L2 norm of the whole model's gradient (collective over pp; tied parameters counted once).
   double grad_norm() { return grad_norm(local_grad_sq_sum()); }
   // The same from this rank's share of the squared sum, e.g. summed over a dp group first
@@ -73,6 +73,7 @@ class LanguageModelPipeline {
   engine::nn::NamedTensors tied_params_;  // used by the embedding and the head
   bool last_stage_ = false;
   std::vector<engine::Tensor> batches_;
+  double loss_scale_ = 1.0;  // of the step running
 };
 
 }  // namespace mammoth::models

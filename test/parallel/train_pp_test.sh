@@ -50,6 +50,14 @@ bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --pp 2 --sp 2 --sp-mode rin
   --metrics "$work/pp2_sp2_ring.jsonl"
 bash "$mpirun" -np 8 "$mammoth" train "${common[@]}" --grad-accum 2 --pp 2 --tp 2 --zero 1 \
   --metrics "$work/dp2_pp2_tp2_zero1.jsonl"
+# fp16 loss scaling through the pipeline: the same curve, and with an overflowing initial scale
+# the same skipped steps and halvings as one process (the global norm is the found-inf flag).
+for scale in 65536 1e30; do
+  "$mammoth" train "${common[@]}" --amp fp16 --loss-scale $scale \
+    --metrics "$work/fp16_single_$scale.jsonl"
+  bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --amp fp16 --loss-scale $scale --pp 2 \
+    --metrics "$work/fp16_pp2_$scale.jsonl"
+done
 # LLaMA's stages (untied head): pp=2, and pp=2 x dp=2 under ZeRO-1.
 "$mammoth" train "${common[@]}" --model llama-tiny --metrics "$work/llama_single.jsonl"
 bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --model llama-tiny --pp 2 \
@@ -93,6 +101,18 @@ for name in ["pp2_gpipe", "pp2_1f1b", "pp2_interleaved", "pp2_zb", "pp4_1f1b",
     worst = max(abs(a - b) / abs(b) for a, b in zip(got, ref))
     print(f"{name}: largest relative loss difference {worst:.2e}")
     assert len(got) == 8 and worst < 1e-5, (name, worst)
+def rows(name):
+    return list(map(json.loads, open(f"{work}/{name}.jsonl")))
+for scale in ["65536", "1e30"]:
+    one, pp2 = rows(f"fp16_single_{scale}"), rows(f"fp16_pp2_{scale}")
+    assert len(one) == len(pp2) == 8
+    assert [(r["skipped_steps"], r["loss_scale"]) for r in one] == \
+        [(r["skipped_steps"], r["loss_scale"]) for r in pp2], (scale, one, pp2)
+    worst = max(abs(a["loss"] - b["loss"]) / abs(a["loss"]) for a, b in zip(one, pp2))
+    print(f"fp16 pp2, initial scale {scale}: skipped {pp2[-1]['skipped_steps']} steps as one "
+          f"process did, largest relative loss difference {worst:.2e}")
+    assert worst < 1e-4, (scale, worst)
+assert rows("fp16_pp2_1e30")[-1]["skipped_steps"] > 0  # the overflow really happened
 llama = losses("llama_single")
 for name in ["llama_pp2", "llama_pp2_dp2_zero1"]:
     got = losses(name)
