@@ -189,8 +189,6 @@ int run_train(const std::vector<std::string>& args) {
   const int tp_size = absl::GetFlag(FLAGS_tp), sp_size = absl::GetFlag(FLAGS_sp);
   const int pp_size = absl::GetFlag(FLAGS_pp);
   MAMMOTH_CHECK(pp_size >= 1) << "[train] --pp must be >= 1, got " << pp_size;
-  MAMMOTH_CHECK(pp_size == 1 || absl::GetFlag(FLAGS_zero) <= 2)
-      << "[train] --pp with --zero 3 is not supported yet (use --zero 0, 1 or 2)";
   MAMMOTH_CHECK(tp_size >= 1 && sp_size >= 1)
       << "[train] --tp and --sp must be >= 1, got " << tp_size << " and " << sp_size;
   const models::SpMode sp_mode = models::sp_mode_from_name(absl::GetFlag(FLAGS_sp_mode));

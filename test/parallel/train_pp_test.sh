@@ -2,7 +2,7 @@
 # `mammoth train --pp`: the step's gradient-accumulation micro-batches stream through the
 # pipeline, so pp=2 with every schedule, pp=4, and pp=2 x dp=2 (ZeRO 0, 1, 2; half the
 # accumulation per replica) give the single-process loss curve of the same global batch;
-# pp=2 with tp=2 (also split_gather), with sp=2 ring, and dp=2 x pp=2 x tp=2 (ZeRO-1, 8 ranks)
+# pp=2 x dp=2 under ZeRO 0-3, pp=2 with tp=2 (also split_gather), with sp=2 ring, and dp=2 x pp=2 x tp=2 (ZeRO-1, 8 ranks)
 # too; a checkpoint written by pp=2 resumes at pp=1, pp=4, pp=2 x dp=2 (ZeRO-1) and tp=2, one
 # written by pp=2 x tp=2 at tp=2 and on one process, continuing the curve; unsupported
 # combinations are clear errors.
@@ -26,7 +26,7 @@ bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --pp 4 --pp-schedule 1f1b \
   --metrics "$work/pp4_1f1b.jsonl"
 
 # pp x dp: 4 ranks = 2 replicas of a 2-stage pipeline, each streaming 2 micro-batches.
-for zero in 0 1 2; do
+for zero in 0 1 2 3; do
   bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --grad-accum 2 --pp 2 --pp-schedule 1f1b \
     --zero $zero --bucket-mb 0.05 --metrics "$work/pp2_dp2_zero$zero.jsonl"
 done
@@ -77,10 +77,6 @@ cp -r "$work/ckpt" "$work/ckpt_pp2_to_tp2"
 echo step_00000004 >"$work/ckpt_pp2_to_tp2/latest"
 bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --tp 2 --save-dir "$work/ckpt_pp2_to_tp2" \
   --resume --metrics "$work/resumed_pp2_tp2.jsonl"
-if bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --pp 2 --zero 3 2>"$work/err"; then
-  echo "expected an error for --pp 2 --zero 3"; exit 1
-fi
-grep -q "\-\-zero 3" "$work/err"
 
 if "$mammoth" train "${common[@]}" --pp 2 2>"$work/err"; then
   echo "expected an error for --pp 2 on one process"; exit 1
@@ -95,7 +91,7 @@ def losses(name):
 ref = losses("single")
 assert len(ref) == 8 and ref[-1] < ref[0] - 0.3, ref
 for name in ["pp2_gpipe", "pp2_1f1b", "pp2_interleaved", "pp2_zb", "pp4_1f1b",
-             "pp2_dp2_zero0", "pp2_dp2_zero1", "pp2_dp2_zero2", "pp2_tp2",
+             "pp2_dp2_zero0", "pp2_dp2_zero1", "pp2_dp2_zero2", "pp2_dp2_zero3", "pp2_tp2",
              "pp2_tp2_split_gather", "pp2_sp2_ring", "dp2_pp2_tp2_zero1"]:
     got = losses(name)
     worst = max(abs(a - b) / abs(b) for a, b in zip(got, ref))
