@@ -71,6 +71,20 @@ bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --micro-batch 4 --tp 4 \
   --save-dir "$work/ckpt_z" --resume --metrics "$work/resumed_z_tp4.jsonl"
 bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --micro-batch 1 --zero 3 --bucket-mb 0.05 \
   --save-dir "$work/ckpt_z2" --resume --metrics "$work/resumed_z_dp4_zero3.jsonl"
+# `mammoth ckpt export`: the sharded dp2 x tp2 ZeRO-1 checkpoint and a single process's of the
+# same steps become Hugging Face directories with the same tensors (to rounding) that eval loads.
+"$mammoth" train "${common[@]}" --micro-batch 4 --save-every 4 --save-dir "$work/ckpt_one"
+"$mammoth" ckpt export "$work/ckpt_one/step_00000004" --out "$work/hf_one"
+"$mammoth" ckpt export "$work/ckpt_z2/step_00000004" --out "$work/hf_sharded"
+val="$(ls "$HOME"/.cache/mammoth/default-corpus-v1-bpe*/val_000000.bin | head -1)"
+"$mammoth" eval --model "$work/hf_sharded" --tokens "$val" --seq-len 32 --max-sequences 8 \
+  >"$work/eval_sharded.json"
+"$mammoth" eval --model "$work/hf_one" --tokens "$val" --seq-len 32 --max-sequences 8 \
+  >"$work/eval_one.json"
+if "$mammoth" ckpt export "$work" --out "$work/nowhere" 2>"$work/err"; then
+  echo "expected an error exporting a directory that is no checkpoint"; exit 1
+fi
+grep -q "neither a checkpoint" "$work/err"
 # LLaMA at tp4 replicates its 2 KV heads: each head is written once; resume at tp2 and alone.
 "$mammoth" train "${common[@]}" --model llama-tiny --micro-batch 4 \
   --metrics "$work/llama_single.jsonl"
@@ -120,6 +134,15 @@ for name, want in [("resumed_tp4", ref), ("resumed_dp4", ref), ("resumed_np1", r
     worst = max(abs(r["loss"] - b) / abs(b) for r, b in zip(rows, want[4:]))
     print(f"{name}: steps 5..8, largest relative loss difference {worst:.2e}")
     assert worst < 1e-4, (name, worst)
+from safetensors.numpy import load_file
+one = load_file(f"{work}/hf_one/model.safetensors")
+sharded = load_file(f"{work}/hf_sharded/model.safetensors")
+assert sorted(one) == sorted(sharded), (sorted(one), sorted(sharded))
+worst = max(float(abs(one[k] - sharded[k]).max()) for k in one)
+e1 = json.load(open(f"{work}/eval_one.json"))["loss"]
+e2 = json.load(open(f"{work}/eval_sharded.json"))["loss"]
+print(f"export: {len(one)} tensors, largest difference {worst:.2e}; eval loss {e1:.5f} vs {e2:.5f}")
+assert worst < 1e-3 and abs(e1 - e2) < 1e-3 * abs(e1), (worst, e1, e2)
 index = json.load(open(f"{work}/ckpt_np1/step_00000004/index.json"))
 assert index["layout"]["tp"] == 2 and index["layout"]["dp"] == 2, index["layout"]
 # Whole single-process tensors: e.g. c_attn's weight with GPT-2's full [d, 3d] shape.

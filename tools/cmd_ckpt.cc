@@ -1,0 +1,65 @@
+// `mammoth ckpt export CHECKPOINT --out DIR`: a training checkpoint (either form: one
+// process's, or the sharded form of a dp/tp/pp/sp run) as a Hugging Face model directory
+// (config.json + model.safetensors with HF names and layouts), loadable by `mammoth eval
+// --model DIR` and by transformers. CHECKPOINT is a step directory or a --save-dir (its
+// `latest`). The model comes from the checkpoint's own config; the optimizer state is left out.
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "base/error.h"
+#include "base/json.h"
+#include "engine/train/checkpoint.h"
+#include "models/registry.h"
+#include "tools/command.h"
+
+// --out is defined by `mammoth data` (its output directory); here the model directory to write.
+ABSL_DECLARE_FLAG(std::string, out);
+
+namespace mammoth::tools {
+namespace {
+
+namespace fs = std::filesystem;
+
+int run_ckpt(const std::vector<std::string>& args) {
+  MAMMOTH_CHECK(args.size() == 2 && args[0] == "export")
+      << "[ckpt] usage: mammoth ckpt export CHECKPOINT --out DIR (CHECKPOINT: a step directory "
+         "or a --save-dir)";
+  const std::string out = absl::GetFlag(FLAGS_out);
+  MAMMOTH_CHECK(!out.empty()) << "[ckpt] export needs --out DIR";
+  std::string dir = args[1];
+  MAMMOTH_CHECK(fs::is_directory(dir)) << "[ckpt] " << dir << " is not a directory";
+  if (!fs::exists(dir + "/manifest.json")) {
+    const auto latest = engine::train::latest_checkpoint(dir);
+    MAMMOTH_CHECK(latest.has_value())
+        << "[ckpt] " << dir << " is neither a checkpoint (no manifest.json) nor a --save-dir "
+        << "(no latest)";
+    dir = *latest;
+  }
+  const std::string spath = dir + "/state.json";
+  MAMMOTH_CHECK(fs::exists(spath)) << "[ckpt] " << spath << " is missing";
+  const json::Value state = json::parse_file(spath);
+  const json::Value* config = state.find("config");
+  const json::Value* hf = config ? config->find("model_config") : nullptr;
+  MAMMOTH_CHECK(hf != nullptr) << "[ckpt] " << spath
+                               << " has no config.model_config: not written by mammoth train";
+  const models::ModelConfig cfg = models::config_from_hf_json(*hf, spath);
+  auto model = models::build_model(cfg);
+  std::vector<engine::train::CheckpointPiece> pieces;
+  for (const auto& [name, p] : model->named_parameters()) pieces.push_back({name, 0, p});
+  const json::Value loaded = engine::train::load_checkpoint_pieces(dir, pieces);
+  models::save_pretrained(*model, out);
+  std::printf("exported %s (%s, step %lld, %lld parameters) to %s\n", dir.c_str(),
+              models::family_name(cfg.family), static_cast<long long>(loaded.at("step").as_int()),
+              static_cast<long long>(model->num_parameters()), out.c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace mammoth::tools
+
+MAMMOTH_COMMAND(ckpt, "checkpoints: `ckpt export CHECKPOINT --out DIR` writes a Hugging Face model",
+                mammoth::tools::run_ckpt);
