@@ -240,6 +240,40 @@ class TpLlama : public ShardedLanguageModel {
                            config_.vocab_size);
   }
 
+  // Pipeline stages: the pieces of run(), each re-deriving the sequence plan from T.
+  bool supports_pipeline() const override { return true; }
+  Tensor pipeline_embed(const Tensor& ids) override {
+    const SeqPlan plan = checked_plan(ids);
+    // split_gather embeds the whole sequence and reduce-scatters it along the sequence.
+    const bool sg = options_.sp_mode == SpMode::kSplitGather;
+    return model->embed_tokens->forward(ids_at(ids, sg ? plan.every : plan.local));
+  }
+  Tensor pipeline_block(int64_t l, const Tensor& x, const Tensor& ids) override {
+    const SeqContext seq = sequence_context(plan_sequence(ids.size(1)));
+    const TpLlamaDecoderLayer* layer = &(*model->layers)[static_cast<size_t>(l)];
+    return run_block(
+        activation_checkpointing_ && is_training(),
+        [layer, seq](const Tensor& in) { return layer->forward(in, seq); }, x);
+  }
+  Tensor pipeline_loss(const Tensor& x, const Tensor& ids) override {
+    const SeqPlan plan = plan_sequence(ids.size(1));
+    const bool sg = options_.sp_mode == SpMode::kSplitGather;
+    return loss_from_local(head_logits(model->norm->forward(x)), sg ? plan.every : plan.local, ids,
+                           Tensor(), model->embed_tokens->vocab_start(), config_.vocab_size);
+  }
+  PipelinePart pipeline_part(const std::string& name) const override {
+    const std::string layers = "model.layers.";
+    if (name.rfind(layers, 0) == 0) {
+      const size_t at = layers.size();
+      return {.block = std::stoll(name.substr(at, name.find('.', at) - at))};
+    }
+    if (name.rfind("model.embed_tokens.", 0) == 0) {
+      return {.embed = true, .head = config_.tie_embeddings};
+    }
+    if (name.rfind("model.norm.", 0) == 0 || name.rfind("lm_head.", 0) == 0) return {.head = true};
+    MAMMOTH_THROW() << "[TpLlama::pipeline_part] parameter '" << name << "' belongs to no part";
+  }
+
   std::shared_ptr<TpLlamaModel> model;
   std::shared_ptr<ColumnParallelLinear> lm_head;  // null when tied to model.embed_tokens
 
@@ -250,41 +284,43 @@ class TpLlama : public ShardedLanguageModel {
     SeqPlan plan;
   };
 
+  // The whole forward: the same pieces the pipeline stages run.
   Local run(const Tensor& ids) {
+    Local out;
+    out.plan = checked_plan(ids);
+    Tensor x = pipeline_embed(ids);
+    for (int64_t l = 0; l < static_cast<int64_t>(model->layers->size()); ++l) {
+      x = pipeline_block(l, x, ids);
+    }
+    out.logits = head_logits(model->norm->forward(x));
+    out.rows = options_.sp_mode == SpMode::kSplitGather ? out.plan.every : out.plan.local;
+    return out;
+  }
+
+  SeqPlan checked_plan(const Tensor& ids) const {
     MAMMOTH_CHECK(ids.dim() == 2 && ids.dtype() == DType::kI64)
         << "[TpLlama::forward] ids must be i64 [B, T], got " << engine::shape_str(ids.shape());
-    const int64_t T = ids.size(1);
-    MAMMOTH_CHECK(T <= config_.max_seq)
-        << "[TpLlama::forward] " << T << " positions exceed max_seq " << config_.max_seq;
-    Communicator& tp = mesh_.group(Axis::kTp);
-    const SpMode mode = options_.sp_mode;
-    const bool sg = mode == SpMode::kSplitGather;
-    Local out;
-    out.plan = plan_sequence(T);
-    const SeqPlan& plan = out.plan;
-    // The attention sees the whole padded sequence under split_gather (gathered by the
-    // column-parallel projections), this rank's positions otherwise.
+    MAMMOTH_CHECK(ids.size(1) <= config_.max_seq)
+        << "[TpLlama::forward] " << ids.size(1) << " positions exceed max_seq " << config_.max_seq;
+    return plan_sequence(ids.size(1));
+  }
+
+  // The attention sees the whole padded sequence under split_gather (gathered by the
+  // column-parallel projections), this rank's positions otherwise.
+  SeqContext sequence_context(const SeqPlan& plan) const {
+    const bool sg = options_.sp_mode == SpMode::kSplitGather;
     auto attn_rows = std::make_shared<const std::vector<int64_t>>(sg ? plan.every : plan.local);
-    const SeqContext seq{mode, plan.layout, &mesh_.group(Axis::kSp), attn_rows};
-    // split_gather embeds the whole sequence and reduce-scatters it along the sequence.
-    Tensor x = model->embed_tokens->forward(ids_at(ids, sg ? plan.every : plan.local));
-    const bool recompute = activation_checkpointing_ && is_training();
-    for (size_t l = 0; l < model->layers->size(); ++l) {
-      const TpLlamaDecoderLayer* layer = &(*model->layers)[l];
-      x = run_block(
-          recompute, [layer, seq](const Tensor& in) { return layer->forward(in, seq); }, x);
-    }
-    x = model->norm->forward(x);
-    // The head: columns of this rank's vocabulary shard, for every position under split_gather
-    // (gathered), this rank's positions otherwise.
-    if (lm_head) {
-      out.logits = lm_head->forward(x);
-    } else {
-      Tensor xh = sg ? parallel::all_gather_from_group(x, tp, 1) : parallel::copy_to_group(x, tp);
-      out.logits = engine::linear(xh, model->embed_tokens->weight);
-    }
-    out.rows = sg ? plan.every : plan.local;
-    return out;
+    return SeqContext{options_.sp_mode, plan.layout, &mesh_.group(Axis::kSp), attn_rows};
+  }
+
+  // The head: columns of this rank's vocabulary shard, for every position under split_gather
+  // (gathered), this rank's positions otherwise.
+  Tensor head_logits(const Tensor& x) const {
+    if (lm_head) return lm_head->forward(x);
+    Communicator& tp = mesh_.group(Axis::kTp);
+    const bool sg = options_.sp_mode == SpMode::kSplitGather;
+    Tensor xh = sg ? parallel::all_gather_from_group(x, tp, 1) : parallel::copy_to_group(x, tp);
+    return engine::linear(xh, model->embed_tokens->weight);
   }
 
   ModelConfig config_;

@@ -58,12 +58,14 @@ for scale in 65536 1e30; do
   bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --amp fp16 --loss-scale $scale --pp 2 \
     --metrics "$work/fp16_pp2_$scale.jsonl"
 done
-# LLaMA's stages (untied head): pp=2, and pp=2 x dp=2 under ZeRO-1.
+# LLaMA's stages (untied head): pp=2, pp=2 x dp=2 under ZeRO-1, pp=2 x tp=2 (split_gather).
 "$mammoth" train "${common[@]}" --model llama-tiny --metrics "$work/llama_single.jsonl"
 bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --model llama-tiny --pp 2 \
   --metrics "$work/llama_pp2.jsonl"
 bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --model llama-tiny --grad-accum 2 --pp 2 \
   --zero 1 --metrics "$work/llama_pp2_dp2_zero1.jsonl"
+bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --model llama-tiny --pp 2 --tp 2 \
+  --sp-mode split_gather --metrics "$work/llama_pp2_tp2.jsonl"
 # A pp=2 x tp=2 checkpoint resumes at tp=2 alone and on one process; the pp=2 one at tp=2.
 bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --pp 2 --tp 2 --save-every 4 \
   --save-dir "$work/ckpt_pptp" --metrics "$work/pp2_tp2_saving.jsonl"
@@ -110,7 +112,7 @@ for scale in ["65536", "1e30"]:
     assert worst < 1e-4, (scale, worst)
 assert rows("fp16_pp2_1e30")[-1]["skipped_steps"] > 0  # the overflow really happened
 llama = losses("llama_single")
-for name in ["llama_pp2", "llama_pp2_dp2_zero1"]:
+for name in ["llama_pp2", "llama_pp2_dp2_zero1", "llama_pp2_tp2"]:
     got = losses(name)
     worst = max(abs(a - b) / abs(b) for a, b in zip(got, llama))
     print(f"{name}: largest relative loss difference {worst:.2e}")
