@@ -152,3 +152,32 @@ TEST_CASE("storage comes from the allocator and is returned") {
   }
   CHECK(alloc.stats().allocated_bytes == before);
 }
+
+TEST_CASE("the CPU allocator reuses freed large blocks and never counts them as allocated") {
+  auto& alloc = memory::cpu_allocator();
+  const int64_t limit = alloc.cache_limit();
+  alloc.set_cache_limit(int64_t{64} << 20);
+  alloc.release_cached();
+  const memory::AllocatorStats before = alloc.stats();
+  const size_t big = (size_t{3} << 20) + 100;  // rounds up to a cache granule
+  void* a = alloc.allocate(big);
+  alloc.deallocate(a, big);
+  CHECK(alloc.stats().allocated_bytes == before.allocated_bytes);
+  CHECK(alloc.stats().cached_bytes >= static_cast<int64_t>(big));
+  void* b = alloc.allocate(big + 50);  // the same rounded size: the same block
+  CHECK(b == a);
+  CHECK(alloc.stats().cache_hits == before.cache_hits + 1);
+  CHECK(alloc.stats().cached_bytes == 0);
+  alloc.deallocate(b, big + 50);
+  // Small blocks are not cached; the limit bounds the cache; release empties it.
+  void* s = alloc.allocate(1000);
+  alloc.deallocate(s, 1000);
+  CHECK(alloc.stats().cached_bytes < (int64_t{4} << 20));
+  alloc.set_cache_limit(int64_t{2} << 20);  // below the cached block: released
+  CHECK(alloc.stats().cached_bytes == 0);
+  void* c = alloc.allocate(big);
+  alloc.deallocate(c, big);  // over the limit: freed, not cached
+  CHECK(alloc.stats().cached_bytes == 0);
+  alloc.set_cache_limit(limit);
+  CHECK_THROWS_WITH(alloc.set_cache_limit(-1), Catch::Contains("cache limit"));
+}
