@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include "base/error.h"
@@ -18,7 +19,10 @@
 #include "engine/autograd.h"
 #include "engine/ops.h"
 #include "engine/optim/optim.h"
+#include "models/policies/policy.h"
 #include "models/registry.h"
+#include "parallel/comm/mpi_communicator.h"
+#include "parallel/mesh.h"
 
 namespace mammoth::tools {
 namespace {
@@ -38,6 +42,7 @@ struct Options {
   std::string python;
   std::string script;
   bool torch = true;
+  std::vector<int> tp;  // --tp 1,2,4: tensor-parallel scaling rows (under mpirun)
 };
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -100,10 +105,15 @@ Options parse(const std::vector<std::string>& args) {
       o.python = value;
     } else if (flag == "--torch-script") {
       o.script = value;
+    } else if (flag == "--tp") {
+      for (const std::string& t : split_list(value)) {
+        o.tp.push_back(static_cast<int>(parse_int(flag, t)));
+        MAMMOTH_CHECK(o.tp.back() >= 1) << "[bench train] --tp sizes must be >= 1, got " << t;
+      }
     } else {
       MAMMOTH_THROW() << "[bench train] unknown option '" << args[i]
                       << "' (known: --models --amp --batch --seq --threads --steps --warmup "
-                         "--json --python --torch-script --no-torch)";
+                         "--json --python --torch-script --no-torch --tp)";
     }
   }
   MAMMOTH_CHECK(o.batch > 0 && o.seq > 0 && o.steps > 0 && !o.models.empty() && !o.amps.empty())
@@ -144,7 +154,8 @@ double process_cpu_ms() {
 }
 
 Measured bench_ours(models::LanguageModel& model, const Options& o,
-                    engine::amp::Precision precision) {
+                    engine::amp::Precision precision,
+                    const std::function<void()>& after_backward = {}) {
   const int64_t V = model.config().vocab_size;
   // Random ids as int64 [B, T+1]; inputs and targets are its two shifted views, made contiguous.
   const Tensor r = Tensor::rand({o.batch, o.seq + 1}, 1, 0.0, static_cast<double>(V) - 0.5);
@@ -169,6 +180,7 @@ Measured bench_ours(models::LanguageModel& model, const Options& o,
     Tensor loss = model.loss(x, y);
     m.loss = loss.item();
     loss.backward();
+    if (after_backward) after_backward();
     opt.step();
     opt.zero_grad();
   };
@@ -208,10 +220,93 @@ json::Value bench_torch(const models::ModelConfig& c, const Options& o, const st
   return json::parse(out.substr(start == std::string::npos ? 0 : start + 1), "train_bench.py");
 }
 
+// Tensor-parallel scaling: the same step (model, batch, amp) on the first t ranks of the job
+// as a tp=t group (GPT-2/LLaMA/BERT policies), for each t of --tp; the anchor is tp=1 measured
+// in the same run. Step time is the slowest rank's. Ranks outside the group wait.
+int run_tp_bench(const Options& o) {
+  auto world = parallel::mpi_world();
+  const int n = world->size(), rank = world->rank();
+  const int most = *std::max_element(o.tp.begin(), o.tp.end());
+  MAMMOTH_CHECK(most <= n) << "[bench train] --tp " << most << " needs at least " << most
+                           << " ranks: mpirun -np " << most << " mammoth bench train --tp ...";
+  if (rank == 0) {
+    std::printf(
+        "tensor-parallel train step, B%lld T%lld, %d thread(s) per rank, %d ranks; "
+        "anchor: tp=1 in the same run\n",
+        static_cast<long long>(o.batch), static_cast<long long>(o.seq), num_threads(), n);
+    std::printf("%-12s %-5s %4s %12s %12s %10s\n", "model", "amp", "tp", "ms/step", "tok/s",
+                "vs tp=1");
+  }
+  json::Value rows = json::Value::array();
+  for (const std::string& name : o.models) {
+    for (const std::string& amp : o.amps) {
+      double ms_tp1 = 0;
+      for (int t : o.tp) {
+        MPI_Comm sub = MPI_COMM_NULL;
+        parallel::mpi_check(MPI_Comm_split(world->comm(), rank < t ? 0 : MPI_UNDEFINED, rank, &sub),
+                            "MPI_Comm_split");
+        double ms = 0;
+        if (sub != MPI_COMM_NULL) {
+          auto group =
+              std::make_shared<parallel::MpiCommunicator>(sub, "tp_bench", world->options());
+          parallel::DeviceMesh mesh(group, {.tp = t});
+          models::ModelOptions mo;
+          mo.max_seq = std::max<int64_t>(o.seq, 1);
+          mo.seed = 1;
+          auto model = models::create_language_model(name, mo);
+          std::shared_ptr<models::LanguageModel> trained = model;
+          std::shared_ptr<models::ShardedLanguageModel> sharded;
+          if (t > 1) {
+            sharded = models::apply_policy(*model, mesh);
+            trained = sharded;
+          }
+          const Measured m =
+              bench_ours(*trained, o, engine::amp::parse_precision(amp),
+                         sharded ? std::function<void()>([&] { sharded->sync_grads(); })
+                                 : std::function<void()>());
+          engine::Tensor slowest = engine::Tensor::from_vector({m.ms}, {1}, DType::kF64);
+          group->all_reduce(slowest, parallel::ReduceOp::kMax);
+          ms = slowest.item();
+        }
+        world->barrier();
+        if (rank != 0) continue;
+        if (t == 1) ms_tp1 = ms;
+        const double tokens = static_cast<double>(o.batch * o.seq);
+        std::printf("%-12s %-5s %4d %12.1f %12.1f %9.2fx\n", name.c_str(), amp.c_str(), t, ms,
+                    tokens / (ms / 1e3), ms_tp1 > 0 ? ms_tp1 / ms : 0.0);
+        std::fflush(stdout);
+        json::Value row = json::Value::object();
+        row.set("name", json::Value("train_" + name + "_" + amp + "_tp" + std::to_string(t)));
+        row.set("shape", json::Value("B" + std::to_string(o.batch) + " T" + std::to_string(o.seq)));
+        row.set("threads", json::Value(static_cast<int64_t>(num_threads())));
+        row.set("tp", json::Value(static_cast<int64_t>(t)));
+        row.set("ours", json::Value(tokens / (ms / 1e3)));
+        row.set("ours_ms", json::Value(ms));
+        row.set("unit", json::Value("tokens/s"));
+        if (ms_tp1 > 0) {
+          row.set("anchor", json::Value(tokens / (ms_tp1 / 1e3)));
+          row.set("ratio", json::Value(ms_tp1 / ms));
+        }
+        rows.push_back(row);
+      }
+    }
+  }
+  if (rank == 0 && !o.json_path.empty()) {
+    std::ofstream f(o.json_path);
+    MAMMOTH_CHECK(f.good()) << "[bench train] cannot write --json " << o.json_path;
+    f << json::dump(rows, 2) << "\n";
+  }
+  return 0;
+}
+
 }  // namespace
 
 int run_train_bench(const std::vector<std::string>& args) {
   const Options o = parse(args);
+  if (!o.tp.empty()) {
+    set_num_threads(o.threads);
+    return run_tp_bench(o);
+  }
   set_num_threads(o.threads);
   std::string python = o.python;
   if (python.empty()) {
