@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <mutex>
@@ -13,6 +14,10 @@ namespace {
 
 thread_local bool tls_in_parallel = false;
 
+// Workers and the caller spin briefly before sleeping: a training step of a small model runs
+// hundreds of short parallel_for calls, and a condition-variable wake-up (a futex call and a
+// context switch, ~10 us each way) per call was a large part of such a step. Past the spin
+// (kSpin) everyone sleeps as before, so an idle pool or an oversubscribed machine pays little.
 class ThreadPool {
  public:
   explicit ThreadPool(int n) { start(n); }
@@ -28,35 +33,58 @@ class ThreadPool {
 
   void run(int64_t num_chunks, const std::function<void(int64_t)>& chunk_fn) {
     std::lock_guard<std::mutex> run_lock(run_mutex_);
+    bool wake;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       job_ = &chunk_fn;
       num_chunks_ = num_chunks;
       next_chunk_.store(0);
-      pending_workers_ = static_cast<int>(workers_.size());
+      pending_workers_.store(static_cast<int>(workers_.size()));
       error_ = nullptr;
-      ++generation_;
+      generation_.fetch_add(1, std::memory_order_release);
+      wake = sleepers_ > 0;
     }
-    cv_.notify_all();
+    if (wake) cv_.notify_all();
     work();
-    std::unique_lock<std::mutex> lock(mutex_);
-    done_cv_.wait(lock, [&] { return pending_workers_ == 0; });
+    if (!spin_until([&] { return pending_workers_.load(std::memory_order_acquire) == 0; })) {
+      std::unique_lock<std::mutex> lock(mutex_);
+      caller_waiting_ = true;
+      done_cv_.wait(lock, [&] { return pending_workers_.load() == 0; });
+      caller_waiting_ = false;
+    }
     job_ = nullptr;
     if (error_) std::rethrow_exception(error_);
   }
 
  private:
+  static constexpr std::chrono::microseconds kSpin{100};
+
+  // Polls `done` until it holds (true) or kSpin has passed (false).
+  template <typename F>
+  static bool spin_until(F done) {
+    const auto limit = std::chrono::steady_clock::now() + kSpin;
+    for (int i = 1;; ++i) {
+      if (done()) return true;
+      if ((i & 63) == 0 && std::chrono::steady_clock::now() > limit) return done();
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+    }
+  }
+
   void start(int n) {
-    shutdown_ = false;
+    shutdown_.store(false);
     // Each worker starts from the current generation, so a job published before the thread
     // first runs is still picked up.
-    for (int i = 1; i < n; ++i) workers_.emplace_back([this, g = generation_] { worker_loop(g); });
+    for (int i = 1; i < n; ++i) {
+      workers_.emplace_back([this, g = generation_.load()] { worker_loop(g); });
+    }
   }
 
   void stop() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      shutdown_ = true;
+      shutdown_.store(true);
     }
     cv_.notify_all();
     for (auto& t : workers_) t.join();
@@ -80,30 +108,37 @@ class ThreadPool {
 
   void worker_loop(uint64_t seen) {
     for (;;) {
-      {
+      auto fresh = [&] {
+        return shutdown_.load() || generation_.load(std::memory_order_acquire) != seen;
+      };
+      if (!spin_until(fresh)) {
         std::unique_lock<std::mutex> lock(mutex_);
-        cv_.wait(lock, [&] { return shutdown_ || generation_ != seen; });
-        if (shutdown_) return;
-        seen = generation_;
+        ++sleepers_;
+        cv_.wait(lock, fresh);
+        --sleepers_;
       }
+      if (shutdown_.load()) return;
+      seen = generation_.load(std::memory_order_acquire);
       work();
-      {
+      if (pending_workers_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
         std::lock_guard<std::mutex> lock(mutex_);
-        if (--pending_workers_ == 0) done_cv_.notify_one();
+        if (caller_waiting_) done_cv_.notify_one();
       }
     }
   }
 
   std::mutex run_mutex_;  // one parallel_for at a time from outside the pool
-  std::mutex mutex_;
+  std::mutex mutex_;      // guards sleepers_, caller_waiting_, error_ and the waits
   std::condition_variable cv_, done_cv_;
   std::vector<std::thread> workers_;
   const std::function<void(int64_t)>* job_ = nullptr;
   int64_t num_chunks_ = 0;
   std::atomic<int64_t> next_chunk_{0};
-  int pending_workers_ = 0;
-  uint64_t generation_ = 0;
-  bool shutdown_ = false;
+  std::atomic<int> pending_workers_{0};
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<bool> shutdown_{false};
+  int sleepers_ = 0;             // workers blocked on cv_
+  bool caller_waiting_ = false;  // run() blocked on done_cv_
   std::exception_ptr error_;
 };
 
