@@ -23,6 +23,7 @@
 #include "engine/autograd.h"
 #include "engine/ops.h"
 #include "models/layers.h"
+#include "models/policies/encoder_attention.h"
 #include "models/policies/policy.h"
 #include "models/registry.h"
 #include "parallel/sequence_parallel/sequence_parallel.h"
@@ -43,13 +44,7 @@ using parallel::RowParallelLinear;
 namespace {
 
 // What the attention needs to know about the sequence layout of its input.
-struct SeqContext {
-  SpMode mode = SpMode::kNone;
-  // Owned, not borrowed: a recomputed (activation-checkpointed) layer runs again in backward.
-  std::shared_ptr<const parallel::SequenceLayout> layout;
-  Communicator* sp = nullptr;
-  Tensor key_mask;  // split_gather with padding: bool [B, padded], true = a real position
-};
+using SeqContext = EncoderSeqContext;
 
 class TpBertEmbeddings : public engine::nn::Module {
  public:
@@ -81,41 +76,6 @@ class TpBertEmbeddings : public engine::nn::Module {
   std::shared_ptr<Dropout> dropout;
 };
 
-class TpBertSelfAttention : public engine::nn::Module {
- public:
-  TpBertSelfAttention(const ModelConfig& c, Communicator& tp, bool sequence_parallel)
-      : config_(c), tp_(tp) {
-    MAMMOTH_CHECK(c.n_head % tp.size() == 0)
-        << "[bert_policy] n_head " << c.n_head << " does not divide by tp " << tp.size();
-    ColumnParallelLinear::Options col{.sequence_parallel = sequence_parallel};
-    for (const char* name : {"query", "key", "value"}) {
-      proj_.push_back(register_module(name, std::make_shared<ColumnParallelLinear>(
-                                                c.d_model, c.d_model, true, c.dtype, tp, col)));
-    }
-  }
-  Tensor forward(const Tensor& x, const SeqContext& seq) const {
-    const int64_t Hl = config_.n_head / tp_.size();
-    Tensor q = split_heads(proj_[0]->forward(x), Hl).contiguous();
-    Tensor k = split_heads(proj_[1]->forward(x), Hl).contiguous();
-    Tensor v = split_heads(proj_[2]->forward(x), Hl).contiguous();
-    Tensor y;
-    if (seq.mode == SpMode::kUlysses) {
-      y = parallel::ulysses_attention(q, k, v, *seq.sp, *seq.layout, false);
-    } else if (seq.mode == SpMode::kRing) {
-      y = parallel::ring_attention(q, k, v, *seq.sp, *seq.layout, false);
-    } else {
-      y = attend(q, k, v, {.key_mask = seq.key_mask}, config_.attn_dropout, is_training());
-    }
-    return merge_heads(y);
-  }
-  const ColumnParallelLinear& proj(int i) const { return *proj_[i]; }
-
- private:
-  const ModelConfig& config_;
-  Communicator& tp_;
-  std::vector<std::shared_ptr<ColumnParallelLinear>> proj_;  // query, key, value
-};
-
 // dense (row-parallel) -> dropout -> LayerNorm(x + residual).
 class TpBertResidualOutput : public engine::nn::Module {
  public:
@@ -139,14 +99,15 @@ class TpBertResidualOutput : public engine::nn::Module {
 class TpBertAttention : public engine::nn::Module {
  public:
   TpBertAttention(const ModelConfig& c, Communicator& tp, bool sequence_parallel) {
-    self = register_module("self", std::make_shared<TpBertSelfAttention>(c, tp, sequence_parallel));
+    self = register_module(
+        "self", std::make_shared<TpEncoderSelfAttention>(c, tp, sequence_parallel, "bert_policy"));
     output = register_module(
         "output", std::make_shared<TpBertResidualOutput>(c, c.d_model, tp, sequence_parallel));
   }
   Tensor forward(const Tensor& x, const SeqContext& seq) const {
     return output->forward(self->forward(x, seq), x);
   }
-  std::shared_ptr<TpBertSelfAttention> self;
+  std::shared_ptr<TpEncoderSelfAttention> self;
   std::shared_ptr<TpBertResidualOutput> output;
 };
 
@@ -262,7 +223,7 @@ class TpBert : public ShardedLanguageModel {
     for (int64_t l = 0; l < c.n_layer; ++l) {
       const std::string p = "bert.encoder.layer." + std::to_string(l) + ".";
       const TpBertLayer& layer = (*bert->encoder->layer)[l];
-      const TpBertSelfAttention& self = *layer.attention->self;
+      const TpEncoderSelfAttention& self = *layer.attention->self;
       int i = 0;
       for (const char* name : {"query", "key", "value"}) {
         const parallel::ShardSpec s = self.proj(i++).weight_spec();

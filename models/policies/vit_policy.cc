@@ -27,6 +27,7 @@
 #include "engine/autograd.h"
 #include "engine/ops.h"
 #include "models/layers.h"
+#include "models/policies/encoder_attention.h"
 #include "models/policies/policy.h"
 #include "models/registry.h"
 #include "models/vit/vit.h"
@@ -47,13 +48,7 @@ using parallel::RowParallelLinear;
 namespace {
 
 // What the attention needs to know about the sequence layout of its input.
-struct SeqContext {
-  SpMode mode = SpMode::kNone;
-  // Owned, not borrowed: a recomputed (activation-checkpointed) layer runs again in backward.
-  std::shared_ptr<const parallel::SequenceLayout> layout;
-  Communicator* sp = nullptr;
-  Tensor key_mask;  // split_gather with padding: bool [B, padded], true = a real position
-};
+using SeqContext = EncoderSeqContext;
 
 class TpVitEmbeddings : public engine::nn::Module {
  public:
@@ -113,41 +108,6 @@ class TpVitEmbeddings : public engine::nn::Module {
   const ModelConfig& config_;
 };
 
-class TpVitSelfAttention : public engine::nn::Module {
- public:
-  TpVitSelfAttention(const ModelConfig& c, Communicator& tp, bool sequence_parallel)
-      : config_(c), tp_(tp) {
-    MAMMOTH_CHECK(c.n_head % tp.size() == 0)
-        << "[vit_policy] n_head " << c.n_head << " does not divide by tp " << tp.size();
-    ColumnParallelLinear::Options col{.sequence_parallel = sequence_parallel};
-    for (const char* name : {"query", "key", "value"}) {
-      proj_.push_back(register_module(name, std::make_shared<ColumnParallelLinear>(
-                                                c.d_model, c.d_model, true, c.dtype, tp, col)));
-    }
-  }
-  Tensor forward(const Tensor& x, const SeqContext& seq) const {
-    const int64_t Hl = config_.n_head / tp_.size();
-    Tensor q = split_heads(proj_[0]->forward(x), Hl).contiguous();
-    Tensor k = split_heads(proj_[1]->forward(x), Hl).contiguous();
-    Tensor v = split_heads(proj_[2]->forward(x), Hl).contiguous();
-    Tensor y;
-    if (seq.mode == SpMode::kUlysses) {
-      y = parallel::ulysses_attention(q, k, v, *seq.sp, *seq.layout, false);
-    } else if (seq.mode == SpMode::kRing) {
-      y = parallel::ring_attention(q, k, v, *seq.sp, *seq.layout, false);
-    } else {
-      y = attend(q, k, v, {.key_mask = seq.key_mask}, config_.attn_dropout, is_training());
-    }
-    return merge_heads(y);
-  }
-  const ColumnParallelLinear& proj(int i) const { return *proj_[i]; }
-
- private:
-  const ModelConfig& config_;
-  Communicator& tp_;
-  std::vector<std::shared_ptr<ColumnParallelLinear>> proj_;  // query, key, value
-};
-
 // A row-parallel Linear named "dense" followed by dropout (ViTSelfOutput, ViTOutput).
 class TpVitRowDense : public engine::nn::Module {
  public:
@@ -180,15 +140,15 @@ class TpVitIntermediate : public engine::nn::Module {
 class TpVitAttention : public engine::nn::Module {
  public:
   TpVitAttention(const ModelConfig& c, Communicator& tp, bool sequence_parallel) {
-    attention = register_module("attention",
-                                std::make_shared<TpVitSelfAttention>(c, tp, sequence_parallel));
+    attention = register_module("attention", std::make_shared<TpEncoderSelfAttention>(
+                                                 c, tp, sequence_parallel, "vit_policy"));
     output = register_module("output",
                              std::make_shared<TpVitRowDense>(c, c.d_model, tp, sequence_parallel));
   }
   Tensor forward(const Tensor& x, const SeqContext& seq) const {
     return output->forward(attention->forward(x, seq));
   }
-  std::shared_ptr<TpVitSelfAttention> attention;
+  std::shared_ptr<TpEncoderSelfAttention> attention;
   std::shared_ptr<TpVitRowDense> output;
 };
 
@@ -256,7 +216,7 @@ class TpVit : public ShardedVit {
     for (int64_t l = 0; l < c.n_layer; ++l) {
       const std::string p = "vit.encoder.layer." + std::to_string(l) + ".";
       const TpVitLayer& layer = (*vit->encoder->layer)[l];
-      const TpVitSelfAttention& self = *layer.attention->attention;
+      const TpEncoderSelfAttention& self = *layer.attention->attention;
       int i = 0;
       for (const char* name : {"query", "key", "value"}) {
         const parallel::ShardSpec s = self.proj(i++).weight_spec();
