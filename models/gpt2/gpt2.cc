@@ -122,12 +122,16 @@ Tensor Gpt2::pipeline_loss(const Tensor& x, const Tensor& ids) {
   return engine::cross_entropy(logits.slice(1, 0, T - 1), ids.slice(1, 1, T));
 }
 
-LanguageModel::PipelinePart Gpt2::pipeline_part(const std::string& name) const {
+LanguageModel::PipelinePart gpt2_pipeline_part(const std::string& name) {
   if (name.rfind("h.", 0) == 0) return {.block = std::stoll(name.substr(2, name.find('.', 2) - 2))};
   if (name.rfind("wte.", 0) == 0) return {.embed = true, .head = true};  // tied head
   if (name.rfind("wpe.", 0) == 0) return {.embed = true};
   if (name.rfind("ln_f.", 0) == 0) return {.head = true};
-  MAMMOTH_THROW() << "[Gpt2::pipeline_part] parameter '" << name << "' belongs to no part";
+  MAMMOTH_THROW() << "[gpt2_pipeline_part] parameter '" << name << "' belongs to no part";
+}
+
+LanguageModel::PipelinePart Gpt2::pipeline_part(const std::string& name) const {
+  return gpt2_pipeline_part(name);
 }
 
 HfLayout Gpt2::hf_layout() const {

@@ -73,4 +73,7 @@ class Gpt2 : public LanguageModel {
   std::shared_ptr<engine::nn::Dropout> drop_;
 };
 
+// Which part of GPT-2's forward uses parameter `name` (shared by its tp/sp form).
+LanguageModel::PipelinePart gpt2_pipeline_part(const std::string& name);
+
 }  // namespace mammoth::models

@@ -141,17 +141,19 @@ Tensor Llama::pipeline_loss(const Tensor& x, const Tensor& ids) {
   return engine::cross_entropy(logits.slice(1, 0, T - 1), ids.slice(1, 1, T));
 }
 
-LanguageModel::PipelinePart Llama::pipeline_part(const std::string& name) const {
+LanguageModel::PipelinePart llama_pipeline_part(const std::string& name, bool tied) {
   const std::string layers = "model.layers.";
   if (name.rfind(layers, 0) == 0) {
     const size_t at = layers.size();
     return {.block = std::stoll(name.substr(at, name.find('.', at) - at))};
   }
-  if (name.rfind("model.embed_tokens.", 0) == 0) {
-    return {.embed = true, .head = config_.tie_embeddings};
-  }
+  if (name.rfind("model.embed_tokens.", 0) == 0) return {.embed = true, .head = tied};
   if (name.rfind("model.norm.", 0) == 0 || name.rfind("lm_head.", 0) == 0) return {.head = true};
-  MAMMOTH_THROW() << "[Llama::pipeline_part] parameter '" << name << "' belongs to no part";
+  MAMMOTH_THROW() << "[llama_pipeline_part] parameter '" << name << "' belongs to no part";
+}
+
+LanguageModel::PipelinePart Llama::pipeline_part(const std::string& name) const {
+  return llama_pipeline_part(name, config_.tie_embeddings);
 }
 
 HfLayout Llama::hf_layout() const {

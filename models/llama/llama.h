@@ -80,4 +80,8 @@ class Llama : public LanguageModel {
   ModelConfig config_;
 };
 
+// Which part of LLaMA's forward uses parameter `name` (shared by its tp/sp form); `tied`: the
+// head reuses the embedding.
+LanguageModel::PipelinePart llama_pipeline_part(const std::string& name, bool tied);
+
 }  // namespace mammoth::models

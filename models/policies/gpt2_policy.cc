@@ -11,6 +11,7 @@
 
 #include "engine/autograd.h"
 #include "engine/ops.h"
+#include "models/gpt2/gpt2.h"
 #include "models/layers.h"
 #include "models/policies/policy.h"
 #include "models/registry.h"
@@ -192,13 +193,7 @@ class TpGpt2 : public ShardedLanguageModel {
                            config_.vocab_size);
   }
   PipelinePart pipeline_part(const std::string& name) const override {
-    if (name.rfind("h.", 0) == 0) {
-      return {.block = std::stoll(name.substr(2, name.find('.', 2) - 2))};
-    }
-    if (name.rfind("wte.", 0) == 0) return {.embed = true, .head = true};  // tied head
-    if (name.rfind("wpe.", 0) == 0) return {.embed = true};
-    if (name.rfind("ln_f.", 0) == 0) return {.head = true};
-    MAMMOTH_THROW() << "[TpGpt2::pipeline_part] parameter '" << name << "' belongs to no part";
+    return gpt2_pipeline_part(name);
   }
 
   std::shared_ptr<parallel::VocabParallelEmbedding> wte;

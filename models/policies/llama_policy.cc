@@ -25,6 +25,7 @@
 #include "engine/autograd.h"
 #include "engine/ops.h"
 #include "models/layers.h"
+#include "models/llama/llama.h"
 #include "models/policies/policy.h"
 #include "models/registry.h"
 #include "parallel/sequence_parallel/sequence_parallel.h"
@@ -262,16 +263,7 @@ class TpLlama : public ShardedLanguageModel {
                            Tensor(), model->embed_tokens->vocab_start(), config_.vocab_size);
   }
   PipelinePart pipeline_part(const std::string& name) const override {
-    const std::string layers = "model.layers.";
-    if (name.rfind(layers, 0) == 0) {
-      const size_t at = layers.size();
-      return {.block = std::stoll(name.substr(at, name.find('.', at) - at))};
-    }
-    if (name.rfind("model.embed_tokens.", 0) == 0) {
-      return {.embed = true, .head = config_.tie_embeddings};
-    }
-    if (name.rfind("model.norm.", 0) == 0 || name.rfind("lm_head.", 0) == 0) return {.head = true};
-    MAMMOTH_THROW() << "[TpLlama::pipeline_part] parameter '" << name << "' belongs to no part";
+    return llama_pipeline_part(name, config_.tie_embeddings);
   }
 
   std::shared_ptr<TpLlamaModel> model;
