@@ -185,8 +185,8 @@ class MpiWork final : public Work {
     }
   }
 
-  MPI_Request* request() { return &requests_[0]; }
-  // More requests that complete together with the first (a point-to-point exchange).
+  // A request slot for the next MPI call; the Work completes when all of them have (a
+  // point-to-point exchange posts several).
   MPI_Request* add_request() { return &requests_.emplace_back(MPI_REQUEST_NULL); }
   void set_finish(std::function<void()> finish) { finish_ = std::move(finish); }
   bool test() override {
@@ -228,9 +228,29 @@ class MpiWork final : public Work {
   OpInfo info_;
   std::vector<Tensor> keep_alive_;
   std::function<void()> finish_;
-  std::vector<MPI_Request> requests_{MPI_REQUEST_NULL};
+  std::vector<MPI_Request> requests_;
   bool done_ = false;
 };
+
+// The direct exchange all_gather and all_to_all are built from, on the reserved tag: `count`
+// elements from every peer p into recv + p * block_bytes, and to every peer p from
+// send_block(p). This rank's own block is the caller's to copy, once the exchange has
+// completed (copying it earlier delays the peers or competes with them for the buffer).
+template <typename SendBlock>
+void post_exchange(MpiWork& work, MPI_Comm comm, int rank, int size, char* recv, size_t block_bytes,
+                   int count, MPI_Datatype type, SendBlock send_block) {
+  for (int step = 1; step < size; ++step) {
+    const int from = (rank - step + size) % size;
+    mpi_check(MPI_Irecv(recv + block_bytes * from, count, type, from, kReservedTag, comm,
+                        work.add_request()),
+              "MPI_Irecv");
+  }
+  for (int step = 1; step < size; ++step) {
+    const int to = (rank + step) % size;
+    mpi_check(MPI_Isend(send_block(to), count, type, to, kReservedTag, comm, work.add_request()),
+              "MPI_Isend");
+  }
+}
 
 }  // namespace
 
@@ -280,7 +300,7 @@ std::unique_ptr<Work> MpiCommunicator::iall_reduce(const Tensor& in, const Tenso
                                         std::vector<Tensor>{in, out});
   mpi_check(
       MPI_Iallreduce(in_place ? MPI_IN_PLACE : in.raw_data(), out.raw_data(), count,
-                     mpi_type(in.dtype()).type, mpi_op(op, in.dtype()), comm_, work->request()),
+                     mpi_type(in.dtype()).type, mpi_op(op, in.dtype()), comm_, work->add_request()),
       "MPI_Iallreduce");
   if (op == ReduceOp::kAvg && size_ > 1) {
     work->set_finish([out, n = size_] { detail::divide_cpu(out, n); });
@@ -312,9 +332,10 @@ std::unique_ptr<Work> MpiCommunicator::ireduce_scatter(const Tensor& in, const T
                                         std::vector<Tensor>{in, out});
   // MPI's in-place form leaves the result at the start of the buffer; move it to this rank's
   // shard afterwards (n elements, 1/size of the input).
-  mpi_check(MPI_Ireduce_scatter_block(
-                in_place ? MPI_IN_PLACE : in.raw_data(), in_place ? in.raw_data() : out.raw_data(),
-                count, mpi_type(in.dtype()).type, mpi_op(op, in.dtype()), comm_, work->request()),
+  mpi_check(MPI_Ireduce_scatter_block(in_place ? MPI_IN_PLACE : in.raw_data(),
+                                      in_place ? in.raw_data() : out.raw_data(), count,
+                                      mpi_type(in.dtype()).type, mpi_op(op, in.dtype()), comm_,
+                                      work->add_request()),
             "MPI_Ireduce_scatter_block");
   const bool divide = op == ReduceOp::kAvg && size_ > 1;
   if ((in_place && rank_ != 0) || divide) {
@@ -354,23 +375,11 @@ std::unique_ptr<Work> MpiCommunicator::iall_gather(const Tensor& in, const Tenso
   }
   // A direct exchange: every rank receives each peer's block straight into `out` and sends its
   // own from `in`. Measured against MPI_Allgather (2 ranks, 256 KiB-4 MiB) this matches it,
-  // while MPI_Iallgather reached 0.5-0.8x: libnbc stages the blocks, and copying our own block
-  // into `out` before posting delayed the peers by that copy, and during the exchange it
-  // competes for memory bandwidth with the peer reading `in`. So the local copy comes once the
-  // exchange has completed. Each rank posts size-1 sends and receives; fine for the CPU groups
-  // this backend serves (a node or a few); large GPU jobs use the NCCL backend.
-  MPI_Request* request = work->request();
-  for (int step = 1; step < size_; ++step) {
-    const int from = (rank_ - step + size_) % size_;
-    mpi_check(MPI_Irecv(base + block_bytes * from, count, type, from, kReservedTag, comm_, request),
-              "MPI_Irecv");
-    request = work->add_request();
-  }
-  for (int step = 1; step < size_; ++step) {
-    const int to = (rank_ + step) % size_;
-    mpi_check(MPI_Isend(in.raw_data(), count, type, to, kReservedTag, comm_, request), "MPI_Isend");
-    if (step + 1 < size_) request = work->add_request();
-  }
+  // while MPI_Iallgather reached 0.5-0.8x (libnbc stages the blocks). Each rank posts size-1
+  // sends and receives; fine for the CPU groups this backend serves (a node or a few); large GPU
+  // jobs use the NCCL backend.
+  post_exchange(*work, comm_, rank_, size_, base, block_bytes, count, type,
+                [&](int) { return static_cast<const char*>(in.raw_data()); });
   if (!in_place) {
     work->set_finish([in, mine, block_bytes] { std::memcpy(mine, in.raw_data(), block_bytes); });
   }
@@ -398,9 +407,9 @@ std::unique_ptr<Work> MpiCommunicator::ibroadcast(const Tensor& in, const Tensor
   const int count = mpi_count(out.numel(), kOp, *this);
   auto work =
       std::make_unique<MpiWork>(*this, op_info(kOp, "root ", root, out), std::vector<Tensor>{out});
-  mpi_check(
-      MPI_Ibcast(out.raw_data(), count, mpi_type(out.dtype()).type, root, comm_, work->request()),
-      "MPI_Ibcast");
+  mpi_check(MPI_Ibcast(out.raw_data(), count, mpi_type(out.dtype()).type, root, comm_,
+                       work->add_request()),
+            "MPI_Ibcast");
   return work;
 }
 
@@ -430,21 +439,8 @@ std::unique_ptr<Work> MpiCommunicator::iall_to_all(const Tensor& in, const Tenso
   const size_t block_bytes = send.nbytes() / static_cast<size_t>(size_);
   const char* const src = static_cast<const char*>(send.raw_data());
   char* const dst = static_cast<char*>(out.raw_data());
-  MPI_Request* request = work->request();
-  bool first = true;
-  for (int step = 1; step < size_; ++step) {
-    const int from = (rank_ - step + size_) % size_;
-    if (!first) request = work->add_request();
-    first = false;
-    mpi_check(MPI_Irecv(dst + block_bytes * from, count, type, from, kReservedTag, comm_, request),
-              "MPI_Irecv");
-  }
-  for (int step = 1; step < size_; ++step) {
-    const int to = (rank_ + step) % size_;
-    request = work->add_request();
-    mpi_check(MPI_Isend(src + block_bytes * to, count, type, to, kReservedTag, comm_, request),
-              "MPI_Isend");
-  }
+  post_exchange(*work, comm_, rank_, size_, dst, block_bytes, count, type,
+                [&](int to) { return src + block_bytes * to; });
   const int r = rank_;
   work->set_finish([send, out, src, dst, block_bytes, r] {
     std::memcpy(dst + block_bytes * r, src + block_bytes * r, block_bytes);
@@ -462,9 +458,9 @@ std::unique_ptr<Work> MpiCommunicator::isend(const Tensor& t, int peer, int tag)
   const int count = mpi_count(t.numel(), kOp, *this);
   auto work =
       std::make_unique<MpiWork>(*this, op_info(kOp, "to ", peer, t), std::vector<Tensor>{t});
-  mpi_check(
-      MPI_Isend(t.raw_data(), count, mpi_type(t.dtype()).type, peer, tag, comm_, work->request()),
-      "MPI_Isend");
+  mpi_check(MPI_Isend(t.raw_data(), count, mpi_type(t.dtype()).type, peer, tag, comm_,
+                      work->add_request()),
+            "MPI_Isend");
   return work;
 }
 
@@ -478,15 +474,15 @@ std::unique_ptr<Work> MpiCommunicator::irecv(const Tensor& t, int peer, int tag)
   const int count = mpi_count(t.numel(), kOp, *this);
   auto work =
       std::make_unique<MpiWork>(*this, op_info(kOp, "from ", peer, t), std::vector<Tensor>{t});
-  mpi_check(
-      MPI_Irecv(t.raw_data(), count, mpi_type(t.dtype()).type, peer, tag, comm_, work->request()),
-      "MPI_Irecv");
+  mpi_check(MPI_Irecv(t.raw_data(), count, mpi_type(t.dtype()).type, peer, tag, comm_,
+                      work->add_request()),
+            "MPI_Irecv");
   return work;
 }
 
 std::unique_ptr<Work> MpiCommunicator::ibarrier() {
   auto work = std::make_unique<MpiWork>(*this, OpInfo{"barrier"}, std::vector<Tensor>{});
-  mpi_check(MPI_Ibarrier(comm_, work->request()), "MPI_Ibarrier");
+  mpi_check(MPI_Ibarrier(comm_, work->add_request()), "MPI_Ibarrier");
   return work;
 }
 
