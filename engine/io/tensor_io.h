@@ -1,5 +1,6 @@
-// Named tensors <-> safetensors, under our own parameter names (checkpoints). Model weights
-// with Hugging Face layouts go through models/weights.h, which adds name mapping on top.
+// Named tensors -> safetensors, under our own parameter names (checkpoints; they are read back
+// piecewise by engine/train/checkpoint.h). Model weights with Hugging Face layouts go through
+// models/weights.h, which adds name mapping on top.
 #pragma once
 
 #include <string>
@@ -16,10 +17,5 @@ std::vector<TensorView> views_of(const engine::nn::NamedTensors& tensors);
 // Writes `tensors` atomically (tmp + fsync + rename).
 void save_tensors(const std::string& path, const engine::nn::NamedTensors& tensors,
                   const std::map<std::string, std::string>& metadata = {});
-
-// Copies every tensor of `dst` from the file tensor of the same name. All problems (missing,
-// unexpected, wrong shape or dtype) are reported in one Error naming `file.path()`; on error
-// nothing has been changed.
-void load_tensors(const engine::nn::NamedTensors& dst, const SafetensorsFile& file);
 
 }  // namespace mammoth::io

@@ -228,17 +228,6 @@ void verify_checkpoint(const std::string& dir) {
   }
 }
 
-json::Value load_checkpoint(const std::string& dir, const nn::NamedTensors& model,
-                            const nn::NamedTensors& optimizer) {
-  verify_checkpoint(dir);
-  const std::string spath = dir + "/state.json";
-  json::Value state = json::parse(read_file(spath), spath);
-  MAMMOTH_CHECK(state.is_object()) << "[checkpoint] " << spath << " is not a JSON object";
-  io::load_tensors(model, io::SafetensorsFile::open(dir + "/model.safetensors"));
-  io::load_tensors(optimizer, io::SafetensorsFile::open(dir + "/optimizer.safetensors"));
-  return state;
-}
-
 }  // namespace mammoth::engine::train
 
 namespace mammoth::engine::train {
@@ -297,8 +286,6 @@ void check_coverage(const PieceTable& t, const std::string& what) {
   }
 }
 
-void add_shard(PieceTable& t, io::SafetensorsFile file) { t.files.push_back(std::move(file)); }
-
 void index_shards(PieceTable& t) {
   for (const io::SafetensorsFile& f : t.files) {
     for (const io::TensorView& v : f.tensors()) {
@@ -322,7 +309,7 @@ PieceTable read_pieces(const std::string& dir) {
     }
     t.files.reserve(index.at("shards").size());
     for (const json::Value& f : index.at("shards")) {
-      add_shard(t, io::SafetensorsFile::open(dir + "/" + f.as_string()));
+      t.files.push_back(io::SafetensorsFile::open(dir + "/" + f.as_string()));
     }
     index_shards(t);
     check_coverage(t, dir);
@@ -331,7 +318,7 @@ PieceTable read_pieces(const std::string& dir) {
   // The single-process form: whole tensors, offset 0.
   t.files.reserve(2);
   for (const char* f : {"model.safetensors", "optimizer.safetensors"}) {
-    add_shard(t, io::SafetensorsFile::open(dir + "/" + f));
+    t.files.push_back(io::SafetensorsFile::open(dir + "/" + f));
   }
   for (const io::SafetensorsFile& f : t.files) {
     for (const io::TensorView& v : f.tensors()) {
@@ -417,7 +404,7 @@ std::string commit_sharded_checkpoint(const std::string& save_dir, int64_t step,
       fs::remove(crc_path, ec);
       shards.push_back(json::Value(f));
       files.push_back(f);
-      add_shard(table, io::SafetensorsFile::open(tmp_dir + "/" + f));
+      table.files.push_back(io::SafetensorsFile::open(tmp_dir + "/" + f));
     }
     index_shards(table);
     check_coverage(table, tmp_dir);  // a layout bug must not produce a checkpoint

@@ -53,11 +53,6 @@ std::string save_checkpoint(const std::string& save_dir, int64_t step,
 // The directory `latest` points to, or nullopt when save_dir has no checkpoint yet.
 std::optional<std::string> latest_checkpoint(const std::string& save_dir);
 
-// Verifies the manifest, then restores the tensors in place and returns state.json.
-// Throws mammoth::Error naming the file and the problem.
-json::Value load_checkpoint(const std::string& dir, const nn::NamedTensors& model,
-                            const nn::NamedTensors& optimizer);
-
 // Checks every file of the manifest (sizes and CRC-32C); throws naming the first bad file.
 void verify_checkpoint(const std::string& dir);
 

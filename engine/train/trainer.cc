@@ -165,9 +165,9 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
       << "[train] checkpoints of a run with " << world
       << " dp ranks need world_rank, world_size and world_barrier";
   const bool checkpoint_lead = sharded_checkpoints ? o.world_rank == 0 : lead;
-  // This rank's parameters and optimizer state as pieces of the single-process tensors: what
-  // it writes (`writing`), or everything it loads. `full_state`: the single-process state to
-  // load into when the optimizer's own does not have that layout (offload).
+  ModelShardRuntime* shards = o.model_shards;
+  MAMMOTH_CHECK(shards == nullptr || offload == nullptr)
+      << "[train] offload with tensor parallelism is not supported";
   // "h.0.attn.c_attn.weight.exp_avg" -> "h.0.attn.c_attn.weight".
   auto param_of = [&](const std::string& name) {
     for (const std::string& suffix : state_suffixes) {
@@ -179,51 +179,42 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
     }
     return name;
   };
+  // Whether this rank writes what it holds of `param`: one rank per distinct part (a pipeline
+  // writes a tied parameter from its first stage, tp one rank per shard or replica).
+  auto writes = [&](const std::string& param) {
+    return (!o.writes_parameter || o.writes_parameter(param)) && (!shards || shards->writes(param));
+  };
+  // This rank's parameters and optimizer state as pieces of the single-process tensors: what
+  // it writes (`writing`), or everything it loads. `full_state`: the single-process state to
+  // load into when the optimizer's own does not have that layout (offload). Under tensor
+  // parallelism each piece of a shard is cut into the runs of single-process elements it holds
+  // (padding dropped).
   auto checkpoint_pieces = [&](bool writing, const nn::NamedTensors* full_state) {
-    std::vector<CheckpointPiece> pieces;
+    std::vector<CheckpointPiece> held;
     if (dp) {
-      pieces = dp->checkpoint_pieces(opt.state(), state_suffixes, writing);
+      held = dp->checkpoint_pieces(opt.state(), state_suffixes, writing);
     } else {
-      for (const auto& [name, p] : params) pieces.push_back({name, 0, p});
+      for (const auto& [name, p] : params) held.push_back({name, 0, p});
       for (const auto& [name, t] : full_state ? *full_state : opt.state()) {
-        pieces.push_back({name, 0, t});
+        held.push_back({name, 0, t});
       }
     }
-    if (!writing || !o.writes_parameter) return pieces;
-    std::vector<CheckpointPiece> mine;
-    for (CheckpointPiece& p : pieces) {
-      if (o.writes_parameter(param_of(p.name))) mine.push_back(std::move(p));
-    }
-    return mine;
-  };
-  // Under tensor parallelism the pieces above are ranges of this rank's shards: each is cut
-  // into the runs of single-process elements it holds (padding dropped), and only one rank
-  // per distinct part writes it.
-  ModelShardRuntime* shards = o.model_shards;
-  MAMMOTH_CHECK(shards == nullptr || offload == nullptr)
-      << "[train] offload with tensor parallelism is not supported";
-  auto to_single_process = [&](std::vector<CheckpointPiece> pieces, bool writing) {
-    if (!shards) return pieces;
     std::vector<CheckpointPiece> out;
-    for (const CheckpointPiece& p : pieces) {
+    for (CheckpointPiece& p : held) {
       const std::string param = param_of(p.name);
-      if (writing && !shards->writes(param)) continue;
+      if (writing && !writes(param)) continue;
+      if (!shards) {
+        out.push_back(std::move(p));
+        continue;
+      }
       const Tensor flat = p.data.reshape({-1});
-      const int64_t n = flat.numel();
       for (const ModelShardRuntime::FlatRun& run :
-           shards->single_process_runs(param, p.offset, p.offset + n)) {
+           shards->single_process_runs(param, p.offset, p.offset + flat.numel())) {
         const int64_t at = run.local - p.offset;
         out.push_back({p.name, run.global, flat.slice(0, at, at + run.length)});
       }
     }
     return out;
-  };
-  auto pieces_to_write = [&]() {
-    return to_single_process(checkpoint_pieces(/*writing=*/true, nullptr), true);
-  };
-  auto load_pieces = [&](const std::string& dir, const nn::NamedTensors* full_state) {
-    return load_checkpoint_pieces(
-        dir, to_single_process(checkpoint_pieces(/*writing=*/false, full_state), false));
   };
   optim::LrSchedule sched;
   sched.kind = optim::LrSchedule::parse_kind(o.schedule);
@@ -253,7 +244,8 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
           }
         }
       }
-      const json::Value state = load_pieces(*dir, offload ? &full_state : nullptr);
+      const json::Value state = load_checkpoint_pieces(
+          *dir, checkpoint_pieces(/*writing=*/false, offload ? &full_state : nullptr));
       if (offload) offload->scatter_state(full_state);
       if (dp) dp->pieces_loaded();
       check_resume_compatible(state.at("config"), run_config);
@@ -298,8 +290,8 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
     if (sharded_checkpoints) {
       if (checkpoint_lead) begin_sharded_checkpoint(o.save_dir, at_step);
       o.world_barrier();
-      const std::vector<CheckpointPiece> mine = pieces_to_write();
-      write_checkpoint_shard(sharded_checkpoint_tmp(o.save_dir, at_step), o.world_rank, mine);
+      write_checkpoint_shard(sharded_checkpoint_tmp(o.save_dir, at_step), o.world_rank,
+                             checkpoint_pieces(/*writing=*/true, nullptr));
       o.world_barrier();
       if (checkpoint_lead) {
         // The index describes the single-process tensors: the whole model's parameters and
