@@ -176,8 +176,6 @@ void DataParallel::unpin_all(bool refresh_shards) {
   pinned_ = false;
 }
 
-void DataParallel::gather_parameters() { pin_all(); }
-
 std::vector<engine::train::CheckpointPiece> DataParallel::checkpoint_pieces(
     const engine::nn::NamedTensors& state, const std::vector<std::string>& suffixes, bool writing) {
   std::vector<engine::train::CheckpointPiece> out;
@@ -211,8 +209,6 @@ void DataParallel::pieces_loaded() {
     for (size_t b = 0; b < buckets_.size(); ++b) release(b);
   }
 }
-void DataParallel::release_parameters(bool loaded) { unpin_all(loaded); }
-
 void DataParallel::begin_backward(bool sync) {
   sync_ = sync;
   if (!sync) return;
@@ -337,77 +333,6 @@ void DataParallel::after_step() {
     return;
   }
   for (Bucket& b : buckets_) dp_.all_gather(shard_of(b.flat_params), b.flat_params);
-}
-
-namespace {
-const Tensor& find_named(const engine::nn::NamedTensors& list, const std::string& name,
-                         const char* what) {
-  for (const auto& [n, t] : list) {
-    if (n == name) return t;
-  }
-  MAMMOTH_THROW() << "[data_parallel] " << what << " has no tensor '" << name << "'";
-}
-}  // namespace
-
-engine::nn::NamedTensors DataParallel::gather_state(const engine::nn::NamedTensors& state,
-                                                    const std::vector<std::string>& suffixes) {
-  engine::nn::NamedTensors full;
-  for (const std::string& suffix : suffixes) {
-    if (options_.zero_stage == 0) {
-      for (const auto& [name, p] : params_) {
-        full.emplace_back(name + "." + suffix,
-                          find_named(state, name + "." + suffix, "state").clone());
-      }
-      continue;
-    }
-    // Each rank writes its shard slices into zeroed bucket-shaped buffers; summing over ranks
-    // assembles the whole (every element is owned by exactly one rank).
-    for (size_t b = 0; b < buckets_.size(); ++b) {
-      const Bucket& bk = buckets_[b];
-      Tensor flat = Tensor::zeros({bk.padded}, bk.flat_params.dtype());
-      for (size_t i = 0; i < opt_params_.size(); ++i) {
-        if (opt_where_[i].first != static_cast<int>(b)) continue;
-        const int64_t a = opt_where_[i].second, n = opt_params_[i].second.numel();
-        engine::copy_(flat.slice(0, a, a + n),
-                      find_named(state, opt_params_[i].first + "." + suffix, "state"));
-      }
-      dp_.all_reduce(flat, ReduceOp::kSum);
-      for (size_t k = 0; k < bk.params.size(); ++k) {
-        const auto& [name, p] = params_[bk.params[k]];
-        full.emplace_back(name + "." + suffix,
-                          flat.slice(0, bk.offsets[k], bk.offsets[k] + p.numel()).view(p.shape()));
-      }
-    }
-  }
-  return full;
-}
-
-void DataParallel::scatter_state(const engine::nn::NamedTensors& full,
-                                 const engine::nn::NamedTensors& state,
-                                 const std::vector<std::string>& suffixes) const {
-  for (const std::string& suffix : suffixes) {
-    if (options_.zero_stage == 0) {
-      for (const auto& [name, p] : params_) {
-        engine::copy_(find_named(state, name + "." + suffix, "state"),
-                      find_named(full, name + "." + suffix, "checkpoint"));
-      }
-      continue;
-    }
-    for (size_t i = 0; i < opt_params_.size(); ++i) {
-      const auto& [b, a] = opt_where_[i];
-      const Bucket& bk = buckets_[b];
-      // The parameter this segment belongs to, and the segment's range inside it.
-      for (size_t k = 0; k < bk.params.size(); ++k) {
-        const auto& [name, p] = params_[bk.params[k]];
-        if (a < bk.offsets[k] || a >= bk.offsets[k] + p.numel()) continue;
-        const int64_t n = opt_params_[i].second.numel(), lo = a - bk.offsets[k];
-        const Tensor& src = find_named(full, name + "." + suffix, "checkpoint");
-        engine::copy_(find_named(state, opt_params_[i].first + "." + suffix, "state"),
-                      src.reshape({-1}).slice(0, lo, lo + n));
-        break;
-      }
-    }
-  }
 }
 
 DataParallel::MemoryReport DataParallel::memory(int states) const {

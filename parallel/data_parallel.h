@@ -70,10 +70,6 @@ class DataParallel final : public engine::train::DataParallelRuntime {
   // After the optimizer step: all-gathers the updated shards (stages 1, 2); stage 3 drops the
   // stale full buckets.
   void after_step() override;
-  // Stage 3: every full bucket gathered and kept (checkpoints read and write the parameters
-  // directly), then released again; after a load, the shards are refreshed from the buckets.
-  void gather_parameters();
-  void release_parameters(bool loaded);
   // Full buckets stage 3 keeps gathered at once (a kernel reads at most two parameter buckets: a
   // weight and a bias).
   static constexpr int kResidentBuckets = 2;
@@ -82,15 +78,6 @@ class DataParallel final : public engine::train::DataParallelRuntime {
   double average(double value) override;
   void barrier() override { dp_.barrier(); }
 
-  // Optimizer state in the single-process layout: for every parameter P and state suffix S
-  // ("exp_avg", ...), "P.S" with P's shape. `state` is this rank's optimizer state as named by
-  // Optimizer::state() over optimizer_params() ("<opt param>.S"). Collective: every rank gets
-  // the full state. Checkpoints store this form, so they load into any dp size or stage.
-  engine::nn::NamedTensors gather_state(const engine::nn::NamedTensors& state,
-                                        const std::vector<std::string>& suffixes);
-  // The inverse: copies this rank's part of a full single-process state into `state`.
-  void scatter_state(const engine::nn::NamedTensors& full, const engine::nn::NamedTensors& state,
-                     const std::vector<std::string>& suffixes) const;
   // Sharded checkpoints: parameters whole from dp rank 0 under stages 0-2 (replicated), this
   // rank's shard segments under stage 3; optimizer state whole from rank 0 under stage 0,
   // segments under stages >= 1. Loading asks for everything this rank holds.

@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <map>
 
 #include "engine/amp/amp.h"
 #include "engine/ops.h"
@@ -84,6 +85,28 @@ Run reference(int accum, engine::amp::Precision precision = engine::amp::Precisi
   return r;
 }
 
+// Parameters and optimizer state in the single-process layout, from every rank's checkpoint
+// pieces: each element is written by exactly one rank, so summing zero-filled tensors that
+// hold each rank's pieces is exact.
+std::map<std::string, Tensor> assemble(parallel::DataParallel& dp,
+                                       const engine::nn::NamedTensors& state,
+                                       const engine::nn::NamedTensors& params,
+                                       const std::vector<std::string>& suffixes,
+                                       parallel::Communicator& world) {
+  std::map<std::string, Tensor> full;
+  for (const auto& [n, p] : params) {
+    full[n] = Tensor::zeros(p.shape(), p.dtype());
+    for (const std::string& s : suffixes) full[n + "." + s] = Tensor::zeros(p.shape(), p.dtype());
+  }
+  for (const auto& piece : dp.checkpoint_pieces(state, suffixes, /*writing=*/true)) {
+    const int64_t k = piece.data.numel();
+    engine::copy_(full.at(piece.name).reshape({-1}).slice(0, piece.offset, piece.offset + k),
+                  piece.data.reshape({-1}));
+  }
+  for (auto& [n, t] : full) world.all_reduce(t, parallel::ReduceOp::kSum);
+  return full;
+}
+
 // Data parallel: rank r takes its contiguous share of each global batch, in `accum` micro-batches.
 Run data_parallel(parallel::Communicator& world, int stage, int accum, double bucket_mb,
                   engine::amp::Precision precision = engine::amp::Precision::kF32) {
@@ -114,21 +137,25 @@ Run data_parallel(parallel::Communicator& world, int stage, int accum, double bu
     r.losses.push_back(lt.item());
   }
   for (auto& [n, p] : model->named_parameters()) r.params.push_back(p.to_vector());
-  // The reference's order: exp_avg and exp_avg_sq interleaved per parameter.
-  const auto full = dp.gather_state(opt.state(), {"exp_avg", "exp_avg_sq"});
+  // The single-process optimizer state from every rank's checkpoint pieces (what a sharded
+  // checkpoint holds), in the reference's order: exp_avg and exp_avg_sq per parameter.
+  const std::vector<std::string> suffixes = {"exp_avg", "exp_avg_sq"};
+  const auto full = assemble(dp, opt.state(), model->named_parameters(), suffixes, world);
   for (auto& [n, p] : model->named_parameters()) {
-    for (const char* suffix : {".exp_avg", ".exp_avg_sq"}) {
-      for (auto& [fn, t] : full) {
-        if (fn == n + suffix) r.state.push_back(t.to_vector());
-      }
-    }
+    for (const std::string& suffix : suffixes)
+      r.state.push_back(full.at(n + "." + suffix).to_vector());
   }
-  // Scattering the full state back must reproduce this rank's own state exactly.
+  // Loading the full state back into this rank's pieces must reproduce its own state exactly.
   const auto own = opt.state();
   std::vector<std::vector<double>> before;
   for (auto& [n, t] : own) before.push_back(t.to_vector());
   for (auto& [n, t] : own) engine::fill_(t, 0.0);
-  dp.scatter_state(full, own, {"exp_avg", "exp_avg_sq"});
+  for (const auto& piece : dp.checkpoint_pieces(own, suffixes, /*writing=*/false)) {
+    const int64_t k = piece.data.numel();
+    engine::copy_(piece.data.reshape({-1}),
+                  full.at(piece.name).reshape({-1}).slice(0, piece.offset, piece.offset + k));
+  }
+  dp.pieces_loaded();
   for (size_t i = 0; i < own.size(); ++i) CHECK(own[i].second.to_vector() == before[i]);
   return r;
 }
@@ -235,8 +262,8 @@ TEST_CASE("an overflow on one rank makes every rank skip the step") {
           opt.zero_grad();
         }
         CHECK(skipped == std::vector<int>{1});
-        // Every rank holds rank 0's parameters bit for bit, and they are finite.
-        dp.gather_parameters();
+        // Every rank holds rank 0's parameters bit for bit (ZeRO-3 gathers them on read), and
+        // they are finite.
         for (auto& [name, p] : model->named_parameters()) {
           Tensor mine = p.contiguous().clone();
           Tensor root = mine.clone();
@@ -245,7 +272,6 @@ TEST_CASE("an overflow on one rank makes every rank skip the step") {
           CHECK(mine.to_vector() == root.to_vector());
           for (double v : mine.to_vector()) REQUIRE(std::isfinite(v));
         }
-        dp.release_parameters(false);
       }
     }
   }
