@@ -224,12 +224,7 @@ class TpBert : public ShardedLanguageModel {
       const std::string p = "bert.encoder.layer." + std::to_string(l) + ".";
       const TpBertLayer& layer = (*bert->encoder->layer)[l];
       const TpEncoderSelfAttention& self = *layer.attention->self;
-      int i = 0;
-      for (const char* name : {"query", "key", "value"}) {
-        const parallel::ShardSpec s = self.proj(i++).weight_spec();
-        set_spec(p + "attention.self." + name + ".weight", s);
-        set_spec(p + "attention.self." + name + ".bias", s);
-      }
+      for (const auto& [name, spec] : self.shard_specs(p + "attention.self.")) set_spec(name, spec);
       set_spec(p + "attention.output.dense.weight", layer.attention->output->dense->weight_spec());
       set_spec(p + "intermediate.dense.weight", layer.intermediate->dense->weight_spec());
       set_spec(p + "intermediate.dense.bias", layer.intermediate->dense->weight_spec());

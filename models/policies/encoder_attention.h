@@ -6,6 +6,8 @@
 #pragma once
 
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "base/error.h"
@@ -29,6 +31,7 @@ struct EncoderSeqContext {
 
 class TpEncoderSelfAttention : public engine::nn::Module {
  public:
+  static constexpr const char* kNames[] = {"query", "key", "value"};  // Hugging Face's
   // `policy` names the caller in errors ("bert_policy").
   TpEncoderSelfAttention(const ModelConfig& c, parallel::Communicator& tp, bool sequence_parallel,
                          const char* policy)
@@ -36,7 +39,7 @@ class TpEncoderSelfAttention : public engine::nn::Module {
     MAMMOTH_CHECK(c.n_head % tp.size() == 0)
         << "[" << policy << "] n_head " << c.n_head << " does not divide by tp " << tp.size();
     parallel::ColumnParallelLinear::Options col{.sequence_parallel = sequence_parallel};
-    for (const char* name : {"query", "key", "value"}) {
+    for (const char* name : kNames) {
       proj_.push_back(register_module(name, std::make_shared<parallel::ColumnParallelLinear>(
                                                 c.d_model, c.d_model, true, c.dtype, tp, col)));
     }
@@ -56,7 +59,17 @@ class TpEncoderSelfAttention : public engine::nn::Module {
     }
     return merge_heads(y);
   }
-  const parallel::ColumnParallelLinear& proj(int i) const { return *proj_[i]; }
+  // Its parameters' shard specs, named under `prefix` (the module's own path, with its dot).
+  std::vector<std::pair<std::string, parallel::ShardSpec>> shard_specs(
+      const std::string& prefix) const {
+    std::vector<std::pair<std::string, parallel::ShardSpec>> out;
+    for (size_t i = 0; i < proj_.size(); ++i) {
+      const parallel::ShardSpec s = proj_[i]->weight_spec();
+      out.emplace_back(prefix + kNames[i] + ".weight", s);
+      out.emplace_back(prefix + kNames[i] + ".bias", s);
+    }
+    return out;
+  }
 
  private:
   const ModelConfig& config_;

@@ -217,12 +217,8 @@ class TpVit : public ShardedVit {
       const std::string p = "vit.encoder.layer." + std::to_string(l) + ".";
       const TpVitLayer& layer = (*vit->encoder->layer)[l];
       const TpEncoderSelfAttention& self = *layer.attention->attention;
-      int i = 0;
-      for (const char* name : {"query", "key", "value"}) {
-        const parallel::ShardSpec s = self.proj(i++).weight_spec();
-        set_spec(p + "attention.attention." + name + ".weight", s);
-        set_spec(p + "attention.attention." + name + ".bias", s);
-      }
+      for (const auto& [name, spec] : self.shard_specs(p + "attention.attention."))
+        set_spec(name, spec);
       set_spec(p + "attention.output.dense.weight", layer.attention->output->dense->weight_spec());
       set_spec(p + "intermediate.dense.weight", layer.intermediate->dense->weight_spec());
       set_spec(p + "intermediate.dense.bias", layer.intermediate->dense->weight_spec());
