@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -421,8 +422,8 @@ std::string commit_sharded_checkpoint(const std::string& save_dir, int64_t step,
   return finish_checkpoint(save_dir, step_name(step), tmp_dir, keep_last);
 }
 
-json::Value load_checkpoint_pieces(const std::string& dir,
-                                   const std::vector<CheckpointPiece>& into) {
+json::Value load_checkpoint_pieces(const std::string& dir, const std::vector<CheckpointPiece>& into,
+                                   bool whole) {
   verify_checkpoint(dir);
   const std::string spath = dir + "/state.json";
   json::Value state = json::parse(read_file(spath), spath);
@@ -449,6 +450,14 @@ json::Value load_checkpoint_pieces(const std::string& dir,
     MAMMOTH_CHECK(n != full || p.data.dim() == 1 || p.data.shape() == shape)
         << "[checkpoint] '" << p.name << "' is " << shape_str(shape) << " in " << dir
         << ", the model's is " << shape_str(p.data.shape());
+  }
+  if (whole) {
+    std::set<std::string> asked;
+    for (const CheckpointPiece& p : into) asked.insert(p.name);
+    for (const auto& [name, info] : table.tensors) {
+      MAMMOTH_CHECK(asked.count(name))
+          << "[checkpoint] " << dir << " holds '" << name << "', which the model does not have";
+    }
   }
   for (const CheckpointPiece& p : into) {
     const int64_t lo = p.offset, hi = p.offset + p.data.numel();

@@ -83,7 +83,9 @@ std::string commit_sharded_checkpoint(const std::string& save_dir, int64_t step,
 // Verifies the checkpoint, then fills every piece of `into` (its name, offset and size say
 // which range) from the checkpoint, whichever form and layout wrote it, and returns
 // state.json. Throws naming the tensor when a range is not covered or shapes/dtypes differ.
-json::Value load_checkpoint_pieces(const std::string& dir,
-                                   const std::vector<CheckpointPiece>& into);
+// `whole`: `into` is the whole model and optimizer (one process), so a tensor of the
+// checkpoint that nothing asks for (another model's) is an error too.
+json::Value load_checkpoint_pieces(const std::string& dir, const std::vector<CheckpointPiece>& into,
+                                   bool whole = false);
 
 }  // namespace mammoth::engine::train

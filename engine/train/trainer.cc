@@ -244,8 +244,10 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
           }
         }
       }
+      // One process holding the whole model also refuses tensors it does not have.
+      const bool whole = !dp && !shards && o.optimizer_params == nullptr;
       const json::Value state = load_checkpoint_pieces(
-          *dir, checkpoint_pieces(/*writing=*/false, offload ? &full_state : nullptr));
+          *dir, checkpoint_pieces(/*writing=*/false, offload ? &full_state : nullptr), whole);
       if (offload) offload->scatter_state(full_state);
       if (dp) dp->pieces_loaded();
       check_resume_compatible(state.at("config"), run_config);

@@ -141,6 +141,14 @@ TEST_CASE("a corrupt shard, a missing tensor or a wrong shape are clear errors")
                engine::train::load_checkpoint_pieces(ckpt, {{"c", 0, b2}});
              }),
              Catch::Contains("no tensor 'c'"));
+  // A whole-model load refuses a checkpoint tensor nothing asks for; a partial load does not.
+  Tensor a2 = Tensor::zeros({5, 7}), ea2 = Tensor::zeros({5, 7});
+  CHECK_THAT(error_of([&] {
+               engine::train::load_checkpoint_pieces(ckpt, {{"a", 0, a2}, {"a.exp_avg", 0, ea2}},
+                                                     /*whole=*/true);
+             }),
+             Catch::Contains("holds 'b', which the model does not have"));
+  CHECK_NOTHROW(engine::train::load_checkpoint_pieces(ckpt, {{"a", 0, a2}}));
   Tensor wrong = Tensor::zeros({7, 5});
   CHECK_THAT(error_of([&] {
                engine::train::load_checkpoint_pieces(ckpt, {{"a", 0, wrong}});
