@@ -95,6 +95,18 @@ std::string finish_checkpoint(const std::string& save_dir, const std::string& na
                               const std::string& tmp_dir, int keep_last) {
   std::error_code ec;
   const std::string final_dir = save_dir + "/" + name;
+  // A run killed mid-write leaves its ".step_N.tmp.PID" behind; remove those whose process is
+  // gone (a live PID may be another writer sharing the directory). Before `latest` moves, so a
+  // reader that sees the new checkpoint never sees those leftovers.
+  for (const auto& entry : fs::directory_iterator(save_dir, ec)) {
+    const std::string n = entry.path().filename().string();
+    const size_t at = n.rfind(".tmp.");
+    if (n.rfind(".step_", 0) != 0 || at == std::string::npos) continue;
+    const long pid = std::strtol(n.c_str() + at + 5, nullptr, 10);
+    if (pid > 0 && pid != ::getpid() && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
+      fs::remove_all(entry.path(), ec);
+    }
+  }
   try {
     // Replace an existing checkpoint of the same step only after the new one is complete.
     if (fs::exists(final_dir)) {
@@ -112,17 +124,6 @@ std::string finish_checkpoint(const std::string& save_dir, const std::string& na
   } catch (...) {
     fs::remove_all(tmp_dir, ec);
     throw;
-  }
-  // A run killed mid-write leaves its ".step_N.tmp.PID" behind; remove those whose process is
-  // gone (a live PID may be another writer sharing the directory).
-  for (const auto& entry : fs::directory_iterator(save_dir, ec)) {
-    const std::string n = entry.path().filename().string();
-    const size_t at = n.rfind(".tmp.");
-    if (n.rfind(".step_", 0) != 0 || at == std::string::npos) continue;
-    const long pid = std::strtol(n.c_str() + at + 5, nullptr, 10);
-    if (pid > 0 && pid != ::getpid() && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
-      fs::remove_all(entry.path(), ec);
-    }
   }
   // Prune the oldest complete checkpoints beyond keep_last (never the one just written).
   if (keep_last > 0) {
