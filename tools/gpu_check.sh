@@ -2,12 +2,14 @@
 # The GPU check (DESIGN.md "GPU checks"): build here, run on a lent GPU machine.
 #
 #   bash tools/gpu_check.sh pack   # here (Bazel, CUDA toolkit, no GPU needed): builds the CUDA
-#                                  # kernel test and the GPU benchmark, packs them with the
-#                                  # non-CUDA shared libraries they load into gpu_pack/ (ignored)
+#                                  # kernel test, the NCCL communicator test and the GPU
+#                                  # benchmark, packs them with the non-CUDA shared libraries
+#                                  # they load (Open MPI's plugins too) into gpu_pack/ (ignored)
 #   bash tools/gpu_check.sh run    # on the GPU machine (CUDA 13 toolkit + driver, PyTorch, no
-#                                  # Bazel): every CUDA-vs-CPU kernel test, then the benchmark
-#                                  # table beside PyTorch; writes gpu_pack/out/summary.md (and
-#                                  # copies gpu_pack/out to $OUT when that is set). ~3-4 minutes.
+#                                  # Bazel, no MPI): every CUDA-vs-CPU kernel test, the NCCL
+#                                  # backend on a group of one, then the benchmark table beside
+#                                  # PyTorch; writes gpu_pack/out/summary.md (and copies
+#                                  # gpu_pack/out to $OUT when that is set). ~3-4 minutes.
 #
 # A lent machine's command (the device tool): carry gpu_pack, run
 #   bash tools/gpu_check.sh run
@@ -18,6 +20,14 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PACK=gpu_pack
 TEST_BIN=bazel-bin/test/kernels/cuda/cuda_kernels_test_bin
 BENCH_BIN=bazel-bin/tools/bench/gpu/gpu_bench
+NCCL_BIN=bazel-bin/test/parallel/nccl_communicator_test
+# Open MPI's components (dlopened at MPI_Init). The test runs as an MPI singleton with
+# ess_singleton_isolated (no orted), so these plugins and the libraries they link are all the
+# MPI it needs; OMPI_MCA_mca_base_component_path points Open MPI at the packed copy.
+# Network fabrics, OpenSHMEM and MPI-IO components are left out (they pull in ~20 MB of
+# InfiniBand/UCX/libfabric libraries a one-process run never loads).
+MPI_PLUGIN_DIR=/usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3
+MPI_PLUGIN_SKIP_RE='(ucx|ofi|openib|psm|verbs|usnic|portals|sshmem|spml|scoll|memheap|mtl|uct|_io_|fcoll|fbtl|_fs_|sharedfp|treematch|monitoring|vprotocol|_cuda)'
 # Never packed: the GPU machine's own CUDA toolkit and driver provide these.
 CUDA_LIBS_RE='^(libcuda|libcudart|libcublas|libcublasLt|libnccl|libcudnn[a-z_]*|libnvidia-[a-z-]*|libnvrtc|libnvJitLink)\.so'
 # glibc's pieces go to their own folder: used only if the GPU machine's glibc is too old.
@@ -32,17 +42,24 @@ pack() {
   command -v bazel >/dev/null || die "pack needs bazel (run it on the build machine)"
   [[ -x /usr/local/cuda/bin/nvcc || -n "${MAMMOTH_CUDA_PATH:-}" ]] ||
     die "pack needs the CUDA toolkit (nvcc) to build the CUDA backend"
-  bazel build //test/kernels/cuda:cuda_kernels_test_bin //tools/bench/gpu:gpu_bench ||
-    die "bazel build failed"
+  bazel build //test/kernels/cuda:cuda_kernels_test_bin //tools/bench/gpu:gpu_bench \
+    //test/parallel:nccl_communicator_test || die "bazel build failed"
+  [[ -d "$MPI_PLUGIN_DIR" ]] || die "no Open MPI plugins at $MPI_PLUGIN_DIR"
   rm -rf "$PACK"
-  mkdir -p "$PACK/bin" "$PACK/lib" "$PACK/glibc"
-  for bin in "$TEST_BIN" "$BENCH_BIN"; do
-    [[ -x "$bin" ]] || die "missing $bin after the build"
-    # A CPU-only build would pack binaries that can only say "no CUDA backend".
-    [[ "$(readelf -S "$bin")" == *.nv_fatbin* ]] || die "$bin has no device code (CUDA disabled?)"
-    cp "$bin" "$PACK/bin/"
-    chmod u+w "$PACK/bin/$(basename "$bin")"
-    strip --strip-unneeded "$PACK/bin/$(basename "$bin")"
+  mkdir -p "$PACK/bin" "$PACK/lib" "$PACK/glibc" "$PACK/mpi"
+  local plugin
+  for plugin in "$MPI_PLUGIN_DIR"/*.so; do
+    [[ "$(basename "$plugin")" =~ $MPI_PLUGIN_SKIP_RE ]] || cp -L "$plugin" "$PACK/mpi/"
+  done
+  for bin in "$TEST_BIN" "$BENCH_BIN" "$NCCL_BIN" "$PACK"/mpi/*.so; do
+    [[ -e "$bin" ]] || die "missing $bin after the build"
+    if [[ "$bin" != "$PACK"/mpi/* ]]; then
+      # A CPU-only build would pack binaries that can only say "no CUDA backend".
+      [[ "$(readelf -S "$bin")" == *.nv_fatbin* ]] || die "$bin has no device code (CUDA disabled?)"
+      cp "$bin" "$PACK/bin/"
+      chmod u+w "$PACK/bin/$(basename "$bin")"
+      strip --strip-unneeded "$PACK/bin/$(basename "$bin")"
+    fi
     # "libfoo.so.1 => /path/libfoo.so.1 (0x...)" and the loader's "/lib64/ld-linux-x86-64.so.2 (0x...)"
     ldd "$bin" | awk '/=>/ { print $1, $3; next } /ld-linux/ { print "ld-linux-x86-64.so.2", $1 }' |
       while read -r name path; do
@@ -67,6 +84,9 @@ pack() {
   if [[ -d .git ]] && ! git check-ignore -q "$PACK/MANIFEST" 2>/dev/null; then
     echo "/$PACK/" >>.git/info/exclude
   fi
+  # The binaries are mostly device code (two architectures' fatbins): gzip shrinks them ~5x,
+  # which keeps the pack well under what the device tool carries; `run` unpacks them.
+  gzip -6 "$PACK"/bin/*
   local size_mb
   size_mb=$(du -sm "$PACK" | cut -f1)
   echo "[gpu_check] packed $PACK/ (${size_mb} MiB):"
@@ -90,11 +110,30 @@ find_cuda_lib_dir() {
   return 1
 }
 
+find_nccl_lib_dir() {
+  local d py
+  for d in "${CUDA_HOME:-}/lib64" /usr/local/cuda/lib64 /usr/local/cuda-13*/lib64 \
+    /usr/local/cuda/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu /usr/lib64; do
+    [[ -e "$d/libnccl.so.2" ]] && { echo "$d"; return 0; }
+  done
+  py=$(python3 -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))' 2>/dev/null) || true
+  if [[ -n "$py" ]]; then
+    d=$(dirname "$(find "$py" -name 'libnccl.so.2' 2>/dev/null | head -1)" 2>/dev/null)
+    [[ -n "$d" && -e "$d/libnccl.so.2" ]] && { echo "$d"; return 0; }
+  fi
+  return 1
+}
+
 run() {
   [[ -d "$PACK/bin" ]] || die "no $PACK/ here: run 'bash tools/gpu_check.sh pack' on the build machine and carry $PACK"
   local out="$PACK/out"
   rm -rf "$out"
   mkdir -p "$out"
+  local packed
+  for packed in "$PACK"/bin/*.gz; do
+    [[ -e "$packed" ]] || continue
+    gzip -dc "$packed" >"${packed%.gz}" && chmod +x "${packed%.gz}" || die "cannot unpack $packed"
+  done
   local cuda_dir libpath
   cuda_dir=$(find_cuda_lib_dir) || die "no libcudart.so.13 / libcublasLt.so.13 found (set CUDA_HOME)"
   libpath="$PWD/$PACK/lib:$cuda_dir"
@@ -106,7 +145,7 @@ run() {
   "$launcher" "$PACK/bin/gpu_bench" --probe >/dev/null 2>&1
   if [[ $? -ne 2 ]]; then
     echo "[gpu_check] the system loader cannot start the binaries; using the packed glibc"
-    printf '#!/bin/bash\nexec "%s/%s/glibc/ld-linux-x86-64.so.2" --library-path "%s/%s/glibc:%s" "$@"\n' \
+    printf '#!/bin/bash\nexec "%s/%s/glibc/ld-linux-x86-64.so.2" --library-path "%s/%s/glibc:%s${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$@"\n' \
       "$PWD" "$PACK" "$PWD" "$PACK" "$libpath" >"$launcher"
     "$launcher" "$PACK/bin/gpu_bench" --probe >/dev/null 2>&1
     [[ $? -eq 2 ]] || die "cannot start $PACK/bin/gpu_bench with either loader"
@@ -130,6 +169,25 @@ run() {
   [[ $test_rc -eq 124 ]] && test_line="TIMED OUT after 150 s"
   [[ -n "$test_line" ]] || test_line="exit status $test_rc (see kernel_tests.log)"
 
+  # NCCL is never packed (218 MB): the machine's own, from the CUDA directories or PyTorch's wheel.
+  echo "[gpu_check] (1b) NCCL communicator on a group of one (MPI singleton)"
+  local nccl_dir nccl_line nccl_rc=0
+  nccl_dir=$(find_nccl_lib_dir)
+  if [[ -z "$nccl_dir" ]]; then
+    nccl_line="not run: no libnccl.so.2 on this machine (CUDA directories, PyTorch's nvidia wheels)"
+  else
+    t0=$SECONDS
+    OMPI_MCA_ess_singleton_isolated=1 OMPI_MCA_mca_base_component_path="$PWD/$PACK/mpi" \
+      LD_LIBRARY_PATH="$nccl_dir" timeout 90 "$launcher" "$PACK/bin/nccl_communicator_test" \
+      >"$out/nccl_test.log" 2>&1
+    nccl_rc=$?
+    tail -15 "$out/nccl_test.log"
+    nccl_line=$(grep -E "^(All tests passed|test cases:)" "$out/nccl_test.log" | tail -1)
+    [[ $nccl_rc -eq 124 ]] && nccl_line="TIMED OUT after 90 s"
+    [[ -n "$nccl_line" ]] || nccl_line="exit status $nccl_rc (see nccl_test.log)"
+    nccl_line="$nccl_line ($((SECONDS - t0)) s, NCCL from $nccl_dir)"
+  fi
+
   echo "[gpu_check] (2) benchmarks beside PyTorch"
   t0=$SECONDS
   timeout 200 python3 "$PACK/gpu_bench.py" --bench "$bench_wrapper" --json "$out/bench.json" \
@@ -144,6 +202,7 @@ run() {
     echo "- build: $(sed -n 1p "$PACK/MANIFEST")"
     echo "- command: bash tools/gpu_check.sh run"
     echo "- kernel tests (${test_s} s): $test_line"
+    echo "- NCCL communicator test: $nccl_line"
     echo "- benchmarks (${bench_s} s, exit $bench_rc):"
     echo
     [[ -s "$out/bench.md" ]] && cat "$out/bench.md"
@@ -153,7 +212,7 @@ run() {
   if [[ -n "${OUT:-}" && -d "${OUT:-}" ]]; then
     cp -r "$out/." "$OUT/"
   fi
-  [[ $test_rc -eq 0 && $bench_rc -eq 0 ]]
+  [[ $test_rc -eq 0 && $bench_rc -eq 0 && $nccl_rc -eq 0 ]]
 }
 
 case "${1:-}" in
