@@ -52,43 +52,25 @@ echo step_00000004 >"$work/ckpt_single/latest"
 bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --micro-batch 4 --zero 2 \
   --save-dir "$work/ckpt_single" --resume --metrics "$work/resumed_single_np2.jsonl"
 
-"${MAMMOTH_PYTHON:-/usr/bin/python3}" - "$work" <<'PY'
-import json, sys
+PYTHONPATH="$(dirname "$0")/../testing" "${MAMMOTH_PYTHON:-/usr/bin/python3}" - "$work" <<'PY'
+import json, os, sys, curves
 work = sys.argv[1]
-def losses(name):
-    return {r["step"]: r["loss"] for r in map(json.loads, open(f"{work}/{name}.jsonl"))}
-def compare(name, reference, steps, tol):
-    got, want = losses(name), losses(reference)
-    assert sorted(got) == steps, (name, sorted(got))
-    worst = max(abs(got[s] - want[s]) / abs(want[s]) for s in steps)
-    print(f"{name} vs {reference}: largest relative loss difference {worst:.2e}")
-    assert worst < tol, (name, worst)
+runs = curves.Runs(work)
 # Under autocast a float-rounding difference in a weight can flip its bf16/fp16 rounding (a
 # 2^-8 / 2^-11 relative change of that input), so the curves agree to well below bf16's
 # epsilon (7.8e-3) rather than to fp32 rounding.
 for name in ["dp2_bf16_zero0", "dp2_bf16_zero1", "dp2_bf16_zero2", "dp2_bf16_zero3",
              "dp4_bf16_zero3"]:
-    compare(name, "single_bf16", list(range(1, 9)), 1e-3)
-compare("dp2_fp16", "single_fp16", list(range(1, 9)), 1e-3)
-ref = losses("single")
-assert sorted(ref) == list(range(1, 9)), ref
+    runs.matches(name, "single_bf16", tol=1e-3, steps=range(1, 9))
+runs.matches("dp2_fp16", "single_fp16", tol=1e-3, steps=range(1, 9))
+runs.learns("single", steps=8)
 # Reductions run in another order than in one process: equal to float rounding.
-tol = 2e-5
-def same(name, steps):
-    got = losses(name)
-    assert sorted(got) == steps, (name, sorted(got))
-    worst = max(abs(got[s] - ref[s]) / abs(ref[s]) for s in steps)
-    print(f"{name}: steps {steps[0]}..{steps[-1]}, largest relative loss difference {worst:.2e}")
-    assert worst < tol, (name, worst)
-for name in ["dp2_zero1", "dp4_zero2", "dp2_zero3", "dp2_zero0_accum"]:
-    same(name, list(range(1, 9)))
-same("first_run", list(range(1, 9)))
-same("resumed_np1", [5, 6, 7, 8])
-same("resumed_np2", [5, 6, 7, 8])
-same("resumed_single_np2", [5, 6, 7, 8])
+for name in ["dp2_zero1", "dp4_zero2", "dp2_zero3", "dp2_zero0_accum", "first_run"]:
+    runs.matches(name, "single", tol=2e-5, steps=range(1, 9))
+for name in ["resumed_np1", "resumed_np2", "resumed_single_np2"]:
+    runs.matches(name, "single", tol=2e-5, steps=[5, 6, 7, 8])
 # The ZeRO-3 checkpoint is sharded: 4 shard files, each holding about a quarter of the bytes,
 # all listed (with CRCs) in the manifest; the index describes the single-process tensors.
-import os
 d = f"{work}/sharded_step4"
 index = json.load(open(f"{d}/index.json"))
 manifest = json.load(open(f"{d}/manifest.json"))
@@ -100,6 +82,5 @@ assert max(sizes) < 0.3 * sum(sizes), sizes
 assert set(index["shards"]) <= set(manifest["files"]), manifest["files"].keys()
 assert not os.path.exists(f"{d}/model.safetensors")
 print("sharded checkpoint: shard bytes", sizes)
-assert ref[8] < ref[1] - 0.3, "the loss should fall"
 print("ok")
 PY

@@ -85,46 +85,27 @@ if "$mammoth" train "${common[@]}" --pp 2 2>"$work/err"; then
 fi
 grep -q "\-\-pp 2" "$work/err"
 
-"${MAMMOTH_PYTHON:-/usr/bin/python3}" - "$work" <<'PY'
-import json, sys
-work = sys.argv[1]
-def losses(name):
-    return [r["loss"] for r in map(json.loads, open(f"{work}/{name}.jsonl"))]
-ref = losses("single")
-assert len(ref) == 8 and ref[-1] < ref[0] - 0.3, ref
+PYTHONPATH="$(dirname "$0")/../testing" "${MAMMOTH_PYTHON:-/usr/bin/python3}" - "$work" <<'PY'
+import sys, curves
+runs = curves.Runs(sys.argv[1])
+runs.learns("single", steps=8)
 for name in ["pp2_gpipe", "pp2_1f1b", "pp2_interleaved", "pp2_zb", "pp4_1f1b",
              "pp2_dp2_zero0", "pp2_dp2_zero1", "pp2_dp2_zero2", "pp2_dp2_zero3", "pp2_tp2",
              "pp2_tp2_split_gather", "pp2_sp2_ring", "dp2_pp2_tp2_zero1"]:
-    got = losses(name)
-    worst = max(abs(a - b) / abs(b) for a, b in zip(got, ref))
-    print(f"{name}: largest relative loss difference {worst:.2e}")
-    assert len(got) == 8 and worst < 1e-5, (name, worst)
-def rows(name):
-    return list(map(json.loads, open(f"{work}/{name}.jsonl")))
+    runs.matches(name, "single", tol=1e-5)
 for scale in ["65536", "1e30"]:
-    one, pp2 = rows(f"fp16_single_{scale}"), rows(f"fp16_pp2_{scale}")
+    one, pp2 = runs.rows(f"fp16_single_{scale}"), runs.rows(f"fp16_pp2_{scale}")
     assert len(one) == len(pp2) == 8
     assert [(r["skipped_steps"], r["loss_scale"]) for r in one] == \
         [(r["skipped_steps"], r["loss_scale"]) for r in pp2], (scale, one, pp2)
-    worst = max(abs(a["loss"] - b["loss"]) / abs(a["loss"]) for a, b in zip(one, pp2))
     print(f"fp16 pp2, initial scale {scale}: skipped {pp2[-1]['skipped_steps']} steps as one "
-          f"process did, largest relative loss difference {worst:.2e}")
-    assert worst < 1e-4, (scale, worst)
-assert rows("fp16_pp2_1e30")[-1]["skipped_steps"] > 0  # the overflow really happened
-llama = losses("llama_single")
+          f"process did")
+    runs.matches(f"fp16_pp2_{scale}", f"fp16_single_{scale}", tol=1e-4)
+assert runs.rows("fp16_pp2_1e30")[-1]["skipped_steps"] > 0  # the overflow really happened
 for name in ["llama_pp2", "llama_pp2_dp2_zero1", "llama_pp2_tp2"]:
-    got = losses(name)
-    worst = max(abs(a - b) / abs(b) for a, b in zip(got, llama))
-    print(f"{name}: largest relative loss difference {worst:.2e}")
-    assert len(got) == 8 and worst < 1e-5, (name, worst)
-def steps(name):
-    return [r["step"] for r in map(json.loads, open(f"{work}/{name}.jsonl"))]
+    runs.matches(name, "llama_single", tol=1e-5)
 for name in ["resumed_pp1", "resumed_pp4", "resumed_pp2_dp2", "resumed_pptp_tp2",
              "resumed_pptp_np1", "resumed_pp2_tp2"]:
-    got = losses(name)
-    assert steps(name) == [5, 6, 7, 8], (name, steps(name))
-    worst = max(abs(a - b) / abs(b) for a, b in zip(got, ref[4:]))
-    print(f"{name}: steps 5..8, largest relative loss difference {worst:.2e}")
-    assert worst < 1e-5, (name, worst)
+    runs.matches(name, "single", tol=1e-5, steps=[5, 6, 7, 8])
 print("ok")
 PY

@@ -105,35 +105,23 @@ if "$mammoth" train "${common[@]}" --sp 2 2>"$work/err"; then
 fi
 grep -q "needs --sp-mode ulysses or ring" "$work/err"
 
-"${MAMMOTH_PYTHON:-/usr/bin/python3}" - "$work" <<'PY'
-import json, sys
+PYTHONPATH="$(dirname "$0")/../testing" "${MAMMOTH_PYTHON:-/usr/bin/python3}" - "$work" <<'PY'
+import json, sys, curves
 work = sys.argv[1]
-def losses(name):
-    return [r["loss"] for r in map(json.loads, open(f"{work}/{name}.jsonl"))]
-ref = losses("single")
-assert len(ref) == 8 and ref[-1] < ref[0] - 0.3, ref
-# f32: tensor-parallel matmuls and all-reduces sum in another order than one process.
-def norms(name):
-    return [r["grad_norm"] for r in map(json.loads, open(f"{work}/{name}.jsonl"))]
+runs = curves.Runs(work)
+runs.learns("single", steps=8)
+# f32: tensor-parallel matmuls and all-reduces sum in another order than one process. The
+# gradient norm (clipping) counts sharded, replicated and ZeRO-sharded parts once.
 for name in ["tp2", "tp2_split_gather", "dp2_tp2", "sp2_ulysses", "sp2_ring", "dp2_sp2_ring",
              "dp2_sp2_ulysses", "dp2_tp2_zero1", "dp2_tp2_zero3", "dp2_tp2_split_gather_zero2",
              "dp2_sp2_ring_zero1"]:
-    got = losses(name)
-    worst = max(abs(a - b) / abs(b) for a, b in zip(got, ref))
-    # The gradient norm (clipping) counts sharded, replicated and ZeRO-sharded parts once.
-    worst_norm = max(abs(a - b) / abs(b) for a, b in zip(norms(name), norms("single")))
-    print(f"{name}: largest relative loss difference {worst:.2e}, grad norm {worst_norm:.2e}")
-    assert len(got) == 8 and worst < 1e-4 and worst_norm < 1e-4, (name, worst, worst_norm)
-llama = losses("llama_single")
-for name, want in [("resumed_tp4", ref), ("resumed_dp4", ref), ("resumed_np1", ref),
-                   ("resumed_sp_tp2", ref), ("resumed_z_tp4", ref),
-                   ("resumed_z_dp4_zero3", ref), ("llama_resumed_tp2", llama),
-                   ("llama_resumed_np1", llama)]:
-    rows = list(map(json.loads, open(f"{work}/{name}.jsonl")))
-    assert [r["step"] for r in rows] == [5, 6, 7, 8], (name, [r["step"] for r in rows])
-    worst = max(abs(r["loss"] - b) / abs(b) for r, b in zip(rows, want[4:]))
-    print(f"{name}: steps 5..8, largest relative loss difference {worst:.2e}")
-    assert worst < 1e-4, (name, worst)
+    runs.matches(name, "single", tol=1e-4)
+    runs.matches(name, "single", tol=1e-4, key="grad_norm")
+for name, want in [("resumed_tp4", "single"), ("resumed_dp4", "single"),
+                   ("resumed_np1", "single"), ("resumed_sp_tp2", "single"),
+                   ("resumed_z_tp4", "single"), ("resumed_z_dp4_zero3", "single"),
+                   ("llama_resumed_tp2", "llama_single"), ("llama_resumed_np1", "llama_single")]:
+    runs.matches(name, want, tol=1e-4, steps=[5, 6, 7, 8])
 from safetensors.numpy import load_file
 one = load_file(f"{work}/hf_one/model.safetensors")
 sharded = load_file(f"{work}/hf_sharded/model.safetensors")

@@ -1,0 +1,22 @@
+"""train_sh_test: a shell test of `mammoth train` runs (single and multi-process).
+
+The script NAME.sh gets the mammoth binary as $1 and test/testing/mpirun.sh as $2, and finds
+test/testing/curves.py (the loss-curve checks) at "$(dirname "$0")/../testing".
+"""
+
+def train_sh_test(name, size = "large", data = [], **kwargs):
+    native.sh_test(
+        name = name,
+        size = size,
+        srcs = [name + ".sh"],
+        args = [
+            "$(location //tools:mammoth)",
+            "$(location //test/testing:mpirun.sh)",
+        ],
+        data = [
+            "//test/testing:curves.py",
+            "//test/testing:mpirun.sh",
+            "//tools:mammoth",
+        ] + data,
+        **kwargs
+    )
