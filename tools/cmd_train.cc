@@ -26,6 +26,7 @@
 #include "parallel/comm/mpi_communicator.h"
 #include "parallel/data_parallel.h"
 #include "parallel/mesh.h"
+#include "parallel/offload_group.h"
 #include "parallel/pipeline/schedule.h"
 #include "tools/command.h"
 
@@ -361,7 +362,29 @@ int run_train(const std::vector<std::string>& args) {
     }
   }
 
-  if (mesh && dp_size > 1) {
+  // Chunked memory: any of --offload, --device-mem, --host-mem turns it on. Under dp the
+  // offload runtime does the data parallelism itself, over its chunks (engine/offload/offload.h):
+  // parallel::DataParallel would move the same parameters into its own buckets.
+  engine::offload::OffloadOptions oo;
+  oo.mode = engine::offload::parse_mode(absl::GetFlag(FLAGS_offload));
+  oo.device_mem = memory::chunks::parse_bytes(absl::GetFlag(FLAGS_device_mem), "--device-mem");
+  oo.host_mem = memory::chunks::parse_bytes(absl::GetFlag(FLAGS_host_mem), "--host-mem");
+  const bool offload_on =
+      oo.mode != engine::offload::Mode::kNone || oo.device_mem > 0 || oo.host_mem > 0;
+  std::unique_ptr<parallel::OffloadGroup> offload_group;
+  if (offload_on && mesh) {
+    MAMMOTH_CHECK(!model_parallel && !pipeline)
+        << "[train] --offload/--device-mem/--host-mem combine with data parallelism (--dp) only, "
+           "not with --tp "
+        << tp_size << " / --sp " << sp_size << " / --pp " << pp_size;
+    MAMMOTH_CHECK(absl::GetFlag(FLAGS_zero) == 0)
+        << "[train] --offload shards the AdamW states over dp by chunk itself (ZeRO-Offload); "
+           "--zero "
+        << absl::GetFlag(FLAGS_zero) << " does not apply: leave it at 0";
+    offload_group = std::make_unique<parallel::OffloadGroup>(mesh->group(parallel::Axis::kDp));
+  }
+
+  if (mesh && dp_size > 1 && !offload_on) {
     // Under pp each stage's replicas reduce their stage's parameters.
     dp = std::make_unique<parallel::DataParallel>(
         pipeline ? pipeline->parameters() : trained->named_parameters(),
@@ -371,7 +394,7 @@ int run_train(const std::vector<std::string>& args) {
     dp->broadcast_parameters();
     o.dp = dp.get();
 
-  } else {
+  } else if (!offload_on) {
     MAMMOTH_CHECK(absl::GetFlag(FLAGS_zero) == 0)
         << "[train] --zero " << absl::GetFlag(FLAGS_zero)
         << " shards over data-parallel ranks: launch with mpirun -np N (and --dp > 1)";
@@ -409,26 +432,27 @@ int run_train(const std::vector<std::string>& args) {
     };
   }
 
-  // Chunked memory: any of --offload, --device-mem, --host-mem turns it on.
   std::unique_ptr<engine::offload::Offload> offload;
-  {
-    engine::offload::OffloadOptions oo;
-    oo.mode = engine::offload::parse_mode(absl::GetFlag(FLAGS_offload));
-    oo.device_mem = memory::chunks::parse_bytes(absl::GetFlag(FLAGS_device_mem), "--device-mem");
-    oo.host_mem = memory::chunks::parse_bytes(absl::GetFlag(FLAGS_host_mem), "--host-mem");
+  if (offload_on) {
     oo.nvme_dir = absl::GetFlag(FLAGS_nvme_dir);
     const double chunk_mb = absl::GetFlag(FLAGS_chunk_mb);
     MAMMOTH_CHECK(chunk_mb > 0 && chunk_mb <= 65536)
         << "[train] --chunk-mb must be in (0, 65536], got " << chunk_mb;
     oo.chunk_bytes = static_cast<int64_t>(chunk_mb * 1048576.0);
-    if (oo.mode != engine::offload::Mode::kNone || oo.device_mem > 0 || oo.host_mem > 0) {
-      MAMMOTH_CHECK(!mesh) << "[train] --offload/--device-mem/--host-mem with data parallelism "
-                              "(--dp "
-                           << dp_size << ") are not supported yet";
-      offload = std::make_unique<engine::offload::Offload>(model->named_parameters(), oo);
-      o.offload = offload.get();
-      if (lead) std::fprintf(stderr, "%s", offload->report().c_str());
-    }
+    oo.group = offload_group.get();
+    // Chunks follow the order in which a forward pass first touches the parameters (one short
+    // sequence, no gradients), so they are needed one after the other.
+    oo.use_order = engine::offload::first_use_order(model->named_parameters(), [&] {
+      const int64_t t = std::min<int64_t>(o.seq_len, 8);
+      const engine::Tensor ids = engine::Tensor::zeros({1, t}, DType::kI64);
+      model->eval();
+      model->loss(ids, ids);
+      model->train();
+    });
+    offload = std::make_unique<engine::offload::Offload>(model->named_parameters(), oo);
+    o.offload = offload.get();
+    o.dp = offload->data_parallel();
+    if (lead) std::fprintf(stderr, "%s", offload->report().c_str());
   }
 
   if (lead) {
@@ -453,16 +477,23 @@ int run_train(const std::vector<std::string>& args) {
     } else {
       n = trained->num_parameters();
     }
-    const parallel::DataParallel::MemoryReport m =
+    parallel::DataParallel::MemoryReport m =
         dp ? dp->memory() : parallel::DataParallel::MemoryReport{n * elem, n * elem, 2 * n * elem};
+    if (offload) {
+      const engine::offload::Offload::MemoryReport om = offload->memory();
+      m = {om.params, om.grads, om.optimizer};
+    }
     std::fprintf(
         stderr,
         "[train] per rank: parameters %.1f MiB (%.1f%% of the model's %.1f MiB), "
-        "gradients %.1f MiB, optimizer states %.1f MiB (ZeRO stage %d)\n",
+        "gradients %.1f MiB, optimizer states %.1f MiB (%s)\n",
         m.params / 1048576.0,
         100.0 * static_cast<double>(m.params) / static_cast<double>(model->num_parameters() * elem),
         static_cast<double>(model->num_parameters() * elem) / 1048576.0, m.grads / 1048576.0,
-        m.optimizer / 1048576.0, absl::GetFlag(FLAGS_zero));
+        m.optimizer / 1048576.0,
+        offload && dp_size > 1
+            ? "offload: sharded by chunk over dp"
+            : ("ZeRO stage " + std::to_string(absl::GetFlag(FLAGS_zero))).c_str());
   }
 
   json::Value config = json::Value::object();

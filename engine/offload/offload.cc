@@ -1,5 +1,6 @@
 #include "engine/offload/offload.h"
 
+#include <algorithm>
 #include <cstring>
 #include <unordered_set>
 
@@ -43,6 +44,55 @@ constexpr int64_t kSlotAlignment = 64;  // as memory::CpuAllocator: same SIMD al
 
 }  // namespace
 
+std::vector<std::string> first_use_order(const nn::NamedTensors& params,
+                                         const std::function<void()>& forward) {
+  // Every kernel launch calls its arguments' residency hooks (engine/ops/common.h): a hook on
+  // each parameter's storage sees the first launch that touches it. Storages shared by several
+  // parameters (tied weights, views) record all of them at once.
+  std::vector<std::pair<Storage*, std::vector<std::string>>> by_storage;
+  for (const auto& [name, p] : params) {
+    Storage* st = p.storage().get();
+    auto it = std::find_if(by_storage.begin(), by_storage.end(),
+                           [st](const auto& e) { return e.first == st; });
+    if (it == by_storage.end()) {
+      by_storage.push_back({st, {}});
+      it = by_storage.end() - 1;
+    }
+    if (std::find(it->second.begin(), it->second.end(), name) == it->second.end())
+      it->second.push_back(name);
+  }
+  std::vector<std::string> order;
+  std::vector<std::function<void(bool)>> saved;
+  for (auto& [st, names] : by_storage) {
+    saved.push_back(st->ensure_resident);
+    auto previous = st->ensure_resident;
+    const std::vector<std::string>* list = &names;
+    auto done = std::make_shared<bool>(false);
+    st->ensure_resident = [&order, list, done, previous](bool write) {
+      if (!*done) {
+        *done = true;
+        order.insert(order.end(), list->begin(), list->end());
+      }
+      if (previous) previous(write);
+    };
+  }
+  auto restore = [&] {
+    for (size_t s = 0; s < by_storage.size(); ++s) by_storage[s].first->ensure_resident = saved[s];
+  };
+  try {
+    NoGradGuard ng;
+    forward();
+  } catch (...) {
+    restore();
+    throw;
+  }
+  restore();
+  for (const auto& [name, p] : params) {
+    if (std::find(order.begin(), order.end(), name) == order.end()) order.push_back(name);
+  }
+  return order;
+}
+
 // AdamW over the chunked parameters: PyTorch's update through the same fused kernel as
 // optim::AdamW, launched per parameter on the same slices, so the numbers are identical; the
 // difference is that each launch first pages in its four chunks (parameter, gradient, moments).
@@ -67,6 +117,7 @@ class Offload::ChunkedAdamW final : public optim::Optimizer {
     p.grad_scale = grad_scale;
     for (size_t i = 0; i < params_.size(); ++i) {
       const auto& [name, param] = params_[i];
+      if (!owner_.owns(i)) continue;  // another dp rank updates it and broadcasts the result
       Tensor g = param.grad();
       if (!g.defined()) continue;
       MAMMOTH_CHECK(g.shape() == param.shape() && g.dtype() == param.dtype())
@@ -88,6 +139,7 @@ class Offload::ChunkedAdamW final : public optim::Optimizer {
   nn::NamedTensors state() const override {
     nn::NamedTensors out;
     for (size_t i = 0; i < params_.size(); ++i) {
+      if (!owner_.owns(i)) continue;  // only the owner has this chunk's states
       out.emplace_back(params_[i].first + ".exp_avg", owner_.view(kExpAvg, i));
       out.emplace_back(params_[i].first + ".exp_avg_sq", owner_.view(kExpAvgSq, i));
     }
@@ -102,8 +154,8 @@ class Offload::ChunkedAdamW final : public optim::Optimizer {
 
 Offload::Offload(const nn::NamedTensors& params, const OffloadOptions& options)
     : options_(options) {
-  // Unique parameters (tied weights once), in the model's order: the order of first use in
-  // the forward pass for the zoo's models, so chunks fill in the order they are needed.
+  // Unique parameters (tied weights once), in the model's order: the optimizer, the gradient
+  // norm and checkpoints walk them in this order, so the numbers match the plain loop's.
   std::unordered_set<TensorImpl*> seen;
   int64_t largest = 0;
   for (const auto& [name, p] : params) {
@@ -118,6 +170,18 @@ Offload::Offload(const nn::NamedTensors& params, const OffloadOptions& options)
     state_bytes_ += 4 * static_cast<int64_t>(p.nbytes());
   }
   MAMMOTH_CHECK(!params_.empty()) << "[offload] the model has no parameters";
+  if (options.group != nullptr && options.group->size() > 1) {
+    dp_ = options.group;
+    rank_ = dp_->rank();
+    world_ = dp_->size();
+    // One all-reduce per chunk needs one element type per chunk; the zoo's models have one.
+    dtype_ = params_[0].second.dtype();
+    for (const auto& [name, p] : params_) {
+      MAMMOTH_CHECK(p.dtype() == dtype_)
+          << "[offload] data parallelism reduces whole chunks: parameter '" << name << "' is "
+          << dtype_name(p.dtype()) << " but '" << params_[0].first << "' is " << dtype_name(dtype_);
+    }
+  }
   requested_chunk_bytes_ = options.chunk_bytes;
   // A parameter never straddles chunks (kernels need it contiguous), so a chunk holds the
   // largest one.
@@ -135,19 +199,41 @@ Offload::Offload(const nn::NamedTensors& params, const OffloadOptions& options)
   manager_ = std::make_unique<chunks::ChunkManager>(mo);
   const int64_t cb = manager_->chunk_bytes();
 
-  // Layout: first fit in order.
-  std::vector<int64_t> chunk_used;
-  for (const auto& [name, p] : params_) {
-    const int64_t n = static_cast<int64_t>(p.nbytes());
-    int64_t at = chunk_used.empty() ? cb + 1
-                                    : (chunk_used.back() + kSlotAlignment - 1) / kSlotAlignment *
-                                          kSlotAlignment;
-    if (chunk_used.empty() || at + n > cb) {
-      chunk_used.push_back(0);
+  // Packing order: the recorded first use, else the model's order.
+  std::vector<size_t> order;
+  if (!options.use_order.empty()) {
+    std::vector<bool> placed(params_.size(), false);
+    for (const std::string& name : options.use_order) {
+      for (size_t i = 0; i < params_.size(); ++i) {
+        if (!placed[i] && params_[i].first == name) {
+          placed[i] = true;
+          order.push_back(i);
+        }
+      }
+    }
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (!placed[i]) order.push_back(i);  // never touched (or an alias's name): at the end
+    }
+    use_ordered_ = true;
+  } else {
+    for (size_t i = 0; i < params_.size(); ++i) order.push_back(i);
+  }
+
+  // Layout: first fit in packing order.
+  slots_.resize(params_.size());
+  for (size_t i : order) {
+    const int64_t n = static_cast<int64_t>(params_[i].second.nbytes());
+    int64_t at = chunk_used_.empty()
+                     ? cb + 1
+                     : (chunk_used_.back() + kSlotAlignment - 1) / kSlotAlignment * kSlotAlignment;
+    if (chunk_used_.empty() || at + n > cb) {
+      chunk_used_.push_back(0);
+      chunk_params_.push_back(0);
       at = 0;
     }
-    slots_.push_back(Slot{static_cast<int>(chunk_used.size()) - 1, at});
-    chunk_used.back() = at + n;
+    slots_[i] = Slot{static_cast<int>(chunk_used_.size()) - 1, at};
+    chunk_used_.back() = at + n;
+    ++chunk_params_.back();
   }
 
   const std::vector<Tier> device_first = {Tier::kDevice, Tier::kHost};
@@ -167,7 +253,11 @@ Offload::Offload(const nn::NamedTensors& params, const OffloadOptions& options)
   };
   for (int l = 0; l < kNumLists; ++l) {
     const int list = manager_->add_list(specs[l]);
-    for (int64_t used : chunk_used) ids_[l].push_back(manager_->add_chunk(list, used));
+    for (size_t k = 0; k < chunk_used_.size(); ++k) {
+      // AdamW states exist only for the chunks this dp rank owns.
+      const bool held = l < kExpAvg || owner(static_cast<int>(k)) == rank_;
+      ids_[l].push_back(held ? manager_->add_chunk(list, chunk_used_[k]) : -1);
+    }
   }
   manager_->finalize();
 
@@ -176,6 +266,10 @@ Offload::Offload(const nn::NamedTensors& params, const OffloadOptions& options)
   chunks::ChunkManager* mgr = manager_.get();
   for (int l = 0; l < kNumLists; ++l) {
     for (chunks::ChunkId id : ids_[l]) {
+      if (id < 0) {
+        storages_[l].push_back(nullptr);
+        continue;
+      }
       auto st = std::make_shared<Storage>(nullptr, static_cast<size_t>(cb), Device::cpu(),
                                           [] {});
       Storage* raw = st.get();
@@ -186,7 +280,7 @@ Offload::Offload(const nn::NamedTensors& params, const OffloadOptions& options)
   }
 
   // Move the parameter values in, chunk by chunk (each acquire may evict the previous chunk).
-  for (size_t i = 0; i < params_.size(); ++i) {
+  for (size_t i : order) {
     const Tensor& p = params_[i].second;
     const Slot& s = slots_[i];
     char* base = static_cast<char*>(manager_->acquire(ids_[kParams][s.chunk], true));
@@ -198,6 +292,14 @@ Offload::Offload(const nn::NamedTensors& params, const OffloadOptions& options)
   for (size_t i = 0; i < params_.size(); ++i) {
     grad_views_.push_back(view(kGrads, i));
     set_grad_ready_hook(params_[i].second, [this, i] { on_grad_ready(i); });
+  }
+  if (dp_) {
+    // Every replica starts from rank 0's parameters.
+    for (int k = 0; k < num_chunks(); ++k) {
+      dp_->broadcast(flat(k, manager_->acquire(ids_[kParams][k], true)), 0);
+    }
+    ready_.assign(chunk_used_.size(), 0);
+    param_ready_.assign(params_.size(), false);
   }
   manager_->restart_trace();  // the trace is the first training step's, not this set-up
 }
@@ -221,6 +323,7 @@ Offload::~Offload() {
   }
   for (auto& list : storages_) {
     for (auto& st : list) {
+      if (!st) continue;  // a state chunk another dp rank owns
       st->ensure_resident = nullptr;
       st->data = nullptr;  // views that outlive the manager fail loudly, never read freed bytes
     }
@@ -230,6 +333,9 @@ Offload::~Offload() {
 
 Tensor Offload::view(List list, size_t i) const {
   const Tensor& p = params_[i].second;
+  MAMMOTH_CHECK(storages_[list][slots_[i].chunk] != nullptr)
+      << "[offload] the AdamW state of '" << params_[i].first << "' lives on dp rank "
+      << owner(slots_[i].chunk) << ", not on rank " << rank_;
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = storages_[list][slots_[i].chunk];
   impl->offset = slots_[i].offset / static_cast<int64_t>(dtype_size(p.dtype()));
@@ -243,16 +349,189 @@ void Offload::on_grad_ready(size_t i) {
   TensorImpl* impl = params_[i].second.impl();
   const Tensor g = impl->grad;
   const Tensor& dst = grad_views_[i];
-  if (!g.defined() || g.impl() == dst.impl()) return;
-  MAMMOTH_CHECK(g.shape() == dst.shape() && g.dtype() == dst.dtype())
-      << "[offload] gradient of '" << params_[i].first << "' has shape " << shape_str(g.shape())
-      << " " << dtype_name(g.dtype()) << " but the parameter is " << shape_str(dst.shape()) << " "
-      << dtype_name(dst.dtype());
+  if (g.defined() && g.impl() != dst.impl()) {
+    MAMMOTH_CHECK(g.shape() == dst.shape() && g.dtype() == dst.dtype())
+        << "[offload] gradient of '" << params_[i].first << "' has shape " << shape_str(g.shape())
+        << " " << dtype_name(g.dtype()) << " but the parameter is " << shape_str(dst.shape()) << " "
+        << dtype_name(dst.dtype());
+    NoGradGuard ng;
+    make_resident(g, false);
+    make_resident(dst, true);
+    copy_(dst, g);
+    impl->grad = dst;
+  }
+  // The last micro-batch of a step: a chunk whose gradients are all final is reduced now.
+  if (dp_ && sync_ && !param_ready_[i]) {
+    param_ready_[i] = true;
+    ++ready_[slots_[i].chunk];
+    launch_ready(false);
+  }
+}
+
+Tensor Offload::flat(int chunk, void* base) const {
+  const int64_t n =
+      chunk_used_[static_cast<size_t>(chunk)] / static_cast<int64_t>(dtype_size(dtype_));
+  return Tensor::from_blob(base, {n}, dtype_, Device::cpu(), nullptr);
+}
+
+// Chunks are reduced in one fixed order on every rank (the collectives must match): the last
+// chunk first, the order in which backward finishes them when chunks follow the forward.
+void Offload::launch_ready(bool all) {
+  const int n = num_chunks();
+  while (next_launch_ < n) {
+    const int k = n - 1 - next_launch_;
+    if (!all && ready_[k] < chunk_params_[k]) return;
+    if (free_buffers_.empty() && static_cast<int>(in_flight_.size()) >= kCommBuffers) drain_one();
+    Tensor buffer;
+    if (!free_buffers_.empty()) {
+      buffer = free_buffers_.back();
+      free_buffers_.pop_back();
+    } else {
+      buffer = Tensor::empty({manager_->chunk_bytes() / static_cast<int64_t>(dtype_size(dtype_))},
+                             dtype_);
+    }
+    const void* src = manager_->acquire(ids_[kGrads][k], false);
+    std::memcpy(buffer.raw_data(), src, static_cast<size_t>(chunk_used_[k]));
+    const Tensor used = flat(k, buffer.raw_data());
+    in_flight_.push_back(InFlight{k, buffer, dp_->start_average(used)});
+    ++next_launch_;
+  }
+}
+
+// Waits for the oldest reduction and copies the average back into its gradient chunk (on every
+// rank: the norm and the fp16 skip are then computed from the same bytes everywhere).
+void Offload::drain_one() {
+  InFlight f = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  f.wait();
+  void* dst = manager_->acquire(ids_[kGrads][f.chunk], true);
+  std::memcpy(dst, f.buffer.raw_data(), static_cast<size_t>(chunk_used_[f.chunk]));
+  free_buffers_.push_back(std::move(f.buffer));
+}
+
+void Offload::begin_backward(bool sync) {
+  sync_ = sync;
+  if (!sync) return;
+  std::fill(ready_.begin(), ready_.end(), 0);
+  std::fill(param_ready_.begin(), param_ready_.end(), false);
+  next_launch_ = 0;
+}
+
+void Offload::finish_backward() {
+  // Chunks with a parameter that got no gradient never became ready: reduce them now.
+  launch_ready(true);
+  while (!in_flight_.empty()) drain_one();
+  sync_ = false;
+}
+
+bool Offload::decays(const std::string& name) const {
+  for (const auto& [n, p] : params_) {
+    if (n == name) return optim::decay_matrices(n, p);
+  }
+  return false;
+}
+
+double Offload::grad_norm() {
+  // Every rank holds the averaged gradients: the same sum, in the model's order, everywhere.
+  return optim::grad_norm(params_);
+}
+
+void Offload::after_step() {
+  // The owners' updated parameter chunks, to every rank (blocking: nothing moves the chunk
+  // while the broadcast reads or writes it).
   NoGradGuard ng;
-  make_resident(g, false);
-  make_resident(dst, true);
-  copy_(dst, g);
-  impl->grad = dst;
+  for (int k = 0; k < num_chunks(); ++k) {
+    const bool mine = owner(k) == rank_;
+    dp_->broadcast(flat(k, manager_->acquire(ids_[kParams][k], !mine)), owner(k));
+  }
+}
+
+double Offload::average(double value) { return dp_ ? dp_->average(value) : value; }
+
+void Offload::barrier() {
+  if (dp_) dp_->barrier();
+}
+
+namespace {
+
+Tensor copy_out(const Tensor& v) {
+  make_resident(v, false);
+  Tensor copy = Tensor::empty(v.shape(), v.dtype());
+  copy_(copy, v);
+  return copy;
+}
+
+}  // namespace
+
+std::vector<train::CheckpointPiece> Offload::checkpoint_pieces(
+    const nn::NamedTensors& /*state*/, const std::vector<std::string>& suffixes, bool writing) {
+  NoGradGuard ng;
+  for (const std::string& suffix : suffixes) {
+    MAMMOTH_CHECK(suffix == "exp_avg" || suffix == "exp_avg_sq")
+        << "[offload] no optimizer state '" << suffix << "'";
+  }
+  // Copies (chunks move, and NVMe-homed ones have no address): written from them, or loaded
+  // into them and copied into the chunks by pieces_loaded(). The owner of a chunk writes its
+  // parameters and states, whole; loading reads every parameter and the owned states.
+  std::vector<train::CheckpointPiece> out;
+  loading_.clear();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const std::string& name = params_[i].first;
+    const Tensor& p = params_[i].second;
+    if (writing && !owns(i)) continue;
+    std::vector<std::pair<std::string, Tensor>> held = {
+        {name, writing ? copy_out(p) : Tensor::zeros(p.shape(), p.dtype())}};
+    if (owns(i)) {
+      for (List l : {kExpAvg, kExpAvgSq}) {
+        const std::string n = name + (l == kExpAvg ? ".exp_avg" : ".exp_avg_sq");
+        held.emplace_back(n, writing ? copy_out(view(l, i)) : Tensor::zeros(p.shape(), p.dtype()));
+      }
+    }
+    for (auto& [n, t] : held) {
+      out.push_back({n, 0, t});
+      if (!writing) loading_.emplace_back(n, t);
+    }
+  }
+  return out;
+}
+
+void Offload::pieces_loaded() {
+  NoGradGuard ng;
+  for (const auto& [name, t] : loading_) {
+    bool done = false;
+    for (size_t i = 0; i < params_.size() && !done; ++i) {
+      const std::string& p = params_[i].first;
+      if (name == p) {
+        make_resident(params_[i].second, true);
+        copy_(params_[i].second, t);
+        done = true;
+      } else if (name == p + ".exp_avg" || name == p + ".exp_avg_sq") {
+        const Tensor v = view(name == p + ".exp_avg" ? kExpAvg : kExpAvgSq, i);
+        make_resident(v, true);
+        copy_(v, t);
+        done = true;
+      }
+    }
+    MAMMOTH_CHECK(done) << "[offload] loaded a checkpoint piece '" << name
+                        << "' it has no place for";
+  }
+  loading_.clear();
+}
+
+std::vector<int> Offload::chunk_of_params() const {
+  std::vector<int> out;
+  for (const Slot& s : slots_) out.push_back(s.chunk);
+  return out;
+}
+
+Offload::MemoryReport Offload::memory() const {
+  MemoryReport m;
+  for (int k = 0; k < num_chunks(); ++k) {
+    m.params += chunk_used_[k];
+    m.grads += chunk_used_[k];
+    if (owner(k) == rank_) m.optimizer += 2 * chunk_used_[k];
+  }
+  return m;
 }
 
 optim::Optimizer& Offload::optimizer(const optim::AdamWOptions& options) {
@@ -267,6 +546,7 @@ void Offload::end_step() {
 }
 
 nn::NamedTensors Offload::gather_state() {
+  MAMMOTH_CHECK(!dp_) << "[offload] under dp the AdamW state is sharded: use checkpoint_pieces";
   NoGradGuard ng;
   nn::NamedTensors out;
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -282,6 +562,7 @@ nn::NamedTensors Offload::gather_state() {
 }
 
 void Offload::scatter_state(const nn::NamedTensors& full) {
+  MAMMOTH_CHECK(!dp_) << "[offload] under dp the AdamW state is sharded: use checkpoint_pieces";
   NoGradGuard ng;
   for (size_t i = 0; i < params_.size(); ++i) {
     for (List l : {kExpAvg, kExpAvgSq}) {
@@ -313,6 +594,9 @@ json::Value Offload::metrics() const {
     v.set("stall_s", json::Value(s.stall_s));
     out.set(chunks::tier_name(static_cast<Tier>(t)), v);
   }
+  const MemoryReport m = memory();
+  out.set("optimizer_state_bytes", json::Value(m.optimizer));
+  out.set("chunks", json::Value(static_cast<int64_t>(num_chunks())));
   return out;
 }
 
@@ -323,7 +607,19 @@ std::string Offload::report() const {
   if (manager_->chunk_bytes() > requested_chunk_bytes_)
     out += "; chunks raised from " + chunks::short_bytes(requested_chunk_bytes_) +
            " to the largest parameter";
-  return out + "\n" + manager_->report();
+  out += use_ordered_ ? "; packed in first-use order" : "; packed in the model's order";
+  out += "\n";
+  if (dp_) {
+    const MemoryReport m = memory();
+    int owned = 0;
+    for (int k = 0; k < num_chunks(); ++k) owned += owner(k) == rank_;
+    out += "[offload] dp rank " + std::to_string(rank_) + " of " + std::to_string(world_) +
+           ": owns " + std::to_string(owned) + " of " + std::to_string(num_chunks()) +
+           " chunks (chunk k: rank k % " + std::to_string(world_) + "), AdamW states " +
+           chunks::short_bytes(m.optimizer) + " of the model's " +
+           chunks::short_bytes(state_bytes_ / 2) + "; gradient chunks averaged over dp\n";
+  }
+  return out + manager_->report();
 }
 
 }  // namespace mammoth::engine::offload

@@ -18,11 +18,34 @@
 // what is computed on the device. Results are bitwise those of the plain AdamW: the same
 // kernel runs on the same per-parameter slices; only where the bytes wait in between differs.
 //
+// Data parallelism (ZeRO-Offload style), when OffloadOptions::group has more than one rank:
+// every rank keeps all parameter and gradient chunks, but chunk k is *owned* by dp rank
+// k % size, and only the owner has AdamW state chunks for it (so optimizer-state memory per
+// rank is ~1/size). During the last micro-batch's backward each gradient chunk, once all its
+// parameters' gradients are final, is copied into one of kCommBuffers host buffers and averaged
+// over the group asynchronously (one all-reduce per chunk, issued in a fixed order: last chunk
+// first, as backward finishes them) while backward continues; finish_backward() waits for the
+// rest and copies the averages back into the gradient chunks on every rank (so the global norm,
+// and with it fp16's skip decision, is computed identically everywhere, in the model's order, as
+// parallel::DataParallel's stage 0 does). Each rank then updates only its chunks, and
+// after_step() broadcasts every updated parameter chunk from its owner. Offload is then also
+// the loop's DataParallelRuntime (data_parallel()); parallel::DataParallel must not manage the
+// same parameters (it would move them into its own buckets). The group is an interface here
+// because engine/ does not depend on parallel/: parallel/offload_group.h implements it over a
+// Communicator. Sharded checkpoints: the owner of a chunk writes its parameters and AdamW
+// states as whole single-process tensors, so they resume at any dp, with or without offload.
+//
+// Chunk order: parameters are packed in OffloadOptions::use_order (the order a forward pass
+// first touches them, recorded by first_use_order()), or in the model's order when it is empty;
+// the optimizer, the norm and checkpoints still walk them in the model's order.
+//
 // CPU backend only for now (the device budget is emulated with host memory); CUDA parameters
 // are rejected with a clear error.
 #pragma once
 
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,6 +61,25 @@ enum class Mode { kNone, kHost, kNvme };
 Mode parse_mode(const std::string& text);  // "none" | "host" | "nvme"; Error naming --offload
 const char* mode_name(Mode mode);
 
+// The data-parallel group as Offload needs it (parallel/offload_group.h implements it).
+class ChunkGroup {
+ public:
+  virtual ~ChunkGroup() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Starts averaging the contiguous `flat` over the group in place; the result waits for it.
+  virtual std::function<void()> start_average(const Tensor& flat) = 0;
+  virtual void broadcast(const Tensor& flat, int root) = 0;  // blocking, in place
+  virtual double average(double value) = 0;
+  virtual void barrier() = 0;
+};
+
+// The unique parameters' names in the order `forward` first touches them (a kernel launch
+// reading or writing their storage), then those it never touched in the model's order. Runs
+// `forward` once (the caller makes it cheap: one short sequence, no gradients).
+std::vector<std::string> first_use_order(const nn::NamedTensors& params,
+                                         const std::function<void()>& forward);
+
 struct OffloadOptions {
   Mode mode = Mode::kNone;
   int64_t device_mem = 0;  // bytes; 0: unlimited
@@ -46,9 +88,13 @@ struct OffloadOptions {
   int64_t chunk_bytes = 32ll << 20;  // raised to the largest parameter when smaller
   memory::io::AsyncIOOptions io;
   int prefetch_depth = 2;
+  // Packing order (parameter names; see first_use_order); empty: the model's order.
+  std::vector<std::string> use_order;
+  // Data parallelism over this group (not owned); null or size 1: one process.
+  ChunkGroup* group = nullptr;
 };
 
-class Offload final : public train::OffloadRuntime {
+class Offload final : public train::OffloadRuntime, public train::DataParallelRuntime {
  public:
   Offload(const nn::NamedTensors& params, const OffloadOptions& options);
   // Gives the parameters ordinary storage again (values kept; gradients dropped).
@@ -61,6 +107,36 @@ class Offload final : public train::OffloadRuntime {
   nn::NamedTensors gather_state() override;
   void scatter_state(const nn::NamedTensors& full) override;
   json::Value metrics() const override;
+  train::DataParallelRuntime* data_parallel() override { return dp_ ? this : nullptr; }
+
+  // ---- DataParallelRuntime (only with a group of more than one rank) ----
+  int dp_rank() const override { return rank_; }
+  int dp_size() const override { return world_; }
+  void begin_backward(bool sync) override;
+  void finish_backward() override;
+  const nn::NamedTensors& optimizer_params() const override { return params_; }
+  bool decays(const std::string& name) const override;
+  double grad_norm() override;
+  void after_step() override;
+  double average(double value) override;
+  void barrier() override;
+  std::vector<train::CheckpointPiece> checkpoint_pieces(const nn::NamedTensors& state,
+                                                        const std::vector<std::string>& suffixes,
+                                                        bool writing) override;
+  void pieces_loaded() override;
+
+  // The dp rank that owns chunk k (updates it and holds its AdamW states).
+  int owner(int chunk) const { return chunk % world_; }
+  int num_chunks() const { return static_cast<int>(ids_[kParams].size()); }
+  // Chunk of each parameter, in the model's order (tests assert the packing).
+  std::vector<int> chunk_of_params() const;
+  // Bytes this rank holds for parameters, gradients and AdamW states (the chunks' used bytes).
+  struct MemoryReport {
+    int64_t params = 0, grads = 0, optimizer = 0;
+  };
+  MemoryReport memory() const;
+  // Gradient buffers in flight at once under dp (each a chunk of host memory).
+  static constexpr int kCommBuffers = 4;
 
   // Layout and placement, then the per-tier table (the job prints it at start and end).
   std::string report() const;
@@ -79,6 +155,11 @@ class Offload final : public train::OffloadRuntime {
 
   Tensor view(List list, size_t i) const;  // param i's bytes in `list` as a tensor
   void on_grad_ready(size_t i);
+  bool owns(size_t i) const { return owner(slots_[i].chunk) == rank_; }
+  // Chunk k's used bytes as a flat tensor at `base`.
+  Tensor flat(int chunk, void* base) const;
+  void launch_ready(bool all);
+  void drain_one();
 
   OffloadOptions options_;
   nn::NamedTensors params_;  // unique parameters, in chunk order
@@ -90,6 +171,26 @@ class Offload final : public train::OffloadRuntime {
   std::unique_ptr<ChunkedAdamW> optimizer_;
   int64_t state_bytes_ = 0;
   int64_t requested_chunk_bytes_ = 0;
+  std::vector<int64_t> chunk_used_;  // per chunk: bytes used
+  bool use_ordered_ = false;
+
+  // Data parallelism.
+  ChunkGroup* dp_ = nullptr;
+  int rank_ = 0, world_ = 1;
+  DType dtype_ = DType::kF32;
+  bool sync_ = false;
+  std::vector<int> chunk_params_;  // per chunk: how many parameters it holds
+  std::vector<int> ready_;         // per chunk: parameters whose gradient is final
+  std::vector<bool> param_ready_;  // per parameter, this backward
+  int next_launch_ = 0;            // chunks launched so far (order: last chunk first)
+  struct InFlight {
+    int chunk = 0;
+    Tensor buffer;
+    std::function<void()> wait;
+  };
+  std::deque<InFlight> in_flight_;
+  std::vector<Tensor> free_buffers_;
+  nn::NamedTensors loading_;  // checkpoint pieces being loaded, copied in by pieces_loaded()
 };
 
 }  // namespace mammoth::engine::offload

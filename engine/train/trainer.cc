@@ -143,8 +143,13 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
   const nn::NamedTensors params =
       o.optimizer_params ? *o.optimizer_params : model.named_parameters();
   OffloadRuntime* offload = o.offload;
-  MAMMOTH_CHECK(offload == nullptr || dp == nullptr)
-      << "[train] --offload with data parallelism (--dp " << world << ") is not supported yet";
+  MAMMOTH_CHECK(offload == nullptr || dp == nullptr || dp == offload->data_parallel())
+      << "[train] --offload with data parallelism (--dp " << world
+      << ") needs the offload runtime's own dp over its chunks (offload->data_parallel()), not "
+         "a separate runtime managing the same parameters";
+  // The offload runtime's dp shards the AdamW states by chunk and saves/loads through
+  // checkpoint_pieces; without dp it gathers/scatters the single-process state.
+  const bool offload_alone = offload != nullptr && dp == nullptr;
   // Under ZeRO the optimizer sees this rank's shard slices; decay follows the full parameter.
   std::unique_ptr<optim::AdamW> own_opt;
   if (offload == nullptr) {
@@ -237,7 +242,7 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
     if (auto dir = latest_checkpoint(o.save_dir)) {
       // Each rank reads the ranges it holds, whichever layout wrote the checkpoint.
       nn::NamedTensors full_state;
-      if (offload) {
+      if (offload_alone) {
         for (const std::string& suffix : state_suffixes) {
           for (const auto& [name, p] : params) {
             full_state.emplace_back(name + "." + suffix, Tensor::zeros(p.shape(), p.dtype()));
@@ -247,8 +252,8 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
       // One process holding the whole model also refuses tensors it does not have.
       const bool whole = !dp && !shards && o.optimizer_params == nullptr;
       const json::Value state = load_checkpoint_pieces(
-          *dir, checkpoint_pieces(/*writing=*/false, offload ? &full_state : nullptr), whole);
-      if (offload) offload->scatter_state(full_state);
+          *dir, checkpoint_pieces(/*writing=*/false, offload_alone ? &full_state : nullptr), whole);
+      if (offload_alone) offload->scatter_state(full_state);
       if (dp) dp->pieces_loaded();
       check_resume_compatible(state.at("config"), run_config);
       step = state.at("step").as_int();

@@ -88,7 +88,9 @@ struct TrainOptions {
   // Tensor parallelism: how this rank's parameters relate to the single-process ones (not
   // owned; null: they are the single-process ones). Under it dp must not shard (ZeRO 0).
   ModelShardRuntime* model_shards = nullptr;
-  // Chunked memory (engine/offload), not owned; null: none. Not combined with dp yet.
+  // Chunked memory (engine/offload), not owned; null: none. With data parallelism, dp must be
+  // the offload runtime's own (offload->data_parallel()): it reduces gradient chunks and
+  // shards the AdamW states by chunk; a separate runtime would fight over the parameters.
   OffloadRuntime* offload = nullptr;
   // Test hook: the step (0-based) whose gradients are overwritten with +inf before the
   // finiteness check, to prove that fp16 skips exactly that step. -1: never.
@@ -110,6 +112,9 @@ class OffloadRuntime {
   virtual void scatter_state(const nn::NamedTensors& full) = 0;
   // Memory per tier for the metrics line.
   virtual json::Value metrics() const = 0;
+  // The runtime's own data parallelism over its chunks (engine/offload with a dp group), which
+  // the loop then uses as TrainOptions::dp; null when it runs one process.
+  virtual DataParallelRuntime* data_parallel() { return nullptr; }
 };
 
 using LossFn = std::function<Tensor(const Tensor& input, const Tensor& target)>;

@@ -9,6 +9,7 @@
 
 #include "base/error.h"
 #include "engine/data/token_shard.h"
+#include "engine/ops.h"
 #include "engine/train/trainer.h"
 #include "models/registry.h"
 #include "test/testing/test_dir.h"
@@ -176,4 +177,137 @@ TEST_CASE("budgets too small for one update are clear errors naming the sizes") 
   CHECK_THROWS_WITH(Offload(m->named_parameters(), n), Catch::Contains("--nvme-dir"));
   // A failed construction leaves the model usable with its own storage.
   CHECK(m->named_parameters().front().second.storage()->ensure_resident == nullptr);
+}
+
+namespace {
+
+// Registers its layers in the reverse of the order its forward uses them: the head first, the
+// embedding last.
+class Shuffled final : public engine::nn::Module {
+ public:
+  Shuffled() {
+    head_ = register_module("head", std::make_shared<engine::nn::Linear>(32, 48));
+    norm_ = register_module("norm", std::make_shared<engine::nn::LayerNorm>(32));
+    mid_ = register_module("mid", std::make_shared<engine::nn::Linear>(32, 32));
+    emb_ = register_module("emb", std::make_shared<engine::nn::Embedding>(48, 32));
+    init(5);
+  }
+  engine::Tensor loss(const engine::Tensor& in, const engine::Tensor& tg) const {
+    const engine::Tensor h = norm_->forward(engine::gelu(mid_->forward(emb_->forward(in))));
+    return engine::cross_entropy(head_->forward(h), tg);
+  }
+
+ private:
+  std::shared_ptr<engine::nn::Linear> head_, mid_;
+  std::shared_ptr<engine::nn::LayerNorm> norm_;
+  std::shared_ptr<engine::nn::Embedding> emb_;
+};
+
+struct ShuffledRun {
+  std::vector<double> losses;
+  std::vector<double> head_weight;
+  std::vector<int> chunk_of;  // per parameter (registration order)
+  memory::chunks::TierStats device;
+};
+
+ShuffledRun run_shuffled(const std::string& data_path, const OffloadOptions* offload) {
+  Shuffled model;
+  const auto data = data::TokenDataset::open(data_path);
+  engine::train::TrainOptions o = options();
+  o.eval_every = 0;
+  std::unique_ptr<Offload> off;
+  if (offload) {
+    off = std::make_unique<Offload>(model.named_parameters(), *offload);
+    o.offload = off.get();
+  }
+  ShuffledRun r;
+  r.losses =
+      engine::train::train(
+          model,
+          [&](const engine::Tensor& in, const engine::Tensor& tg) { return model.loss(in, tg); },
+          data, data::TokenDataset(), o, json::Value::object())
+          .losses;
+  if (off) {
+    r.chunk_of = off->chunk_of_params();
+    off->manager().synchronize();
+    r.device = off->manager().stats(Tier::kDevice);
+    off.reset();
+  }
+  r.head_weight = model.named_parameters().front().second.to_vector();
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("chunks are packed in the order the forward first uses the parameters") {
+  testing::TestDir dir;
+  const std::string data = write_data(dir);
+  const ShuffledRun base = run_shuffled(data, nullptr);
+  REQUIRE(base.losses.size() == 10);
+
+  Shuffled probe;
+  const auto params = probe.named_parameters();
+  REQUIRE(params.front().first == "head.weight");
+  const auto order = engine::offload::first_use_order(params, [&] {
+    const engine::Tensor ids = engine::Tensor::zeros({1, 4}, DType::kI64);
+    probe.loss(ids, ids);
+  });
+  // Layer by layer as the forward runs them (a layer's weight and bias in the order its kernel
+  // takes them): emb, mid, norm, head.
+  REQUIRE(order.size() == params.size());
+  auto layer_at = [&](size_t k) { return order[k].substr(0, order[k].find('.')); };
+  std::vector<std::string> layers;
+  for (size_t k = 0; k < order.size(); ++k) {
+    if (layers.empty() || layers.back() != layer_at(k)) layers.push_back(layer_at(k));
+  }
+  CHECK(layers == std::vector<std::string>{"emb", "mid", "norm", "head"});
+  // The probe's own hooks are gone again.
+  for (const auto& [name, p] : params) CHECK(p.storage()->ensure_resident == nullptr);
+
+  // 8 KiB chunks: emb (6 KiB), mid (4 KiB), head (6 KiB) cannot share one.
+  OffloadOptions o;
+  o.chunk_bytes = 8 << 10;
+  o.mode = Mode::kHost;
+  o.use_order = order;
+  {
+    Shuffled m;
+    Offload sizing(m.named_parameters(), o);
+    o.device_mem = 4 * sizing.manager().chunk_bytes();
+  }
+  // Chunk indices along `names` (parameter names) never decrease: packed in that order.
+  auto index_of = [&](const std::string& name) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (params[i].first == name) return i;
+    }
+    FAIL("no parameter " << name);
+    return size_t{0};
+  };
+  auto packed_along = [&](const std::vector<int>& chunk_of, const std::vector<std::string>& names) {
+    for (size_t k = 1; k < names.size(); ++k) {
+      if (chunk_of[index_of(names[k])] < chunk_of[index_of(names[k - 1])]) return false;
+    }
+    return true;
+  };
+  std::vector<std::string> registration;
+  for (const auto& [name, p] : params) registration.push_back(name);
+
+  const ShuffledRun used = run_shuffled(data, &o);
+  INFO("chunks of head.weight, head.bias, norm.*, mid.*, emb.weight: "
+       << ::Catch::Detail::stringify(used.chunk_of));
+  CHECK(packed_along(used.chunk_of, order));
+  CHECK(used.chunk_of[index_of("emb.weight")] == 0);
+  CHECK(used.chunk_of[index_of("head.weight")] == 2);  // the last chunk
+  CHECK(used.losses == base.losses);
+  CHECK(used.head_weight == base.head_weight);
+  CHECK(used.device.peak_bytes <= o.device_mem);
+  CHECK(used.device.moves_in > 0);  // it paged: 6 chunks of params and grads, room for 4
+
+  // Without the order: the model's order (head first, emb last).
+  OffloadOptions plain = o;
+  plain.use_order.clear();
+  const ShuffledRun registered = run_shuffled(data, &plain);
+  CHECK(packed_along(registered.chunk_of, registration));
+  CHECK(registered.chunk_of[index_of("head.weight")] == 0);
+  CHECK(registered.chunk_of[index_of("emb.weight")] == 2);
+  CHECK(registered.losses == base.losses);
 }
