@@ -87,10 +87,14 @@ ABSL_FLAG(
 ABSL_FLAG(double, bucket_mb, 25.0, "gradient bucket size for data-parallel reductions, MiB");
 ABSL_FLAG(std::string, offload, "none",
           "where AdamW states live: none (beside the parameters), host (CPU AdamW on host "
-          "memory) or nvme (files under --nvme-dir, streamed chunk by chunk)");
+          "memory) or nvme (files under --nvme-dir, streamed chunk by chunk); with --dp N "
+          "each rank keeps the AdamW states of its chunks only (chunk k: rank k % N)");
 ABSL_FLAG(std::string, device_mem, "0",
-          "device memory budget for parameters, gradients and states (K/M/G; 0: unlimited); "
-          "on the CPU backend host memory stands in for it, paged through the same chunks");
+          "device memory budget for parameters, gradients and states (K/M/G; 0: unlimited), "
+          "or auto:SIZE: a device of SIZE whose first step's traced peak of activations and "
+          "temporaries (+1/8 margin) is taken off, the chunks getting the rest from step 2; "
+          "on the CPU backend host memory stands in for the device, paged through the same "
+          "chunks");
 ABSL_FLAG(std::string, host_mem, "0",
           "host memory budget for offloaded chunks (K/M/G; 0: unlimited)");
 ABSL_FLAG(std::string, nvme_dir, "", "directory for --offload=nvme swap files (removed at exit)");
@@ -367,10 +371,20 @@ int run_train(const std::vector<std::string>& args) {
   // parallel::DataParallel would move the same parameters into its own buckets.
   engine::offload::OffloadOptions oo;
   oo.mode = engine::offload::parse_mode(absl::GetFlag(FLAGS_offload));
-  oo.device_mem = memory::chunks::parse_bytes(absl::GetFlag(FLAGS_device_mem), "--device-mem");
+  const std::string device_mem = absl::GetFlag(FLAGS_device_mem);
+  if (device_mem.rfind("auto", 0) == 0) {
+    // The device's size: on the CPU backend an emulated one must be given (auto:SIZE).
+    MAMMOTH_CHECK(device_mem.size() > 5 && device_mem[4] == ':')
+        << "[train] --device-mem " << device_mem
+        << ": on the CPU backend auto needs the emulated device's size, e.g. auto:8G";
+    oo.auto_device_size = memory::chunks::parse_bytes(device_mem.substr(5), "--device-mem auto:");
+    MAMMOTH_CHECK(oo.auto_device_size > 0) << "[train] --device-mem auto: needs a size > 0";
+  } else {
+    oo.device_mem = memory::chunks::parse_bytes(device_mem, "--device-mem");
+  }
   oo.host_mem = memory::chunks::parse_bytes(absl::GetFlag(FLAGS_host_mem), "--host-mem");
-  const bool offload_on =
-      oo.mode != engine::offload::Mode::kNone || oo.device_mem > 0 || oo.host_mem > 0;
+  const bool offload_on = oo.mode != engine::offload::Mode::kNone || oo.device_mem > 0 ||
+                          oo.host_mem > 0 || oo.auto_device_size > 0;
   std::unique_ptr<parallel::OffloadGroup> offload_group;
   if (offload_on && mesh) {
     MAMMOTH_CHECK(!model_parallel && !pipeline)

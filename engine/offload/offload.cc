@@ -8,6 +8,7 @@
 #include "engine/ops.h"
 #include "kernels/params.h"
 #include "kernels/registry.h"
+#include "memory/allocator.h"
 
 namespace mammoth::engine::offload {
 
@@ -190,6 +191,22 @@ Offload::Offload(const nn::NamedTensors& params, const OffloadOptions& options)
   chunks::ChunkManagerOptions mo;
   mo.chunk_bytes = chunk_bytes;
   mo.device_budget = options.device_mem;
+  if (options.auto_device_size > 0) {
+    MAMMOTH_CHECK(options.device_mem == 0)
+        << "[offload] --device-mem is either a size or auto:SIZE, not both";
+    // The first step: the smallest device cache an update needs (its device-computed lists)
+    // plus the prefetch depth, whole chunks as the manager rounds them.
+    const int64_t b = static_cast<int64_t>(memory::io::kBlockSize);
+    const int64_t rounded = (chunk_bytes + b - 1) / b * b;
+    const int device_lists = options.mode == Mode::kNone ? 4 : 2;
+    mo.device_budget = (device_lists + options.prefetch_depth) * rounded;
+    MAMMOTH_CHECK(mo.device_budget < options.auto_device_size)
+        << "[offload] --device-mem auto:" << chunks::short_bytes(options.auto_device_size)
+        << " is smaller than the first step's device cache of " << device_lists << " + "
+        << options.prefetch_depth << " chunks of " << chunks::short_bytes(rounded) << " ("
+        << chunks::short_bytes(mo.device_budget) << "), before any activations";
+    auto_.device_size = options.auto_device_size;
+  }
   mo.host_budget = options.host_mem;
   mo.nvme_dir = options.nvme_dir;
   mo.io = options.io;
@@ -543,6 +560,23 @@ void Offload::end_step() {
   // The step's gradients are consumed (or the step was skipped): never write them back.
   for (chunks::ChunkId id : ids_[kGrads]) manager_->discard(id);
   manager_->end_step();
+  if (auto_.device_size > 0 && auto_.chunk_budget == 0) {
+    // The loop resets the allocator's peak at the start of each step: this is the first step's
+    // high-water mark of everything that is not chunk memory (chunks are not allocated there).
+    auto_.traced_peak = memory::cpu_allocator().stats().peak_bytes;
+    auto_.margin = auto_.traced_peak / kAutoMarginDivisor;
+    const int64_t left = auto_.device_size - auto_.traced_peak - auto_.margin;
+    const int64_t first = manager_->device_budget();
+    MAMMOTH_CHECK(left >= first)
+        << "[offload] --device-mem auto:" << chunks::short_bytes(auto_.device_size)
+        << ": the first step's traced peak of non-chunk memory (activations, temporaries) is "
+        << chunks::short_bytes(auto_.traced_peak) << "; with a margin of "
+        << chunks::short_bytes(auto_.margin) << " (1/" << kAutoMarginDivisor
+        << " of it) that leaves " << chunks::short_bytes(left) << " for chunks, less than the "
+        << chunks::short_bytes(first) << " the first step's device cache used: raise the size or "
+        << "lower --chunk-mb or --micro-batch";
+    auto_.chunk_budget = manager_->set_device_budget(left);
+  }
 }
 
 nn::NamedTensors Offload::gather_state() {
@@ -596,6 +630,14 @@ json::Value Offload::metrics() const {
   }
   const MemoryReport m = memory();
   out.set("optimizer_state_bytes", json::Value(m.optimizer));
+  if (auto_.device_size > 0) {
+    json::Value a = json::Value::object();
+    a.set("device_size", json::Value(auto_.device_size));
+    a.set("traced_peak", json::Value(auto_.traced_peak));
+    a.set("margin", json::Value(auto_.margin));
+    a.set("chunk_budget", json::Value(auto_.chunk_budget));
+    out.set("auto", a);
+  }
   out.set("chunks", json::Value(static_cast<int64_t>(num_chunks())));
   return out;
 }
@@ -609,6 +651,19 @@ std::string Offload::report() const {
            " to the largest parameter";
   out += use_ordered_ ? "; packed in first-use order" : "; packed in the model's order";
   out += "\n";
+  if (auto_.device_size > 0) {
+    out += "[offload] --device-mem auto:" + chunks::short_bytes(auto_.device_size) + ": ";
+    if (auto_.chunk_budget == 0) {
+      out += "the first step runs with a device cache of " +
+             chunks::short_bytes(manager_->device_budget()) +
+             "; its traced peak of non-chunk memory sets the budget for step 2 on\n";
+    } else {
+      out += "traced peak of non-chunk memory (first step) " +
+             chunks::short_bytes(auto_.traced_peak) + " + margin " +
+             chunks::short_bytes(auto_.margin) + " (1/" + std::to_string(kAutoMarginDivisor) +
+             "): chunks get " + chunks::short_bytes(auto_.chunk_budget) + "\n";
+    }
+  }
   if (dp_) {
     const MemoryReport m = memory();
     int owned = 0;

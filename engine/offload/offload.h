@@ -92,7 +92,15 @@ struct OffloadOptions {
   std::vector<std::string> use_order;
   // Data parallelism over this group (not owned); null or size 1: one process.
   ChunkGroup* group = nullptr;
+  // --device-mem auto:SIZE: the device holds SIZE bytes (on the CPU backend an emulated size;
+  // device_mem must be 0). The first step runs with the smallest device cache one update needs;
+  // at its end the peak of everything else (activations, temporaries: the CPU allocator's
+  // high-water mark for the step) plus a margin of kAutoMarginDivisor-th of it is taken off SIZE
+  // and the chunks get the rest from step 2 on (ChunkManager::set_device_budget).
+  int64_t auto_device_size = 0;
 };
+
+inline constexpr int64_t kAutoMarginDivisor = 8;  // margin = traced peak / 8
 
 class Offload final : public train::OffloadRuntime, public train::DataParallelRuntime {
  public:
@@ -137,6 +145,11 @@ class Offload final : public train::OffloadRuntime, public train::DataParallelRu
   MemoryReport memory() const;
   // Gradient buffers in flight at once under dp (each a chunk of host memory).
   static constexpr int kCommBuffers = 4;
+  // --device-mem auto: what the first step measured and the budget chosen (0 before).
+  struct AutoBudget {
+    int64_t device_size = 0, traced_peak = 0, margin = 0, chunk_budget = 0;
+  };
+  const AutoBudget& auto_budget() const { return auto_; }
 
   // Layout and placement, then the per-tier table (the job prints it at start and end).
   std::string report() const;
@@ -172,6 +185,7 @@ class Offload final : public train::OffloadRuntime, public train::DataParallelRu
   int64_t state_bytes_ = 0;
   int64_t requested_chunk_bytes_ = 0;
   std::vector<int64_t> chunk_used_;  // per chunk: bytes used
+  AutoBudget auto_;
   bool use_ordered_ = false;
 
   // Data parallelism.

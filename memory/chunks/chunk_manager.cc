@@ -249,6 +249,40 @@ ChunkId ChunkManager::add_chunk(int list, int64_t used_bytes) {
   return static_cast<ChunkId>(chunks_.size()) - 1;
 }
 
+int64_t ChunkManager::set_device_budget(int64_t bytes) {
+  MAMMOTH_CHECK(finalized_) << "[ChunkManager::set_device_budget] before finalize()";
+  MAMMOTH_CHECK(bytes > 0) << "[ChunkManager] a device budget must be > 0, got " << bytes;
+  const TierStats& d = stats_[0];
+  const int64_t home = d.home_bytes;
+  if (!device_pool_) {
+    // Everything computed on the device lives there already.
+    MAMMOTH_CHECK(bytes >= home) << "[ChunkManager] a device budget of " << short_bytes(bytes)
+                                 << " cannot hold the " << short_bytes(home)
+                                 << " of device-homed chunks";
+    if (options_.device_budget > 0) {
+      options_.device_budget = std::max(options_.device_budget, bytes);
+      stats_[0].budget = options_.device_budget;
+    }
+    return options_.device_budget;
+  }
+  const int64_t slots = (bytes - home) / chunk_bytes_;
+  Pool& pool = *device_pool_;
+  const int64_t have = static_cast<int64_t>(pool.mem.size());
+  if (slots <= have) return options_.device_budget;
+  synchronize();  // no transfer in flight while the pool's vectors grow
+  // New slots are free; the chunks in the old ones stay where they are (AlignedBuffer moves
+  // keep their addresses).
+  for (int64_t i = have; i < slots; ++i) pool.mem.emplace_back(chunk_bytes_);
+  pool.owner.resize(static_cast<size_t>(slots), -1);
+  pool.draining.resize(static_cast<size_t>(slots));
+  options_.device_budget = bytes;
+  stats_[0].budget = bytes;
+  stats_[0].slots = slots;
+  return bytes;
+}
+
+int ChunkManager::device_min_slots() const { return device_pool_ ? device_pool_->min_resident : 0; }
+
 void ChunkManager::add_used(Tier tier, int64_t delta) {
   TierStats& s = stats_[static_cast<int>(tier)];
   s.used_bytes += delta;

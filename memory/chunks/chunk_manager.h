@@ -116,6 +116,16 @@ class ChunkManager {
   // hold what must be resident at once.
   void finalize();
 
+  // After finalize: a new device budget for the chunks, e.g. what the traced peak of the first
+  // step leaves (--device-mem auto). Grows the device cache by whole slots (never shrinks it:
+  // a budget below the current one keeps the current one); with everything already
+  // device-homed it only checks that they fit. Returns the budget now in force. Throws Error
+  // naming the sizes when `bytes` cannot hold the device-homed chunks.
+  int64_t set_device_budget(int64_t bytes);
+  int64_t device_budget() const { return options_.device_budget; }
+  // Chunk-sized slots one operation needs on the device at once (0: no device cache).
+  int device_min_slots() const;
+
   // ---- use ----
   // Makes `id` resident on its compute tier and returns its address there (valid until a later
   // acquire evicts it: the last few acquires of a pool stay resident). write: the chunk will be

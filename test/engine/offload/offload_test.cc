@@ -59,6 +59,7 @@ struct Run {
   memory::chunks::TierStats device, host, nvme;
   int64_t state_bytes = 0;
   std::string report;
+  Offload::AutoBudget auto_budget;
 };
 
 // offload == nullptr: the plain loop.
@@ -88,6 +89,7 @@ Run run(const std::string& data_path, const OffloadOptions* offload) {
     r.nvme = off->manager().stats(Tier::kNvme);
     r.state_bytes = off->model_state_bytes();
     r.report = off->report();
+    r.auto_budget = off->auto_budget();
     off.reset();  // parameters get ordinary storage back
   }
   r.first_param = model->named_parameters().front().second.to_vector();
@@ -310,4 +312,46 @@ TEST_CASE("chunks are packed in the order the forward first uses the parameters"
   CHECK(registered.chunk_of[index_of("head.weight")] == 0);
   CHECK(registered.chunk_of[index_of("emb.weight")] == 2);
   CHECK(registered.losses == base.losses);
+}
+
+TEST_CASE("--device-mem auto: the first step's traced peak sets the chunks' budget") {
+  testing::TestDir dir;
+  const std::string data = write_data(dir);
+  const Run base = run(data, nullptr);
+
+  OffloadOptions o;
+  o.chunk_bytes = 16 << 10;
+  o.auto_device_size = 64 << 20;  // room for everything once the activations are known
+  const Run roomy = run(data, &o);
+  INFO(roomy.report);
+  const Offload::AutoBudget& a = roomy.auto_budget;
+  CHECK(roomy.losses == base.losses);
+  CHECK(roomy.first_param == base.first_param);
+  CHECK(a.device_size == o.auto_device_size);
+  CHECK(a.traced_peak > 0);
+  CHECK(a.margin == a.traced_peak / engine::offload::kAutoMarginDivisor);
+  CHECK(a.chunk_budget == a.device_size - a.traced_peak - a.margin);
+  CHECK(roomy.device.budget == a.chunk_budget);
+  CHECK(roomy.device.peak_bytes <= a.chunk_budget);  // chunk usage within the chosen budget
+  CHECK(roomy.report.find("traced peak of non-chunk memory") != std::string::npos);
+
+  // A device whose chunk share is about a quarter of the model's state: it pages from step 2.
+  OffloadOptions tight = o;
+  tight.auto_device_size = a.traced_peak + a.margin + roomy.state_bytes / 4;
+  const Run small = run(data, &tight);
+  INFO(small.report);
+  const Offload::AutoBudget& b = small.auto_budget;
+  CHECK(small.losses == base.losses);
+  CHECK(small.first_param == base.first_param);
+  CHECK(b.chunk_budget == b.device_size - b.traced_peak - b.margin);
+  CHECK(b.chunk_budget < small.state_bytes / 2);
+  CHECK(small.device.budget == b.chunk_budget);
+  CHECK(small.device.peak_bytes <= b.chunk_budget);
+  CHECK(small.device.moves_in > 0);
+
+  // Too small for the activations plus one update's chunks: a clear error after step 1.
+  OffloadOptions cramped = o;
+  cramped.auto_device_size = a.traced_peak;
+  CHECK_THROWS_WITH(run(data, &cramped), Catch::Contains("traced peak of non-chunk memory") &&
+                                             Catch::Contains("--device-mem auto:"));
 }

@@ -36,6 +36,13 @@ bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --amp fp16 --loss-scale 1.6
   --metrics "$work/dp2_fp16.jsonl"
 bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" "${chunks[@]}" --amp fp16 \
   --loss-scale 1.6e7 --offload host --metrics "$work/dp2_fp16_host.jsonl"
+# --device-mem auto:SIZE: the first step's traced peak sets the chunks' budget (one process and
+# dp 2, which must still match bitwise).
+"$mammoth" train "${common[@]}" --micro-batch 8 --metrics "$work/np1.jsonl"
+"$mammoth" train "${common[@]}" "${chunks[@]}" --micro-batch 8 --device-mem auto:20M \
+  --metrics "$work/np1_auto.jsonl" 2>"$work/auto.log"
+bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" "${chunks[@]}" --offload host \
+  --device-mem auto:16M --metrics "$work/dp2_auto.jsonl"
 # One process with offload: the full AdamW state on its rank.
 "$mammoth" train "${common[@]}" "${chunks[@]}" --micro-batch 8 --offload host \
   --metrics "$work/np1_host.jsonl"
@@ -69,6 +76,8 @@ expect_error() {  # expect_error PATTERN command...
 }
 expect_error "not with --tp 2" bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --tp 2 \
   --offload host
+expect_error "auto needs the emulated device's size" "$mammoth" train "${common[@]}" \
+  --device-mem auto
 expect_error "--zero 1 does not apply" bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" \
   --zero 1 --offload host
 
@@ -98,6 +107,18 @@ bitwise("dp2_host", "dp2", all_steps)
 bitwise("dp2_nvme", "dp2", all_steps)
 bitwise("dp2_accum_host", "dp2_accum", all_steps)
 bitwise("resumed_dp2_host", "dp2", list(range(6, 11)))
+bitwise("np1_auto", "np1", all_steps)
+bitwise("dp2_auto", "dp2", all_steps)
+for name in ["np1_auto", "dp2_auto"]:
+    for s, r in rows(name).items():
+        a, d = r["offload"]["auto"], r["offload"]["device"]
+        assert a["traced_peak"] > 0 and a["chunk_budget"] > 0, (name, s, a)
+        assert a["chunk_budget"] == a["device_size"] - a["traced_peak"] - a["margin"], a
+        assert d["budget"] == a["chunk_budget"] and d["peak_bytes"] <= a["chunk_budget"], (a, d)
+    print(f"{name}: traced peak {a['traced_peak']}, chunks get {a['chunk_budget']}, "
+          f"device peak {d['peak_bytes']}")
+auto_log = open(f"{work}/auto.log").read()
+assert "traced peak of non-chunk memory (first step)" in auto_log, auto_log
 # One process sums the batch's gradients in another order than two ranks' average: equal to
 # float rounding (as train_dp_test).
 close("np1_host", all_steps, 2e-5)

@@ -184,3 +184,33 @@ TEST_CASE("NVMe homing without --nvme-dir is an error naming the option") {
   m.add_chunk(a, kChunk);
   CHECK_THROWS_WITH(m.finalize(), Catch::Contains("--nvme-dir"));
 }
+
+TEST_CASE("set_device_budget grows the device cache mid-run, keeping every byte") {
+  ChunkManagerOptions o;
+  o.chunk_bytes = kChunk;
+  o.device_budget = 2 * kChunk;
+  ChunkManager m(o);
+  const int a = m.add_list({"a", Tier::kDevice, {Tier::kDevice, Tier::kHost}, "a"});
+  std::vector<ChunkId> ids;
+  for (int i = 0; i < 6; ++i) ids.push_back(m.add_chunk(a, kChunk));
+  m.finalize();
+  REQUIRE(m.stats(Tier::kDevice).slots == 2);
+  for (size_t i = 0; i < ids.size(); ++i) fill(m.acquire(ids[i], true), kChunk, int(i), 0);
+  m.end_step();  // the trace: every chunk once, in order
+
+  // Smaller than now: kept; larger: whole slots added, bytes intact, accounting within it.
+  CHECK(m.set_device_budget(kChunk) == 2 * kChunk);
+  CHECK(m.set_device_budget(5 * kChunk + 100) == 5 * kChunk + 100);
+  CHECK(m.stats(Tier::kDevice).slots == 5);
+  CHECK(m.stats(Tier::kDevice).budget == 5 * kChunk + 100);
+  const int64_t moves = m.stats(Tier::kDevice).moves_in;
+  for (int step = 0; step < 3; ++step) {
+    for (size_t i = 0; i < ids.size(); ++i) {
+      REQUIRE(holds(m.acquire(ids[i], false), kChunk, int(i), 0));
+      REQUIRE(m.stats(Tier::kDevice).used_bytes <= 5 * kChunk);
+    }
+    m.end_step();
+  }
+  CHECK(m.stats(Tier::kDevice).moves_in > moves);  // six chunks through five slots still page
+  CHECK(m.stats(Tier::kDevice).peak_bytes == 5 * kChunk);
+}
