@@ -4,8 +4,9 @@
 # those of dp 2 without offload (the same averaged gradients; host tier, and NVMe tier under a
 # device budget that pages), fp16 skips the same steps, each rank holds about half the AdamW
 # state bytes, a dp2+offload checkpoint (each chunk's owner writes it) resumes at dp 2 with
-# offload, on 1 process without offload and on 1 process with offload, continuing the curve,
-# and combinations it does not support are clear errors.
+# offload, at dp 2 without offload (ZeRO-1), on 1 process without offload and on 1 process with
+# offload, dp 2's plain checkpoint resumes under dp 2 + NVMe offload, all continuing the curve;
+# --device-mem auto:SIZE matches too, and combinations it does not support are clear errors.
 set -euo pipefail
 mammoth="$1"
 mpirun="$2"
@@ -52,6 +53,7 @@ bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" "${chunks[@]}" --offload ho
 echo step_00000005 >"$work/ck_host/latest"
 cp -r "$work/ck_host" "$work/ck_host_np1"
 cp -r "$work/ck_host" "$work/ck_host_np1_off"
+cp -r "$work/ck_host" "$work/ck_host_zero1"
 cp -r "$work/ck_host/step_00000010" "$work/host_step10"
 bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" "${chunks[@]}" --offload host \
   --save-dir "$work/ck_host" --resume --metrics "$work/resumed_dp2_host.jsonl"
@@ -59,6 +61,16 @@ bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" "${chunks[@]}" --offload ho
   --metrics "$work/resumed_np1.jsonl"
 "$mammoth" train "${common[@]}" "${chunks[@]}" --micro-batch 8 --offload host \
   --save-dir "$work/ck_host_np1_off" --resume --metrics "$work/resumed_np1_host.jsonl"
+
+# The same dp2+offload checkpoint at dp 2 without offload (ZeRO-1), and dp 2's plain checkpoint
+# (ZeRO-0: rank 0 wrote it) into dp 2 + offload with the states on NVMe.
+cp -r "$work/ck_dp2" "$work/ck_dp2_to_nvme"
+echo step_00000005 >"$work/ck_dp2_to_nvme/latest"
+bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --zero 1 --save-dir "$work/ck_host_zero1" \
+  --resume --metrics "$work/resumed_dp2_zero1.jsonl"
+bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" "${chunks[@]}" --offload nvme \
+  --nvme-dir "$work/nvme" --save-dir "$work/ck_dp2_to_nvme" --resume \
+  --metrics "$work/resumed_dp2_nvme.jsonl"
 
 # Unsupported combinations name the flags.
 expect_error() {  # expect_error PATTERN command...
@@ -81,15 +93,15 @@ expect_error "auto needs the emulated device's size" "$mammoth" train "${common[
 expect_error "--zero 1 does not apply" bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" \
   --zero 1 --offload host
 
-"${MAMMOTH_PYTHON:-/usr/bin/python3}" - "$work" <<'PY'
-import json, os, struct, sys
+PYTHONPATH="$(dirname "$0")/../../testing" "${MAMMOTH_PYTHON:-/usr/bin/python3}" - "$work" <<'PY'
+import json, os, struct, sys, curves
 work = sys.argv[1]
+runs = curves.Runs(work)
 def rows(name):
-    return {r["step"]: r for r in map(json.loads, open(f"{work}/{name}.jsonl"))}
+    return {r["step"]: r for r in runs.rows(name)}
 def losses(name):
-    return {s: r["loss"] for s, r in rows(name).items()}
-ref = losses("dp2")
-assert sorted(ref) == list(range(1, 11)), ref
+    return runs.column(name)
+runs.learns("dp2", steps=10)
 def bitwise(name, reference, steps):
     got, want = losses(name), losses(reference)
     assert sorted(got) == steps, (name, sorted(got))
@@ -97,16 +109,14 @@ def bitwise(name, reference, steps):
     assert not bad, (name, reference, bad)
     print(f"{name}: steps {steps[0]}..{steps[-1]} bitwise equal to {reference}")
 def close(name, steps, tol):
-    got = losses(name)
-    assert sorted(got) == steps, (name, sorted(got))
-    worst = max(abs(got[s] - ref[s]) / abs(ref[s]) for s in steps)
-    print(f"{name}: steps {steps[0]}..{steps[-1]}, largest relative loss difference {worst:.2e}")
-    assert worst < tol, (name, worst)
+    runs.matches(name, "dp2", tol=tol, steps=steps)
 all_steps = list(range(1, 11))
 bitwise("dp2_host", "dp2", all_steps)
 bitwise("dp2_nvme", "dp2", all_steps)
 bitwise("dp2_accum_host", "dp2_accum", all_steps)
 bitwise("resumed_dp2_host", "dp2", list(range(6, 11)))
+bitwise("resumed_dp2_nvme", "dp2", list(range(6, 11)))
+bitwise("resumed_dp2_zero1", "dp2", list(range(6, 11)))
 bitwise("np1_auto", "np1", all_steps)
 bitwise("dp2_auto", "dp2", all_steps)
 for name in ["np1_auto", "dp2_auto"]:
