@@ -71,6 +71,7 @@ class UringEngine final : public AsyncIO {
   bool stop_ = false;
   int event_fd_ = -1;
   std::thread thread_;
+  std::thread::id io_thread_;  // thread_'s id, set by the thread itself before setup()
 
   // Owned by the I/O thread.
   io_uring ring_{};

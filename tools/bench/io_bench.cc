@@ -2,6 +2,7 @@
 #include "tools/bench/io_bench.h"
 
 #include <stdio.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -40,15 +41,29 @@ struct Options {
   int rounds = 1;
   io::EngineKind engine = io::EngineKind::kAuto;
   bool checksums = true;
+  bool eager_resubmit = true;
   std::string fio = "fio";
   std::string json_path;
+  std::string only;  // comma-separated row prefixes ("rand_read"); empty: all rows
+  bool verbose = false;  // a line per run: value, CPU, mean latency
 };
 
 struct Row {
   std::string name, shape, unit;
   double ours = 0;
   std::optional<double> anchor;
+  // CPU time over wall time, summed over the rounds (percent of one core): what each side spent
+  // for its number. Ours counts every thread of this process.
+  double ours_cpu = 0, ours_wall = 0, anchor_cpu = 0, anchor_wall = 0;
 };
+
+// User + system CPU seconds of this process so far.
+double process_cpu_seconds() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  auto sec = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec * 1e-6; };
+  return sec(u.ru_utime) + sec(u.ru_stime);
+}
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -102,11 +117,19 @@ Options parse(const std::vector<std::string>& args) {
       o.checksums = false;
       continue;
     }
+    if (name == "batch-resubmit") {
+      o.eager_resubmit = false;
+      continue;
+    }
+    if (name == "verbose") {
+      o.verbose = true;
+      continue;
+    }
     if (name == "help") {
       std::printf(
           "mammoth bench io [--dir DIR] [--size 1G] [--seconds 5] [--queue-depth 32] "
           "[--rounds 1] [--engine auto|io_uring|threads] [--no-checksums] [--fio PATH|none] "
-          "[--json FILE]\n");
+          "[--json FILE] [--only seq_write,seq_read,rand_read] [--batch-resubmit] [--verbose]\n");
       std::exit(0);
     }
     if (const size_t eq = name.find('='); eq != std::string::npos) {
@@ -132,10 +155,12 @@ Options parse(const std::vector<std::string>& args) {
       o.fio = value;
     } else if (name == "json") {
       o.json_path = value;
+    } else if (name == "only") {
+      o.only = value;
     } else {
       MAMMOTH_THROW() << "[bench io] unknown option --" << name
                       << " (known: --dir --size --seconds --queue-depth --rounds --engine "
-                         "--no-checksums --fio --json)";
+                         "--no-checksums --fio --json --only --batch-resubmit --verbose)";
     }
   }
   MAMMOTH_CHECK(o.size >= static_cast<int64_t>(kSeqBlock) && o.size % kSeqBlock == 0)
@@ -173,6 +198,7 @@ class RandomReader {
       : engine_(engine), f_(f), blocks_(static_cast<uint64_t>(size) / kRandBlock), pool_(pool) {}
 
   double run(int depth, double seconds) {
+    started_.resize(static_cast<size_t>(depth));
     const auto t0 = Clock::now();
     std::vector<io::Request> first;
     for (int s = 0; s < depth; ++s) first.push_back(request(s));
@@ -185,6 +211,11 @@ class RandomReader {
       MAMMOTH_THROW() << "[bench io] " << failed_.load() << " random reads failed";
     return static_cast<double>(completed_.load()) / elapsed;
   }
+  // Mean time from a read's submission to its callback, microseconds.
+  double mean_latency_us() const {
+    return static_cast<double>(latency_ns_.load()) / 1e3 /
+           static_cast<double>(std::max<int64_t>(1, completed_.load()));
+  }
 
  private:
   io::Request request(int slot) {
@@ -194,12 +225,17 @@ class RandomReader {
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     z ^= z >> 31;
     const int64_t off = static_cast<int64_t>((z % blocks_) * kRandBlock);
+    started_[static_cast<size_t>(slot)] = Clock::now();
     return {io::Op::kRead, f_,
             off,           pool_.data() + static_cast<size_t>(slot) * kRandBlock,
             kRandBlock,    [this, slot](const std::string& error) { done(slot, error); }};
   }
   void done(int slot, const std::string& error) {
     if (!error.empty()) failed_.fetch_add(1);
+    latency_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                              Clock::now() - started_[static_cast<size_t>(slot)])
+                              .count(),
+                          std::memory_order_relaxed);
     completed_.fetch_add(1, std::memory_order_relaxed);
     if (stop_.load(std::memory_order_relaxed)) return;
     std::vector<io::Request> next;
@@ -213,7 +249,8 @@ class RandomReader {
   io::AlignedBuffer& pool_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> next_{0};
-  std::atomic<int64_t> completed_{0}, failed_{0};
+  std::atomic<int64_t> completed_{0}, failed_{0}, latency_ns_{0};
+  std::vector<Clock::time_point> started_;  // per slot: when its read was submitted
 };
 
 // ---- fio ----
@@ -280,7 +317,11 @@ int run_io_bench(const std::vector<std::string>& args) {
   // Our file and fio's, plus room to spare.
   io::SwapDir swap(o.dir, (with_fio ? 2 : 1) * o.size + (int64_t{64} << 20));
   auto engine = io::make_async_io(
-      {.engine = o.engine, .queue_depth = o.queue_depth, .checksums = o.checksums}, swap.path());
+      {.engine = o.engine,
+       .queue_depth = o.queue_depth,
+       .checksums = o.checksums,
+       .eager_resubmit = o.eager_resubmit},
+      swap.path());
 
   std::string features;
   if (auto* u = dynamic_cast<io::UringEngine*>(engine.get())) {
@@ -311,8 +352,6 @@ int run_io_bench(const std::vector<std::string>& args) {
   }
 
   const std::string shape_seq = std::to_string(o.size) + " B";
-  const std::string common =
-      "--filename=" + shell_quote(fio_path) + " --size=" + std::to_string(o.size);
   std::vector<Row> rows = {
       {"seq_write_1MiB_qd" + std::to_string(o.queue_depth), shape_seq, "GB/s"},
       {"seq_read_1MiB_qd" + std::to_string(o.queue_depth), shape_seq, "GB/s"},
@@ -327,21 +366,50 @@ int run_io_bench(const std::vector<std::string>& args) {
   const std::string fio_write =
       "--filename=" + shell_quote(fio_path) + " --size=" + std::to_string(o.size);
   const std::string runtime = std::to_string(std::max(1, static_cast<int>(o.seconds + 0.5)));
+  auto selected = [&](int shape) {
+    if (o.only.empty()) return true;
+    const std::string& name = rows[static_cast<size_t>(shape)].name;
+    size_t start = 0;
+    for (;;) {
+      const size_t comma = o.only.find(',', start);
+      const std::string want = o.only.substr(start, comma - start);
+      if (!want.empty() && name.rfind(want, 0) == 0) return true;
+      if (comma == std::string::npos) return false;
+      start = comma + 1;
+    }
+  };
+  MAMMOTH_CHECK(selected(0) || selected(1) || selected(2))
+      << "[bench io] --only " << o.only << " selects no row (seq_write, seq_read, rand_read)";
+  if (!selected(0)) {
+    // The read rows need data with checksums: write the file once, untimed.
+    ours_sequential(*engine, f, io::Op::kWrite, o.size, o.queue_depth, seq_pool);
+  }
   for (int shape = 0; shape < 3; ++shape) {
+    if (!selected(shape)) continue;
     Row& row = rows[static_cast<size_t>(shape)];
     for (int round = 0; round < o.rounds; ++round) {
       for (int side = 0; side < 2; ++side) {
         const bool ours_turn = (side == 0) == (round % 2 == 0);
         if (ours_turn) {
+          const double cpu0 = process_cpu_seconds();
+          const auto t0 = Clock::now();
           double v;
           if (shape == 0) {
             v = ours_sequential(*engine, f, io::Op::kWrite, o.size, o.queue_depth, seq_pool);
           } else if (shape == 1) {
             v = ours_sequential(*engine, f, io::Op::kRead, o.size, o.queue_depth, seq_pool);
           } else {
-            v = RandomReader(*engine, f, o.size, rand_pool).run(o.queue_depth, o.seconds);
+            RandomReader reader(*engine, f, o.size, rand_pool);
+            v = reader.run(o.queue_depth, o.seconds);
+            if (o.verbose) {
+              // Little's law: requests in flight on average = rate x time each spends in flight.
+              std::printf("  ours %.0f IOPS, mean latency %.1f us, mean in flight %.1f\n", v,
+                          reader.mean_latency_us(), v * reader.mean_latency_us() / 1e6);
+            }
           }
           row.ours = std::max(row.ours, v);
+          row.ours_wall += seconds_since(t0);
+          row.ours_cpu += process_cpu_seconds() - cpu0;
           continue;
         }
         if (!with_fio) continue;
@@ -357,25 +425,51 @@ int run_io_bench(const std::vector<std::string>& args) {
                         "--name=rand_read --rw=randread --bs=4k --norandommap --randrepeat=0 "
                         "--time_based --runtime=" +
                             runtime + " " + fio_read);
-          if (job) best(row.anchor, job->at("read").at("iops").as_double());
+          if (job) {
+            const double iops = job->at("read").at("iops").as_double();
+            best(row.anchor, iops);
+            if (o.verbose) {
+              const double lat = job->at("read").at("lat_ns").at("mean").as_double() / 1e3;
+              std::printf("  fio  %.0f IOPS, mean latency %.1f us, mean in flight %.1f\n", iops,
+                          lat, iops * lat / 1e6);
+            }
+          }
+        }
+        if (job) {
+          // fio reports usr_cpu and sys_cpu in percent of its job's run time (ms).
+          const double ms = job->at(shape == 0 ? "write" : "read").at("runtime").as_double();
+          row.anchor_wall += ms / 1e3;
+          row.anchor_cpu += (job->at("usr_cpu").as_double() + job->at("sys_cpu").as_double()) /
+                            100 * ms / 1e3;
         }
       }
     }
     print_row(row);
   }
+  std::printf("\ncpu (percent of one core while running):");
+  for (const Row& r : rows) {
+    if (r.ours_wall <= 0) continue;
+    std::printf(" %s ours %.0f%%", r.name.c_str(), 100 * r.ours_cpu / r.ours_wall);
+    if (r.anchor_wall > 0) std::printf(" fio %.0f%%", 100 * r.anchor_cpu / r.anchor_wall);
+    std::printf(";");
+  }
+  std::printf("\n");
   engine->synchronize();
   const io::IOStats s = engine->stats();
   std::printf(
       "\nours: %lld requests, %lld short transfers resubmitted, %lld retries, max %lld in "
-      "flight, %lld fixed-buffer transfers, %lld blocks verified, %lld failed\n",
+      "flight, %lld fixed-buffer transfers, %lld blocks verified, %lld failed, %lld io_uring_enter "
+      "calls (%lld waiting)\n",
       static_cast<long long>(s.requests), static_cast<long long>(s.short_transfers),
       static_cast<long long>(s.retries), static_cast<long long>(s.max_in_flight),
       static_cast<long long>(s.fixed_buffer_ios), static_cast<long long>(s.blocks_verified),
-      static_cast<long long>(s.failed));
+      static_cast<long long>(s.failed), static_cast<long long>(s.kernel_calls),
+      static_cast<long long>(s.kernel_waits));
 
   if (!o.json_path.empty()) {
     json::Value out = json::Value::array();
     for (const Row& r : rows) {
+      if (r.ours_wall <= 0) continue;
       json::Value v = json::Value::object();
       v.set("name", r.name).set("shape", r.shape).set("threads", 1).set("ours", r.ours);
       v.set("anchor", r.anchor ? json::Value(*r.anchor) : json::Value(nullptr));

@@ -1,6 +1,7 @@
 // memory/io/block_checksum.h must give exactly base/crc32c.h's values, block by block.
 #include "memory/io/block_checksum.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <random>
 #include <vector>
@@ -31,6 +32,27 @@ TEST_CASE("crc32c_blocks equals crc32c of each block", "[io]") {
   uint32_t check = 0;
   crc32c_blocks("123456789", 9, 1, &check);
   CHECK(check == 0xE3069283u);
+}
+
+// One 4 KiB block on its own takes the three-stream path and its combine step: patterns that
+// catch a wrong split point or shift (a single bit in each third, and at the thirds' seams).
+TEST_CASE("crc32c_blocks of single 4 KiB blocks with sparse bits", "[io]") {
+  std::vector<unsigned char> block(4096, 0);
+  uint32_t got = 0;
+  crc32c_blocks(block.data(), 4096, 1, &got);
+  CHECK(got == crc32c(block.data(), 4096));
+  for (size_t bit : {size_t{0}, size_t{7}, size_t{1367 * 8 + 7}, size_t{1368 * 8},
+                     size_t{2735 * 8 + 7}, size_t{2736 * 8}, size_t{4095 * 8 + 7}}) {
+    CAPTURE(bit);
+    std::fill(block.begin(), block.end(), 0xff);
+    block[bit / 8] ^= static_cast<unsigned char>(1u << (bit % 8));
+    crc32c_blocks(block.data(), 4096, 1, &got);
+    REQUIRE(got == crc32c(block.data(), 4096));
+    std::fill(block.begin(), block.end(), 0);
+    block[bit / 8] = static_cast<unsigned char>(1u << (bit % 8));
+    crc32c_blocks(block.data(), 4096, 1, &got);
+    REQUIRE(got == crc32c(block.data(), 4096));
+  }
 }
 
 }  // namespace
