@@ -383,10 +383,10 @@ void probe_round_trip(AsyncIO& io, const std::string& dir) {
 }
 
 void reset(detail::Counters& c) {
-  for (std::atomic<int64_t>* a : {&c.requests, &c.failed, &c.bytes_read, &c.bytes_written,
-                                  &c.short_transfers, &c.retries, &c.sqe_waits, &c.max_in_flight,
-                                  &c.fixed_buffer_ios, &c.blocks_verified, &c.checksum_failures,
-                                  &c.kernel_calls, &c.kernel_waits}) {
+  for (std::atomic<int64_t>* a :
+       {&c.requests, &c.failed, &c.bytes_read, &c.bytes_written, &c.short_transfers, &c.retries,
+        &c.sqe_waits, &c.max_in_flight, &c.fixed_buffer_ios, &c.blocks_verified,
+        &c.checksum_failures, &c.kernel_calls, &c.kernel_waits}) {
     a->store(0, std::memory_order_relaxed);
   }
 }
@@ -417,6 +417,8 @@ void check_options(const AsyncIOOptions& o) {
       << "[io] max_registered_buffers must be in [0, 16384], got " << o.max_registered_buffers;
   MAMMOTH_CHECK(o.max_registered_files >= 0 && o.max_registered_files <= 65536)
       << "[io] max_registered_files must be in [0, 65536], got " << o.max_registered_files;
+  MAMMOTH_CHECK(o.ring_setup_rung_for_test >= 0 && o.ring_setup_rung_for_test <= 2)
+      << "[io] ring_setup_rung_for_test must be in [0, 2], got " << o.ring_setup_rung_for_test;
   MAMMOTH_CHECK(o.ring_entries >= 0 && o.ring_entries <= 4096)
       << "[io] ring_entries must be in [0, 4096], got " << o.ring_entries;
 }

@@ -82,6 +82,9 @@ struct AsyncIOOptions {
   // than with the rest of the completions reaped together. Costs a system call per request;
   // keeps the device's queue full (4 KiB random reads: ~1.2x the IOPS on a virtio disk).
   bool eager_resubmit = true;
+  // Test hook: io_uring setup starts this far down its ladder of flags (0: single issuer +
+  // deferred task run, 1: cooperative task run, 2: plain), as on kernels that refuse the newer.
+  int ring_setup_rung_for_test = 0;
   // Test hook: ask the kernel for only half of each request's first transfer, so every request
   // of more than one block completes short and must be resubmitted for the remainder.
   bool split_transfers_for_test = false;

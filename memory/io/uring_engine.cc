@@ -23,6 +23,18 @@ std::string errno_text(int negative_errno) { return std::strerror(-negative_errn
 
 }  // namespace
 
+const char* task_run_name(TaskRun mode) {
+  switch (mode) {
+    case TaskRun::kDeferred:
+      return "single issuer + deferred task run";
+    case TaskRun::kCooperative:
+      return "cooperative task run";
+    case TaskRun::kPlain:
+      return "plain";
+  }
+  return "?";
+}
+
 UringEngine::UringEngine(const AsyncIOOptions& options) : AsyncIO(options) {
   depth_ = options.queue_depth;
   event_fd_ = ::eventfd(0, EFD_CLOEXEC);
@@ -66,17 +78,27 @@ std::string UringEngine::setup() {
       static_cast<unsigned>(options().ring_entries > 0 ? options().ring_entries : depth_);
   // Room for every request in flight plus the eventfd read, so the CQ never overflows.
   const unsigned cq_entries = 2 * std::max<unsigned>(entries, static_cast<unsigned>(depth_) + 1);
-  io_uring_params params{};
-  params.flags = IORING_SETUP_CQSIZE | IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN;
-  params.cq_entries = cq_entries;
-  int r = io_uring_queue_init_params(entries, &ring_, &params);
-  single_issuer_ = r == 0;
-  if (r == -EINVAL) {
-    // Kernels before 6.1 do not know the task-run flags.
-    params = io_uring_params{};
-    params.flags = IORING_SETUP_CQSIZE;
+  // The ladder of setup flags, newest first; a kernel that does not know a flag refuses the
+  // setup with EINVAL, and the next rung asks for less. Deferred task run (6.1) posts
+  // completions only when this thread enters the kernel for them; cooperative task run (5.19)
+  // at least does not interrupt it with an IPI for each completion.
+  struct Rung {
+    unsigned flags;
+    TaskRun mode;
+  };
+  static constexpr Rung kLadder[] = {
+      {IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN, TaskRun::kDeferred},
+      {IORING_SETUP_COOP_TASKRUN, TaskRun::kCooperative},
+      {0, TaskRun::kPlain},
+  };
+  int r = -EINVAL;
+  for (size_t rung = static_cast<size_t>(options().ring_setup_rung_for_test);
+       rung < std::size(kLadder) && r == -EINVAL; ++rung) {
+    io_uring_params params{};
+    params.flags = IORING_SETUP_CQSIZE | kLadder[rung].flags;
     params.cq_entries = cq_entries;
     r = io_uring_queue_init_params(entries, &ring_, &params);
+    if (r == 0) task_run_ = kLadder[rung].mode;
   }
   if (r < 0) {
     return "[io_uring] io_uring_queue_init_params(" + std::to_string(entries) +

@@ -44,7 +44,7 @@ struct Options {
   bool eager_resubmit = true;
   std::string fio = "fio";
   std::string json_path;
-  std::string only;  // comma-separated row prefixes ("rand_read"); empty: all rows
+  std::string only;      // comma-separated row prefixes ("rand_read"); empty: all rows
   bool verbose = false;  // a line per run: value, CPU, mean latency
 };
 
@@ -316,17 +316,16 @@ int run_io_bench(const std::vector<std::string>& args) {
   const bool with_fio = o.fio != "none";
   // Our file and fio's, plus room to spare.
   io::SwapDir swap(o.dir, (with_fio ? 2 : 1) * o.size + (int64_t{64} << 20));
-  auto engine = io::make_async_io(
-      {.engine = o.engine,
-       .queue_depth = o.queue_depth,
-       .checksums = o.checksums,
-       .eager_resubmit = o.eager_resubmit},
-      swap.path());
+  auto engine = io::make_async_io({.engine = o.engine,
+                                   .queue_depth = o.queue_depth,
+                                   .checksums = o.checksums,
+                                   .eager_resubmit = o.eager_resubmit},
+                                  swap.path());
 
   std::string features;
   if (auto* u = dynamic_cast<io::UringEngine*>(engine.get())) {
-    features = std::string(u->single_issuer() ? "single issuer + deferred task run" : "plain") +
-               ", " + std::to_string(u->registered_file_slots()) + " fixed-file slots";
+    features = std::string(io::task_run_name(u->task_run())) + ", " +
+               std::to_string(u->registered_file_slots()) + " fixed-file slots";
   } else {
     features = "fallback: " + (engine->fallback_reason().empty() ? std::string("forced")
                                                                  : engine->fallback_reason());
@@ -439,8 +438,8 @@ int run_io_bench(const std::vector<std::string>& args) {
           // fio reports usr_cpu and sys_cpu in percent of its job's run time (ms).
           const double ms = job->at(shape == 0 ? "write" : "read").at("runtime").as_double();
           row.anchor_wall += ms / 1e3;
-          row.anchor_cpu += (job->at("usr_cpu").as_double() + job->at("sys_cpu").as_double()) /
-                            100 * ms / 1e3;
+          row.anchor_cpu +=
+              (job->at("usr_cpu").as_double() + job->at("sys_cpu").as_double()) / 100 * ms / 1e3;
         }
       }
     }

@@ -17,6 +17,7 @@
 #include <catch2/catch.hpp>
 #include <cstddef>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -198,6 +199,102 @@ TEST_CASE("short transfers are resubmitted for the remainder", "[io]") {
     multi += len > 4096 ? 1 : 0;
   }
   CHECK(io->stats().short_transfers == 2 * multi);
+}
+
+// The pipeline a prefetcher (and the bench's random reads) runs: each completion's callback
+// submits the chain's next read into the same buffer, on the engine's thread. With io_uring's
+// eager resubmission that read enters the kernel before the rest of the reaped batch is handled,
+// through a different path from the batch loop: both must keep every request's data, checksum,
+// remainder (every multi-block read first moves half: the hook) and error its own.
+TEST_CASE("callbacks that submit the next read: a pipeline at full depth", "[io]") {
+  struct Mode {
+    EngineKind kind;
+    bool eager;
+    int rung;  // io_uring setup: deferred task run, cooperative, plain (older kernels)
+  };
+  const Mode mode = GENERATE(Mode{EngineKind::kUring, true, 0}, Mode{EngineKind::kUring, false, 0},
+                             Mode{EngineKind::kUring, true, 1}, Mode{EngineKind::kUring, true, 2},
+                             Mode{EngineKind::kThreads, true, 0});
+  CAPTURE(engine_kind_name(mode.kind), mode.eager, mode.rung);
+  mammoth::testing::TestDir dir;
+  constexpr int kDepth = 8, kPerChain = 60;
+  constexpr size_t kFileBlocks = 512, kMaxBlocks = 3;
+  auto io = make(mode.kind, dir.path(),
+                 {.queue_depth = kDepth,
+                  .eager_resubmit = mode.eager,
+                  .ring_setup_rung_for_test = mode.rung,
+                  .split_transfers_for_test = true});
+  if (auto* u = dynamic_cast<UringEngine*>(io.get())) {
+    // The rung asked for, or a lower one where this kernel refuses it.
+    CHECK(static_cast<int>(u->task_run()) >= mode.rung);
+  }
+  const FileId f = io->open(dir.file("data"));
+  AlignedBuffer out(kFileBlocks * 4096);
+  fill_random(out, 21);
+  io->write(f, 0, out.data(), out.size()).wait();
+
+  struct Chain {
+    int step = 0;
+    std::atomic<int> done{0};
+  };
+  std::vector<Chain> chains(kDepth);
+  AlignedBuffer slots(kDepth * kMaxBlocks * 4096);
+  std::atomic<int> wrong_data{0}, errors{0}, eof_errors{0};
+  // Chain c's step s reads 1-3 blocks at a pseudo-random block; chain 3's step 17 reads past the
+  // end of the file instead (an injected failure in the middle of the pipeline).
+  auto where = [&](int c, int s) {
+    const size_t blocks = 1 + static_cast<size_t>(c + s) % kMaxBlocks;
+    const size_t first = c == 3 && s == 17 ? kFileBlocks + 10
+                                           : (static_cast<size_t>(c) * 7919 + s * 104729) %
+                                                 (kFileBlocks - kMaxBlocks);
+    return std::pair<size_t, size_t>(first, blocks);
+  };
+  std::function<Request(int)> next = [&](int c) {
+    const auto [first, blocks] = where(c, chains[c].step);
+    char* buf = slots.data() + static_cast<size_t>(c) * kMaxBlocks * 4096;
+    return Request{Op::kRead,
+                   f,
+                   static_cast<int64_t>(first * 4096),
+                   buf,
+                   blocks * 4096,
+                   [&, c, first = first, blocks = blocks, buf](const std::string& e) {
+                     if (!e.empty()) {
+                       ++errors;
+                       if (e.find("end of the file") != std::string::npos) ++eof_errors;
+                     } else if (std::memcmp(buf, out.data() + first * 4096, blocks * 4096) != 0) {
+                       ++wrong_data;
+                     }
+                     chains[c].done.fetch_add(1);
+                     if (++chains[c].step < kPerChain) io->submit({next(c)});
+                   }};
+  };
+  std::vector<Request> first_reads;
+  for (int c = 0; c < kDepth; ++c) first_reads.push_back(next(c));
+  io->submit(std::move(first_reads));
+  const std::string e = error_of([&] { io->synchronize(); });
+  CHECK(e.find("end of the file") != std::string::npos);
+  for (int c = 0; c < kDepth; ++c) REQUIRE(chains[c].done == kPerChain);
+  CHECK(wrong_data == 0);
+  CHECK(errors == 1);
+  CHECK(eof_errors == 1);
+  const IOStats s = io->stats();
+  CHECK(s.requests == 1 + kDepth * kPerChain);
+  CHECK(s.failed == 1);
+  CHECK(s.max_in_flight <= kDepth);
+  int64_t multi = 0, blocks = 0;
+  for (int c = 0; c < kDepth; ++c) {
+    for (int st = 0; st < kPerChain; ++st) {
+      if (c == 3 && st == 17) continue;
+      multi += where(c, st).second > 1 ? 1 : 0;
+      blocks += static_cast<int64_t>(where(c, st).second);
+    }
+  }
+  CHECK(s.blocks_verified == blocks);
+  CHECK(s.short_transfers >= multi);
+  if (mode.kind == EngineKind::kUring && mode.eager) {
+    // Each chained read entered the kernel on its own, right after its predecessor completed.
+    CHECK(s.kernel_calls >= kDepth * (kPerChain - 1));
+  }
 }
 
 TEST_CASE("reading past the end of the file is an error naming the file and offset", "[io]") {
@@ -412,6 +509,9 @@ TEST_CASE("options and engine names are checked", "[io]") {
   CHECK(error_of([&] {
           make_async_io({.queue_depth = 0}, dir.path());
         }).find("queue depth must be in [1, 4096], got 0") != std::string::npos);
+  CHECK(error_of([&] {
+          make_async_io({.ring_setup_rung_for_test = 3}, dir.path());
+        }).find("ring_setup_rung_for_test must be in [0, 2], got 3") != std::string::npos);
   CHECK(parse_engine_kind("io_uring") == EngineKind::kUring);
   CHECK(parse_engine_kind("threads") == EngineKind::kThreads);
   CHECK(parse_engine_kind("auto") == EngineKind::kAuto);
