@@ -10,6 +10,11 @@ std::function<void()> OffloadGroup::start_average(const engine::Tensor& flat) {
   return [work] { work->wait(); };
 }
 
+std::function<void()> OffloadGroup::start_broadcast(const engine::Tensor& flat, int root) {
+  std::shared_ptr<Work> work = comm_.ibroadcast(flat, flat, root);
+  return [work] { work->wait(); };
+}
+
 double OffloadGroup::average(double value) {
   engine::Tensor t = engine::Tensor::from_vector({value}, {1}, DType::kF64);
   comm_.all_reduce(t, ReduceOp::kAvg);

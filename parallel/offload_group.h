@@ -16,6 +16,7 @@ class OffloadGroup final : public engine::offload::ChunkGroup {
   int size() const override { return comm_.size(); }
   std::function<void()> start_average(const engine::Tensor& flat) override;
   void broadcast(const engine::Tensor& flat, int root) override { comm_.broadcast(flat, root); }
+  std::function<void()> start_broadcast(const engine::Tensor& flat, int root) override;
   double average(double value) override;
   void barrier() override { comm_.barrier(); }
 

@@ -116,47 +116,58 @@ class Offload::ChunkedAdamW final : public optim::Optimizer {
     p.eps = options_.eps;
     p.step = step_count_;
     p.grad_scale = grad_scale;
-    for (size_t i = 0; i < params_.size(); ++i) {
-      const auto& [name, param] = params_[i];
-      if (!owner_.owns(i)) continue;  // another dp rank updates it and broadcasts the result
-      Tensor g = param.grad();
-      if (!g.defined()) continue;
-      MAMMOTH_CHECK(g.shape() == param.shape() && g.dtype() == param.dtype())
-          << "[optimizer] gradient of '" << name << "' has shape " << shape_str(g.shape()) << " "
-          << dtype_name(g.dtype()) << " but the parameter is " << shape_str(param.shape()) << " "
-          << dtype_name(param.dtype());
-      if (!g.is_contiguous()) g = g.contiguous();
-      const Tensor m = owner_.view(kExpAvg, i), v = owner_.view(kExpAvgSq, i);
-      make_resident(param, true);
-      make_resident(g, false);
-      make_resident(m, true);
-      make_resident(v, true);
-      p.weight_decay = decay_[i] ? options_.weight_decay : 0.0;
-      std::vector<kernels::TensorArg> args = {param.arg(), g.arg(), m.arg(), v.arg()};
-      kernels::launch(kernels::Kernel::adamw, param.device().type, param.dtype(), args, {}, &p);
+    // Chunk by chunk (parameters are independent, so the order changes no number): under dp
+    // each updated chunk's broadcast starts at once, overlapping the rest of the walk, and the
+    // other ranks' chunks are received meanwhile (Offload::publish; after_step waits).
+    for (int k = 0; k < owner_.num_chunks(); ++k) {
+      for (size_t i : owner_.chunk_members_[k]) update(i, p);
+      if (owner_.dp_) owner_.publish(k);
     }
   }
 
-  nn::NamedTensors state() const override {
-    nn::NamedTensors out;
-    for (size_t i = 0; i < params_.size(); ++i) {
-      if (!owner_.owns(i)) continue;  // only the owner has this chunk's states
-      out.emplace_back(params_[i].first + ".exp_avg", owner_.view(kExpAvg, i));
-      out.emplace_back(params_[i].first + ".exp_avg_sq", owner_.view(kExpAvgSq, i));
-    }
-    return out;
-  }
+  nn::NamedTensors state() const override;
 
  private:
+  void update(size_t i, kernels::AdamWParams& p) {
+    const auto& [name, param] = params_[i];
+    if (!owner_.owns(i)) return;  // another dp rank updates it and broadcasts the result
+    Tensor g = param.grad();
+    if (!g.defined()) return;
+    MAMMOTH_CHECK(g.shape() == param.shape() && g.dtype() == param.dtype())
+        << "[optimizer] gradient of '" << name << "' has shape " << shape_str(g.shape()) << " "
+        << dtype_name(g.dtype()) << " but the parameter is " << shape_str(param.shape()) << " "
+        << dtype_name(param.dtype());
+    if (!g.is_contiguous()) g = g.contiguous();
+    const Tensor m = owner_.view(kExpAvg, i), v = owner_.view(kExpAvgSq, i);
+    make_resident(param, true);
+    make_resident(g, false);
+    make_resident(m, true);
+    make_resident(v, true);
+    p.weight_decay = decay_[i] ? options_.weight_decay : 0.0;
+    std::vector<kernels::TensorArg> args = {param.arg(), g.arg(), m.arg(), v.arg()};
+    kernels::launch(kernels::Kernel::adamw, param.device().type, param.dtype(), args, {}, &p);
+  }
+
   Offload& owner_;
   optim::AdamWOptions options_;
   std::vector<bool> decay_;
 };
 
+nn::NamedTensors Offload::ChunkedAdamW::state() const {
+  nn::NamedTensors out;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!owner_.owns(i)) continue;  // only the owner has this chunk's states
+    out.emplace_back(params_[i].first + ".exp_avg", owner_.view(kExpAvg, i));
+    out.emplace_back(params_[i].first + ".exp_avg_sq", owner_.view(kExpAvgSq, i));
+  }
+  return out;
+}
+
 Offload::Offload(const nn::NamedTensors& params, const OffloadOptions& options)
     : options_(options) {
-  // Unique parameters (tied weights once), in the model's order: the optimizer, the gradient
-  // norm and checkpoints walk them in this order, so the numbers match the plain loop's.
+  // Unique parameters (tied weights once), in the model's order: the gradient norm and
+  // checkpoints walk them in this order, so the sums match the plain loop's (the optimizer goes
+  // chunk by chunk; its per-parameter updates are independent of their order).
   std::unordered_set<TensorImpl*> seen;
   int64_t largest = 0;
   for (const auto& [name, p] : params) {
@@ -252,6 +263,8 @@ Offload::Offload(const nn::NamedTensors& params, const OffloadOptions& options)
     chunk_used_.back() = at + n;
     ++chunk_params_.back();
   }
+  chunk_members_.resize(chunk_used_.size());
+  for (size_t i = 0; i < params_.size(); ++i) chunk_members_[slots_[i].chunk].push_back(i);
 
   const std::vector<Tier> device_first = {Tier::kDevice, Tier::kHost};
   const chunks::ChunkListSpec specs[kNumLists] = {
@@ -399,31 +412,37 @@ void Offload::launch_ready(bool all) {
     const int k = n - 1 - next_launch_;
     if (!all && ready_[k] < chunk_params_[k]) return;
     if (free_buffers_.empty() && static_cast<int>(in_flight_.size()) >= kCommBuffers) drain_one();
-    Tensor buffer;
-    if (!free_buffers_.empty()) {
-      buffer = free_buffers_.back();
-      free_buffers_.pop_back();
-    } else {
-      buffer = Tensor::empty({manager_->chunk_bytes() / static_cast<int64_t>(dtype_size(dtype_))},
-                             dtype_);
-    }
+    Tensor buffer = take_buffer();
     const void* src = manager_->acquire(ids_[kGrads][k], false);
     std::memcpy(buffer.raw_data(), src, static_cast<size_t>(chunk_used_[k]));
-    const Tensor used = flat(k, buffer.raw_data());
-    in_flight_.push_back(InFlight{k, buffer, dp_->start_average(used)});
+    in_flight_.push_back(
+        InFlight{k, buffer, dp_->start_average(flat(k, buffer.raw_data())), kGrads});
     ++next_launch_;
   }
 }
 
-// Waits for the oldest reduction and copies the average back into its gradient chunk (on every
-// rank: the norm and the fp16 skip are then computed from the same bytes everywhere).
+// Waits for the oldest collective and copies its result into its chunk: a gradient average on
+// every rank (the norm and the fp16 skip are then computed from the same bytes everywhere), a
+// broadcast parameter chunk on the ranks that do not own it.
 void Offload::drain_one() {
   InFlight f = std::move(in_flight_.front());
   in_flight_.pop_front();
   f.wait();
-  void* dst = manager_->acquire(ids_[kGrads][f.chunk], true);
-  std::memcpy(dst, f.buffer.raw_data(), static_cast<size_t>(chunk_used_[f.chunk]));
+  if (f.into != kNone) {
+    void* dst = manager_->acquire(ids_[f.into][f.chunk], true);
+    std::memcpy(dst, f.buffer.raw_data(), static_cast<size_t>(chunk_used_[f.chunk]));
+  }
   free_buffers_.push_back(std::move(f.buffer));
+}
+
+Tensor Offload::take_buffer() {
+  if (free_buffers_.empty()) {
+    return Tensor::empty({manager_->chunk_bytes() / static_cast<int64_t>(dtype_size(dtype_))},
+                         dtype_);
+  }
+  Tensor buffer = free_buffers_.back();
+  free_buffers_.pop_back();
+  return buffer;
 }
 
 void Offload::begin_backward(bool sync) {
@@ -453,14 +472,25 @@ double Offload::grad_norm() {
   return optim::grad_norm(params_);
 }
 
-void Offload::after_step() {
-  // The owners' updated parameter chunks, to every rank (blocking: nothing moves the chunk
-  // while the broadcast reads or writes it).
-  NoGradGuard ng;
-  for (int k = 0; k < num_chunks(); ++k) {
-    const bool mine = owner(k) == rank_;
-    dp_->broadcast(flat(k, manager_->acquire(ids_[kParams][k], !mine)), owner(k));
+// Chunk k's parameters are final on its owner: broadcast them from a host buffer (the chunk
+// itself may move while the collective runs). Every rank calls this for every chunk in order,
+// so the collectives match; a receiver copies the bytes into its chunk when it drains them.
+void Offload::publish(int chunk) {
+  if (free_buffers_.empty() && static_cast<int>(in_flight_.size()) >= kCommBuffers) drain_one();
+  Tensor buffer = take_buffer();
+  const int root = owner(chunk);
+  if (root == rank_) {
+    const void* src = manager_->acquire(ids_[kParams][chunk], false);
+    std::memcpy(buffer.raw_data(), src, static_cast<size_t>(chunk_used_[chunk]));
   }
+  in_flight_.push_back(InFlight{chunk, buffer,
+                                dp_->start_broadcast(flat(chunk, buffer.raw_data()), root),
+                                root == rank_ ? kNone : kParams});
+}
+
+void Offload::after_step() {
+  // The broadcasts the optimizer walk started (publish): wait, and take in the others' chunks.
+  while (!in_flight_.empty()) drain_one();
 }
 
 double Offload::average(double value) { return dp_ ? dp_->average(value) : value; }

@@ -27,8 +27,10 @@
 // first, as backward finishes them) while backward continues; finish_backward() waits for the
 // rest and copies the averages back into the gradient chunks on every rank (so the global norm,
 // and with it fp16's skip decision, is computed identically everywhere, in the model's order, as
-// parallel::DataParallel's stage 0 does). Each rank then updates only its chunks, and
-// after_step() broadcasts every updated parameter chunk from its owner. Offload is then also
+// parallel::DataParallel's stage 0 does). Each rank then updates only its chunks, walking the
+// chunks in order: a chunk's broadcast from its owner starts as soon as its update is done
+// (through the same bounded host buffers), overlapping the rest of the walk, and after_step()
+// waits for the last ones and copies the received chunks in. Offload is then also
 // the loop's DataParallelRuntime (data_parallel()); parallel::DataParallel must not manage the
 // same parameters (it would move them into its own buckets). The group is an interface here
 // because engine/ does not depend on parallel/: parallel/offload_group.h implements it over a
@@ -37,7 +39,7 @@
 //
 // Chunk order: parameters are packed in OffloadOptions::use_order (the order a forward pass
 // first touches them, recorded by first_use_order()), or in the model's order when it is empty;
-// the optimizer, the norm and checkpoints still walk them in the model's order.
+// the norm and checkpoints still walk them in the model's order.
 //
 // CPU backend only for now (the device budget is emulated with host memory); CUDA parameters
 // are rejected with a clear error.
@@ -70,6 +72,8 @@ class ChunkGroup {
   // Starts averaging the contiguous `flat` over the group in place; the result waits for it.
   virtual std::function<void()> start_average(const Tensor& flat) = 0;
   virtual void broadcast(const Tensor& flat, int root) = 0;  // blocking, in place
+  // Starts broadcasting `flat` from `root` in place; the result waits for it.
+  virtual std::function<void()> start_broadcast(const Tensor& flat, int root) = 0;
   virtual double average(double value) = 0;
   virtual void barrier() = 0;
 };
@@ -164,7 +168,7 @@ class Offload final : public train::OffloadRuntime, public train::DataParallelRu
     int chunk = 0;       // index into the per-list chunk vectors
     int64_t offset = 0;  // bytes into the chunk
   };
-  enum List { kParams = 0, kGrads = 1, kExpAvg = 2, kExpAvgSq = 3, kNumLists = 4 };
+  enum List { kParams = 0, kGrads = 1, kExpAvg = 2, kExpAvgSq = 3, kNumLists = 4, kNone = -1 };
 
   Tensor view(List list, size_t i) const;  // param i's bytes in `list` as a tensor
   void on_grad_ready(size_t i);
@@ -172,7 +176,9 @@ class Offload final : public train::OffloadRuntime, public train::DataParallelRu
   // Chunk k's used bytes as a flat tensor at `base`.
   Tensor flat(int chunk, void* base) const;
   void launch_ready(bool all);
+  void publish(int chunk);
   void drain_one();
+  Tensor take_buffer();
 
   OffloadOptions options_;
   nn::NamedTensors params_;  // unique parameters, in chunk order
@@ -185,6 +191,7 @@ class Offload final : public train::OffloadRuntime, public train::DataParallelRu
   int64_t state_bytes_ = 0;
   int64_t requested_chunk_bytes_ = 0;
   std::vector<int64_t> chunk_used_;  // per chunk: bytes used
+  std::vector<std::vector<size_t>> chunk_members_;  // per chunk: its parameters, model order
   AutoBudget auto_;
   bool use_ordered_ = false;
 
@@ -201,6 +208,7 @@ class Offload final : public train::OffloadRuntime, public train::DataParallelRu
     int chunk = 0;
     Tensor buffer;
     std::function<void()> wait;
+    List into = kNone;  // the list whose chunk receives the result (kNone: nothing to copy)
   };
   std::deque<InFlight> in_flight_;
   std::vector<Tensor> free_buffers_;
