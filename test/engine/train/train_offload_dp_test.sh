@@ -4,8 +4,9 @@
 # those of dp 2 without offload (the same averaged gradients; host tier, and NVMe tier under a
 # device budget that pages), fp16 skips the same steps, each rank holds about half the AdamW
 # state bytes, a dp2+offload checkpoint (each chunk's owner writes it) resumes at dp 2 with
-# offload, at dp 2 without offload (ZeRO-1), on 1 process without offload and on 1 process with
-# offload, dp 2's plain checkpoint resumes under dp 2 + NVMe offload, all continuing the curve;
+# offload, at dp 4 with offload, at dp 2 without offload (ZeRO-1), on 1 process without offload
+# and on 1 process with offload, dp 2's plain checkpoint resumes under dp 2 + NVMe offload, all
+# continuing the curve;
 # --device-mem auto:SIZE matches too, and combinations it does not support are clear errors.
 set -euo pipefail
 mammoth="$1"
@@ -54,6 +55,7 @@ echo step_00000005 >"$work/ck_host/latest"
 cp -r "$work/ck_host" "$work/ck_host_np1"
 cp -r "$work/ck_host" "$work/ck_host_np1_off"
 cp -r "$work/ck_host" "$work/ck_host_zero1"
+cp -r "$work/ck_host" "$work/ck_host_dp4"
 cp -r "$work/ck_host/step_00000010" "$work/host_step10"
 bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" "${chunks[@]}" --offload host \
   --save-dir "$work/ck_host" --resume --metrics "$work/resumed_dp2_host.jsonl"
@@ -66,6 +68,9 @@ bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" "${chunks[@]}" --offload ho
 # (ZeRO-0: rank 0 wrote it) into dp 2 + offload with the states on NVMe.
 cp -r "$work/ck_dp2" "$work/ck_dp2_to_nvme"
 echo step_00000005 >"$work/ck_dp2_to_nvme/latest"
+# dp 4 with offload: the chunks' owners change (chunk k on rank k % 4).
+bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" "${chunks[@]}" --micro-batch 2 \
+  --offload host --save-dir "$work/ck_host_dp4" --resume --metrics "$work/resumed_dp4_host.jsonl"
 bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --zero 1 --save-dir "$work/ck_host_zero1" \
   --resume --metrics "$work/resumed_dp2_zero1.jsonl"
 bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" "${chunks[@]}" --offload nvme \
@@ -134,6 +139,7 @@ assert "traced peak of non-chunk memory (first step)" in auto_log, auto_log
 close("np1_host", all_steps, 2e-5)
 close("resumed_np1", list(range(6, 11)), 2e-5)
 close("resumed_np1_host", list(range(6, 11)), 2e-5)
+close("resumed_dp4_host", list(range(6, 11)), 2e-5)
 
 # fp16 with a large initial scale overflows at first: every rank skipped the same steps.
 a, b = rows("dp2_fp16"), rows("dp2_fp16_host")
