@@ -37,6 +37,7 @@
 #include <fstream>
 #include <functional>
 #include <initializer_list>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -63,9 +64,11 @@ struct Options {
   std::string filter;
   int threads = 0;  // 0: 1 and all
   std::string isa;
-  bool torch = true;        // run the bf16 GEMM anchor
-  std::string python;       // for it; empty: $MAMMOTH_PYTHON or /usr/bin/python3
-  std::string bf16_script;  // tools/bench/kernels/bf16_anchor.py; empty: looked for
+  bool torch = true;             // run the bf16 GEMM anchor
+  std::string python;            // for it; empty: $MAMMOTH_PYTHON or /usr/bin/python3
+  std::string bf16_script;       // tools/bench/kernels/bf16_anchor.py; empty: looked for
+  int64_t row_m = 0, row_n = 0;  // --row-shape MxN: the softmax and norm rows' shape instead
+  bool warm = false;  // --warm: memory rows timed right after an untimed run (cached shapes)
 };
 
 struct Row {
@@ -91,8 +94,25 @@ double best_seconds(int reps, const std::function<void()>& f) {
   return best;
 }
 
+// Buffers 64-byte aligned, as the engine's CpuAllocator hands out tensors (std::vector's 16 would
+// put every row of a row kernel's output off the cache-line grid: a partial line at each end of
+// every row, written with plain stores between the streaming ones).
+template <typename T>
+struct Aligned64 {
+  using value_type = T;
+  Aligned64() = default;
+  template <typename U>
+  Aligned64(const Aligned64<U>&) {}
+  T* allocate(size_t n) {
+    return static_cast<T*>(::operator new (n * sizeof(T), std::align_val_t{64}));
+  }
+  void deallocate(T* p, size_t) { ::operator delete (p, std::align_val_t{64}); }
+  bool operator==(const Aligned64&) const { return true; }
+};
+using FloatBuf = std::vector<float, Aligned64<float>>;
+
 // Cheap deterministic fill in [lo, hi), in parallel so setup stays short.
-void fill(std::vector<float>& v, float lo, float hi, uint32_t salt) {
+void fill(FloatBuf& v, float lo, float hi, uint32_t salt) {
   float* p = v.data();
   parallel_for(0, static_cast<int64_t>(v.size()), 1 << 16, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
@@ -115,7 +135,7 @@ TensorArg targ(void* p, DType dt, std::vector<int64_t> shape) {
   }
   return a;
 }
-TensorArg farg(std::vector<float>& v, std::vector<int64_t> shape) {
+TensorArg farg(FloatBuf& v, std::vector<int64_t> shape) {
   return targ(v.data(), DType::kF32, std::move(shape));
 }
 
@@ -175,7 +195,7 @@ class Triad {
 
  private:
   int64_t n_;
-  std::vector<float> a_, b_, c_;
+  FloatBuf a_, b_, c_;
   int64_t off_ = 0;
 };
 
@@ -304,6 +324,7 @@ struct Bench {
     double t = 1e30, t_plain = 1e30, t_stream = 1e30;
     for (int r = 0; r < opt.reps; ++r) {
       t_plain = std::min(t_plain, seconds_of([&] { triad->run(false); }));
+      if (opt.warm) f();
       t = std::min(t, seconds_of(f));
       t_stream = std::min(t_stream, seconds_of([&] { triad->run(true); }));
     }
@@ -314,7 +335,7 @@ struct Bench {
     const int64_t n = opt.quick ? (int64_t{1} << 22) : (int64_t{1} << 24);
     const std::string shape = std::to_string(n);
     if (!any_wanted({"adamw", "adamw_bf16_grad_param"})) return;
-    std::vector<float> w(n), g(n), m(n), v(n);
+    FloatBuf w(n), g(n), m(n), v(n);
     fill(w, -1, 1, 10);
     fill(g, -1, 1, 11);
     fill(m, -0.1f, 0.1f, 12);
@@ -338,10 +359,11 @@ struct Bench {
   }
 
   void softmax_rows() {
-    const int64_t M = opt.quick ? 2048 : 8192, N = 2048, n = M * N;
+    const int64_t M = opt.row_m > 0 ? opt.row_m : opt.quick ? 2048 : 8192;
+    const int64_t N = opt.row_n > 0 ? opt.row_n : 2048, n = M * N;
     const std::string shape = std::to_string(M) + "x" + std::to_string(N);
     if (!any_wanted({"softmax", "softmax_backward", "log_softmax", "log_softmax_backward"})) return;
-    std::vector<float> x(n), y(n), dy(n), dx(n);
+    FloatBuf x(n), y(n), dy(n), dx(n);
     fill(x, -4, 4, 20);
     fill(dy, -1, 1, 21);
     memory_row("softmax", shape, 8.0 * n, [&] {
@@ -359,10 +381,11 @@ struct Bench {
   }
 
   void norm_rows() {
-    const int64_t M = opt.quick ? 4096 : 16384, N = 768, n = M * N;
+    const int64_t M = opt.row_m > 0 ? opt.row_m : opt.quick ? 4096 : 16384;
+    const int64_t N = opt.row_n > 0 ? opt.row_n : 768, n = M * N;
     const std::string shape = std::to_string(M) + "x" + std::to_string(N);
     if (!any_wanted({"layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward"})) return;
-    std::vector<float> x(n), y(n), dy(n), dx(n), w(N), b(N), dw(N), db(N), mean(M), rstd(M);
+    FloatBuf x(n), y(n), dy(n), dx(n), w(N), b(N), dw(N), db(N), mean(M), rstd(M);
     fill(x, -2, 3, 30);
     fill(dy, -1, 1, 31);
     fill(w, 0.5f, 1.5f, 32);
@@ -392,7 +415,7 @@ struct Bench {
     const int64_t M = opt.quick ? 64 : 256, V = 50257, n = M * V;
     const std::string shape = std::to_string(M) + "x" + std::to_string(V);
     if (!any_wanted({"cross_entropy", "cross_entropy_backward"})) return;
-    std::vector<float> x(n), dx(n), loss(M), lse(M), dloss(M, 1.0f / M);
+    FloatBuf x(n), dx(n), loss(M), lse(M), dloss(M, 1.0f / M);
     std::vector<int64_t> target(M);
     for (int64_t i = 0; i < M; ++i) target[i] = (i * 7919) % V;
     fill(x, -6, 6, 40);
@@ -414,7 +437,7 @@ struct Bench {
                      "silu_backward"})) {
       return;
     }
-    std::vector<float> x(n), y(n), dy(n), dx(n);
+    FloatBuf x(n), y(n), dy(n), dx(n);
     fill(x, -4, 4, 50);
     fill(dy, -1, 1, 51);
     memory_row("gelu_tanh", shape, 8.0 * n, [&] {
@@ -445,7 +468,7 @@ struct Bench {
       return;
     }
     const int64_t nq = BH * T * D;
-    std::vector<float> q(nq), k(nq), v(nq), o(nq), lse(BH * T), dout(nq), dq(nq), dk(nq), dv(nq);
+    FloatBuf q(nq), k(nq), v(nq), o(nq), lse(BH * T), dout(nq), dq(nq), dk(nq), dv(nq);
     fill(q, -1, 1, 60);
     fill(k, -1, 1, 61);
     fill(v, -1, 1, 62);
@@ -453,7 +476,7 @@ struct Bench {
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
     const std::vector<int64_t> s4 = {B, H, T, D};
     // The GEMM-bound anchor: the same matmuls as whole batched sgemms (T x T materialised).
-    std::vector<float> S(BH * T * T), dP(BH * T * T);
+    FloatBuf S(BH * T * T), dP(BH * T * T);
     fill(S, 0, 1.0f / T, 64);
     auto bgemm = [&](bool ta, bool tb, int64_t m, int64_t n, int64_t kk, float alpha,
                      const float* A, int64_t lda, int64_t sa, const float* Bm, int64_t ldb,
@@ -482,7 +505,7 @@ struct Bench {
     const double rate_all = flops_all / t_anchor_all / 1e9;
     // A stricter anchor: sgemm's rate on a large square problem, where it is most efficient.
     const int64_t sq = opt.quick ? 1024 : 2048;
-    std::vector<float> A(sq * sq), Bsq(sq * sq), Csq(sq * sq);
+    FloatBuf A(sq * sq), Bsq(sq * sq), Csq(sq * sq);
     fill(A, -1, 1, 65);
     fill(Bsq, -1, 1, 66);
     const double t_sq = best_seconds(std::min(opt.reps, 3), [&] {
@@ -531,7 +554,7 @@ struct Bench {
     const size_t first = rows.size();
     for (const Bf16Shape* s : shapes) {
       const int64_t a_cols = s->ta ? s->M : s->K, b_cols = s->tb ? s->K : s->N;
-      std::vector<float> af(s->M * s->K), bf(s->K * s->N), c(s->M * s->N);
+      FloatBuf af(s->M * s->K), bf(s->K * s->N), c(s->M * s->N);
       fill(af, -1, 1, 70);
       fill(bf, -1, 1, 71);
       std::vector<uint16_t> a(af.size()), b(bf.size());
@@ -660,6 +683,14 @@ int run_kernels_bench(const std::vector<std::string>& args) {
       opt.torch = false;
     } else if (a == "--python") {
       opt.python = value();
+    } else if (a == "--row-shape") {
+      const std::string v = value();
+      const size_t x = v.find('x');
+      MAMMOTH_CHECK(x != std::string::npos) << "[bench kernels] --row-shape wants MxN, got " << v;
+      opt.row_m = std::stoll(v.substr(0, x));
+      opt.row_n = std::stoll(v.substr(x + 1));
+    } else if (a == "--warm") {
+      opt.warm = true;
     } else if (a == "--bf16-anchor-script") {
       opt.bf16_script = value();
     } else if (a == "--help" || a == "-h") {
@@ -667,6 +698,7 @@ int run_kernels_bench(const std::vector<std::string>& args) {
           "usage: mammoth bench kernels [--json FILE] [--reps N] [--quick] [--filter NAME]\n"
           "                             [--threads N] [--isa avx512|avx2|portable]\n"
           "                             [--no-torch] [--python PATH] [--bf16-anchor-script PATH]\n"
+          "                             [--row-shape MxN] [--warm]\n"
           "bf16 GEMM rows are anchored on torch.matmul (bf16, oneDNN) run by PATH (default\n"
           "$MAMMOTH_PYTHON, else /usr/bin/python3); --no-torch leaves them without an anchor.\n");
       return 0;
