@@ -64,6 +64,7 @@ class UringEngine final : public AsyncIO {
   int submit_ring(bool wait);
   void reap();
   void on_cqe(detail::Pending* p, int res);
+  void prefetch_for_verify(const void* tag) const;
   bool prep(detail::Pending* p);
   void arm_eventfd();
   void fail_all(const std::string& error);
