@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "base/error.h"
+
 namespace mammoth::models {
 namespace {
 
@@ -133,31 +135,35 @@ struct Need {
 };
 
 // Bytes per tier for `setting` (see OffloadFit).
-Need need_for(const std::string& setting, const ModelConfig& c, int64_t chunk_bytes) {
+Need need_for(const std::string& setting, const ModelConfig& c, int64_t chunk_bytes, int dp) {
   const int64_t params = count_parameters(c);
   const int64_t elem = static_cast<int64_t>(dtype_size(c.dtype));
   const int64_t w = params * elem, g = w;
-  const int64_t o = params * (c.dtype == DType::kF32 ? 8 : 12);
+  const int64_t o_all = params * (c.dtype == DType::kF32 ? 8 : 12);
   // A chunk holds at least the largest parameter (a parameter never straddles chunks).
   const int64_t largest =
       std::max({c.vocab_size * c.d_model, c.d_model * std::max(c.d_ff, 3 * c.d_model)}) * elem;
   const int64_t chunk = std::max(chunk_bytes, largest);
+  // Under dp each rank keeps the states of the chunks it owns (chunk k on rank k % dp): an even
+  // share, up to one chunk more of each of the two moment lists.
+  const int64_t o = dp > 1 ? std::min(o_all, (o_all + dp - 1) / dp + 2 * chunk) : o_all;
   Need n;
+  if (dp > 1) n.host += 4 * chunk;  // gradient chunks being averaged
   if (setting == "none") {
     n.device = w + g + o;
   } else if (setting == "host") {
     n.device = w + g;
-    n.host = o;
+    n.host += o;
   } else if (setting == "nvme") {
     n.device = w + g;
-    n.host = 2 * chunk;
+    n.host += 2 * chunk;
     n.nvme = o;
   } else if (setting == "host-paged") {
     n.device = std::min(w + g + o, 4 * chunk);
-    n.host = w + g + o;
+    n.host += w + g + o;
   } else {
     n.device = std::min(w + g, 2 * chunk);
-    n.host = w + g + 2 * chunk;
+    n.host += w + g + 2 * chunk;
     n.nvme = o;
   }
   return n;
@@ -170,12 +176,13 @@ bool fits(const Need& n, int64_t device_mem, int64_t host_mem) {
 }  // namespace
 
 std::vector<OffloadFit> offload_fits(const ModelConfig& config, int64_t device_mem,
-                                     int64_t host_mem, int64_t chunk_bytes) {
+                                     int64_t host_mem, int64_t chunk_bytes, int dp) {
+  MAMMOTH_CHECK(dp >= 1) << "[analyze] --dp must be >= 1, got " << dp;
   std::vector<OffloadFit> out;
   for (const char* setting : {"none", "host", "nvme", "host-paged", "nvme-paged"}) {
     OffloadFit f;
     f.setting = setting;
-    const Need n = need_for(setting, config, chunk_bytes);
+    const Need n = need_for(setting, config, chunk_bytes, dp);
     f.device_bytes = n.device;
     f.host_bytes = n.host;
     f.nvme_bytes = n.nvme;
@@ -186,7 +193,7 @@ std::vector<OffloadFit> offload_fits(const ModelConfig& config, int64_t device_m
     auto ok = [&](int64_t layers) {
       ModelConfig c = config;
       c.n_layer = layers;
-      return fits(need_for(setting, c, chunk_bytes), device_mem, host_mem);
+      return fits(need_for(setting, c, chunk_bytes, dp), device_mem, host_mem);
     };
     int64_t lo = 0, hi = 1;
     while (hi <= kCap && ok(hi)) {

@@ -34,7 +34,7 @@ struct ModelAnalysis {
   int64_t embedding_params = 0;  // token, position and token-type tables (lookups, no FLOPs)
   int64_t seq_len = 0;           // context length the FLOPs assume (ViT: patches + 1)
   double flops_per_token_forward = 0;
-  double flops_per_token_train = 0;    // forward + backward
+  double flops_per_token_train = 0;  // forward + backward
   // The forward's parts (pipeline stages are balanced with these): one transformer block, and
   // the head (LM head / MLM transform / ViT patch projection and classifier).
   double block_flops_per_token_forward = 0;
@@ -58,7 +58,10 @@ json::Value analysis_to_json(const ModelAnalysis& a);
 //   host-paged    W + G + O homed in host memory; the device caches >= 4 chunks
 //   nvme-paged    W + G homed in host memory, O on NVMe; the device caches >= 2 chunks and
 //                 the host 2 staging chunks more
-// A budget of 0 means unlimited (NVMe is always taken as unlimited).
+// A budget of 0 means unlimited (NVMe is always taken as unlimited). Under data parallelism
+// (dp > 1; engine/offload shards the AdamW states by chunk, ZeRO-Offload style) each rank holds
+// O / dp plus up to one chunk of each state list, and 4 chunk-sized host buffers for the
+// gradient averages; W and G stay whole on every rank. The bytes are per rank.
 struct OffloadFit {
   std::string setting;
   int64_t device_bytes = 0;  // needed on each tier by this model
@@ -71,7 +74,7 @@ struct OffloadFit {
   int64_t max_params = 0;
 };
 std::vector<OffloadFit> offload_fits(const ModelConfig& config, int64_t device_mem,
-                                     int64_t host_mem, int64_t chunk_bytes);
+                                     int64_t host_mem, int64_t chunk_bytes, int dp = 1);
 json::Value offload_fits_to_json(const std::vector<OffloadFit>& fits, int64_t device_mem,
                                  int64_t host_mem);
 

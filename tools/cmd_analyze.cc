@@ -1,5 +1,6 @@
 // `mammoth analyze`: parameter count, FLOPs per token and training memory of a model, from its
 // config alone (registered name or Hugging Face directory), so 70B shapes work on a laptop.
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@ ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(std::string, device_mem);
 ABSL_DECLARE_FLAG(std::string, host_mem);
 ABSL_DECLARE_FLAG(double, chunk_mb);
+ABSL_DECLARE_FLAG(int, dp);
 ABSL_FLAG(int64_t, context, 0, "analyze: context length for attention FLOPs (0: the model's max)");
 ABSL_FLAG(bool, json, false, "analyze: print only the JSON line");
 
@@ -69,34 +71,47 @@ int run_analyze(const std::vector<std::string>& args) {
   }
   // With a budget: what fits under each --offload setting, and the deepest model of this
   // width that would.
+  // `auto:SIZE` (as `mammoth train` takes it): the device's SIZE; what the first step's
+  // activations take off it is only known when training runs, and is not counted here.
+  std::string device_text = absl::GetFlag(FLAGS_device_mem);
+  const bool device_auto = device_text.rfind("auto:", 0) == 0;
+  if (device_auto) device_text = device_text.substr(5);
   const int64_t device_mem =
-      memory::chunks::parse_bytes(absl::GetFlag(FLAGS_device_mem), "--device-mem");
+      memory::chunks::parse_bytes(device_text, device_auto ? "--device-mem auto:" : "--device-mem");
   const int64_t host_mem = memory::chunks::parse_bytes(absl::GetFlag(FLAGS_host_mem), "--host-mem");
+  // --dp 0 means "every rank mpirun started" to `mammoth train`; here, one process.
+  const int dp = std::max(1, absl::GetFlag(FLAGS_dp));
   json::Value out = models::analysis_to_json(a);
   if (device_mem > 0 || host_mem > 0) {
     const auto chunk = static_cast<int64_t>(absl::GetFlag(FLAGS_chunk_mb) * 1048576.0);
     const std::vector<models::OffloadFit> fits =
-        models::offload_fits(a.config, device_mem, host_mem, chunk);
+        models::offload_fits(a.config, device_mem, host_mem, chunk, dp);
     if (!absl::GetFlag(FLAGS_json)) {
       auto budget = [](int64_t b) { return b > 0 ? gib(b) : std::string("unlimited"); };
-      std::printf("fit (%s dtype; --device-mem %s, --host-mem %s; activations not counted):\n",
-                  dtype_name(a.config.dtype), budget(device_mem).c_str(),
-                  budget(host_mem).c_str());
+      std::printf(
+          "fit per rank (%s dtype; --device-mem %s%s, --host-mem %s, --dp %d; activations "
+          "not counted):\n",
+          dtype_name(a.config.dtype), device_auto ? "auto:" : "", budget(device_mem).c_str(),
+          budget(host_mem).c_str(), dp);
       std::printf("  %-11s %14s %14s %14s %5s   %s\n", "--offload", "device", "host", "nvme",
                   "fits", "largest of this width");
       for (const models::OffloadFit& f : fits) {
-        const std::string largest =
-            f.max_layers == 0 ? std::string("none (one layer does not fit)")
-                              : std::to_string(f.max_layers) + " layers, " +
-                                    human(double(f.max_params), "params");
+        const std::string largest = f.max_layers == 0 ? std::string("none (one layer does not fit)")
+                                                      : std::to_string(f.max_layers) + " layers, " +
+                                                            human(double(f.max_params), "params");
         std::printf("  %-11s %14s %14s %14s %5s   %s\n", f.setting.c_str(),
                     gib(f.device_bytes).c_str(), gib(f.host_bytes).c_str(),
                     gib(f.nvme_bytes).c_str(), f.fits ? "yes" : "no", largest.c_str());
       }
-      std::printf("  (host, nvme: AdamW states off the device; -paged: parameters and gradients "
-                  "paged through --device-mem too)\n");
+      std::printf(
+          "  (host, nvme: AdamW states off the device; -paged: parameters and gradients "
+          "paged through --device-mem too%s)\n",
+          dp > 1 ? "; dp: each rank holds the AdamW states of its own chunks" : "");
     }
-    out.set("offload_fit", models::offload_fits_to_json(fits, device_mem, host_mem));
+    json::Value fit = models::offload_fits_to_json(fits, device_mem, host_mem);
+    fit.set("dp", json::Value(static_cast<int64_t>(dp)));
+    fit.set("device_auto", json::Value(device_auto));
+    out.set("offload_fit", std::move(fit));
   }
   std::printf("%s\n", json::dump(out).c_str());
   return 0;

@@ -58,3 +58,30 @@ TEST_CASE("offload fits: tier needs follow W + G + O and budgets pick the deepes
   CHECK(find(tiny, "none").max_layers == 0);
   CHECK_FALSE(find(tiny, "none").fits);
 }
+
+TEST_CASE("offload fits under data parallelism: each rank holds its share of the AdamW states") {
+  const models::ModelConfig c = models::resolve_config("gpt2");
+  const int64_t n = models::count_parameters(c);
+  const int64_t gib = 1ll << 30, chunk = 32ll << 20;
+  // The largest parameter (wte, 50257 x 768 f32 = 147 MiB) sets the chunk size.
+  const int64_t big_chunk = 50257ll * 768 * 4;
+  const auto one = models::offload_fits(c, 2 * gib, 8 * gib, chunk, 1);
+  const auto four = models::offload_fits(c, 2 * gib, 8 * gib, chunk, 4);
+  // host: W + G whole on the device; O / 4 (+ up to a chunk of each moment list) and 4
+  // gradient-averaging chunks in host memory.
+  CHECK(find(four, "host").device_bytes == 8 * n);
+  CHECK(find(four, "host").host_bytes == (8 * n + 3) / 4 + 2 * big_chunk + 4 * big_chunk);
+  // none: the states share lives on the device.
+  CHECK(find(four, "none").device_bytes == 8 * n + (8 * n + 3) / 4 + 2 * big_chunk);
+  CHECK(find(four, "nvme").nvme_bytes == (8 * n + 3) / 4 + 2 * big_chunk);
+  // Sharding the states lets a deeper model fit wherever they were the binding part.
+  CHECK(find(four, "none").max_layers > find(one, "none").max_layers);
+  CHECK(find(four, "host-paged").max_layers > find(one, "host-paged").max_layers);
+  // Never more than one process needs.
+  for (const auto& f : four) {
+    INFO(f.setting);
+    CHECK(f.nvme_bytes <= find(one, f.setting.c_str()).nvme_bytes);
+  }
+  CHECK_THROWS_WITH(models::offload_fits(c, 2 * gib, 8 * gib, chunk, 0),
+                    Catch::Contains("--dp must be >= 1"));
+}
