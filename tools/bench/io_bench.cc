@@ -39,6 +39,9 @@ struct Options {
   double seconds = 5;
   int queue_depth = 32;
   int rounds = 1;
+  // How the rounds of each side become one number: "median" (robust to one round that a
+  // neighbour's load or the host's cache made slow or fast) or "best".
+  std::string stat = "median";
   io::EngineKind engine = io::EngineKind::kAuto;
   bool checksums = true;
   bool eager_resubmit = true;
@@ -128,7 +131,8 @@ Options parse(const std::vector<std::string>& args) {
     if (name == "help") {
       std::printf(
           "mammoth bench io [--dir DIR] [--size 1G] [--seconds 5] [--queue-depth 32] "
-          "[--rounds 1] [--engine auto|io_uring|threads] [--no-checksums] [--fio PATH|none] "
+          "[--rounds 1] [--stat median|best] [--engine auto|io_uring|threads] [--no-checksums] "
+          "[--fio PATH|none] "
           "[--json FILE] [--only seq_write,seq_read,rand_read] [--batch-resubmit] [--verbose]\n");
       std::exit(0);
     }
@@ -147,6 +151,10 @@ Options parse(const std::vector<std::string>& args) {
       o.seconds = parse_positive(name, value);
     } else if (name == "queue-depth") {
       o.queue_depth = static_cast<int>(parse_positive(name, value));
+    } else if (name == "stat") {
+      MAMMOTH_CHECK(value == "median" || value == "best")
+          << "[bench io] --stat must be median or best, got '" << value << "'";
+      o.stat = value;
     } else if (name == "rounds") {
       o.rounds = static_cast<int>(parse_positive(name, value));
     } else if (name == "engine") {
@@ -159,7 +167,7 @@ Options parse(const std::vector<std::string>& args) {
       o.only = value;
     } else {
       MAMMOTH_THROW() << "[bench io] unknown option --" << name
-                      << " (known: --dir --size --seconds --queue-depth --rounds --engine "
+                      << " (known: --dir --size --seconds --queue-depth --rounds --stat --engine "
                          "--no-checksums --fio --json --only --batch-resubmit --verbose)";
     }
   }
@@ -332,11 +340,17 @@ int run_io_bench(const std::vector<std::string>& args) {
   }
   std::printf("io bench: %s (private subdirectory %s), file %s, queue depth %d\n", o.dir.c_str(),
               swap.path().c_str(), io::format_bytes(o.size).c_str(), o.queue_depth);
-  std::printf("ours: %s engine (%s), checksums %s; anchor: %s\n", engine->name(), features.c_str(),
-              o.checksums
-                  ? (io::crc32c_blocks_hardware() ? "crc32c/4KiB (sse4.2)" : "crc32c/4KiB (table)")
+  std::printf(
+      "ours: %s engine (%s), checksums %s; anchor: %s\n", engine->name(), features.c_str(),
+      o.checksums ? (io::crc32c_blocks_hardware() ? "crc32c/4KiB (sse4.2)" : "crc32c/4KiB (table)")
                   : "off",
-              with_fio ? (o.fio + " ioengine=io_uring direct=1").c_str() : "none");
+      with_fio ? (o.fio + " ioengine=io_uring direct=1 iodepth=" + std::to_string(o.queue_depth) +
+                  ", one job, its defaults otherwise (no fixedbufs, registerfiles, hipri "
+                  "or sqthread_poll)")
+                     .c_str()
+               : "none");
+  std::printf("each row: %s of %d alternating round%s per side%s\n", o.stat.c_str(), o.rounds,
+              o.rounds == 1 ? "" : "s", o.eager_resubmit ? "" : "; ours: --batch-resubmit");
 
   const std::string ours_path = swap.create_file("ours.dat", o.size);
   const std::string fio_path = swap.path() + "/fio.dat";
@@ -356,7 +370,14 @@ int run_io_bench(const std::vector<std::string>& args) {
       {"seq_read_1MiB_qd" + std::to_string(o.queue_depth), shape_seq, "GB/s"},
       {"rand_read_4KiB_qd" + std::to_string(o.queue_depth), seconds_text(o.seconds), "IOPS"}};
   std::printf("\n%-22s %-14s %12s %12s %6s %7s\n", "name", "shape", "ours", "fio", "unit", "ratio");
-  auto best = [](std::optional<double>& a, double v) { a = a ? std::max(*a, v) : v; };
+  // Each side's value per round; the row gets their median or best (--stat) at the end.
+  std::vector<double> ours_runs, fio_runs;
+  auto summary = [&](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    if (o.stat == "best") return v.back();
+    const size_t m = v.size() / 2;
+    return v.size() % 2 == 1 ? v[m] : (v[m - 1] + v[m]) / 2;
+  };
   // Reads (sequential and random) by both sides go to our file, so both see the same data with
   // the same cache state below the VM; the order alternates by round so neither side always runs
   // right after the write that warmed whatever cache the virtual disk has.
@@ -406,7 +427,7 @@ int run_io_bench(const std::vector<std::string>& args) {
                           reader.mean_latency_us(), v * reader.mean_latency_us() / 1e6);
             }
           }
-          row.ours = std::max(row.ours, v);
+          ours_runs.push_back(v);
           row.ours_wall += seconds_since(t0);
           row.ours_cpu += process_cpu_seconds() - cpu0;
           continue;
@@ -415,10 +436,10 @@ int run_io_bench(const std::vector<std::string>& args) {
         std::optional<json::Value> job;
         if (shape == 0) {
           job = run_fio(o, "--name=seq_write --rw=write --bs=1M " + fio_write);
-          if (job) best(row.anchor, job->at("write").at("bw_bytes").as_double() / 1e9);
+          if (job) fio_runs.push_back(job->at("write").at("bw_bytes").as_double() / 1e9);
         } else if (shape == 1) {
           job = run_fio(o, "--name=seq_read --rw=read --bs=1M " + fio_read);
-          if (job) best(row.anchor, job->at("read").at("bw_bytes").as_double() / 1e9);
+          if (job) fio_runs.push_back(job->at("read").at("bw_bytes").as_double() / 1e9);
         } else {
           job = run_fio(o,
                         "--name=rand_read --rw=randread --bs=4k --norandommap --randrepeat=0 "
@@ -426,7 +447,7 @@ int run_io_bench(const std::vector<std::string>& args) {
                             runtime + " " + fio_read);
           if (job) {
             const double iops = job->at("read").at("iops").as_double();
-            best(row.anchor, iops);
+            fio_runs.push_back(iops);
             if (o.verbose) {
               const double lat = job->at("read").at("lat_ns").at("mean").as_double() / 1e3;
               std::printf("  fio  %.0f IOPS, mean latency %.1f us, mean in flight %.1f\n", iops,
@@ -443,6 +464,10 @@ int run_io_bench(const std::vector<std::string>& args) {
         }
       }
     }
+    if (!ours_runs.empty()) row.ours = summary(ours_runs);
+    if (!fio_runs.empty()) row.anchor = summary(fio_runs);
+    ours_runs.clear();
+    fio_runs.clear();
     print_row(row);
   }
   std::printf("\ncpu (percent of one core while running):");

@@ -11,9 +11,14 @@
 // lives in the SwapDir's private subdirectory and is removed at the end.
 //
 //   mammoth bench io [--dir DIR] [--size 1G] [--seconds 5] [--queue-depth 32] [--rounds 1]
-//       [--engine auto|io_uring|threads] [--no-checksums] [--fio PATH|none] [--json FILE]
+//       [--stat median|best] [--engine auto|io_uring|threads] [--no-checksums] [--fio PATH|none]
+//       [--json FILE] [--only ROWS] [--batch-resubmit] [--verbose]
 // --dir defaults to $TMPDIR, else /var/tmp (O_DIRECT needs a disk filesystem, not tmpfs).
-// --rounds N alternates ours and fio N times per shape and keeps each side's best.
+// --rounds N alternates ours and fio N times per shape; each side's row value is the median of
+// its rounds (--stat best: the best). --only seq_write,rand_read runs those rows (the file is
+// still written first, untimed, for the reads). --verbose prints every round (and mean latency
+// of the random reads); --batch-resubmit turns off the engine's eager resubmission (A/B).
+// After the table: each side's CPU time in percent of one core while it ran.
 // --json FILE writes a JSON array, one object per row:
 //   {"name": "seq_read_1MiB_qd32", "shape": "1073741824 B", "threads": 1, "ours": 1.21,
 //    "anchor": 1.25, "unit": "GB/s", "ratio": 0.97}
