@@ -245,14 +245,18 @@ void log_softmax_backward(const float* dy, const float* y, float* dx, int64_t ro
 
 // ---- normalisation ---------------------------------------------------------------------------
 
+// Four accumulators, as row_sum: with two, the fma latency chain (not the loads) set the pace.
 float centred_sq_sum(const float* x, int64_t n, float mu) {
   const Vec mv = Vec::set1(mu);
-  Vec a0 = Vec::zero(), a1 = a0;
+  Vec a0 = Vec::zero(), a1 = a0, a2 = a0, a3 = a0;
   int64_t i = 0;
-  for (; i + 2 * W <= n; i += 2 * W) {
+  for (; i + 4 * W <= n; i += 4 * W) {
     const Vec d0 = Vec::load(x + i) - mv, d1 = Vec::load(x + i + W) - mv;
+    const Vec d2 = Vec::load(x + i + 2 * W) - mv, d3 = Vec::load(x + i + 3 * W) - mv;
     a0 = fma(d0, d0, a0);
     a1 = fma(d1, d1, a1);
+    a2 = fma(d2, d2, a2);
+    a3 = fma(d3, d3, a3);
   }
   for (; i + W <= n; i += W) {
     const Vec d = Vec::load(x + i) - mv;
@@ -263,7 +267,7 @@ float centred_sq_sum(const float* x, int64_t n, float mu) {
     const Vec d = Vec::load_n(x + i, r, mu) - mv;  // padding lanes contribute exactly 0
     a1 = fma(d, d, a1);
   }
-  return hsum(a0 + a1);
+  return hsum((a0 + a1) + (a2 + a3));
 }
 
 void layer_norm(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,
@@ -298,14 +302,15 @@ void norm_backward_block(const float* dy, const float* x, const float* w, const 
     const float* dyr = dy + m * n;
     const float* xr = x + m * n;
     const Vec mv = Vec::set1(kCentred ? mean[m] : 0.0f), rv = Vec::set1(rstd[m]);
-    // Pass 1: s1 = sum(dy * w), s2 = sum(dy * w * xhat); weight-gradient partials.
-    Vec s1 = Vec::zero(), s2 = Vec::zero();
+    // Pass 1: s1 = sum(dy * w), s2 = sum(dy * w * xhat); weight-gradient partials. Two
+    // accumulators each (even and odd vectors): with one, the add/fma latency chain set the pace.
+    Vec s1[2] = {Vec::zero(), Vec::zero()}, s2[2] = {Vec::zero(), Vec::zero()};
     int64_t i = 0;
-    auto step = [&](Vec g, Vec xv, Vec wv, float* pw, float* pb, int r) {
+    auto step = [&](Vec g, Vec xv, Vec wv, float* pw, float* pb, int r, int k) {
       const Vec xhat = (xv - mv) * rv;
       const Vec gw = g * wv;
-      if constexpr (kCentred) s1 = s1 + gw;
-      s2 = fma(gw, xhat, s2);
+      if constexpr (kCentred) s1[k] = s1[k] + gw;
+      s2[k] = fma(gw, xhat, s2[k]);
       if (r == W) {
         fma(g, xhat, Vec::load(pw)).store(pw);
         if constexpr (kCentred) (Vec::load(pb) + g).store(pb);
@@ -314,17 +319,24 @@ void norm_backward_block(const float* dy, const float* x, const float* w, const 
         if constexpr (kCentred) (Vec::load_n(pb, r) + g).store_n(pb, r);
       }
     };
-    for (; i + W <= n; i += W) {
+    for (; i + 2 * W <= n; i += 2 * W) {
       step(Vec::load(dyr + i), Vec::load(xr + i), Vec::load(w + i), pdw + i,
-           kCentred ? pdb + i : nullptr, W);
+           kCentred ? pdb + i : nullptr, W, 0);
+      step(Vec::load(dyr + i + W), Vec::load(xr + i + W), Vec::load(w + i + W), pdw + i + W,
+           kCentred ? pdb + i + W : nullptr, W, 1);
+    }
+    if (i + W <= n) {
+      step(Vec::load(dyr + i), Vec::load(xr + i), Vec::load(w + i), pdw + i,
+           kCentred ? pdb + i : nullptr, W, 0);
+      i += W;
     }
     if (i < n) {
       const int r = static_cast<int>(n - i);
       step(Vec::load_n(dyr + i, r), Vec::load_n(xr + i, r), Vec::load_n(w + i, r), pdw + i,
-           kCentred ? pdb + i : nullptr, r);
+           kCentred ? pdb + i : nullptr, r, 1);
     }
-    const Vec a = Vec::set1(kCentred ? hsum(s1) / static_cast<float>(n) : 0.0f);
-    const Vec c = Vec::set1(hsum(s2) / static_cast<float>(n));
+    const Vec a = Vec::set1(kCentred ? hsum(s1[0] + s1[1]) / static_cast<float>(n) : 0.0f);
+    const Vec c = Vec::set1(hsum(s2[0] + s2[1]) / static_cast<float>(n));
     // Pass 2 (row in cache): dx = rstd * (dy * w - a - xhat * c).
     emit(stream, dx + m * n, n, [&](int64_t i, int r) {
       const Vec xhat = (load_r(xr + i, r) - mv) * rv;
