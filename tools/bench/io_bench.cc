@@ -422,11 +422,10 @@ int run_io_bench(const std::vector<std::string>& args) {
             RandomReader reader(*engine, f, o.size, rand_pool);
             v = reader.run(o.queue_depth, o.seconds);
             if (o.verbose) {
-              // Little's law: requests in flight on average = rate x time each spends in flight.
-              std::printf("  ours %.0f IOPS, mean latency %.1f us, mean in flight %.1f\n", v,
-                          reader.mean_latency_us(), v * reader.mean_latency_us() / 1e6);
+              std::printf("  ours %.0f IOPS, mean latency %.1f us\n", v, reader.mean_latency_us());
             }
           }
+          if (o.verbose && shape < 2) std::printf("  ours %.3f GB/s\n", v);
           ours_runs.push_back(v);
           row.ours_wall += seconds_since(t0);
           row.ours_cpu += process_cpu_seconds() - cpu0;
@@ -437,9 +436,11 @@ int run_io_bench(const std::vector<std::string>& args) {
         if (shape == 0) {
           job = run_fio(o, "--name=seq_write --rw=write --bs=1M " + fio_write);
           if (job) fio_runs.push_back(job->at("write").at("bw_bytes").as_double() / 1e9);
+          if (job && o.verbose) std::printf("  fio  %.3f GB/s\n", fio_runs.back());
         } else if (shape == 1) {
           job = run_fio(o, "--name=seq_read --rw=read --bs=1M " + fio_read);
           if (job) fio_runs.push_back(job->at("read").at("bw_bytes").as_double() / 1e9);
+          if (job && o.verbose) std::printf("  fio  %.3f GB/s\n", fio_runs.back());
         } else {
           job = run_fio(o,
                         "--name=rand_read --rw=randread --bs=4k --norandommap --randrepeat=0 "
@@ -450,8 +451,7 @@ int run_io_bench(const std::vector<std::string>& args) {
             fio_runs.push_back(iops);
             if (o.verbose) {
               const double lat = job->at("read").at("lat_ns").at("mean").as_double() / 1e3;
-              std::printf("  fio  %.0f IOPS, mean latency %.1f us, mean in flight %.1f\n", iops,
-                          lat, iops * lat / 1e6);
+              std::printf("  fio  %.0f IOPS, mean latency %.1f us\n", iops, lat);
             }
           }
         }
