@@ -2,12 +2,13 @@
 # The GPU check (DESIGN.md "GPU checks"): build here, run on a lent GPU machine.
 #
 #   bash tools/gpu_check.sh pack   # here (Bazel, CUDA toolkit, no GPU needed): builds the CUDA
-#                                  # kernel test, the NCCL communicator test and the GPU
-#                                  # benchmark, packs them with the non-CUDA shared libraries
+#                                  # kernel test, the NCCL communicator test, the chunked-offload
+#                                  # test and the GPU benchmark, packs them with the non-CUDA shared libraries
 #                                  # they load (Open MPI's plugins too) into gpu_pack/ (ignored)
 #   bash tools/gpu_check.sh run    # on the GPU machine (CUDA 13 toolkit + driver, PyTorch, no
 #                                  # Bazel, no MPI): every CUDA-vs-CPU kernel test, the NCCL
-#                                  # backend on a group of one, then the benchmark table beside
+#                                  # backend on a group of one, chunked offload paging between
+#                                  # GPU and pinned host memory, then the benchmark table beside
 #                                  # PyTorch; writes gpu_pack/out/summary.md (and copies
 #                                  # gpu_pack/out to $OUT when that is set). ~3-4 minutes.
 #
@@ -21,6 +22,7 @@ PACK=gpu_pack
 TEST_BIN=bazel-bin/test/kernels/cuda/cuda_kernels_test_bin
 BENCH_BIN=bazel-bin/tools/bench/gpu/gpu_bench
 NCCL_BIN=bazel-bin/test/parallel/nccl_communicator_test
+OFFLOAD_BIN=bazel-bin/test/engine/offload/offload_cuda_test
 # Open MPI's components (dlopened at MPI_Init). The test runs as an MPI singleton with
 # ess_singleton_isolated (no orted), so these plugins and the libraries they link are all the
 # MPI it needs; OMPI_MCA_mca_base_component_path points Open MPI at the packed copy.
@@ -43,7 +45,8 @@ pack() {
   [[ -x /usr/local/cuda/bin/nvcc || -n "${MAMMOTH_CUDA_PATH:-}" ]] ||
     die "pack needs the CUDA toolkit (nvcc) to build the CUDA backend"
   bazel build //test/kernels/cuda:cuda_kernels_test_bin //tools/bench/gpu:gpu_bench \
-    //test/parallel:nccl_communicator_test || die "bazel build failed"
+    //test/parallel:nccl_communicator_test //test/engine/offload:offload_cuda_test ||
+    die "bazel build failed"
   [[ -d "$MPI_PLUGIN_DIR" ]] || die "no Open MPI plugins at $MPI_PLUGIN_DIR"
   rm -rf "$PACK"
   mkdir -p "$PACK/bin" "$PACK/lib" "$PACK/glibc" "$PACK/mpi"
@@ -51,7 +54,7 @@ pack() {
   for plugin in "$MPI_PLUGIN_DIR"/*.so; do
     [[ "$(basename "$plugin")" =~ $MPI_PLUGIN_SKIP_RE ]] || cp -L "$plugin" "$PACK/mpi/"
   done
-  for bin in "$TEST_BIN" "$BENCH_BIN" "$NCCL_BIN" "$PACK"/mpi/*.so; do
+  for bin in "$TEST_BIN" "$BENCH_BIN" "$NCCL_BIN" "$OFFLOAD_BIN" "$PACK"/mpi/*.so; do
     [[ -e "$bin" ]] || die "missing $bin after the build"
     if [[ "$bin" != "$PACK"/mpi/* ]]; then
       # A CPU-only build would pack binaries that can only say "no CUDA backend".
@@ -188,6 +191,22 @@ run() {
     nccl_line="$nccl_line ($((SECONDS - t0)) s, NCCL from $nccl_dir)"
   fi
 
+  # Chunked offload with a CUDA device tier: a model 4x the device budget, offload none/host/nvme.
+  echo "[gpu_check] (1c) chunked offload: paging between GPU and pinned host memory"
+  local offload_line offload_rc
+  t0=$SECONDS
+  mkdir -p "$out/offload_tmp"
+  TEST_TMPDIR="$PWD/$out/offload_tmp" timeout 120 "$launcher" "$PACK/bin/offload_cuda_test" \
+    >"$out/offload_test.log" 2>&1
+  offload_rc=$?
+  rm -rf "$out/offload_tmp"
+  grep -E "^\[offload_cuda\]" "$out/offload_test.log"
+  tail -15 "$out/offload_test.log"
+  offload_line=$(grep -E "^(All tests passed|test cases:)" "$out/offload_test.log" | tail -1)
+  [[ $offload_rc -eq 124 ]] && offload_line="TIMED OUT after 120 s"
+  [[ -n "$offload_line" ]] || offload_line="exit status $offload_rc (see offload_test.log)"
+  offload_line="$offload_line ($((SECONDS - t0)) s)"
+
   echo "[gpu_check] (2) benchmarks beside PyTorch"
   t0=$SECONDS
   timeout 200 python3 "$PACK/gpu_bench.py" --bench "$bench_wrapper" --json "$out/bench.json" \
@@ -203,6 +222,8 @@ run() {
     echo "- command: bash tools/gpu_check.sh run"
     echo "- kernel tests (${test_s} s): $test_line"
     echo "- NCCL communicator test: $nccl_line"
+    echo "- chunked offload test (GPU <-> pinned host): $offload_line"
+    grep -E "^\[offload_cuda\]" "$out/offload_test.log" 2>/dev/null | sed 's/^/  - /'
     echo "- benchmarks (${bench_s} s, exit $bench_rc):"
     echo
     [[ -s "$out/bench.md" ]] && cat "$out/bench.md"
@@ -212,7 +233,7 @@ run() {
   if [[ -n "${OUT:-}" && -d "${OUT:-}" ]]; then
     cp -r "$out/." "$OUT/"
   fi
-  [[ $test_rc -eq 0 && $bench_rc -eq 0 && $nccl_rc -eq 0 ]]
+  [[ $test_rc -eq 0 && $bench_rc -eq 0 && $nccl_rc -eq 0 && $offload_rc -eq 0 ]]
 }
 
 case "${1:-}" in

@@ -9,6 +9,9 @@
 #include "kernels/params.h"
 #include "kernels/registry.h"
 #include "memory/allocator.h"
+#ifdef MAMMOTH_WITH_CUDA
+#include "memory/cuda/device.h"
+#endif
 
 namespace mammoth::engine::offload {
 
@@ -42,6 +45,39 @@ void make_resident(const Tensor& t, bool write) {
 }
 
 constexpr int64_t kSlotAlignment = 64;  // as memory::CpuAllocator: same SIMD alignment
+
+// n bytes between any two devices, in place when it returns (a memcpy between host buffers).
+void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size_t n) {
+#ifdef MAMMOTH_WITH_CUDA
+  memory::cuda::copy_bytes(dst, dst_dev, src, src_dev, n);
+#else
+  MAMMOTH_CHECK(dst_dev.is_cpu() && src_dev.is_cpu())
+      << "[offload] cannot copy from " << src_dev << " to " << dst_dev
+      << ": this build has no CUDA backend";
+  std::memcpy(dst, src, n);
+#endif
+}
+
+// A contiguous tensor's kernel argument at `data` (a host copy of its chunk's bytes).
+kernels::TensorArg arg_at(const Tensor& t, void* data) {
+  kernels::TensorArg a;
+  a.data = data;
+  a.dtype = t.dtype();
+  a.ndim = static_cast<int>(t.dim());
+  const Shape strides = contiguous_strides(t.shape());
+  for (int d = 0; d < a.ndim; ++d) {
+    a.shape[d] = t.shape()[d];
+    a.strides[d] = strides[d];
+  }
+  return a;
+}
+
+// A copy of `v` in host memory (checkpoints, gather_state); `v` must be resident.
+Tensor host_copy(const Tensor& v) {
+  Tensor copy = Tensor::empty(v.shape(), v.dtype(), v.device());
+  copy_(copy, v);
+  return copy.to(Device::cpu());  // no-op on the CPU backend
+}
 
 }  // namespace
 
@@ -139,11 +175,28 @@ class Offload::ChunkedAdamW final : public optim::Optimizer {
         << dtype_name(param.dtype());
     if (!g.is_contiguous()) g = g.contiguous();
     const Tensor m = owner_.view(kExpAvg, i), v = owner_.view(kExpAvgSq, i);
+    p.weight_decay = decay_[i] ? options_.weight_decay : 0.0;
+    if (owner_.host_update_) {
+      // The CPU AdamW on the host copies (see offload.h, "The CUDA device"): the gradient
+      // chunk's home copy, written back from the device if dirty; the parameter chunk's home
+      // copy, whose device copy is dropped, so the next forward loads the updated bytes.
+      const Slot& s = owner_.slots_[i];
+      MAMMOTH_CHECK(g.storage() == owner_.storages_[kGrads][s.chunk])
+          << "[optimizer] gradient of '" << name << "' is not in its gradient chunk";
+      memory::chunks::ChunkManager& mgr = *owner_.manager_;
+      char* pp = static_cast<char*>(mgr.acquire_home(owner_.ids_[kParams][s.chunk], true));
+      char* gp = static_cast<char*>(mgr.acquire_home(owner_.ids_[kGrads][s.chunk], false));
+      make_resident(m, true);
+      make_resident(v, true);
+      std::vector<kernels::TensorArg> args = {arg_at(param, pp + s.offset),
+                                              arg_at(g, gp + s.offset), m.arg(), v.arg()};
+      kernels::launch(kernels::Kernel::adamw, DeviceType::kCPU, param.dtype(), args, {}, &p);
+      return;
+    }
     make_resident(param, true);
     make_resident(g, false);
     make_resident(m, true);
     make_resident(v, true);
-    p.weight_decay = decay_[i] ? options_.weight_decay : 0.0;
     std::vector<kernels::TensorArg> args = {param.arg(), g.arg(), m.arg(), v.arg()};
     kernels::launch(kernels::Kernel::adamw, param.device().type, param.dtype(), args, {}, &p);
   }
@@ -170,11 +223,13 @@ Offload::Offload(const nn::NamedTensors& params, const OffloadOptions& options)
   // chunk by chunk; its per-parameter updates are independent of their order).
   std::unordered_set<TensorImpl*> seen;
   int64_t largest = 0;
+  MAMMOTH_CHECK(!params.empty()) << "[offload] the model has no parameters";
+  device_ = params.front().second.device();
   for (const auto& [name, p] : params) {
     if (!seen.insert(p.impl()).second) continue;
-    MAMMOTH_CHECK(p.device().type == DeviceType::kCPU)
-        << "[offload] parameter '" << name << "' is on " << p.device()
-        << ": chunked offload runs on the CPU backend only so far";
+    MAMMOTH_CHECK(p.device() == device_)
+        << "[offload] parameter '" << name << "' is on " << p.device() << " but '"
+        << params.front().first << "' is on " << device_ << ": chunks live on one device";
     MAMMOTH_CHECK(p.is_contiguous() && is_floating(p.dtype()))
         << "[offload] parameter '" << name << "' must be a contiguous floating-point tensor";
     params_.emplace_back(name, p);
@@ -194,6 +249,13 @@ Offload::Offload(const nn::NamedTensors& params, const OffloadOptions& options)
           << dtype_name(p.dtype()) << " but '" << params_[0].first << "' is " << dtype_name(dtype_);
     }
   }
+  if (device_.is_cuda()) {
+    MAMMOTH_CHECK(dp_ == nullptr)
+        << "[offload] data parallelism over chunks runs on the CPU backend only so far";
+    MAMMOTH_CHECK(options.auto_device_size == 0)
+        << "[offload] --device-mem auto on CUDA is not implemented yet: give a size";
+  }
+  host_update_ = options.mode != Mode::kNone && (device_.is_cuda() || options.host_update);
   requested_chunk_bytes_ = options.chunk_bytes;
   // A parameter never straddles chunks (kernels need it contiguous), so a chunk holds the
   // largest one.
@@ -222,6 +284,7 @@ Offload::Offload(const nn::NamedTensors& params, const OffloadOptions& options)
   mo.nvme_dir = options.nvme_dir;
   mo.io = options.io;
   mo.prefetch_depth = options.prefetch_depth;
+  mo.device = device_.is_cuda() ? device_ : Device::cpu();
   MAMMOTH_CHECK(options.mode != Mode::kNvme || !options.nvme_dir.empty())
       << "[train] --offload=nvme needs --nvme-dir";
   manager_ = std::make_unique<chunks::ChunkManager>(mo);
@@ -266,7 +329,10 @@ Offload::Offload(const nn::NamedTensors& params, const OffloadOptions& options)
   chunk_members_.resize(chunk_used_.size());
   for (size_t i = 0; i < params_.size(); ++i) chunk_members_[slots_[i].chunk].push_back(i);
 
-  const std::vector<Tier> device_first = {Tier::kDevice, Tier::kHost};
+  // The host-update flow homes parameters and gradients on the host: the CPU AdamW reads and
+  // writes those copies, the device only caches them.
+  const std::vector<Tier> device_first =
+      host_update_ ? std::vector<Tier>{Tier::kHost} : std::vector<Tier>{Tier::kDevice, Tier::kHost};
   const chunks::ChunkListSpec specs[kNumLists] = {
       {"params", Tier::kDevice, device_first, "param"},
       {"grads", Tier::kDevice, device_first, "grad"},
@@ -281,7 +347,9 @@ Offload::Offload(const nn::NamedTensors& params, const OffloadOptions& options)
                                   {options.mode == Mode::kHost ? Tier::kHost : Tier::kNvme},
                                   "exp_avg_sq"},
   };
+  Device list_device[kNumLists];
   for (int l = 0; l < kNumLists; ++l) {
+    list_device[l] = specs[l].compute == Tier::kDevice ? device_ : Device::cpu();
     const int list = manager_->add_list(specs[l]);
     for (size_t k = 0; k < chunk_used_.size(); ++k) {
       // AdamW states exist only for the chunks this dp rank owns.
@@ -300,8 +368,7 @@ Offload::Offload(const nn::NamedTensors& params, const OffloadOptions& options)
         storages_[l].push_back(nullptr);
         continue;
       }
-      auto st = std::make_shared<Storage>(nullptr, static_cast<size_t>(cb), Device::cpu(),
-                                          [] {});
+      auto st = std::make_shared<Storage>(nullptr, static_cast<size_t>(cb), list_device[l], [] {});
       Storage* raw = st.get();
       st->ensure_resident = [mgr, id](bool write) { mgr->acquire(id, write); };
       manager_->set_observer(id, [raw](void* p) { raw->data = p; });
@@ -314,7 +381,7 @@ Offload::Offload(const nn::NamedTensors& params, const OffloadOptions& options)
     const Tensor& p = params_[i].second;
     const Slot& s = slots_[i];
     char* base = static_cast<char*>(manager_->acquire(ids_[kParams][s.chunk], true));
-    std::memcpy(base + s.offset, p.raw_data(), p.nbytes());
+    copy_bytes(base + s.offset, device_, p.raw_data(), p.device(), p.nbytes());
     TensorImpl* impl = p.impl();
     impl->storage = storages_[kParams][s.chunk];
     impl->offset = s.offset / static_cast<int64_t>(dtype_size(p.dtype()));
@@ -340,8 +407,8 @@ Offload::~Offload() {
     for (size_t i = 0; i < params_.size(); ++i) {
       const Tensor& p = params_[i].second;
       make_resident(p, false);
-      Tensor own = Tensor::empty(p.shape(), p.dtype());
-      std::memcpy(own.raw_data(), p.raw_data(), p.nbytes());
+      Tensor own = Tensor::empty(p.shape(), p.dtype(), p.device());
+      copy_bytes(own.raw_data(), p.device(), p.raw_data(), p.device(), p.nbytes());
       TensorImpl* impl = p.impl();
       impl->storage = own.storage();
       impl->offset = 0;
@@ -503,9 +570,7 @@ namespace {
 
 Tensor copy_out(const Tensor& v) {
   make_resident(v, false);
-  Tensor copy = Tensor::empty(v.shape(), v.dtype());
-  copy_(copy, v);
-  return copy;
+  return host_copy(v);
 }
 
 }  // namespace
@@ -550,12 +615,12 @@ void Offload::pieces_loaded() {
       const std::string& p = params_[i].first;
       if (name == p) {
         make_resident(params_[i].second, true);
-        copy_(params_[i].second, t);
+        copy_(params_[i].second, t.to(params_[i].second.device()));
         done = true;
       } else if (name == p + ".exp_avg" || name == p + ".exp_avg_sq") {
         const Tensor v = view(name == p + ".exp_avg" ? kExpAvg : kExpAvgSq, i);
         make_resident(v, true);
-        copy_(v, t);
+        copy_(v, t.to(v.device()));
         done = true;
       }
     }
@@ -617,8 +682,7 @@ nn::NamedTensors Offload::gather_state() {
     for (List l : {kExpAvg, kExpAvgSq}) {
       const Tensor v = view(l, i);
       make_resident(v, false);
-      Tensor copy = Tensor::empty(v.shape(), v.dtype());
-      copy_(copy, v);
+      const Tensor copy = host_copy(v);
       out.emplace_back(params_[i].first + (l == kExpAvg ? ".exp_avg" : ".exp_avg_sq"), copy);
     }
   }
@@ -638,7 +702,7 @@ void Offload::scatter_state(const nn::NamedTensors& full) {
       MAMMOTH_CHECK(src != nullptr) << "[offload] optimizer state '" << name << "' is missing";
       const Tensor v = view(l, i);
       make_resident(v, true);
-      copy_(v, *src);
+      copy_(v, src->to(v.device()));
     }
   }
 }
@@ -651,6 +715,7 @@ json::Value Offload::metrics() const {
     v.set("budget", json::Value(s.budget));
     v.set("home_bytes", json::Value(s.home_bytes));
     v.set("peak_bytes", json::Value(s.peak_bytes));
+    v.set("reserved_bytes", json::Value(s.reserved_bytes));
     v.set("moves_in", json::Value(s.moves_in));
     v.set("bytes_in", json::Value(s.bytes_in));
     v.set("moves_out", json::Value(s.moves_out));
@@ -680,6 +745,10 @@ std::string Offload::report() const {
     out += "; chunks raised from " + chunks::short_bytes(requested_chunk_bytes_) +
            " to the largest parameter";
   out += use_ordered_ ? "; packed in first-use order" : "; packed in the model's order";
+  if (device_.is_cuda()) out += "; device tier " + device_.str();
+  if (host_update_) {
+    out += "; parameters and gradients homed on the host, updated there by the CPU AdamW";
+  }
   out += "\n";
   if (auto_.device_size > 0) {
     out += "[offload] --device-mem auto:" + chunks::short_bytes(auto_.device_size) + ": ";

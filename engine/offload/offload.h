@@ -41,8 +41,30 @@
 // first touches them, recorded by first_use_order()), or in the model's order when it is empty;
 // the norm and checkpoints still walk them in the model's order.
 //
-// CPU backend only for now (the device budget is emulated with host memory); CUDA parameters
-// are rejected with a clear error.
+// The device. On the CPU backend the device budget is emulated with host memory. With CUDA
+// parameters the manager's device tier is that GPU (ChunkManagerOptions::device): device-homed
+// chunks and device cache slots are GPU memory, host homes pinned memory, and moves run on the
+// manager's copy stream, ordered against the compute stream by events (chunk_manager.h). Kernels
+// read chunks where they are; AdamW runs where the mode puts the moments:
+//   none: every list is computed on the device, the AdamW kernel runs there on the same slices
+//         as optim::AdamW does (paging changes no number).
+//   host|nvme (the host-update flow; also on the CPU backend with OffloadOptions::host_update):
+//         the parameter and gradient lists are computed on the device but homed on the host only
+//         (the device caches them; with no --device-mem every chunk gets a slot). The optimizer
+//         walk runs the CPU AdamW on host bytes, per chunk k:
+//           1. gradient chunk k: ChunkManager::acquire_home(read) writes a dirty device copy
+//              back (on the copy stream, after the compute stream's backward kernels, via an
+//              event) and the host waits for that one copy; the device copy stays, clean;
+//           2. parameter chunk k: acquire_home(write) writes back a dirty device copy (e.g. the
+//              values the constructor moved in), then drops the device copy;
+//           3. the moments (host-computed lists: host home, or an NVMe staging slot);
+//           4. the CPU AdamW updates the host parameter copy in place.
+//         The next forward's acquire() (prefetched from end_step on, in the traced order) loads
+//         the updated parameter chunks back; gradients are discarded at end_step, so nothing
+//         moves them back. Numbers: the CPU AdamW, not the device's (on CUDA the results agree
+//         to rounding; on the CPU backend they are bitwise those of the plain loop).
+// Not yet on CUDA: data parallelism (the dp group's buffers are host tensors) and --device-mem
+// auto (its traced peak is the CPU allocator's); both are refused with a clear error.
 #pragma once
 
 #include <cstdint>
@@ -102,6 +124,9 @@ struct OffloadOptions {
   // high-water mark for the step) plus a margin of kAutoMarginDivisor-th of it is taken off SIZE
   // and the chunks get the rest from step 2 on (ChunkManager::set_device_budget).
   int64_t auto_device_size = 0;
+  // With mode host|nvme, the host-update flow (see "The device" above) on the CPU backend too,
+  // so tests prove it without a GPU; CUDA parameters always use it for host|nvme.
+  bool host_update = false;
 };
 
 inline constexpr int64_t kAutoMarginDivisor = 8;  // margin = traced peak / 8
@@ -194,6 +219,8 @@ class Offload final : public train::OffloadRuntime, public train::DataParallelRu
   std::vector<std::vector<size_t>> chunk_members_;  // per chunk: its parameters, model order
   AutoBudget auto_;
   bool use_ordered_ = false;
+  Device device_ = Device::cpu();  // where the parameters (and the device tier) are
+  bool host_update_ = false;       // the CPU AdamW on host copies (see "The device")
 
   // Data parallelism.
   ChunkGroup* dp_ = nullptr;

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "base/error.h"
+#include "memory/chunks/cuda_tier.h"
 
 namespace mammoth::memory::chunks {
 namespace {
@@ -153,6 +154,29 @@ struct ChunkManager::Copier {
   }
 };
 
+// Memory for chunks: an AlignedBuffer on the CPU backend; on a CUDA device tier, device memory
+// (device homes and slots) or pinned host memory (host homes, staging slots) from CudaTier.
+struct ChunkManager::Buffer {
+  io::AlignedBuffer host;
+  void* ptr = nullptr;
+  size_t size = 0;
+  bool on_device = false;
+  CudaTier* cuda = nullptr;
+
+  char* data() { return ptr != nullptr ? static_cast<char*>(ptr) : host.data(); }
+  ~Buffer() {
+    if (cuda == nullptr || ptr == nullptr) return;
+    try {
+      if (on_device)
+        cuda->device_free(ptr, size);
+      else
+        cuda->host_free(ptr);
+    } catch (const std::exception&) {
+      // Destructors do not throw; a failing free surfaces at the next checked CUDA call.
+    }
+  }
+};
+
 struct ChunkManager::Chunk {
   int list = 0;
   int64_t used = 0;
@@ -169,13 +193,14 @@ struct ChunkManager::Chunk {
   std::shared_ptr<CopyDone> copy;  // pending host -> compute load
   io::Ticket read;                 // pending NVMe -> compute load
   io::Ticket write_back;           // last NVMe write of this chunk
+  void* event = nullptr;           // CUDA: the last copy-stream operation on this chunk
 };
 
 // Chunk-sized slots on a compute tier caching chunks homed further away.
 struct ChunkManager::Pool {
   Tier tier = Tier::kDevice;
   int min_resident = 1;  // chunks one operation may need at once
-  std::vector<io::AlignedBuffer> mem;
+  std::vector<std::unique_ptr<Buffer>> mem;
   std::vector<ChunkId> owner;        // -1: free
   std::vector<io::Ticket> draining;  // NVMe write-back still reading the slot
   // The last min_resident chunks acquired, newest first. A demand load keeps the newest
@@ -195,10 +220,19 @@ ChunkManager::ChunkManager(const ChunkManagerOptions& options) : options_(option
       << "[ChunkManager] prefetch_depth must be >= 0 and host_staging_slots >= 1";
   const int64_t b = static_cast<int64_t>(io::kBlockSize);
   chunk_bytes_ = (options.chunk_bytes + b - 1) / b * b;
+  if (options.device.is_cuda()) cuda_ = std::make_unique<CudaTier>(options.device.index);
 }
 
 ChunkManager::~ChunkManager() {
   copier_.reset();  // finishes queued copies first
+  if (cuda_) {
+    try {
+      cuda_->synchronize();  // no copy or kernel still touches the memory freed below
+    } catch (const std::exception&) {
+      // Reported by whoever synchronises next; the memory goes anyway.
+    }
+    for (auto& c : chunks_) cuda_->free_event(c->event);
+  }
   if (io_) {
     try {
       io_->synchronize();
@@ -209,6 +243,23 @@ ChunkManager::~ChunkManager() {
   }
   io_.reset();
   swap_.reset();
+  device_pool_.reset();
+  host_pool_.reset();
+  home_buffers_.clear();
+}
+
+std::unique_ptr<ChunkManager::Buffer> ChunkManager::make_buffer(Tier tier, int64_t bytes) {
+  auto b = std::make_unique<Buffer>();
+  if (cuda_) {
+    b->cuda = cuda_.get();
+    b->size = static_cast<size_t>(bytes);
+    b->on_device = tier == Tier::kDevice;
+    b->ptr = b->on_device ? cuda_->device_alloc(b->size) : cuda_->host_alloc(b->size);
+  } else {
+    b->host = io::AlignedBuffer(static_cast<size_t>(bytes));
+  }
+  stats_[static_cast<int>(tier)].reserved_bytes += bytes;
+  return b;
 }
 
 void ChunkManager::check(ChunkId id, const char* fn) const {
@@ -270,9 +321,10 @@ int64_t ChunkManager::set_device_budget(int64_t bytes) {
   const int64_t have = static_cast<int64_t>(pool.mem.size());
   if (slots <= have) return options_.device_budget;
   synchronize();  // no transfer in flight while the pool's vectors grow
-  // New slots are free; the chunks in the old ones stay where they are (AlignedBuffer moves
-  // keep their addresses).
-  for (int64_t i = have; i < slots; ++i) pool.mem.emplace_back(chunk_bytes_);
+  // New slots are free; the chunks in the old ones stay where they are (slots are held by
+  // pointer: growing the vector moves no memory).
+  for (int64_t i = have; i < slots; ++i)
+    pool.mem.push_back(make_buffer(Tier::kDevice, chunk_bytes_));
   pool.owner.resize(static_cast<size_t>(slots), -1);
   pool.draining.resize(static_cast<size_t>(slots));
   options_.device_budget = bytes;
@@ -348,6 +400,14 @@ void ChunkManager::finalize() {
                           << " raise the budget or offload further (--offload=nvme --nvme-dir)";
   }
 
+  for (size_t l = 0; l < lists_.size(); ++l) {
+    // A GPU reads chunks from device memory, and loads them from pinned host memory; an NVMe
+    // home would need a host staging hop that only host-computed lists have.
+    MAMMOTH_CHECK(!cuda_ || lists_[l].compute != Tier::kDevice || list_home_[l] != Tier::kNvme)
+        << "[ChunkManager] '" << lists_[l].name << "' is computed on the GPU and would live on "
+        << "NVMe: a CUDA device tier pages device chunks through host memory only";
+  }
+
   // Pools: which lists are cached on which compute tier.
   int device_cached_lists = 0, host_cached_lists = 0;
   std::string device_roles, host_roles;
@@ -364,7 +424,14 @@ void ChunkManager::finalize() {
   }
   if (device_cached_lists > 0) {
     const int64_t room = options_.device_budget - device_home;
-    const int64_t slots = room / chunk_bytes_;
+    // Unlimited: a slot for every cached chunk (lists homed only off the device, as the CUDA
+    // flow of --offload=host|nvme homes parameters and gradients on the host).
+    int64_t cached_chunks = 0;
+    for (size_t l = 0; l < lists_.size(); ++l) {
+      if (lists_[l].compute == Tier::kDevice && list_home_[l] != Tier::kDevice)
+        cached_chunks += list_chunks[l];
+    }
+    const int64_t slots = options_.device_budget == 0 ? cached_chunks : room / chunk_bytes_;
     MAMMOTH_CHECK(slots >= device_cached_lists)
         << "[ChunkManager] --device-mem " << short_bytes(options_.device_budget) << " holds "
         << slots << " chunk(s) of " << short_bytes(chunk_bytes_) << " (--chunk-mb), but one update "
@@ -375,7 +442,8 @@ void ChunkManager::finalize() {
     device_pool_ = std::make_unique<Pool>();
     device_pool_->tier = Tier::kDevice;
     device_pool_->min_resident = device_cached_lists;
-    for (int64_t i = 0; i < slots; ++i) device_pool_->mem.emplace_back(chunk_bytes_);
+    for (int64_t i = 0; i < slots; ++i)
+      device_pool_->mem.push_back(make_buffer(Tier::kDevice, chunk_bytes_));
     device_pool_->owner.assign(slots, -1);
     device_pool_->draining.resize(slots);
     stats_[0].slots = slots;
@@ -394,7 +462,8 @@ void ChunkManager::finalize() {
     host_pool_ = std::make_unique<Pool>();
     host_pool_->tier = Tier::kHost;
     host_pool_->min_resident = host_cached_lists;
-    for (int64_t i = 0; i < slots; ++i) host_pool_->mem.emplace_back(chunk_bytes_);
+    for (int64_t i = 0; i < slots; ++i)
+      host_pool_->mem.push_back(make_buffer(Tier::kHost, chunk_bytes_));
     host_pool_->owner.assign(slots, -1);
     host_pool_->draining.resize(slots);
     stats_[1].slots = slots;
@@ -407,8 +476,8 @@ void ChunkManager::finalize() {
     s.home_bytes += list_bytes(l);
     s.home_chunks += list_chunks[l];
     if (home == Tier::kNvme || list_chunks[l] == 0) continue;
-    home_buffers_.emplace_back(list_bytes(l));
-    char* base = home_buffers_.back().data();
+    home_buffers_.push_back(make_buffer(home, list_bytes(l)));
+    char* base = home_buffers_.back()->data();
     int64_t k = 0;
     for (auto& c : chunks_) {
       if (c->list != static_cast<int>(l)) continue;
@@ -425,7 +494,12 @@ void ChunkManager::finalize() {
       nvme_offset += chunk_bytes_;
     }
   }
-  if (device_pool_) {
+  if (cuda_) {
+    for (auto& c : chunks_) {
+      if (c->compute == Tier::kDevice && c->home != Tier::kDevice) c->event = cuda_->new_event();
+    }
+  }
+  if (device_pool_ && !cuda_) {
     for (size_t l = 0; l < lists_.size(); ++l) {
       if (lists_[l].compute == Tier::kDevice && list_home_[l] == Tier::kHost) {
         copier_ = std::make_unique<Copier>();
@@ -544,7 +618,7 @@ void ChunkManager::evict(ChunkId id) {
   Pool& pool = *pool_of(c);
   if (c.state == ChunkState::kInFlight) finish_load(id);
   const int slot = c.slot;
-  char* src = pool.mem[slot].data();
+  char* src = pool.mem[slot]->data();
   TierStats& from = stats_[static_cast<int>(c.compute)];
   TierStats& to = stats_[static_cast<int>(c.home)];
   bool draining = false;
@@ -556,8 +630,7 @@ void ChunkManager::evict(ChunkId id) {
       from.bytes_out += chunk_bytes_;
       to.bytes_in += chunk_bytes_;
     } else {
-      // Synchronous: tensor storage points at the home copy from now on, so it must be valid.
-      std::memcpy(c.home_ptr, src, static_cast<size_t>(c.used));
+      write_back_home(c, src);
       from.bytes_out += c.used;
       to.bytes_in += c.used;
     }
@@ -571,7 +644,21 @@ void ChunkManager::evict(ChunkId id) {
   c.dirty = false;
   auto it = std::find(pool.recent.begin(), pool.recent.end(), id);
   if (it != pool.recent.end()) pool.recent.erase(it);
-  if (c.on_move) c.on_move(c.home_ptr);
+  // On a GPU the home copy is host memory no kernel can read: storage gets no address until the
+  // next acquire (a read that bypasses it fails loudly instead of reading the wrong memory).
+  if (c.on_move) c.on_move(cuda_ && c.compute == Tier::kDevice ? nullptr : c.home_ptr);
+}
+
+void ChunkManager::write_back_home(Chunk& c, const char* src) {
+  if (cuda_ && c.compute == Tier::kDevice) {
+    // After every kernel queued so far (those writing this chunk among them), on the copy
+    // stream; a later load of the chunk is queued behind it, host readers wait for the event.
+    cuda_->copy_after_compute();
+    cuda_->write_back(c.home_ptr, src, static_cast<size_t>(c.used), c.event);
+    return;
+  }
+  // Synchronous: tensor storage points at the home copy from now on, so it must be valid.
+  std::memcpy(c.home_ptr, src, static_cast<size_t>(c.used));
 }
 
 void ChunkManager::start_load(ChunkId id, int slot, bool prefetch) {
@@ -580,7 +667,7 @@ void ChunkManager::start_load(ChunkId id, int slot, bool prefetch) {
   c.slot = slot;
   pool.owner[slot] = id;
   add_used(pool.tier, chunk_bytes_);
-  char* dst = pool.mem[slot].data();
+  char* dst = pool.mem[slot]->data();
   if (c.discarded) {  // nothing worth moving
     c.state = ChunkState::kResident;
     if (c.on_move) c.on_move(dst);
@@ -599,6 +686,13 @@ void ChunkManager::start_load(ChunkId id, int slot, bool prefetch) {
     c.read = io_->read(file_, c.nvme_offset, dst, static_cast<size_t>(chunk_bytes_));
     to.bytes_in += chunk_bytes_;
     from.bytes_out += chunk_bytes_;
+  } else if (cuda_ && c.compute == Tier::kDevice) {
+    // The slot's previous occupant may still be read by queued kernels: the copy stream waits
+    // for them, then copies; acquire() makes the compute stream wait for this copy's event.
+    cuda_->copy_after_compute();
+    cuda_->load(dst, c.home_ptr, static_cast<size_t>(c.used), c.event);
+    to.bytes_in += c.used;
+    from.bytes_out += c.used;
   } else if (prefetch) {
     c.copy = copier_->copy(dst, c.home_ptr, static_cast<size_t>(c.used));
     to.bytes_in += c.used;
@@ -642,9 +736,12 @@ void ChunkManager::finish_load(ChunkId id) {
     if (!was_ready) s.stall_s += seconds_since(t0);
     c.read = io::Ticket();
   }
+  // A GPU load completes for compute when the compute stream waits for its event: the host
+  // does not wait (so the stall of a CUDA tier is not measured here; it is GPU time).
+  if (cuda_ && c.event != nullptr) cuda_->compute_wait(c.event);
   --pool.in_flight;
   c.state = ChunkState::kResident;
-  if (c.on_move) c.on_move(pool.mem[c.slot].data());
+  if (c.on_move) c.on_move(pool.mem[c.slot]->data());
 }
 
 void ChunkManager::note_access(ChunkId id) {
@@ -718,9 +815,41 @@ void* ChunkManager::acquire(ChunkId id, bool write) {
   if (it != pool.recent.end()) pool.recent.erase(it);
   pool.recent.push_front(id);
   while (static_cast<int>(pool.recent.size()) > pool.min_resident) pool.recent.pop_back();
-  void* at = pool.mem[c.slot].data();
+  void* at = pool.mem[c.slot]->data();
   prefetch();
   return at;
+}
+
+void* ChunkManager::acquire_home(ChunkId id, bool write) {
+  check(id, "acquire_home");
+  MAMMOTH_CHECK(finalized_) << "[ChunkManager::acquire_home] before finalize()";
+  Chunk& c = *chunks_[id];
+  MAMMOTH_CHECK(c.compute == Tier::kDevice && c.home == Tier::kHost)
+      << "[ChunkManager::acquire_home] chunk " << id << " of '" << lists_[c.list].name
+      << "' is computed on " << tier_name(c.compute) << " and homed on " << tier_name(c.home)
+      << "; only device-computed, host-homed chunks have a host copy to hand out";
+  if (c.state == ChunkState::kInFlight) finish_load(id);
+  if (c.state == ChunkState::kResident) {
+    if (c.dirty && !c.discarded) {
+      write_back_home(c, device_pool_->mem[c.slot]->data());
+      TierStats& from = stats_[static_cast<int>(Tier::kDevice)];
+      TierStats& to = stats_[static_cast<int>(Tier::kHost)];
+      ++from.moves_out;
+      ++to.moves_in;
+      from.bytes_out += c.used;
+      to.bytes_in += c.used;
+    }
+    c.dirty = false;
+    if (write) evict(id);  // clean now: frees the slot without another copy
+  }
+  if (cuda_) {
+    // A write-back just queued, or a load still reading the home copy.
+    const auto t0 = Clock::now();
+    cuda_->host_wait(c.event);
+    stats_[static_cast<int>(Tier::kHost)].stall_s += seconds_since(t0);
+  }
+  if (write) c.discarded = false;
+  return c.home_ptr;
 }
 
 void ChunkManager::discard(ChunkId id) {
@@ -743,7 +872,7 @@ void* ChunkManager::current_address(ChunkId id) const {
   if (c.home == c.compute) return c.home_ptr;
   if (c.state == ChunkState::kResident) {
     const Pool& pool = c.compute == Tier::kDevice ? *device_pool_ : *host_pool_;
-    return const_cast<char*>(pool.mem[c.slot].data());
+    return pool.mem[c.slot]->data();
   }
   return c.home_ptr;
 }
@@ -771,6 +900,7 @@ void ChunkManager::synchronize() {
     if (p) reclaim_drained(*p, true);
   }
   if (io_) io_->synchronize();
+  if (cuda_) cuda_->synchronize();
 }
 
 Tier ChunkManager::home(ChunkId id) const {
@@ -804,6 +934,10 @@ std::string ChunkManager::report() const {
     used[c->list] += c->used;
   }
   os << "[offload] where everything lives (chunks of " << short_bytes(chunk_bytes_) << "):\n";
+  if (cuda_) {
+    os << "  device tier: " << options_.device << " (" << short_bytes(stats_[0].reserved_bytes)
+       << " of GPU memory held for chunks; host homes and staging in pinned memory)\n";
+  }
   for (size_t l = 0; l < lists_.size(); ++l) {
     const bool cached = list_home_[l] != lists_[l].compute;
     std::snprintf(line, sizeof(line), "  %-12s %5lld chunks %11s  home %-6s  computed on %s%s\n",

@@ -27,10 +27,32 @@
 //
 // On the CPU backend the "device" is host memory counted against --device-mem, so the whole
 // mechanism runs (and is tested) without a GPU. Accounting is exact: device usage = device-home
-// chunks + occupied device slots, checked against the budget on every change.
+// chunks + occupied device slots, checked against the budget on every change; the memory held
+// for a tier (TierStats::reserved_bytes: home blocks + every slot) never exceeds it either.
+//
+// The CUDA device tier (ChunkManagerOptions::device = Device::cuda(i); memory/chunks/cuda_tier.h):
+//   - memory: device-homed chunks and device slots are cudaMalloc'd by the manager (not through
+//     the caching allocator, so reserved_bytes is exactly the GPU memory chunks take); host
+//     homes and NVMe staging slots are pinned host memory. A device-computed list cannot be
+//     homed on NVMe (a start-up error).
+//   - loads (host -> device, prefetch or demand) run on one dedicated copy stream: the copy
+//     stream first waits for everything the compute stream (the calling thread's
+//     memory::cuda::current_stream(), where its kernels launch) has queued, since the slot's
+//     previous occupant may still be read; then cudaMemcpyAsync; then the chunk's event is
+//     recorded. A load is complete for compute only when acquire() makes the compute stream
+//     wait for that event: the host never waits on the hot path (so stall_s is not measured
+//     for a CUDA tier; it is GPU time).
+//   - eviction of a dirty chunk: the copy stream waits for the compute stream's queued work
+//     (the kernels writing it), copies device -> host, records the chunk's event. A later load
+//     of the chunk is queued behind it on the same stream; host readers of the home copy wait
+//     for the event. An evicted chunk's storage gets no address (nullptr) until re-acquired.
+//   - acquire_home() hands a device-computed, host-homed chunk's host copy to host code (the
+//     CPU AdamW of engine/offload's host-update flow): dirty device bytes are written back and
+//     waited for; a write drops the device copy so the next acquire() loads the new bytes.
+// Without the CUDA backend in the build, asking for a CUDA tier is an error saying so.
 //
 // Threading: acquire()/evict and the policy run on one thread (the one launching kernels);
-// transfers complete on the copy thread and the I/O engine's threads.
+// transfers complete on the copy thread (the copy stream on CUDA) and the I/O engine's threads.
 #pragma once
 
 #include <condition_variable>
@@ -43,6 +65,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/device.h"
 #include "memory/io/aligned_buffer.h"
 #include "memory/io/async_io.h"
 #include "memory/io/swap_dir.h"
@@ -57,6 +80,7 @@ enum class ChunkState : uint8_t { kEvicted, kInFlight, kResident };
 const char* chunk_state_name(ChunkState state);
 
 using ChunkId = int32_t;
+class CudaTier;  // memory/chunks/cuda_tier.h
 
 // "1.5G", "512M", "64K", "4096": bytes with binary suffixes (K = 1024); 0 allowed. Throws
 // Error naming `option` otherwise.
@@ -80,6 +104,10 @@ struct ChunkManagerOptions {
   int prefetch_depth = 2;       // loads in flight ahead of use, per pool
   int host_staging_slots = 8;   // most NVMe-homed chunks held in host memory at once
   int lookahead = 64;           // trace entries scanned for prefetch
+  // What the device tier is: Device::cpu() emulates it with host memory counted against
+  // device_budget; Device::cuda(i) puts it on that GPU (see "The CUDA device tier" above; the
+  // constructor throws when there is no such GPU or no CUDA backend in the build).
+  Device device = Device::cpu();
 };
 
 // Per tier. "in"/"out" are moves into and out of the tier (a host -> device load is device in
@@ -91,6 +119,7 @@ struct TierStats {
   int64_t slots = 0;        // cache slots (device cache, host staging)
   int64_t used_bytes = 0;   // home bytes + occupied slots (device, host)
   int64_t peak_bytes = 0;
+  int64_t reserved_bytes = 0;  // memory held for the tier: home blocks + every slot (<= budget)
   int64_t moves_in = 0, bytes_in = 0;
   int64_t moves_out = 0, bytes_out = 0;
   int64_t prefetches = 0;   // loads started ahead of use
@@ -131,6 +160,13 @@ class ChunkManager {
   // acquire evicts it: the last few acquires of a pool stay resident). write: the chunk will be
   // modified (so it is written back when evicted).
   void* acquire(ChunkId id, bool write);
+  // For a consumer on the host (the CPU AdamW of --offload=host|nvme on CUDA) of a chunk
+  // computed on the device and homed on the host: returns its home copy, up to date. A dirty
+  // device copy is written back first (after the compute stream's work on it) and the host
+  // waits for that copy; write: the host will modify the home copy, so the device copy (now
+  // stale) is dropped without write-back and the next acquire() loads the new bytes. Not part
+  // of the recorded trace (the device's prefetch order is unaffected).
+  void* acquire_home(ChunkId id, bool write);
   // The contents of `id` are dead (e.g. gradients after the update): no write-back, and the
   // next acquire does not load them (the bytes are then unspecified until written).
   void discard(ChunkId id);
@@ -169,6 +205,9 @@ class ChunkManager {
   struct Chunk;
   struct Pool;
   struct Copier;
+  struct Buffer;
+  std::unique_ptr<Buffer> make_buffer(Tier tier, int64_t bytes);
+  void write_back_home(Chunk& c, const char* src);
   void check(ChunkId id, const char* fn) const;
   Pool* pool_of(const Chunk& c);
   void add_used(Tier tier, int64_t delta);
@@ -183,13 +222,16 @@ class ChunkManager {
   void reclaim_drained(Pool& pool, bool wait);
 
   ChunkManagerOptions options_;
+  // The GPU side of a CUDA device tier (null on the CPU backend). Declared before every buffer
+  // so that it is destroyed after them.
+  std::unique_ptr<CudaTier> cuda_;
   int64_t chunk_bytes_ = 0;
   bool finalized_ = false;
   std::vector<ChunkListSpec> lists_;
   std::vector<Tier> list_home_;
   std::vector<std::unique_ptr<Chunk>> chunks_;
   std::unique_ptr<Pool> device_pool_, host_pool_;
-  std::vector<io::AlignedBuffer> home_buffers_;  // one per tier-homed list (device, host)
+  std::vector<std::unique_ptr<Buffer>> home_buffers_;  // one per tier-homed list (device, host)
   TierStats stats_[kNumTiers];
 
   // NVMe tier.

@@ -58,6 +58,7 @@ struct Run {
   std::vector<double> first_param;  // a parameter's values after training
   memory::chunks::TierStats device, host, nvme;
   int64_t state_bytes = 0;
+  int64_t chunk_bytes = 0;
   std::string report;
   Offload::AutoBudget auto_budget;
 };
@@ -88,6 +89,7 @@ Run run(const std::string& data_path, const OffloadOptions* offload) {
     r.host = off->manager().stats(Tier::kHost);
     r.nvme = off->manager().stats(Tier::kNvme);
     r.state_bytes = off->model_state_bytes();
+    r.chunk_bytes = off->manager().chunk_bytes();
     r.report = off->report();
     r.auto_budget = off->auto_budget();
     off.reset();  // parameters get ordinary storage back
@@ -157,6 +159,45 @@ TEST_CASE("a model 4x the device budget pages and trains bitwise like the uncons
     CHECK(r.device.moves_in > 0);  // chunks really moved
     CHECK(r.device.prefetches > 0);
     std::fprintf(stderr, "%s", r.report.c_str());
+  }
+}
+
+TEST_CASE("the host-update flow (CUDA's host|nvme) pages and trains bitwise like the plain loop") {
+  // What --offload=host|nvme does with CUDA parameters, on the CPU backend: parameters and
+  // gradients homed on the host only, the CPU AdamW on their host copies (acquire_home), the
+  // device caching them. Same kernels on the same bytes: the same numbers.
+  testing::TestDir dir;
+  const std::string data = write_data(dir);
+  const Run base = run(data, nullptr);
+  for (Mode mode : {Mode::kHost, Mode::kNvme}) {
+    for (const bool constrained : {false, true}) {
+      OffloadOptions o;
+      o.chunk_bytes = 16 << 10;
+      o.mode = mode;
+      o.nvme_dir = dir.path();
+      o.host_update = true;
+      if (constrained) {
+        auto m = tiny_model();
+        Offload sizing(m->named_parameters(), o);
+        o.device_mem = sizing.model_state_bytes() / 4;
+      }
+      const Run r = run(data, &o);
+      INFO("mode " << engine::offload::mode_name(mode) << (constrained ? ", 1/4 budget" : "")
+                   << "\n"
+                   << r.report);
+      CHECK(r.losses == base.losses);
+      CHECK(r.first_param == base.first_param);
+      CHECK(r.report.find("updated there by the CPU AdamW") != std::string::npos);
+      CHECK(r.device.home_bytes == 0);  // everything on the device is a cached copy
+      CHECK(r.device.moves_in > 0);     // parameters loaded back after every update...
+      CHECK(r.device.moves_out > 0);    // ...and gradients written back for the CPU AdamW
+      CHECK(r.device.reserved_bytes == r.device.slots * r.chunk_bytes);
+      if (constrained) {
+        CHECK(r.state_bytes >= 4 * o.device_mem);
+        CHECK(r.device.peak_bytes <= o.device_mem);
+        CHECK(r.device.reserved_bytes <= o.device_mem);
+      }
+    }
   }
 }
 

@@ -214,3 +214,69 @@ TEST_CASE("set_device_budget grows the device cache mid-run, keeping every byte"
   CHECK(m.stats(Tier::kDevice).moves_in > moves);  // six chunks through five slots still page
   CHECK(m.stats(Tier::kDevice).peak_bytes == 5 * kChunk);
 }
+
+TEST_CASE("acquire_home hands the host a current copy and the device gets the host's writes") {
+  // The host-update flow (engine/offload.h): device-computed lists homed only on the host,
+  // their host copies read and written by the CPU AdamW between device uses.
+  for (const int64_t budget : {int64_t{2} * kChunk, int64_t{0}}) {
+    INFO("device budget " << budget);
+    ChunkManagerOptions o;
+    o.chunk_bytes = kChunk;
+    o.device_budget = budget;
+    ChunkManager m(o);
+    const int p = m.add_list({"params", Tier::kDevice, {Tier::kHost}, "param"});
+    const int g = m.add_list({"grads", Tier::kDevice, {Tier::kHost}, "grad"});
+    const int d = m.add_list({"dev", Tier::kHost, {Tier::kHost}, "dev"});
+    std::vector<ChunkId> ps, gs;
+    for (int i = 0; i < 4; ++i) ps.push_back(m.add_chunk(p, kChunk));
+    for (int i = 0; i < 4; ++i) gs.push_back(m.add_chunk(g, kChunk));
+    const ChunkId host_only = m.add_chunk(d, kChunk);
+    m.finalize();
+    REQUIRE(m.home(ps[0]) == Tier::kHost);
+    // Unlimited: a slot per cached chunk; else the budget's whole slots. Memory held = slots.
+    const int64_t slots = budget == 0 ? 8 : 2;
+    CHECK(m.stats(Tier::kDevice).slots == slots);
+    CHECK(m.stats(Tier::kDevice).reserved_bytes == slots * kChunk);
+    CHECK(m.stats(Tier::kHost).reserved_bytes == 9 * kChunk);
+
+    for (int k = 0; k < 4; ++k) {
+      fill(m.acquire(ps[k], true), kChunk, k, 1);
+      fill(m.acquire(gs[k], true), kChunk, 10 + k, 1);
+    }
+    const int64_t out0 = m.stats(Tier::kDevice).moves_out;
+    for (int k = 0; k < 4; ++k) {
+      // Read: the device's bytes (written back if still only there); the device copy stays.
+      const bool was_resident = m.state(gs[k]) == ChunkState::kResident;
+      REQUIRE(holds(m.acquire_home(gs[k], false), kChunk, 10 + k, 1));
+      CHECK((m.state(gs[k]) == ChunkState::kResident) == was_resident);
+      // Write: the host's bytes replace the device copy, which is dropped.
+      void* host = m.acquire_home(ps[k], true);
+      REQUIRE(holds(host, kChunk, k, 1));
+      fill(host, kChunk, k, 2);
+      CHECK(m.state(ps[k]) == ChunkState::kEvicted);
+    }
+    CHECK(m.stats(Tier::kDevice).moves_out > out0);  // resident dirty chunks were written back
+    // A second read moves nothing: the gradients are clean now.
+    const int64_t out1 = m.stats(Tier::kDevice).moves_out;
+    for (int k = 0; k < 4; ++k) REQUIRE(holds(m.acquire_home(gs[k], false), kChunk, 10 + k, 1));
+    CHECK(m.stats(Tier::kDevice).moves_out == out1);
+    for (int k = 0; k < 4; ++k) REQUIRE(holds(m.acquire(ps[k], false), kChunk, k, 2));
+    CHECK(m.stats(Tier::kDevice).peak_bytes <= (budget == 0 ? 8 * kChunk : budget));
+    CHECK_THROWS_WITH(m.acquire_home(host_only, false),
+                      Catch::Contains("acquire_home") && Catch::Contains("'dev'"));
+  }
+}
+
+TEST_CASE("a CUDA device tier without a usable GPU is a clear error naming the device") {
+  ChunkManagerOptions o;
+  o.chunk_bytes = kChunk;
+  o.device = Device::cuda(0);
+  try {
+    ChunkManager m(o);
+    SUCCEED("a GPU is present: the tier was created");
+  } catch (const Error& e) {
+    // No GPU (CI) or a build without the CUDA backend.
+    CHECK_THAT(e.message(), Catch::Contains("cuda:0") && (Catch::Contains("no CUDA device") ||
+                                                          Catch::Contains("no CUDA backend")));
+  }
+}
