@@ -203,6 +203,9 @@ struct ChunkManager::Pool {
   std::vector<std::unique_ptr<Buffer>> mem;
   std::vector<ChunkId> owner;        // -1: free
   std::vector<io::Ticket> draining;  // NVMe write-back still reading the slot
+  // CUDA: the chunk whose write-back last read the slot (-1: none). Its event orders a kernel
+  // writing the slot's next occupant after that copy when no load of its own does.
+  std::vector<ChunkId> last_write_back;
   // The last min_resident chunks acquired, newest first. A demand load keeps the newest
   // min_resident - 1 (with the one it loads, that is what one op may touch); a prefetch keeps
   // them all, so it never pulls an argument from under the op about to run.
@@ -327,6 +330,7 @@ int64_t ChunkManager::set_device_budget(int64_t bytes) {
     pool.mem.push_back(make_buffer(Tier::kDevice, chunk_bytes_));
   pool.owner.resize(static_cast<size_t>(slots), -1);
   pool.draining.resize(static_cast<size_t>(slots));
+  pool.last_write_back.resize(static_cast<size_t>(slots), -1);
   options_.device_budget = bytes;
   stats_[0].budget = bytes;
   stats_[0].slots = slots;
@@ -446,6 +450,7 @@ void ChunkManager::finalize() {
       device_pool_->mem.push_back(make_buffer(Tier::kDevice, chunk_bytes_));
     device_pool_->owner.assign(slots, -1);
     device_pool_->draining.resize(slots);
+    device_pool_->last_write_back.assign(slots, -1);
     stats_[0].slots = slots;
   }
   if (host_cached_lists > 0) {
@@ -466,6 +471,7 @@ void ChunkManager::finalize() {
       host_pool_->mem.push_back(make_buffer(Tier::kHost, chunk_bytes_));
     host_pool_->owner.assign(slots, -1);
     host_pool_->draining.resize(slots);
+    host_pool_->last_write_back.assign(slots, -1);
     stats_[1].slots = slots;
   }
 
@@ -631,6 +637,7 @@ void ChunkManager::evict(ChunkId id) {
       to.bytes_in += chunk_bytes_;
     } else {
       write_back_home(c, src);
+      pool.last_write_back[slot] = id;
       from.bytes_out += c.used;
       to.bytes_in += c.used;
     }
@@ -669,6 +676,10 @@ void ChunkManager::start_load(ChunkId id, int slot, bool prefetch) {
   add_used(pool.tier, chunk_bytes_);
   char* dst = pool.mem[slot]->data();
   if (c.discarded) {  // nothing worth moving
+    // On a GPU the kernels about to overwrite the slot must not overtake a write-back still
+    // reading it on the copy stream (a load of our own would be queued behind it instead).
+    const ChunkId prev = pool.last_write_back[slot];
+    if (cuda_ && c.compute == Tier::kDevice && prev >= 0) cuda_->compute_wait(chunks_[prev]->event);
     c.state = ChunkState::kResident;
     if (c.on_move) c.on_move(dst);
     return;
@@ -832,6 +843,7 @@ void* ChunkManager::acquire_home(ChunkId id, bool write) {
   if (c.state == ChunkState::kResident) {
     if (c.dirty && !c.discarded) {
       write_back_home(c, device_pool_->mem[c.slot]->data());
+      device_pool_->last_write_back[c.slot] = id;
       TierStats& from = stats_[static_cast<int>(Tier::kDevice)];
       TierStats& to = stats_[static_cast<int>(Tier::kHost)];
       ++from.moves_out;
