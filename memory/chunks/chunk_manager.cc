@@ -188,6 +188,9 @@ struct ChunkManager::Chunk {
   int slot = -1;  // cache slot while in flight or resident (cached chunks)
   bool dirty = false;
   bool discarded = false;
+  // Handed to the host for writing (acquire_home): not prefetched until the next acquire() or
+  // end_step(), so no load copies the home bytes while the host is still changing them.
+  bool host_written = false;
   uint64_t last_use = 0;
   std::function<void(void*)> on_move;
   std::shared_ptr<CopyDone> copy;  // pending host -> compute load
@@ -780,7 +783,8 @@ void ChunkManager::prefetch() {
   for (int64_t k = 0; k < options_.lookahead && k < n; ++k) {
     const ChunkId id = trace_[(cursor_ + k) % n];
     Chunk& c = *chunks_[id];
-    if (c.home == c.compute || c.state != ChunkState::kEvicted || c.discarded) continue;
+    if (c.home == c.compute || c.state != ChunkState::kEvicted || c.discarded || c.host_written)
+      continue;
     Pool* pool = pool_of(c);
     const int p = pool->tier == Tier::kDevice ? 0 : 1;
     if (blocked[p]) continue;
@@ -807,6 +811,7 @@ void* ChunkManager::acquire(ChunkId id, bool write) {
     return c.home_ptr;
   }
   note_access(id);
+  c.host_written = false;  // the host is done with the home copy: the caller wants it here
   Pool& pool = *pool_of(c);
   if (c.state == ChunkState::kInFlight) {
     finish_load(id);
@@ -860,7 +865,10 @@ void* ChunkManager::acquire_home(ChunkId id, bool write) {
     cuda_->host_wait(c.event);
     stats_[static_cast<int>(Tier::kHost)].stall_s += seconds_since(t0);
   }
-  if (write) c.discarded = false;
+  if (write) {
+    c.discarded = false;
+    c.host_written = true;
+  }
   return c.home_ptr;
 }
 
@@ -898,6 +906,7 @@ void ChunkManager::restart_trace() {
 }
 
 void ChunkManager::end_step() {
+  for (auto& c : chunks_) c->host_written = false;
   if (!frozen_ && !trace_.empty()) frozen_ = true;
   cursor_ = 0;
   last_ = -1;

@@ -164,8 +164,9 @@ class ChunkManager {
   // computed on the device and homed on the host: returns its home copy, up to date. A dirty
   // device copy is written back first (after the compute stream's work on it) and the host
   // waits for that copy; write: the host will modify the home copy, so the device copy (now
-  // stale) is dropped without write-back and the next acquire() loads the new bytes. Not part
-  // of the recorded trace (the device's prefetch order is unaffected).
+  // stale) is dropped without write-back and the next acquire() loads the new bytes; until that
+  // acquire() or end_step() the chunk is not prefetched (a load must not copy the home bytes
+  // while the host still writes them). Not part of the recorded trace.
   void* acquire_home(ChunkId id, bool write);
   // The contents of `id` are dead (e.g. gradients after the update): no write-back, and the
   // next acquire does not load them (the bytes are then unspecified until written).

@@ -11,6 +11,10 @@
 // Each run asserts that chunks moved, that the manager's device peak and the GPU memory it holds
 // stay within the budget, and that the paged run's GPU memory (the caching allocator's peak plus
 // the chunk memory) is below the unconstrained run's.
+//
+// Built a second time with OFFLOAD_TEST_ON_CPU (offload_paging_cpu_test, run in CI): the same
+// runs on the CPU backend, the emulated device tier and the host-update flow asked for with
+// OffloadOptions::host_update, where every mode must be bitwise (the same CPU kernels run).
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
@@ -20,8 +24,12 @@
 #include "engine/offload/offload.h"
 #include "engine/ops.h"
 #include "engine/optim/optim.h"
+#ifdef OFFLOAD_TEST_ON_CPU
+#include "memory/allocator.h"
+#else
 #include "memory/cuda/caching_allocator.h"
 #include "memory/cuda/device.h"
+#endif
 #include "test/testing/test_dir.h"
 
 using namespace mammoth;
@@ -36,6 +44,29 @@ namespace {
 constexpr int64_t kVocab = 64, kDim = 64, kBlocks = 4, kBatch = 4, kSeq = 16;
 constexpr int kSteps = 5, kAccum = 2;
 constexpr double kHostTolerance = 1e-4;  // relative, CPU AdamW vs the GPU's
+
+#ifdef OFFLOAD_TEST_ON_CPU
+constexpr bool kOnGpu = false;
+const Device kDevice = Device::cpu();
+void require_gpu() {}
+void synchronize() {}
+memory::Allocator& device_allocator() { return memory::cpu_allocator(); }
+int64_t allocator_peak() { return memory::cpu_allocator().stats().peak_bytes; }
+#else
+constexpr bool kOnGpu = true;
+const Device kDevice = Device::cuda(0);
+// Fails the test case (cleanly, with the reason) on a machine without a usable GPU.
+void require_gpu() {
+  std::string why;
+  if (!memory::cuda::cuda_available(&why)) FAIL("no CUDA device: " << why);
+  memory::cuda::set_device(0);
+}
+void synchronize() { memory::cuda::synchronize(); }
+memory::Allocator& device_allocator() { return memory::cuda::device_allocator(0); }
+int64_t allocator_peak() {
+  return memory::cuda::device_allocator(0).detailed_stats().peak_allocated_bytes;
+}
+#endif
 
 // Embedding, residual MLP blocks (LayerNorm, Linear 4x, GELU, Linear), LayerNorm, head: every
 // op the engine runs on CUDA, several 64 KiB parameters, no tensor made on the host in forward.
@@ -71,17 +102,10 @@ class TinyLM final : public engine::nn::Module {
   std::shared_ptr<engine::nn::Linear> head_;
 };
 
-// Fails the test case (cleanly, with the reason) on a machine without a usable GPU.
-void require_gpu() {
-  std::string why;
-  if (!memory::cuda::cuda_available(&why)) FAIL("no CUDA device: " << why);
-  memory::cuda::set_device(0);
-}
-
 std::unique_ptr<TinyLM> model_on_gpu() {
   auto m = std::make_unique<TinyLM>();
   for (const auto& [name, p] : m->named_parameters()) {
-    const Tensor g = p.to(Device::cuda(0));
+    const Tensor g = p.to(kDevice);
     p.impl()->storage = g.storage();
     p.impl()->offset = 0;
   }
@@ -99,8 +123,8 @@ std::pair<Tensor, Tensor> batch(int k) {
       if (t > 0) tg.push_back(token);
     }
   }
-  return {Tensor::from_ints(in, {kBatch, kSeq}).to(Device::cuda(0)),
-          Tensor::from_ints(tg, {kBatch, kSeq}).to(Device::cuda(0))};
+  return {Tensor::from_ints(in, {kBatch, kSeq}).to(kDevice),
+          Tensor::from_ints(tg, {kBatch, kSeq}).to(kDevice)};
 }
 
 struct Run {
@@ -121,9 +145,8 @@ Run train(const OffloadOptions* offload) {
   std::unique_ptr<engine::optim::AdamW> plain;
   if (!off) plain = std::make_unique<engine::optim::AdamW>(model->named_parameters(), ao);
   engine::optim::Optimizer& opt = off ? off->optimizer(ao) : *plain;
-  memory::cuda::CachingAllocator& alloc = memory::cuda::device_allocator(0);
-  memory::cuda::synchronize();
-  alloc.reset_peak();
+  synchronize();
+  device_allocator().reset_peak();
   Run r;
   for (int step = 0; step < kSteps; ++step) {
     double loss = 0;
@@ -138,8 +161,8 @@ Run train(const OffloadOptions* offload) {
     if (off) off->end_step();
     r.losses.push_back(loss);
   }
-  memory::cuda::synchronize();
-  r.allocator_peak = alloc.detailed_stats().peak_allocated_bytes;
+  synchronize();
+  r.allocator_peak = allocator_peak();
   if (off) {
     off->manager().synchronize();
     r.device = off->manager().stats(Tier::kDevice);
@@ -149,7 +172,7 @@ Run train(const OffloadOptions* offload) {
     off.reset();  // parameters get ordinary (GPU) storage back
   }
   for (const auto& [name, p] : model->named_parameters()) {
-    REQUIRE(p.device() == Device::cuda(0));
+    REQUIRE(p.device() == kDevice);
     for (double v : p.to(Device::cpu()).to_vector()) r.params.push_back(v);
   }
   return r;
@@ -195,6 +218,7 @@ TEST_CASE("a GPU model 4x the device budget pages between GPU and pinned host me
     o.mode = mode;
     o.device_mem = budget;
     o.nvme_dir = dir.path();
+    o.host_update = true;  // what CUDA parameters do anyway with host|nvme
     const char* name = engine::offload::mode_name(mode);
     Run r;
     try {
@@ -221,6 +245,11 @@ TEST_CASE("a GPU model 4x the device budget pages between GPU and pinned host me
         static_cast<long long>(r.device.reserved_bytes), static_cast<long long>(r.allocator_peak),
         static_cast<long long>(r.device.moves_in), static_cast<long long>(r.device.moves_out),
         static_cast<long long>(r.device.prefetches));
+    if (!kOnGpu) {
+      // The emulated device runs the same CPU kernels on the same bytes in every mode.
+      CHECK(r.losses == base.losses);
+      CHECK(r.params == base.params);
+    }
     if (mode == Mode::kNone) {
       if (reproducible) {
         CHECK(r.losses == base.losses);
@@ -257,6 +286,7 @@ TEST_CASE("a GPU model 4x the device budget pages between GPU and pinned host me
 
 TEST_CASE("CUDA parameters with offload refuse what is not implemented yet, naming it") {
   require_gpu();
+  if (!kOnGpu) return;
   auto m = model_on_gpu();
   OffloadOptions o;
   o.chunk_bytes = 64 << 10;
@@ -264,5 +294,5 @@ TEST_CASE("CUDA parameters with offload refuse what is not implemented yet, nami
   CHECK_THROWS_WITH(Offload(m->named_parameters(), o), Catch::Contains("auto on CUDA"));
   // A failed construction leaves the model's parameters on the GPU with their own storage.
   CHECK(m->named_parameters().front().second.storage()->ensure_resident == nullptr);
-  CHECK(m->named_parameters().front().second.device() == Device::cuda(0));
+  CHECK(m->named_parameters().front().second.device() == kDevice);
 }
