@@ -177,7 +177,7 @@ class Offload::ChunkedAdamW final : public optim::Optimizer {
     const Tensor m = owner_.view(kExpAvg, i), v = owner_.view(kExpAvgSq, i);
     p.weight_decay = decay_[i] ? options_.weight_decay : 0.0;
     if (owner_.host_update_) {
-      // The CPU AdamW on the host copies (see offload.h, "The CUDA device"): the gradient
+      // The CPU AdamW on the host copies (offload.h, "The device"): the gradient
       // chunk's home copy, written back from the device if dirty; the parameter chunk's home
       // copy, whose device copy is dropped, so the next forward loads the updated bytes.
       const Slot& s = owner_.slots_[i];

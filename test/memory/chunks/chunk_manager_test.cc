@@ -280,3 +280,22 @@ TEST_CASE("a CUDA device tier without a usable GPU is a clear error naming the d
                                                           Catch::Contains("no CUDA backend")));
   }
 }
+
+TEST_CASE("a chunk handed to the host for writing is not prefetched until end_step") {
+  ChunkManagerOptions o;
+  o.chunk_bytes = kChunk;
+  ChunkManager m(o);  // unlimited: a device slot per chunk
+  const int p = m.add_list({"params", Tier::kDevice, {Tier::kHost}, "param"});
+  std::vector<ChunkId> ids;
+  for (int i = 0; i < 3; ++i) ids.push_back(m.add_chunk(p, kChunk));
+  m.finalize();
+  for (int i = 0; i < 3; ++i) fill(m.acquire(ids[i], true), kChunk, i, 0);
+  m.end_step();  // the trace: 0, 1, 2
+  fill(m.acquire_home(ids[1], true), kChunk, 1, 1);
+  REQUIRE(m.state(ids[1]) == ChunkState::kEvicted);
+  m.acquire(ids[0], false);  // would prefetch chunk 1 next: the host may still be writing it
+  CHECK(m.state(ids[1]) == ChunkState::kEvicted);
+  m.end_step();  // the host is done: the next step's order is prefetched again
+  CHECK(m.state(ids[1]) != ChunkState::kEvicted);
+  CHECK(holds(m.acquire(ids[1], false), kChunk, 1, 1));
+}
