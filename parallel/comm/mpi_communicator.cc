@@ -448,36 +448,34 @@ std::unique_ptr<Work> MpiCommunicator::iall_to_all(const Tensor& in, const Tenso
   return work;
 }
 
-std::unique_ptr<Work> MpiCommunicator::isend(const Tensor& t, int peer, int tag) {
-  constexpr const char* kOp = "send";
-  detail::check_tensor(t, "tensor", kOp, *this, DeviceType::kCPU);
-  detail::check_peer(peer, kOp, *this);
+std::unique_ptr<Work> MpiCommunicator::point_to_point(const Tensor& t, int peer, int tag,
+                                                      bool send) {
+  const char* const op = send ? "send" : "recv";
+  detail::check_tensor(t, "tensor", op, *this, DeviceType::kCPU);
+  detail::check_peer(peer, op, *this);
   MAMMOTH_CHECK(tag >= 0 && tag < kReservedTag)
-      << detail::where(kOp, *this) << ": tag " << tag << " is outside [0, " << kReservedTag
+      << detail::where(op, *this) << ": tag " << tag << " is outside [0, " << kReservedTag
       << ") (larger tags are reserved for collectives)";
-  const int count = mpi_count(t.numel(), kOp, *this);
-  auto work =
-      std::make_unique<MpiWork>(*this, op_info(kOp, "to ", peer, t), std::vector<Tensor>{t});
-  mpi_check(MPI_Isend(t.raw_data(), count, mpi_type(t.dtype()).type, peer, tag, comm_,
-                      work->add_request()),
-            "MPI_Isend");
+  const int count = mpi_count(t.numel(), op, *this);
+  auto work = std::make_unique<MpiWork>(*this, op_info(op, send ? "to " : "from ", peer, t),
+                                        std::vector<Tensor>{t});
+  const MPI_Datatype type = mpi_type(t.dtype()).type;
+  if (send) {
+    mpi_check(MPI_Isend(t.raw_data(), count, type, peer, tag, comm_, work->add_request()),
+              "MPI_Isend");
+  } else {
+    mpi_check(MPI_Irecv(t.raw_data(), count, type, peer, tag, comm_, work->add_request()),
+              "MPI_Irecv");
+  }
   return work;
 }
 
+std::unique_ptr<Work> MpiCommunicator::isend(const Tensor& t, int peer, int tag) {
+  return point_to_point(t, peer, tag, /*send=*/true);
+}
+
 std::unique_ptr<Work> MpiCommunicator::irecv(const Tensor& t, int peer, int tag) {
-  constexpr const char* kOp = "recv";
-  detail::check_tensor(t, "tensor", kOp, *this, DeviceType::kCPU);
-  detail::check_peer(peer, kOp, *this);
-  MAMMOTH_CHECK(tag >= 0 && tag < kReservedTag)
-      << detail::where(kOp, *this) << ": tag " << tag << " is outside [0, " << kReservedTag
-      << ") (larger tags are reserved for collectives)";
-  const int count = mpi_count(t.numel(), kOp, *this);
-  auto work =
-      std::make_unique<MpiWork>(*this, op_info(kOp, "from ", peer, t), std::vector<Tensor>{t});
-  mpi_check(MPI_Irecv(t.raw_data(), count, mpi_type(t.dtype()).type, peer, tag, comm_,
-                      work->add_request()),
-            "MPI_Irecv");
-  return work;
+  return point_to_point(t, peer, tag, /*send=*/false);
 }
 
 std::unique_ptr<Work> MpiCommunicator::ibarrier() {

@@ -123,6 +123,9 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<MpiCommunicator> split_mpi(int color, int key, const std::string& name);
 
  private:
+  // isend (send = true) or irecv of `t` with `peer` on `tag` (checked: user tags only).
+  std::unique_ptr<Work> point_to_point(const engine::Tensor& t, int peer, int tag, bool send);
+
   MPI_Comm comm_;
   std::string name_;
   CommOptions options_;
