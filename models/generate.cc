@@ -8,6 +8,7 @@
 #include "base/philox.h"
 #include "engine/autograd.h"
 #include "engine/ops.h"
+#include "models/layers.h"
 
 namespace mammoth::models {
 
@@ -74,7 +75,8 @@ std::vector<int64_t> generate(LanguageModel& model, const std::vector<int64_t>& 
   model.eval();
   KVCache cache = model.make_cache(1, capacity);
   std::vector<int64_t> out;
-  Tensor logits = model.forward_cached(Tensor::from_ints(prompt, {1, P}), &cache);
+  const Device device = module_device(model);
+  Tensor logits = model.forward_cached(Tensor::from_ints(prompt, {1, P}).to(device), &cache);
   for (int64_t step = 0; step < o.max_new_tokens; ++step) {
     const std::vector<double> row = logits.select(1, logits.size(1) - 1).to_vector();
     const PhiloxOut r = philox4x32(static_cast<uint64_t>(step), 0x67656e6572617465ull, o.seed);
@@ -82,7 +84,7 @@ std::vector<int64_t> generate(LanguageModel& model, const std::vector<int64_t>& 
     const int64_t next = sample_token(row, o, u);
     out.push_back(next);
     if (next == o.eos_token || cache.length >= capacity) break;
-    logits = model.forward_cached(Tensor::from_ints({next}, {1, 1}), &cache);
+    logits = model.forward_cached(Tensor::from_ints({next}, {1, 1}).to(device), &cache);
   }
   model.train(was_training);
   return out;

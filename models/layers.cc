@@ -35,8 +35,8 @@ Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v,
     std::vector<double> future(static_cast<size_t>(Tq * Tk));
     for (int64_t i = 0; i < Tq; ++i)
       for (int64_t j = 0; j < Tk; ++j) future[i * Tk + j] = j > i + (Tk - Tq) ? 1.0 : 0.0;
-    scores =
-        engine::masked_fill(scores, Tensor::from_vector(future, {Tq, Tk}, DType::kBool), -1e30);
+    scores = engine::masked_fill(
+        scores, Tensor::from_vector(future, {Tq, Tk}, DType::kBool).to(scores.device()), -1e30);
   }
   if (options.key_mask.defined()) {
     // keep 1 -> +0, pad 0 -> -1e30, broadcast over heads and queries
@@ -59,10 +59,15 @@ Tensor merge_heads(const Tensor& x) {
   return x.permute({0, 2, 1, 3}).reshape({B, T, H * D});
 }
 
-Tensor positions(int64_t offset, int64_t t) {
+Tensor positions(int64_t offset, int64_t t, Device device) {
   std::vector<int64_t> p(static_cast<size_t>(t));
   for (int64_t i = 0; i < t; ++i) p[i] = offset + i;
-  return Tensor::from_ints(p, {t});
+  return Tensor::from_ints(p, {t}).to(device);
+}
+
+Device module_device(const engine::nn::Module& module) {
+  const engine::nn::NamedTensors params = module.named_parameters();
+  return params.empty() ? Device::cpu() : params.front().second.device();
 }
 
 }  // namespace mammoth::models

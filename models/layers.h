@@ -55,6 +55,10 @@ engine::Tensor split_heads(const engine::Tensor& x, int64_t heads);
 engine::Tensor merge_heads(const engine::Tensor& x);
 
 // Position ids offset, offset+1, ..., offset+t-1 as i64 [t].
-engine::Tensor positions(int64_t offset, int64_t t);
+// On `device`: forward passes make their own tensors where their input lives.
+engine::Tensor positions(int64_t offset, int64_t t, Device device);
+
+// The device of a module's first parameter (the CPU for a module without parameters).
+Device module_device(const engine::nn::Module& module);
 
 }  // namespace mammoth::models

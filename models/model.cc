@@ -3,6 +3,7 @@
 #include "engine/autograd.h"
 #include "engine/nn/checkpoint.h"
 #include "engine/ops.h"
+#include "models/layers.h"
 
 namespace mammoth::models {
 
@@ -79,9 +80,10 @@ KVCache LanguageModel::make_cache(int64_t batch, int64_t capacity) const {
       << "[make_cache] batch and capacity must be positive, got " << batch << ", " << capacity;
   KVCache cache;
   cache.capacity = capacity;
+  const Device device = module_device(*this);  // the cache lives beside the weights
   for (int64_t l = 0; l < c.n_layer; ++l) {
-    cache.k.push_back(Tensor::zeros({batch, c.n_kv_head, capacity, c.head_dim()}, c.dtype));
-    cache.v.push_back(Tensor::zeros({batch, c.n_kv_head, capacity, c.head_dim()}, c.dtype));
+    cache.k.push_back(Tensor::zeros({batch, c.n_kv_head, capacity, c.head_dim()}, c.dtype, device));
+    cache.v.push_back(Tensor::zeros({batch, c.n_kv_head, capacity, c.head_dim()}, c.dtype, device));
   }
   return cache;
 }

@@ -18,6 +18,8 @@
 #include "engine/data/image_shard.h"
 #include "engine/data/token_shard.h"
 #include "engine/ops.h"
+#include "engine/train/device.h"
+#include "models/layers.h"
 #include "models/registry.h"
 #include "models/vit/vit.h"
 #include "models/weights.h"
@@ -27,6 +29,7 @@
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(int64_t, seq_len);
 ABSL_DECLARE_FLAG(int64_t, seed);
+ABSL_DECLARE_FLAG(std::string, device);
 ABSL_FLAG(std::string, weights, "",
           "eval/generate: safetensors file with Hugging Face names (default: the model "
           "directory's model.safetensors, or fresh weights for a registered name)");
@@ -41,14 +44,26 @@ ABSL_FLAG(double, mask_prob, 0.15, "eval (BERT): fraction of positions masked, s
 
 namespace mammoth::tools {
 
-// Shared by eval and generate: the model named by --model with --weights loaded.
+// Shared by eval and generate: moves a loaded model to --device (printed on stderr; stdout
+// carries the result).
+void place_on_device(const engine::nn::Module& model, const char* command) {
+  const engine::train::DeviceChoice d =
+      engine::train::choose_device(absl::GetFlag(FLAGS_device), command);
+  std::fprintf(stderr, "[%s] device: %s (%s)\n", command, d.device.str().c_str(), d.why.c_str());
+  engine::train::move_to_device(model.named_parameters(), d.device);
+  engine::train::move_to_device(model.named_buffers(), d.device);
+}
+
+// Shared by eval and generate: the model named by --model with --weights loaded, on --device.
 std::shared_ptr<models::LanguageModel> load_language_model(const std::string& name,
-                                                           const std::string& weights) {
+                                                           const std::string& weights,
+                                                           const char* command) {
   models::ModelOptions options;
   options.load_weights = weights.empty();
   auto m = models::create_language_model(name, options);
   if (!weights.empty()) models::load_weights(*m, weights);
   m->eval();
+  place_on_device(*m, command);
   return m;
 }
 
@@ -79,6 +94,8 @@ int eval_images(const std::string& path) {
   if (!absl::GetFlag(FLAGS_weights).empty())
     models::load_weights(*model, absl::GetFlag(FLAGS_weights));
   model->eval();
+  place_on_device(*model, "eval");
+  const Device device = models::module_device(*model);
   const models::ModelConfig& c = model->config();
   const data::ImageShard shard = data::ImageShard::open(path);
   const data::ImageShardInfo& in = shard.info();
@@ -103,8 +120,10 @@ int eval_images(const std::string& path) {
     const int64_t b = std::min(B, n - s);
     shard.read(s, b, &pixels, &labels);
     std::vector<double> px(pixels.begin(), pixels.end());
-    engine::Tensor x = engine::Tensor::from_vector(px, {b, in.channels, in.height, in.width});
-    total += model->loss(x, engine::Tensor::from_ints(labels, {b})).item() * static_cast<double>(b);
+    engine::Tensor x =
+        engine::Tensor::from_vector(px, {b, in.channels, in.height, in.width}).to(device);
+    total += model->loss(x, engine::Tensor::from_ints(labels, {b}).to(device)).item() *
+             static_cast<double>(b);
   }
   print_result(total, n, "images");
   return 0;
@@ -124,6 +143,7 @@ int eval_masked_lm(const models::LanguageModel& model_ref, const data::TokenData
   MAMMOTH_CHECK(p > 0 && p < 1) << "[eval] --mask-prob must be in (0, 1), got " << p;
   const uint64_t seed = static_cast<uint64_t>(absl::GetFlag(FLAGS_seed));
   const int64_t B = absl::GetFlag(FLAGS_batch);
+  const Device device = models::module_device(model);
   engine::NoGradGuard ng;
   double total = 0;
   int64_t masked_total = 0;
@@ -145,8 +165,8 @@ int eval_masked_lm(const models::LanguageModel& model_ref, const data::TokenData
     }
     if (masked == 0) continue;
     total += model
-                 .loss(engine::Tensor::from_ints(ids, {b, T}),
-                       engine::Tensor::from_ints(targets, {b, T}))
+                 .loss(engine::Tensor::from_ints(ids, {b, T}).to(device),
+                       engine::Tensor::from_ints(targets, {b, T}).to(device))
                  .item() *
              static_cast<double>(masked);
     masked_total += masked;
@@ -161,8 +181,10 @@ int run_eval(const std::vector<std::string>& args) {
   if (!absl::GetFlag(FLAGS_images).empty()) return eval_images(absl::GetFlag(FLAGS_images));
   const std::string tokens = absl::GetFlag(FLAGS_tokens);
   MAMMOTH_CHECK(!tokens.empty()) << "[eval] --tokens is required (llm.c token shard)";
-  auto model = load_language_model(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_weights));
+  auto model =
+      load_language_model(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_weights), "eval");
   const models::ModelConfig& c = model->config();
+  const Device device = models::module_device(*model);
   const int64_t T = absl::GetFlag(FLAGS_seq_len);
   MAMMOTH_CHECK(T >= 2 && T <= c.max_seq)
       << "[eval] --seq-len must be in [2, max_seq = " << c.max_seq << "], got " << T;
@@ -185,7 +207,7 @@ int run_eval(const std::vector<std::string>& args) {
     data.read(s * T, b * T, buf.data());
     std::vector<int64_t> ids(buf.begin(), buf.end());
     check_vocab(ids, c.vocab_size, s * T);
-    const double loss = model->loss(engine::Tensor::from_ints(ids, {b, T})).item();
+    const double loss = model->loss(engine::Tensor::from_ints(ids, {b, T}).to(device)).item();
     total += loss * static_cast<double>(b * (T - 1));
   }
   print_result(total, n_seq * (T - 1), "tokens");

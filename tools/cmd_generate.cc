@@ -26,7 +26,8 @@ ABSL_FLAG(int64_t, eos_token, -1, "generate: stop after this token (-1: never)")
 namespace mammoth::tools {
 
 std::shared_ptr<models::LanguageModel> load_language_model(const std::string& name,
-                                                           const std::string& weights);
+                                                           const std::string& weights,
+                                                           const char* command);
 
 namespace {
 
@@ -54,7 +55,8 @@ int run_generate(const std::vector<std::string>& args) {
   MAMMOTH_CHECK(args.empty()) << "[generate] unexpected argument '" << args[0] << "'";
   const std::vector<int64_t> prompt = parse_ids(absl::GetFlag(FLAGS_prompt_tokens));
   MAMMOTH_CHECK(!prompt.empty()) << "[generate] --prompt-tokens is required, e.g. 464,2068";
-  auto model = load_language_model(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_weights));
+  auto model =
+      load_language_model(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_weights), "generate");
   models::GenerateOptions o;
   o.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
   o.temperature = absl::GetFlag(FLAGS_temperature);

@@ -18,6 +18,7 @@
 #include "engine/offload/offload.h"
 #include "engine/ops.h"
 #include "engine/optim/optim.h"
+#include "engine/train/device.h"
 #include "engine/train/trainer.h"
 #include "models/gpt2/gpt2.h"
 #include "models/pipeline/pipeline.h"
@@ -55,6 +56,10 @@ ABSL_FLAG(int64_t, loss_scale_window, 2000,
 ABSL_FLAG(std::string, tensorboard, "",
           "write TensorBoard event files (scalars) to this directory");
 ABSL_FLAG(int, threads, 0, "CPU threads (0: all cores)");
+ABSL_FLAG(std::string, device, "auto",
+          "train/eval/generate: where the model runs: auto (CUDA device local rank mod device "
+          "count when a CUDA device is usable, else the CPU), cpu, or cuda (an error naming the "
+          "reason when no CUDA device is usable)");
 ABSL_FLAG(std::string, save_dir, "", "checkpoint directory (empty: no checkpoints)");
 ABSL_FLAG(int64_t, save_every, 0, "checkpoint every N steps (0: only at the end)");
 ABSL_FLAG(int, keep_last, 3, "checkpoints kept in --save-dir");
@@ -223,6 +228,30 @@ int run_train(const std::vector<std::string>& args) {
         parallel::MeshShape{.dp = dp_size, .pp = pp_size, .tp = tp_size, .sp = sp_size}, mo);
   }
   const bool lead = mesh == nullptr || mesh->rank() == 0;
+  // Where this process trains (DESIGN.md: CUDA device = local rank when CUDA devices exist).
+  const engine::train::DeviceChoice device =
+      engine::train::choose_device(absl::GetFlag(FLAGS_device), "train");
+  if (lead) {
+    std::fprintf(stderr, "[train] device: %s (%s)\n", device.device.str().c_str(),
+                 device.why.c_str());
+  }
+  if (device.device.is_cuda()) {
+    // What the CUDA path does not have yet is refused here, before anything is built.
+    MAMMOTH_CHECK(launched == 1)
+        << "[train] --device cuda with " << launched
+        << " processes: data/tensor/sequence/pipeline parallelism over NCCL is not wired into "
+           "mammoth train yet (one process per GPU job for now, or --device cpu for the MPI "
+           "backend)";
+    MAMMOTH_CHECK(absl::GetFlag(FLAGS_device_mem).rfind("auto", 0) != 0)
+        << "[train] --device-mem auto is not implemented on CUDA yet: give a size "
+           "(--device-mem 8G)";
+    if (lead && amp != "fp32") {
+      std::fprintf(stderr,
+                   "[train] note: the CUDA matmul does not read autocast yet: --amp %s keeps "
+                   "fp32 master weights and loss scaling but multiplies in fp32 on %s\n",
+                   amp.c_str(), device.device.str().c_str());
+    }
+  }
 
   data::TokenDataset train_data, val_data;
   int64_t vocab = 0;
@@ -248,6 +277,9 @@ int run_train(const std::vector<std::string>& args) {
   const std::string model_name = absl::GetFlag(FLAGS_model);
   std::shared_ptr<models::LanguageModel> model = models::create_language_model(model_name, mo);
   model->set_activation_checkpointing(absl::GetFlag(FLAGS_activation_checkpointing));
+  // Built and initialised on the host (the same weights on every device), then moved.
+  engine::train::move_to_device(model->named_parameters(), device.device);
+  engine::train::move_to_device(model->named_buffers(), device.device);
   const models::ModelConfig& cfg = model->config();
   // A pipeline stage carries each window as one row of seq_len + 1 tokens.
   const int64_t positions = absl::GetFlag(FLAGS_seq_len) + (pp_size > 1 ? 1 : 0);
@@ -290,6 +322,7 @@ int run_train(const std::vector<std::string>& args) {
   o.flops_per_token = 6.0 * static_cast<double>(model->num_parameters()) +
                       12.0 * static_cast<double>(cfg.n_layer * cfg.d_model * o.seq_len);
   o.peak_flops = absl::GetFlag(FLAGS_peak_gflops) * 1e9;
+  o.device = device.device;
 
   // Tensor/sequence parallelism: the model's sharded form (its family's policy) trains instead.
   std::shared_ptr<models::ShardedLanguageModel> sharded;
@@ -458,7 +491,7 @@ int run_train(const std::vector<std::string>& args) {
     // sequence, no gradients), so they are needed one after the other.
     oo.use_order = engine::offload::first_use_order(model->named_parameters(), [&] {
       const int64_t t = std::min<int64_t>(o.seq_len, 8);
-      const engine::Tensor ids = engine::Tensor::zeros({1, t}, DType::kI64);
+      const engine::Tensor ids = engine::Tensor::zeros({1, t}, DType::kI64, device.device);
       model->eval();
       model->loss(ids, ids);
       model->train();

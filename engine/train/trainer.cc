@@ -15,6 +15,7 @@
 #include "engine/ops.h"
 #include "engine/optim/optim.h"
 #include "engine/train/checkpoint.h"
+#include "engine/train/device.h"
 #include "engine/train/tensorboard.h"
 #include "memory/allocator.h"
 
@@ -42,9 +43,9 @@ class SignalScope {
   void (*prev_term_)(int);
 };
 
-// Input and target ids [B, T] of the given windows.
+// Input and target ids [B, T] of the given windows, on `device`.
 std::pair<Tensor, Tensor> make_batch(const data::TokenDataset& d, const data::WindowSampler& s,
-                                     const std::vector<int64_t>& windows) {
+                                     const std::vector<int64_t>& windows, Device device) {
   const int64_t B = static_cast<int64_t>(windows.size()), T = s.seq_len();
   std::vector<int32_t> in(static_cast<size_t>(B * T)), tg(static_cast<size_t>(B * T));
   for (int64_t b = 0; b < B; ++b) {
@@ -52,7 +53,7 @@ std::pair<Tensor, Tensor> make_batch(const data::TokenDataset& d, const data::Wi
   }
   auto to_tensor = [&](std::vector<int32_t>& v) {
     Tensor t = Tensor::from_blob(v.data(), {B, T}, DType::kI32, Device::cpu(), nullptr);
-    return t.to(DType::kI64);
+    return t.to(DType::kI64).to(device);
   };
   return {to_tensor(in), to_tensor(tg)};
 }
@@ -251,8 +252,22 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
       }
       // One process holding the whole model also refuses tensors it does not have.
       const bool whole = !dp && !shards && o.optimizer_params == nullptr;
-      const json::Value state = load_checkpoint_pieces(
-          *dir, checkpoint_pieces(/*writing=*/false, offload_alone ? &full_state : nullptr), whole);
+      std::vector<CheckpointPiece> into =
+          checkpoint_pieces(/*writing=*/false, offload_alone ? &full_state : nullptr);
+      // Files are read into host memory: a device destination gets a host staging tensor,
+      // copied to the device after the load.
+      std::vector<std::pair<Tensor, Tensor>> staged;  // (device destination, host staging)
+      for (CheckpointPiece& p : into) {
+        if (p.data.device().is_cpu()) continue;
+        Tensor host = Tensor::empty(p.data.shape(), p.data.dtype());
+        staged.emplace_back(p.data, host);
+        p.data = host;
+      }
+      const json::Value state = load_checkpoint_pieces(*dir, into, whole);
+      {
+        NoGradGuard ng;
+        for (const auto& [dst, host] : staged) copy_(dst, host.to(dst.device()));
+      }
       if (offload_alone) offload->scatter_state(full_state);
       if (dp) dp->pieces_loaded();
       check_resume_compatible(state.at("config"), run_config);
@@ -297,8 +312,9 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
     if (sharded_checkpoints) {
       if (checkpoint_lead) begin_sharded_checkpoint(o.save_dir, at_step);
       o.world_barrier();
-      write_checkpoint_shard(sharded_checkpoint_tmp(o.save_dir, at_step), o.world_rank,
-                             checkpoint_pieces(/*writing=*/true, nullptr));
+      std::vector<CheckpointPiece> pieces = checkpoint_pieces(/*writing=*/true, nullptr);
+      for (CheckpointPiece& p : pieces) p.data = to_host(p.data);  // files are written from host
+      write_checkpoint_shard(sharded_checkpoint_tmp(o.save_dir, at_step), o.world_rank, pieces);
       o.world_barrier();
       if (checkpoint_lead) {
         // The index describes the single-process tensors: the whole model's parameters and
@@ -318,8 +334,10 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
       }
       o.world_barrier();  // nobody reads `latest` before it is complete
     } else if (lead) {
-      const nn::NamedTensors opt_state = offload ? offload->gather_state() : opt.state();
-      dir = save_checkpoint(o.save_dir, at_step, {&params, &opt_state, state}, o.keep_last);
+      // Device tensors are written through host copies (CPU ones as they are).
+      const nn::NamedTensors host_params = to_host(params);
+      const nn::NamedTensors opt_state = to_host(offload ? offload->gather_state() : opt.state());
+      dir = save_checkpoint(o.save_dir, at_step, {&host_params, &opt_state, state}, o.keep_last);
     }
     if (checkpoint_lead && !quiet)
       std::fprintf(stderr, "[train] saved checkpoint %s\n", dir.c_str());
@@ -331,7 +349,7 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
     double total = 0;
     amp::AutocastGuard autocast(precision);
     for (int64_t k = 0; k < o.eval_batches; ++k) {
-      auto [in, tg] = make_batch(val_data, val_sampler, val_windows(k));
+      auto [in, tg] = make_batch(val_data, val_sampler, val_windows(k), o.device);
       total += loss_fn(in, tg).item();
     }
     model.train();
@@ -346,7 +364,7 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
   const int64_t start_step = step;
   while (step < o.steps) {
     const auto t0 = std::chrono::steady_clock::now();
-    memory::cpu_allocator().reset_peak();
+    memory::allocator_for(o.device).reset_peak();
     const double lr = sched.at(step, o.lr);
     opt.set_lr(lr);
     // This rank's contiguous share of the step's global batch.
@@ -361,7 +379,7 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
       for (int64_t m = 0; m < o.grad_accum; ++m) {
         const std::vector<int64_t> part(windows.begin() + m * o.micro_batch,
                                         windows.begin() + (m + 1) * o.micro_batch);
-        auto [in, tg] = make_batch(data, sampler, part);
+        auto [in, tg] = make_batch(data, sampler, part, o.device);
         if (o.pipeline_step) {
           // The window as one row of seq_len + 1 tokens: the input plus its last target.
           pipeline_batches.push_back(concat({in, tg.slice(1, o.seq_len - 1, o.seq_len)}, 1));
@@ -436,7 +454,8 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
       val_loss = evaluate();
       result.last_val_loss = val_loss;
     }
-    const int64_t peak = memory::cpu_allocator().stats().peak_bytes;
+    // The peak of the device the model trains on (the CPU's, or the CUDA caching allocator's).
+    const int64_t peak = memory::allocator_for(o.device).stats().peak_bytes;
     const double mfu =
         o.flops_per_token > 0 && o.peak_flops > 0 ? o.flops_per_token * tok_s / o.peak_flops : 0;
     if (metrics.is_open()) {

@@ -48,6 +48,9 @@ struct TrainOptions {
   double flops_per_token = 0;  // model FLOPs per token (fwd+bwd) for MFU; 0: not reported
   double peak_flops = 0;       // the machine's peak FLOP/s for MFU
   bool quiet = false;          // no progress lines
+  // Where the batches go: the model's device (its parameters must already be there; see
+  // engine/train/device.h). Losses and norms are read back to the host each step.
+  Device device = Device::cpu();
   // Data parallelism (parallel::DataParallel), not owned; null: one process. The global batch
   // is micro_batch * grad_accum * dp size, and dp rank r reads its contiguous share of it, so
   // the loss curve does not depend on the split between ranks and accumulation. Rank 0 logs,

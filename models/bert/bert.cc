@@ -27,7 +27,8 @@ Tensor BertEmbeddings::forward(const Tensor& ids, const Tensor& token_type_ids) 
   MAMMOTH_CHECK(T <= position_embeddings->weight.size(0))
       << "[Bert::forward] sequence length " << T << " exceeds max_seq "
       << position_embeddings->weight.size(0);
-  Tensor x = word_embeddings->forward(ids) + position_embeddings->forward(positions(0, T));
+  Tensor x =
+      word_embeddings->forward(ids) + position_embeddings->forward(positions(0, T, ids.device()));
   x = x + token_type_embeddings->forward(token_type_ids);
   return dropout->forward(LayerNorm->forward(x));
 }
@@ -141,8 +142,8 @@ Tensor Bert::encode(const Tensor& ids, const Tensor& token_type_ids,
   MAMMOTH_CHECK(ids.dim() == 2 && ids.dtype() == DType::kI64)
       << "[Bert::encode] ids must be i64 [B, T], got " << dtype_name(ids.dtype()) << " "
       << engine::shape_str(ids.shape());
-  Tensor types =
-      token_type_ids.defined() ? token_type_ids : Tensor::zeros(ids.shape(), DType::kI64);
+  Tensor types = token_type_ids.defined() ? token_type_ids
+                                          : Tensor::zeros(ids.shape(), DType::kI64, ids.device());
   MAMMOTH_CHECK(types.shape() == ids.shape())
       << "[Bert::encode] token_type_ids " << engine::shape_str(types.shape()) << " must match ids "
       << engine::shape_str(ids.shape());

@@ -78,7 +78,7 @@ Tensor Gpt2::run(const Tensor& ids, KVCache* cache) {
   const int64_t offset = cache != nullptr ? cache->length : 0;
   MAMMOTH_CHECK(offset + T <= config_.max_seq)
       << "[Gpt2::forward] positions up to " << offset + T << " exceed max_seq " << config_.max_seq;
-  Tensor x = wte->forward(ids) + wpe->forward(positions(offset, T));  // [B, T, C]
+  Tensor x = wte->forward(ids) + wpe->forward(positions(offset, T, ids.device()));  // [B, T, C]
   x = drop_->forward(x);
   for (size_t l = 0; l < h->size(); ++l) {
     const Gpt2Block& block = (*h)[l];
@@ -106,7 +106,7 @@ Tensor Gpt2::pipeline_embed(const Tensor& ids) {
   const int64_t T = ids.size(1);
   MAMMOTH_CHECK(T <= config_.max_seq)
       << "[Gpt2::pipeline_embed] " << T << " positions exceed max_seq " << config_.max_seq;
-  return drop_->forward(wte->forward(ids) + wpe->forward(positions(0, T)));
+  return drop_->forward(wte->forward(ids) + wpe->forward(positions(0, T, ids.device())));
 }
 
 Tensor Gpt2::pipeline_block(int64_t l, const Tensor& x, const Tensor&) {

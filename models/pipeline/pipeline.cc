@@ -103,7 +103,7 @@ double LanguageModelPipeline::step(const std::vector<Tensor>& micro_batches, dou
   if (tied_ != nullptr) {
     for (const auto& [name, w] : tied_params_) {
       Tensor g = w.grad();
-      if (!g.defined()) g = Tensor::zeros(w.shape(), w.dtype());
+      if (!g.defined()) g = Tensor::zeros(w.shape(), w.dtype(), w.device());
       g = g.contiguous();
       tied_->all_reduce(g, parallel::ReduceOp::kSum);
       w.set_grad(g);

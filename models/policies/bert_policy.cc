@@ -66,8 +66,8 @@ class TpBertEmbeddings : public engine::nn::Module {
   Tensor forward(const Tensor& ids, const std::vector<int64_t>& local) const {
     const int64_t B = ids.size(0), n = static_cast<int64_t>(local.size());
     Tensor x = word_embeddings->forward(ids);
-    x = x + position_embeddings->forward(Tensor::from_ints(local, {n}));
-    x = x + token_type_embeddings->forward(Tensor::zeros({B, n}, DType::kI64));
+    x = x + position_embeddings->forward(Tensor::from_ints(local, {n}).to(ids.device()));
+    x = x + token_type_embeddings->forward(Tensor::zeros({B, n}, DType::kI64, ids.device()));
     return dropout->forward(LayerNorm->forward(x));
   }
   std::shared_ptr<parallel::VocabParallelEmbedding> word_embeddings;
@@ -278,7 +278,8 @@ class TpBert : public ShardedLanguageModel {
       for (size_t i = 0; i < keep.size(); ++i) {
         keep[i] = static_cast<int64_t>(i) % plan.layout->padded() < T ? 1.0 : 0.0;
       }
-      seq.key_mask = Tensor::from_vector(keep, {B, plan.layout->padded()}, DType::kBool);
+      seq.key_mask =
+          Tensor::from_vector(keep, {B, plan.layout->padded()}, DType::kBool).to(ids.device());
     }
     Tensor x = bert->embeddings->forward(ids_at(ids, sg ? plan.every : plan.local), plan.local);
     const bool recompute = activation_checkpointing_ && is_training();

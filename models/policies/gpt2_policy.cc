@@ -175,7 +175,7 @@ class TpGpt2 : public ShardedLanguageModel {
     const bool sg = options_.sp_mode == SpMode::kSplitGather;
     const int64_t n = static_cast<int64_t>(plan.local.size());
     Tensor x = wte->forward(ids_at(ids, sg ? plan.every : plan.local));
-    return drop_->forward(x + wpe->forward(Tensor::from_ints(plan.local, {n})));
+    return drop_->forward(x + wpe->forward(Tensor::from_ints(plan.local, {n}).to(ids.device())));
   }
   Tensor pipeline_block(int64_t l, const Tensor& x, const Tensor& ids) override {
     const SeqPlan plan = plan_sequence(ids.size(1));

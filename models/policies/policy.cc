@@ -205,7 +205,7 @@ Tensor ShardedLanguageModel::ids_at(const Tensor& ids, const std::vector<int64_t
   std::vector<int64_t> v;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t p : pos) v.push_back(p < T ? all[b * T + p] : 0);
-  return Tensor::from_ints(v, {B, static_cast<int64_t>(pos.size())});
+  return Tensor::from_ints(v, {B, static_cast<int64_t>(pos.size())}).to(ids.device());
 }
 
 Tensor ShardedLanguageModel::loss_from_local(const Tensor& logits, const std::vector<int64_t>& rows,
@@ -228,9 +228,9 @@ Tensor ShardedLanguageModel::loss_from_local(const Tensor& logits, const std::ve
   for (int64_t b = 0; b < B; ++b)
     for (int64_t p : rows) mine.push_back(p < T ? tg[b * T + p] : -100);
   const int64_t n = static_cast<int64_t>(rows.size());
-  Tensor per_row = parallel::vocab_parallel_cross_entropy(logits, Tensor::from_ints(mine, {B, n}),
-                                                          mesh_.group(parallel::Axis::kTp),
-                                                          vocab_start, vocab_size);
+  Tensor per_row = parallel::vocab_parallel_cross_entropy(
+      logits, Tensor::from_ints(mine, {B, n}).to(logits.device()), mesh_.group(parallel::Axis::kTp),
+      vocab_start, vocab_size);
   Tensor total = engine::sum(per_row);
   if (sequence_on_sp()) {
     total = parallel::reduce_from_group(total, mesh_.group(parallel::Axis::kSp));
