@@ -3,18 +3,20 @@
 #
 #   bash tools/gpu_check.sh pack   # here (Bazel, CUDA toolkit, no GPU needed): builds the CUDA
 #                                  # kernel test, the NCCL communicator test, the chunked-offload
-#                                  # test and the GPU benchmark, packs them with the non-CUDA shared libraries
-#                                  # they load (Open MPI's plugins too) into gpu_pack/ (ignored)
+#                                  # test, the training-loop test and the GPU benchmark, packs them
+#                                  # with the non-CUDA shared libraries they load (Open MPI's
+#                                  # plugins too) into gpu_pack/ (ignored)
 #   bash tools/gpu_check.sh run    # on the GPU machine (CUDA 13 toolkit + driver, PyTorch, no
 #                                  # Bazel, no MPI): every CUDA-vs-CPU kernel test, the NCCL
 #                                  # backend on a group of one, chunked offload paging between
-#                                  # GPU and pinned host memory, then the benchmark table beside
+#                                  # GPU and pinned host memory, gpt2-tiny/llama-tiny training
+#                                  # on the GPU against the CPU, then the benchmark table beside
 #                                  # PyTorch; writes gpu_pack/out/summary.md (and copies
 #                                  # gpu_pack/out to $OUT when that is set). ~3-4 minutes.
 #
 # A lent machine's command (the device tool): carry gpu_pack, run
 #   bash tools/gpu_check.sh run
-# `run` exits non-zero when a kernel test fails or nothing could be measured.
+# `run` exits non-zero when a test fails or nothing could be measured.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -23,6 +25,7 @@ TEST_BIN=bazel-bin/test/kernels/cuda/cuda_kernels_test_bin
 BENCH_BIN=bazel-bin/tools/bench/gpu/gpu_bench
 NCCL_BIN=bazel-bin/test/parallel/nccl_communicator_test
 OFFLOAD_BIN=bazel-bin/test/engine/offload/offload_cuda_test
+TRAIN_BIN=bazel-bin/test/engine/train/train_cuda_test
 # Open MPI's components (dlopened at MPI_Init). The test runs as an MPI singleton with
 # ess_singleton_isolated (no orted), so these plugins and the libraries they link are all the
 # MPI it needs; OMPI_MCA_mca_base_component_path points Open MPI at the packed copy.
@@ -45,7 +48,8 @@ pack() {
   [[ -x /usr/local/cuda/bin/nvcc || -n "${MAMMOTH_CUDA_PATH:-}" ]] ||
     die "pack needs the CUDA toolkit (nvcc) to build the CUDA backend"
   bazel build //test/kernels/cuda:cuda_kernels_test_bin //tools/bench/gpu:gpu_bench \
-    //test/parallel:nccl_communicator_test //test/engine/offload:offload_cuda_test ||
+    //test/parallel:nccl_communicator_test //test/engine/offload:offload_cuda_test \
+    //test/engine/train:train_cuda_test ||
     die "bazel build failed"
   [[ -d "$MPI_PLUGIN_DIR" ]] || die "no Open MPI plugins at $MPI_PLUGIN_DIR"
   rm -rf "$PACK"
@@ -54,7 +58,7 @@ pack() {
   for plugin in "$MPI_PLUGIN_DIR"/*.so; do
     [[ "$(basename "$plugin")" =~ $MPI_PLUGIN_SKIP_RE ]] || cp -L "$plugin" "$PACK/mpi/"
   done
-  for bin in "$TEST_BIN" "$BENCH_BIN" "$NCCL_BIN" "$OFFLOAD_BIN" "$PACK"/mpi/*.so; do
+  for bin in "$TEST_BIN" "$BENCH_BIN" "$NCCL_BIN" "$OFFLOAD_BIN" "$TRAIN_BIN" "$PACK"/mpi/*.so; do
     [[ -e "$bin" ]] || die "missing $bin after the build"
     if [[ "$bin" != "$PACK"/mpi/* ]]; then
       # A CPU-only build would pack binaries that can only say "no CUDA backend".
@@ -207,6 +211,23 @@ run() {
   [[ -n "$offload_line" ]] || offload_line="exit status $offload_rc (see offload_test.log)"
   offload_line="$offload_line ($((SECONDS - t0)) s)"
 
+  # The training loop on the GPU against the CPU: fp32 parity, dropout masks, checkpoints that
+  # cross devices, bf16 autocast (gpt2-tiny, llama-tiny).
+  echo "[gpu_check] (1d) training loop: gpt2-tiny / llama-tiny on the GPU against the CPU"
+  local train_line train_rc
+  t0=$SECONDS
+  mkdir -p "$out/train_tmp"
+  TEST_TMPDIR="$PWD/$out/train_tmp" timeout 120 "$launcher" "$PACK/bin/train_cuda_test" \
+    >"$out/train_test.log" 2>&1
+  train_rc=$?
+  rm -rf "$out/train_tmp"
+  grep -E "^\[train_cuda\]" "$out/train_test.log"
+  tail -15 "$out/train_test.log"
+  train_line=$(grep -E "^(All tests passed|test cases:)" "$out/train_test.log" | tail -1)
+  [[ $train_rc -eq 124 ]] && train_line="TIMED OUT after 120 s"
+  [[ -n "$train_line" ]] || train_line="exit status $train_rc (see train_test.log)"
+  train_line="$train_line ($((SECONDS - t0)) s)"
+
   echo "[gpu_check] (2) benchmarks beside PyTorch"
   t0=$SECONDS
   timeout 200 python3 "$PACK/gpu_bench.py" --bench "$bench_wrapper" --json "$out/bench.json" \
@@ -224,6 +245,8 @@ run() {
     echo "- NCCL communicator test: $nccl_line"
     echo "- chunked offload test (GPU <-> pinned host): $offload_line"
     grep -E "^\[offload_cuda\]" "$out/offload_test.log" 2>/dev/null | sed 's/^/  - /'
+    echo "- training loop test (GPU vs CPU, gpt2-tiny / llama-tiny): $train_line"
+    grep -E "^\[train_cuda\]" "$out/train_test.log" 2>/dev/null | sed 's/^/  - /'
     echo "- benchmarks (${bench_s} s, exit $bench_rc):"
     echo
     [[ -s "$out/bench.md" ]] && cat "$out/bench.md"
@@ -233,7 +256,8 @@ run() {
   if [[ -n "${OUT:-}" && -d "${OUT:-}" ]]; then
     cp -r "$out/." "$OUT/"
   fi
-  [[ $test_rc -eq 0 && $bench_rc -eq 0 && $nccl_rc -eq 0 && $offload_rc -eq 0 ]]
+  [[ $test_rc -eq 0 && $bench_rc -eq 0 && $nccl_rc -eq 0 && $offload_rc -eq 0 &&
+    $train_rc -eq 0 ]]
 }
 
 case "${1:-}" in
