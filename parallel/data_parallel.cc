@@ -26,6 +26,7 @@ DataParallel::DataParallel(const engine::nn::NamedTensors& params, Communicator&
   Bucket current;
   int64_t current_elems = 0;
   DType dtype = params_.empty() ? DType::kF32 : params_[0].second.dtype();
+  if (!params_.empty()) device_ = params_[0].second.device();
   auto close = [&] {
     if (current.params.empty()) return;
     current.padded = (current_elems + n - 1) / n * n;
@@ -35,9 +36,10 @@ DataParallel::DataParallel(const engine::nn::NamedTensors& params, Communicator&
   };
   for (int i = static_cast<int>(params_.size()) - 1; i >= 0; --i) {
     const Tensor& p = params_[i].second;
-    MAMMOTH_CHECK(p.dtype() == dtype && p.is_contiguous() && p.device().is_cpu())
+    MAMMOTH_CHECK(p.dtype() == dtype && p.is_contiguous() && p.device() == device_)
         << "[data_parallel] parameter '" << params_[i].first
-        << "' must be a contiguous CPU tensor of the same dtype as the others";
+        << "' must be a contiguous tensor of the same dtype and device as the others ("
+        << dtype_name(dtype) << " on " << device_ << ")";
     current.params.push_back(i);
     current.offsets.push_back(current_elems);
     current_elems += p.numel();
@@ -47,11 +49,11 @@ DataParallel::DataParallel(const engine::nn::NamedTensors& params, Communicator&
   // Move each bucket's parameters into its flat buffer; the model's tensors become views.
   for (size_t b = 0; b < buckets_.size(); ++b) {
     Bucket& bk = buckets_[b];
-    bk.flat_params = Tensor::zeros({bk.padded}, dtype);
+    bk.flat_params = Tensor::zeros({bk.padded}, dtype, device_);
     if (options.zero_stage >= 2) {
-      bk.shard_grads = Tensor::zeros({bk.padded / n}, dtype);
+      bk.shard_grads = Tensor::zeros({bk.padded / n}, dtype, device_);
     } else {
-      bk.flat_grads = Tensor::zeros({bk.padded}, dtype);
+      bk.flat_grads = Tensor::zeros({bk.padded}, dtype, device_);
     }
     for (size_t k = 0; k < bk.params.size(); ++k) {
       const int i = bk.params[k];
@@ -227,7 +229,7 @@ Tensor DataParallel::shard_of(const Tensor& flat) const {
 
 void DataParallel::launch(Bucket& b) {
   const bool stage2 = options_.zero_stage >= 2;
-  if (stage2) b.flat_grads = Tensor::empty({b.padded}, b.shard_grads.dtype());
+  if (stage2) b.flat_grads = Tensor::empty({b.padded}, b.shard_grads.dtype(), device_);
   const int64_t used = b.offsets.back() + params_[b.params.back()].second.numel();
   engine::fill_(b.flat_grads.slice(0, used, b.padded), 0.0);  // the padding
   // Gradients into the flat buffer; a parameter without a gradient contributes zeros.
@@ -314,13 +316,13 @@ double DataParallel::grad_sq_sum(const std::function<bool(const std::string&)>& 
   }
   const double local = engine::optim::grad_sq_sum(counted);
   if (options_.zero_stage == 0) return local;
-  Tensor s = Tensor::from_vector({local}, {1}, DType::kF64);
+  Tensor s = Tensor::from_vector({local}, {1}, DType::kF64).to(device_);
   dp_.all_reduce(s, ReduceOp::kSum);
   return s.item();
 }
 
 double DataParallel::average(double value) {
-  Tensor t = Tensor::from_vector({value}, {1}, DType::kF64);
+  Tensor t = Tensor::from_vector({value}, {1}, DType::kF64).to(device_);
   dp_.all_reduce(t, ReduceOp::kAvg);
   return t.item();
 }

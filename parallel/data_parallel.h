@@ -120,6 +120,9 @@ class DataParallel final : public engine::train::DataParallelRuntime {
   engine::nn::NamedTensors params_;
   Communicator& dp_;
   DataParallelOptions options_;
+  // Where the parameters, buckets and the scalars crossing dp_ live (the CPU with MPI; a CUDA
+  // device with an NCCL group).
+  Device device_ = Device::cpu();
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_;  // per param
   int next_launch_ = 0;

@@ -219,33 +219,38 @@ int run_train(const std::vector<std::string>& args) {
   MAMMOTH_CHECK(absl::GetFlag(FLAGS_zero) >= 0 && absl::GetFlag(FLAGS_zero) <= 3)
       << "[train] --zero must be 0, 1, 2 or 3, got " << absl::GetFlag(FLAGS_zero);
   const bool model_parallel = tp_size * sp_size > 1 || sp_mode != models::SpMode::kNone;
+  // Where this process trains (DESIGN.md: CUDA device = local rank when CUDA devices exist).
+  const engine::train::DeviceChoice device =
+      engine::train::choose_device(absl::GetFlag(FLAGS_device), "train");
+  if (device.device.is_cuda()) {
+    // What the CUDA path does not have yet is refused here, before anything is built.
+    MAMMOTH_CHECK(!model_parallel && pp_size == 1)
+        << "[train] --device cuda: tensor/sequence/pipeline parallelism (--tp " << tp_size
+        << " --sp " << sp_size << " --pp " << pp_size
+        << ") is not wired to NCCL yet; only data parallelism (--dp, ZeRO 0-1) runs on CUDA "
+           "(--device cpu runs them over MPI)";
+    MAMMOTH_CHECK(launched == 1 || absl::GetFlag(FLAGS_zero) <= 1)
+        << "[train] --device cuda with --dp: ZeRO " << absl::GetFlag(FLAGS_zero)
+        << " is not enabled on CUDA yet (--zero 0 or 1)";
+    MAMMOTH_CHECK(absl::GetFlag(FLAGS_device_mem).rfind("auto", 0) != 0)
+        << "[train] --device-mem auto is not implemented on CUDA yet: give a size "
+           "(--device-mem 8G)";
+  }
   std::unique_ptr<parallel::DeviceMesh> mesh;
   if (launched > 1) {
     parallel::MeshOptions mo;
     mo.comm.timeout_s = absl::GetFlag(FLAGS_comm_timeout);
+    // On CUDA every axis gets an NCCL group (bootstrapped over its MPI group).
+    mo.device = device.device;
     mesh = std::make_unique<parallel::DeviceMesh>(
         parallel::mpi_world(mo.comm),
         parallel::MeshShape{.dp = dp_size, .pp = pp_size, .tp = tp_size, .sp = sp_size}, mo);
   }
   const bool lead = mesh == nullptr || mesh->rank() == 0;
-  // Where this process trains (DESIGN.md: CUDA device = local rank when CUDA devices exist).
-  const engine::train::DeviceChoice device =
-      engine::train::choose_device(absl::GetFlag(FLAGS_device), "train");
   if (lead) {
     std::fprintf(stderr, "[train] device: %s (%s)\n", device.device.str().c_str(),
                  device.why.c_str());
-  }
-  if (device.device.is_cuda()) {
-    // What the CUDA path does not have yet is refused here, before anything is built.
-    MAMMOTH_CHECK(launched == 1)
-        << "[train] --device cuda with " << launched
-        << " processes: data/tensor/sequence/pipeline parallelism over NCCL is not wired into "
-           "mammoth train yet (one process per GPU job for now, or --device cpu for the MPI "
-           "backend)";
-    MAMMOTH_CHECK(absl::GetFlag(FLAGS_device_mem).rfind("auto", 0) != 0)
-        << "[train] --device-mem auto is not implemented on CUDA yet: give a size "
-           "(--device-mem 8G)";
-    if (lead && amp != "fp32") {
+    if (device.device.is_cuda() && amp != "fp32") {
       std::fprintf(stderr,
                    "[train] note: the CUDA matmul does not read autocast yet: --amp %s keeps "
                    "fp32 master weights and loss scaling but multiplies in fp32 on %s\n",
@@ -420,6 +425,9 @@ int run_train(const std::vector<std::string>& args) {
                           oo.host_mem > 0 || oo.auto_device_size > 0;
   std::unique_ptr<parallel::OffloadGroup> offload_group;
   if (offload_on && mesh) {
+    MAMMOTH_CHECK(!device.device.is_cuda())
+        << "[train] --device cuda: --offload/--device-mem/--host-mem with --dp (chunks reduced "
+           "over dp) is not implemented on CUDA yet; one process offloads on CUDA";
     MAMMOTH_CHECK(!model_parallel && !pipeline)
         << "[train] --offload/--device-mem/--host-mem combine with data parallelism (--dp) only, "
            "not with --tp "
