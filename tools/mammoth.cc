@@ -99,7 +99,11 @@ int main(int argc, char** argv) {
     std::vector<std::string> raw(argv + 2, argv + argc);
     std::vector<std::string> owned{std::string(argv[0]) + " " + name};
     for (std::string& a : mammoth::tools::config_file_flags(raw)) owned.push_back(std::move(a));
-    for (const std::string& a : raw) owned.push_back(mammoth::tools::normalize_flag(a));
+    for (const std::string& a : raw) {
+      // Abseil's --help lists only the flags of the file holding main(); every command's flags
+      // live in tools/ (cmd_<command>.cc, some shared between commands), listed file by file.
+      owned.push_back(a == "--help" ? "--helpmatch=tools/" : mammoth::tools::normalize_flag(a));
+    }
     std::vector<char*> args;
     for (std::string& a : owned) args.push_back(a.data());
     std::vector<char*> rest = absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
