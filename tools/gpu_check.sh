@@ -131,6 +131,31 @@ find_nccl_lib_dir() {
   return 1
 }
 
+# Results of run_test, by log name: exit status and the line for the summary.
+declare -A RC LINE
+
+# run_test KEY TITLE SECONDS BINARY TAG [VAR=VALUE...]: runs a packed Catch2 test through
+# run()'s $launcher with the given environment and a private TEST_TMPDIR, logs to $out/KEY.log,
+# echoes its TAG-prefixed lines ("[TAG] ...") and tail, and sets RC[KEY] and LINE[KEY].
+run_test() {
+  local key="$1" title="$2" limit="$3" bin="$4" tag="$5"
+  shift 5
+  echo "[gpu_check] $title"
+  local t0=$SECONDS tmp="$PWD/$out/${key}_tmp" log="$out/$key.log"
+  mkdir -p "$tmp"
+  env TEST_TMPDIR="$tmp" "$@" timeout "$limit" "$launcher" "$PACK/bin/$bin" >"$log" 2>&1
+  local rc=$?
+  rm -rf "$tmp"
+  [[ -n "$tag" ]] && grep -E "^\[$tag\]" "$log"
+  tail -25 "$log"
+  local line
+  line=$(grep -E "^(All tests passed|test cases:)" "$log" | tail -1)
+  [[ $rc -eq 124 ]] && line="TIMED OUT after $limit s"
+  [[ -n "$line" ]] || line="exit status $rc (see $key.log)"
+  RC[$key]=$rc
+  LINE[$key]="$line ($((SECONDS - t0)) s)"
+}
+
 run() {
   [[ -d "$PACK/bin" ]] || die "no $PACK/ here: run 'bash tools/gpu_check.sh pack' on the build machine and carry $PACK"
   local out="$PACK/out"
@@ -165,68 +190,27 @@ run() {
   gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)
   echo "[gpu_check] GPU: ${gpu:-unknown (no nvidia-smi)}; CUDA libraries: $cuda_dir"
 
-  echo "[gpu_check] (1) CUDA-vs-CPU kernel tests"
-  local t0=$SECONDS
-  timeout 150 "$launcher" "$PACK/bin/cuda_kernels_test_bin" >"$out/kernel_tests.log" 2>&1
-  local test_rc=$?
-  local test_s=$((SECONDS - t0))
-  tail -25 "$out/kernel_tests.log"
-  local test_line
-  test_line=$(grep -E "^(All tests passed|test cases:)" "$out/kernel_tests.log" | tail -1)
-  [[ $test_rc -eq 124 ]] && test_line="TIMED OUT after 150 s"
-  [[ -n "$test_line" ]] || test_line="exit status $test_rc (see kernel_tests.log)"
+  run_test kernel_tests "(1) CUDA-vs-CPU kernel tests" 150 cuda_kernels_test_bin ""
 
   # NCCL is never packed (218 MB): the machine's own, from the CUDA directories or PyTorch's wheel.
-  echo "[gpu_check] (1b) NCCL communicator on a group of one (MPI singleton)"
-  local nccl_dir nccl_line nccl_rc=0
+  local nccl_dir
   nccl_dir=$(find_nccl_lib_dir)
   if [[ -z "$nccl_dir" ]]; then
-    nccl_line="not run: no libnccl.so.2 on this machine (CUDA directories, PyTorch's nvidia wheels)"
+    RC[nccl_test]=0
+    LINE[nccl_test]="not run: no libnccl.so.2 on this machine (CUDA directories, PyTorch's nvidia wheels)"
   else
-    t0=$SECONDS
-    OMPI_MCA_ess_singleton_isolated=1 OMPI_MCA_mca_base_component_path="$PWD/$PACK/mpi" \
-      LD_LIBRARY_PATH="$nccl_dir" timeout 90 "$launcher" "$PACK/bin/nccl_communicator_test" \
-      >"$out/nccl_test.log" 2>&1
-    nccl_rc=$?
-    tail -15 "$out/nccl_test.log"
-    nccl_line=$(grep -E "^(All tests passed|test cases:)" "$out/nccl_test.log" | tail -1)
-    [[ $nccl_rc -eq 124 ]] && nccl_line="TIMED OUT after 90 s"
-    [[ -n "$nccl_line" ]] || nccl_line="exit status $nccl_rc (see nccl_test.log)"
-    nccl_line="$nccl_line ($((SECONDS - t0)) s, NCCL from $nccl_dir)"
+    run_test nccl_test "(1b) NCCL communicator on a group of one (MPI singleton)" 90 \
+      nccl_communicator_test "" OMPI_MCA_ess_singleton_isolated=1 \
+      OMPI_MCA_mca_base_component_path="$PWD/$PACK/mpi" LD_LIBRARY_PATH="$nccl_dir"
+    LINE[nccl_test]="${LINE[nccl_test]}, NCCL from $nccl_dir"
   fi
-
   # Chunked offload with a CUDA device tier: a model 4x the device budget, offload none/host/nvme.
-  echo "[gpu_check] (1c) chunked offload: paging between GPU and pinned host memory"
-  local offload_line offload_rc
-  t0=$SECONDS
-  mkdir -p "$out/offload_tmp"
-  TEST_TMPDIR="$PWD/$out/offload_tmp" timeout 120 "$launcher" "$PACK/bin/offload_cuda_test" \
-    >"$out/offload_test.log" 2>&1
-  offload_rc=$?
-  rm -rf "$out/offload_tmp"
-  grep -E "^\[offload_cuda\]" "$out/offload_test.log"
-  tail -15 "$out/offload_test.log"
-  offload_line=$(grep -E "^(All tests passed|test cases:)" "$out/offload_test.log" | tail -1)
-  [[ $offload_rc -eq 124 ]] && offload_line="TIMED OUT after 120 s"
-  [[ -n "$offload_line" ]] || offload_line="exit status $offload_rc (see offload_test.log)"
-  offload_line="$offload_line ($((SECONDS - t0)) s)"
-
+  run_test offload_test "(1c) chunked offload: paging between GPU and pinned host memory" 120 \
+    offload_cuda_test offload_cuda
   # The training loop on the GPU against the CPU: fp32 parity, dropout masks, checkpoints that
   # cross devices, bf16 autocast (gpt2-tiny, llama-tiny).
-  echo "[gpu_check] (1d) training loop: gpt2-tiny / llama-tiny on the GPU against the CPU"
-  local train_line train_rc
-  t0=$SECONDS
-  mkdir -p "$out/train_tmp"
-  TEST_TMPDIR="$PWD/$out/train_tmp" timeout 120 "$launcher" "$PACK/bin/train_cuda_test" \
-    >"$out/train_test.log" 2>&1
-  train_rc=$?
-  rm -rf "$out/train_tmp"
-  grep -E "^\[train_cuda\]" "$out/train_test.log"
-  tail -15 "$out/train_test.log"
-  train_line=$(grep -E "^(All tests passed|test cases:)" "$out/train_test.log" | tail -1)
-  [[ $train_rc -eq 124 ]] && train_line="TIMED OUT after 120 s"
-  [[ -n "$train_line" ]] || train_line="exit status $train_rc (see train_test.log)"
-  train_line="$train_line ($((SECONDS - t0)) s)"
+  run_test train_test "(1d) training loop: gpt2-tiny / llama-tiny on the GPU against the CPU" 120 \
+    train_cuda_test train_cuda
 
   echo "[gpu_check] (2) benchmarks beside PyTorch"
   t0=$SECONDS
@@ -241,11 +225,11 @@ run() {
     echo "- machine: ${gpu:-unknown}"
     echo "- build: $(sed -n 1p "$PACK/MANIFEST")"
     echo "- command: bash tools/gpu_check.sh run"
-    echo "- kernel tests (${test_s} s): $test_line"
-    echo "- NCCL communicator test: $nccl_line"
-    echo "- chunked offload test (GPU <-> pinned host): $offload_line"
+    echo "- kernel tests: ${LINE[kernel_tests]}"
+    echo "- NCCL communicator test: ${LINE[nccl_test]}"
+    echo "- chunked offload test (GPU <-> pinned host): ${LINE[offload_test]}"
     grep -E "^\[offload_cuda\]" "$out/offload_test.log" 2>/dev/null | sed 's/^/  - /'
-    echo "- training loop test (GPU vs CPU, gpt2-tiny / llama-tiny): $train_line"
+    echo "- training loop test (GPU vs CPU, gpt2-tiny / llama-tiny): ${LINE[train_test]}"
     grep -E "^\[train_cuda\]" "$out/train_test.log" 2>/dev/null | sed 's/^/  - /'
     echo "- benchmarks (${bench_s} s, exit $bench_rc):"
     echo
@@ -256,8 +240,11 @@ run() {
   if [[ -n "${OUT:-}" && -d "${OUT:-}" ]]; then
     cp -r "$out/." "$OUT/"
   fi
-  [[ $test_rc -eq 0 && $bench_rc -eq 0 && $nccl_rc -eq 0 && $offload_rc -eq 0 &&
-    $train_rc -eq 0 ]]
+  local key
+  for key in "${!RC[@]}"; do
+    [[ ${RC[$key]} -eq 0 ]] || return 1
+  done
+  [[ $bench_rc -eq 0 ]]
 }
 
 case "${1:-}" in
