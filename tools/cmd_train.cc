@@ -250,12 +250,6 @@ int run_train(const std::vector<std::string>& args) {
   if (lead) {
     std::fprintf(stderr, "[train] device: %s (%s)\n", device.device.str().c_str(),
                  device.why.c_str());
-    if (device.device.is_cuda() && amp != "fp32") {
-      std::fprintf(stderr,
-                   "[train] note: the CUDA matmul does not read autocast yet: --amp %s keeps "
-                   "fp32 master weights and loss scaling but multiplies in fp32 on %s\n",
-                   amp.c_str(), device.device.str().c_str());
-    }
   }
 
   data::TokenDataset train_data, val_data;

@@ -2,9 +2,11 @@
 // row-major terms as the rest of Mammoth, strided-batched.
 //
 // f32 runs in full fp32 unless allow_tf32 is set (PyTorch's default for matmul is also fp32);
-// bf16 and f16 accumulate in fp32. Algorithms are chosen by cuBLASLt's heuristic once per
-// shape/layout/alignment and cached with their descriptors. The matmul registry kernel calls
-// gemm() with the transposes read from the operand strides, as kernels/cpu/matmul.cc does.
+// bf16 and f16 accumulate in fp32, also with an f32 C (input_dtype: the matmul kernel's
+// autocast compute, MatmulCompute::kBF16 / kF16, rounds f32 operands to them first). Algorithms are
+// chosen by cuBLASLt's heuristic once per shape/layout/alignment and cached with their descriptors.
+// The matmul registry kernel calls gemm() with the transposes read from the operand strides, as
+// kernels/cpu/matmul.cc does.
 #pragma once
 
 #include <cstdint>
@@ -21,7 +23,11 @@ enum class Epilogue {
 };
 
 struct GemmArgs {
-  DType dtype = DType::kF32;  // of A, B, C and bias: f32, bf16 or f16
+  DType dtype = DType::kF32;  // of C and bias (and of A and B unless input_dtype says): f32,
+                              // bf16 or f16
+  // Mixed precision (autocast): A and B in bf16 or f16 with an f32 C, fp32 accumulation.
+  // kF32 (the default) means "the same as dtype".
+  DType input_dtype = DType::kF32;
   int64_t M = 0, N = 0, K = 0;
   // op(A) is [M, K]: A row-major [M, K] with leading dim lda, or (trans_a) row-major [K, M].
   const void* A = nullptr;

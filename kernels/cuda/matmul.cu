@@ -10,6 +10,7 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <type_traits>
 #include <unordered_map>
 
 #include "kernels/cuda/common.cuh"
@@ -106,9 +107,14 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t t, int64_t rows, int64_t cols,
   return l;
 }
 
+// A and B's dtype (GemmArgs::input_dtype; kF32 means dtype's).
+DType input_dtype_of(const GemmArgs& g) {
+  return g.input_dtype == DType::kF32 ? g.dtype : g.input_dtype;
+}
+
 Plan make_plan(const GemmArgs& g, int device, bool tf32, bool has_bias) {
   Plan p;
-  const cudaDataType_t t = cuda_type(g.dtype);
+  const cudaDataType_t t = cuda_type(g.dtype), ti = cuda_type(input_dtype_of(g));
   const cublasComputeType_t compute =
       g.dtype == DType::kF32 && tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, compute, CUDA_R_32F));
@@ -141,8 +147,8 @@ Plan make_plan(const GemmArgs& g, int device, bool tf32, bool has_bias) {
   // Stored shapes: our B is [K, N] row-major = column-major [N, K] (or [K, N] when trans_b).
   const int64_t ar = g.trans_b ? g.K : g.N, ac = g.trans_b ? g.N : g.K;
   const int64_t br = g.trans_a ? g.M : g.K, bc = g.trans_a ? g.K : g.M;
-  p.a = make_layout(t, ar, ac, g.ldb, g.batch, g.stride_b);
-  p.b = make_layout(t, br, bc, g.lda, g.batch, g.stride_a);
+  p.a = make_layout(ti, ar, ac, g.ldb, g.batch, g.stride_b);
+  p.b = make_layout(ti, br, bc, g.lda, g.batch, g.stride_a);
   p.c = make_layout(t, g.N, g.M, g.ldc, g.batch, g.stride_c);
 
   cublasLtMatmulPreference_t pref = nullptr;
@@ -221,13 +227,17 @@ void gemm(const GemmArgs& g) {
   MAMMOTH_CHECK(!has_bias || g.bias != nullptr) << "[gemm] bias epilogue without a bias";
   // A zero batch stride broadcasts an operand; cuBLASLt's strided batch is not documented to
   // allow it, so such products run one batch entry at a time.
+  const DType in_dtype = input_dtype_of(g);
+  MAMMOTH_CHECK(in_dtype == g.dtype || (g.dtype == DType::kF32 && in_dtype != DType::kF64))
+      << "[gemm] " << dtype_name(in_dtype) << " operands need an f32 or " << dtype_name(in_dtype)
+      << " C, got " << dtype_name(g.dtype);
   if (g.batch > 1 && (g.stride_a == 0 || g.stride_b == 0 || g.stride_c == 0)) {
-    const size_t es = dtype_size(g.dtype);
+    const size_t es = dtype_size(g.dtype), ies = dtype_size(in_dtype);
     for (int64_t i = 0; i < g.batch; ++i) {
       GemmArgs one = g;
       one.batch = 1;
-      one.A = static_cast<const char*>(g.A) + i * g.stride_a * es;
-      one.B = static_cast<const char*>(g.B) + i * g.stride_b * es;
+      one.A = static_cast<const char*>(g.A) + i * g.stride_a * ies;
+      one.B = static_cast<const char*>(g.B) + i * g.stride_b * ies;
       one.C = static_cast<char*>(g.C) + i * g.stride_c * es;
       gemm(one);
     }
@@ -236,7 +246,7 @@ void gemm(const GemmArgs& g) {
   const int device = memory::cuda::current_device();
   const bool tf32 = allow_tf32();
   const PlanKey key{device,
-                    static_cast<int>(g.dtype),
+                    static_cast<int>(g.dtype) * 16 + static_cast<int>(in_dtype),
                     g.trans_a,
                     g.trans_b,
                     g.M,
@@ -302,6 +312,34 @@ MatrixLayout layout_of(const TensorArg& t) {
 }
 
 template <typename T>
+__global__ void round_to_half(const float* src, T* dst, int64_t n) {
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n;
+       e += int64_t{gridDim.x} * blockDim.x) {
+    dst[e] = from_float<T>(src[e]);
+  }
+}
+
+// A 16-bit copy of an f32 operand with the same strides: every element of its footprint (one
+// past the largest offset it addresses; broadcast dims have stride 0) rounded to nearest even,
+// so the copy's data pointer stands in for the operand's with the same ld and batch stride.
+memory::cuda::DeviceBuffer rounded_copy(const TensorArg& t, bool bf16) {
+  int64_t extent = 1;
+  for (int d = 0; d < t.ndim; ++d) {
+    if (t.shape[d] == 0) return memory::cuda::DeviceBuffer();
+    extent += (t.shape[d] - 1) * t.strides[d];
+  }
+  memory::cuda::DeviceBuffer out(static_cast<size_t>(extent) * 2);
+  const auto* src = static_cast<const float*>(t.data);
+  if (bf16) {
+    round_to_half<<<grid_for(extent, 256), 256, 0, stream()>>>(src, out.as<bf16_t>(), extent);
+  } else {
+    round_to_half<<<grid_for(extent, 256), 256, 0, stream()>>>(src, out.as<f16_t>(), extent);
+  }
+  CUDA_CHECK_LAUNCH("matmul: rounding an operand to 16 bits");
+  return out;
+}
+
+template <typename T>
 void matmul_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,
                    const void* params) {
   const auto* p = static_cast<const MatmulParams*>(params);
@@ -327,6 +365,19 @@ void matmul_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out
   g.alpha = static_cast<float>(p->alpha);
   g.beta = static_cast<float>(p->beta);
   if (g.batch == 0) return;
+  // Autocast on f32 operands: round them to bf16 / f16 (the CPU kernel's semantics) and let
+  // cuBLASLt multiply those on tensor cores with fp32 accumulation into the f32 C.
+  memory::cuda::DeviceBuffer a16, b16;
+  if constexpr (std::is_same_v<T, float>) {
+    if (p->compute != MatmulCompute::kNative) {
+      const bool bf16 = p->compute == MatmulCompute::kBF16;
+      g.input_dtype = bf16 ? DType::kBF16 : DType::kF16;
+      a16 = rounded_copy(a, bf16);
+      b16 = rounded_copy(b, bf16);
+      g.A = a16.get();
+      g.B = b16.get();
+    }
+  }
   gemm(g);
 }
 

@@ -13,10 +13,11 @@
 //     reverse; each continuation matches the uninterrupted 6-step run of the device it resumes
 //     on within kF32Tolerance (the schedule is constant after warmup so a 3-step run's learning
 //     rates are the 6-step run's).
-//   - bf16 autocast: within kBf16Tolerance of the CPU's bf16 run (the CPU rounds matmul inputs
-//     to bf16; the CUDA matmul does not read autocast yet and multiplies in fp32, so this bound
-//     covers the bf16 rounding itself: on the CPU, bf16 and fp32 runs of this model differ by
-//     <= 1.6e-3 relative over the 6 steps, measured 2026-11-30).
+//   - bf16 autocast: within kBf16Tolerance of the CPU's bf16 run (both round the matmul inputs
+//     to bf16 and accumulate in fp32; they differ by summation order, which can flip a later
+//     bf16 rounding, as in the dp tests). The bound is below the gap between this model's bf16
+//     and fp32 runs on the CPU (<= 1.6e-3 relative over the 6 steps, measured 2026-11-30), so a
+//     device matmul that ignored autocast would fail it.
 // Every run prints one "[train_cuda]" line with the losses, which gpu_check.sh puts in its
 // summary.
 //
@@ -53,7 +54,7 @@ void require_gpu() {}
 // Relative. fp32 on both sides; 6 AdamW steps on a tiny model keep the curves within ~1e-5 in
 // practice; 1e-3 leaves room for reduction order and still catches a wrong kernel or a batch
 // or weight that differs (those move the loss by far more).
-constexpr double kF32Tolerance = 1e-3, kParamTolerance = 1e-2, kBf16Tolerance = 1e-2;
+constexpr double kF32Tolerance = 1e-3, kParamTolerance = 1e-2, kBf16Tolerance = 1e-3;
 const Device kDevice = Device::cuda(0);
 // Fails the test case (cleanly, with the reason) on a machine without a usable GPU.
 void require_gpu() {

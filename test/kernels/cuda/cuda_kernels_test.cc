@@ -485,6 +485,35 @@ TEST_CASE("matmul: transposes from strides, batch broadcast, accumulate") {
   check({"vector", Kernel::matmul, {Fr({1, 1, K}), Fr({1, K, 1})}, {Out({1, 1, 1})}, &plain, s});
 }
 
+// Autocast: f32 operands rounded to bf16 / f16 and multiplied with fp32 accumulation, as the CPU
+// kernel does (bf16 GEMM / fp16-valued inputs): the same rounded products, summed in another
+// order, so f32 tolerances hold, while skipping the rounding would be off by ~1e-3 relative.
+TEST_CASE("matmul under autocast: bf16 and f16 compute like the CPU") {
+  const int64_t B = 2, M = 37, K = 61, N = 45;
+  for (MatmulCompute compute : {MatmulCompute::kBF16, MatmulCompute::kF16}) {
+    INFO((compute == MatmulCompute::kBF16 ? "bf16" : "f16"));
+    MatmulParams p;
+    p.compute = compute;
+    MatmulParams acc{0.5, 1.0, compute};
+    const double s = 3.0;
+    check({"nn", Kernel::matmul, {Fr({B, M, K}), Fr({B, K, N})}, {Out({B, M, N})}, &p, s});
+    check({"tn",
+           Kernel::matmul,
+           {Strided({B, M, K}, {M * K, 1, M}, B * M * K), Fr({B, K, N})},
+           {Out({B, M, N})},
+           &p,
+           s});
+    check({"nt broadcast b",
+           Kernel::matmul,
+           {Fr({B, M, K}), Strided({B, K, N}, {0, 1, K}, K * N)},
+           {Out({B, M, N})},
+           &p,
+           s});
+    Arg c = Fr({B, M, N});
+    check({"accumulate", Kernel::matmul, {Fr({B, M, K}), Fr({B, K, N})}, {c}, &acc, s});
+  }
+}
+
 TEST_CASE("gemm epilogues: bias and GELU") {
   // Against the CPU: matmul, then + bias, then gelu_tanh, composed from CPU kernels.
   const int64_t M = 33, K = 48, N = 40;
