@@ -45,65 +45,16 @@ __attribute__((target("sse4.2"))) void crc_four(const unsigned char* p, size_t b
   out[3] = ~crc_tail(static_cast<uint32_t>(c3), p3 + done, rest);
 }
 
-__attribute__((target("sse4.2"))) uint32_t crc_one(const unsigned char* p, size_t n) {
-  uint64_t c = 0xffffffffu;
-  const size_t words = n / 8;
-  for (size_t i = 0; i < words; ++i) {
-    uint64_t w;
-    std::memcpy(&w, p + 8 * i, 8);
-    c = _mm_crc32_u64(c, w);
-  }
-  return ~crc_tail(static_cast<uint32_t>(c), p + words * 8, n - words * 8);
-}
-
 // One 4 KiB block alone (a single random read's verification) as three independent streams of
 // 1368, 1368 and 1360 bytes, so it runs at the instruction's throughput instead of its latency,
-// and the three CRCs combined: crc(A || B) = crc(A) * x^(8 |B|) mod P  xor  crc(B) (zlib's
-// crc32_combine, valid for finished CRCs). The multiplication by a fixed power of x is linear in
-// crc(A), so it is four table lookups, one per byte of crc(A).
-constexpr uint32_t kPoly = 0x82f63b78u;  // CRC-32C, bit-reflected: bit 31 is x^0
+// and the three CRCs joined with Crc32cShift (base/crc32c.h). base's crc32c splits only inputs
+// of three 8 KiB stripes or more; a lone block is what a random read verifies, hence this.
 constexpr size_t kSplitBlock = 4096;
 constexpr size_t kPartA = 1368, kPartB = 1368, kPartC = kSplitBlock - kPartA - kPartB;
 
-// a * b mod P, both bit-reflected polynomials.
-uint32_t mul_mod_p(uint32_t a, uint32_t b) {
-  uint32_t product = 0;
-  for (uint32_t m = 1u << 31; m != 0; m >>= 1) {
-    if (a & m) product ^= b;
-    b = (b & 1) ? (b >> 1) ^ kPoly : b >> 1;
-  }
-  return product;
-}
-
-// x^(8 n) mod P.
-uint32_t x_pow_8n(size_t n) {
-  uint32_t result = 1u << 31;  // x^0
-  uint32_t square = 1u << 23;  // x^8
-  for (; n != 0; n >>= 1) {
-    if (n & 1) result = mul_mod_p(square, result);
-    square = mul_mod_p(square, square);
-  }
-  return result;
-}
-
-// Multiplication by x^(8 n) mod P as four byte-indexed tables.
-struct Shift {
-  uint32_t table[4][256];
-  explicit Shift(size_t n) {
-    const uint32_t k = x_pow_8n(n);
-    for (int byte = 0; byte < 4; ++byte) {
-      for (uint32_t v = 0; v < 256; ++v) table[byte][v] = mul_mod_p(k, v << (8 * byte));
-    }
-  }
-  uint32_t operator()(uint32_t crc) const {
-    return table[0][crc & 0xff] ^ table[1][(crc >> 8) & 0xff] ^ table[2][(crc >> 16) & 0xff] ^
-           table[3][crc >> 24];
-  }
-};
-
 struct SplitTables {
-  Shift past_bc{kPartB + kPartC};
-  Shift past_c{kPartC};
+  Crc32cShift past_bc{kPartB + kPartC};
+  Crc32cShift past_c{kPartC};
 };
 
 const SplitTables& split_tables() {
@@ -162,7 +113,7 @@ void crc32c_blocks(const void* data, size_t block_size, size_t num_blocks, uint3
     for (; i + 4 <= num_blocks; i += 4) crc_four(p + i * block_size, block_size, out + i);
     for (; i < num_blocks; ++i) {
       out[i] = block_size == kSplitBlock ? crc_split(p + i * block_size)
-                                         : crc_one(p + i * block_size, block_size);
+                                         : crc32c(p + i * block_size, block_size);
     }
     return;
   }
