@@ -75,6 +75,10 @@ AsyncIO::AsyncIO(const AsyncIOOptions& options)
     : options_(options), counters_(std::make_unique<detail::Counters>()) {}
 
 AsyncIO::~AsyncIO() {
+  while (Pending* p = free_pending_) {
+    free_pending_ = p->next_free;
+    delete p;
+  }
   // Engines drain and stop their threads in their own destructors; what is left are the fds.
   for (auto& f : files_) {
     if (f && f->fd >= 0) ::close(f->fd);
@@ -134,6 +138,80 @@ const std::string& AsyncIO::path(FileId file) const {
 bool AsyncIO::register_buffer(void*, size_t) { return false; }
 void AsyncIO::unregister_buffer(void*) {}
 
+void AsyncIO::check_request_locked(const Request& r, size_t index) const {
+  const char* what = r.op == Op::kRead ? "read" : "write";
+  MAMMOTH_CHECK(r.file >= 0 && r.file < static_cast<FileId>(files_.size()) && files_[r.file])
+      << "[io] " << what << " #" << index << " of the batch: no open file with id " << r.file;
+  const std::string& p = files_[r.file]->path;
+  MAMMOTH_CHECK(r.length > 0 && r.length % kBlockSize == 0)
+      << "[io] " << what << " of " << p << ": length " << r.length
+      << " must be a positive multiple of " << kBlockSize;
+  MAMMOTH_CHECK(r.offset >= 0 && r.offset % static_cast<int64_t>(kBlockSize) == 0)
+      << "[io] " << what << " of " << p << ": offset " << r.offset
+      << " must be a non-negative multiple of " << kBlockSize;
+  MAMMOTH_CHECK(r.data != nullptr && reinterpret_cast<uintptr_t>(r.data) % kBlockSize == 0)
+      << "[io] " << what << " of " << p << ": buffer " << r.data << " must be aligned to "
+      << kBlockSize << " bytes (use AlignedBuffer)";
+}
+
+Pending* AsyncIO::make_pending_locked(Request& r, bool with_ticket) {
+  Pending* p = new_pending();
+  p->op = r.op;
+  p->id = r.file;
+  p->file = files_[r.file].get();
+  p->offset = r.offset;
+  p->data = static_cast<char*>(r.data);
+  p->length = r.length;
+  p->callback = std::move(r.on_complete);
+  if (with_ticket) p->ticket = std::make_shared<TicketState>();
+  p->file->in_flight.fetch_add(1, std::memory_order_relaxed);
+  return p;
+}
+
+void AsyncIO::checksum_write(Pending* p) const {
+  // Checksums of writes are taken now, from the caller's thread, so they cost the I/O thread
+  // nothing and describe exactly the bytes handed over.
+  if (!options_.checksums || p->op != Op::kWrite) return;
+  p->crc.resize(p->length / kBlockSize);
+  crc32c_blocks(p->data, kBlockSize, p->crc.size(), p->crc.data());
+}
+
+Pending* AsyncIO::new_pending() {
+  {
+    std::lock_guard<std::mutex> lock(pool_mu_);
+    if (Pending* p = free_pending_) {
+      free_pending_ = p->next_free;
+      --pooled_;
+      p->next_free = nullptr;
+      return p;
+    }
+  }
+  pending_allocated_.fetch_add(1, std::memory_order_relaxed);
+  return new Pending;
+}
+
+void AsyncIO::recycle(Pending* p) {
+  // Everything a request owned goes now (a callback's captures must not outlive it); the crc
+  // vector keeps its capacity for the next write.
+  p->callback = nullptr;
+  p->ticket.reset();
+  p->crc.clear();
+  p->file = nullptr;
+  p->done = p->asked = 0;
+  p->attempts = 0;
+  p->buf_index = -2;
+  {
+    std::lock_guard<std::mutex> lock(pool_mu_);
+    if (pooled_ < kMaxPooledRequests) {
+      p->next_free = free_pending_;
+      free_pending_ = p;
+      ++pooled_;
+      return;
+    }
+  }
+  delete p;
+}
+
 std::vector<Ticket> AsyncIO::submit(std::vector<Request> batch) {
   std::vector<Pending*> pending;
   std::vector<Ticket> tickets;
@@ -142,62 +220,57 @@ std::vector<Ticket> AsyncIO::submit(std::vector<Request> batch) {
   {
     // Validate everything first so a bad request queues nothing.
     std::lock_guard<std::mutex> lock(files_mu_);
-    for (size_t i = 0; i < batch.size(); ++i) {
-      const Request& r = batch[i];
-      const char* what = r.op == Op::kRead ? "read" : "write";
-      MAMMOTH_CHECK(r.file >= 0 && r.file < static_cast<FileId>(files_.size()) && files_[r.file])
-          << "[io] " << what << " #" << i << " of the batch: no open file with id " << r.file;
-      const std::string& p = files_[r.file]->path;
-      MAMMOTH_CHECK(r.length > 0 && r.length % kBlockSize == 0)
-          << "[io] " << what << " of " << p << ": length " << r.length
-          << " must be a positive multiple of " << kBlockSize;
-      MAMMOTH_CHECK(r.offset >= 0 && r.offset % static_cast<int64_t>(kBlockSize) == 0)
-          << "[io] " << what << " of " << p << ": offset " << r.offset
-          << " must be a non-negative multiple of " << kBlockSize;
-      MAMMOTH_CHECK(r.data != nullptr && reinterpret_cast<uintptr_t>(r.data) % kBlockSize == 0)
-          << "[io] " << what << " of " << p << ": buffer " << r.data << " must be aligned to "
-          << kBlockSize << " bytes (use AlignedBuffer)";
-    }
+    for (size_t i = 0; i < batch.size(); ++i) check_request_locked(batch[i], i);
     for (Request& r : batch) {
-      auto* p = new Pending;
-      p->op = r.op;
-      p->id = r.file;
-      p->file = files_[r.file].get();
-      p->offset = r.offset;
-      p->data = static_cast<char*>(r.data);
-      p->length = r.length;
-      p->callback = std::move(r.on_complete);
-      p->ticket = std::make_shared<TicketState>();
-      p->file->in_flight.fetch_add(1, std::memory_order_relaxed);
+      Pending* p = make_pending_locked(r, true);
       tickets.push_back(Ticket(p->ticket));
       pending.push_back(p);
     }
   }
-  // Checksums of writes are taken now, from the caller's thread, so they cost the I/O thread
-  // nothing and describe exactly the bytes handed over.
-  if (options_.checksums) {
-    for (Pending* p : pending) {
-      if (p->op != Op::kWrite) continue;
-      p->crc.resize(p->length / kBlockSize);
-      crc32c_blocks(p->data, kBlockSize, p->crc.size(), p->crc.data());
-    }
-  }
+  for (Pending* p : pending) checksum_write(p);
   outstanding_.fetch_add(static_cast<int64_t>(pending.size()), std::memory_order_acq_rel);
   if (!pending.empty()) start(std::move(pending));
   return tickets;
 }
 
+Pending* AsyncIO::enqueue_one(Request& request, bool with_ticket) {
+  Pending* p;
+  {
+    std::lock_guard<std::mutex> lock(files_mu_);
+    check_request_locked(request, 0);
+    p = make_pending_locked(request, with_ticket);
+  }
+  checksum_write(p);
+  return p;
+}
+
+Ticket AsyncIO::submit_one(Request request) {
+  Pending* p = enqueue_one(request, true);
+  Ticket t(p->ticket);  // before start(): the engine may complete and recycle p at once
+  outstanding_.fetch_add(1, std::memory_order_acq_rel);
+  start_one(p);
+  return t;
+}
+
+void AsyncIO::post(Request request) {
+  Pending* p = enqueue_one(request, false);
+  outstanding_.fetch_add(1, std::memory_order_acq_rel);
+  start_one(p);
+}
+
+void AsyncIO::start_one(Pending* p) { start(std::vector<Pending*>{p}); }
+
+int64_t AsyncIO::request_records_allocated() const {
+  return pending_allocated_.load(std::memory_order_relaxed);
+}
+
 Ticket AsyncIO::read(FileId file, int64_t offset, void* data, size_t length, Callback cb) {
-  std::vector<Request> batch(1);
-  batch[0] = {Op::kRead, file, offset, data, length, std::move(cb)};
-  return submit(std::move(batch))[0];
+  return submit_one({Op::kRead, file, offset, data, length, std::move(cb)});
 }
 
 Ticket AsyncIO::write(FileId file, int64_t offset, const void* data, size_t length, Callback cb) {
-  std::vector<Request> batch(1);
   // The engine only reads from a write's buffer.
-  batch[0] = {Op::kWrite, file, offset, const_cast<void*>(data), length, std::move(cb)};
-  return submit(std::move(batch))[0];
+  return submit_one({Op::kWrite, file, offset, const_cast<void*>(data), length, std::move(cb)});
 }
 
 std::string AsyncIO::describe(const Pending& p) {
@@ -292,12 +365,14 @@ void AsyncIO::complete(Pending* p, std::string error) {
     if (errors_since_sync_++ == 0) first_error_ = error;
   }
   p->file->in_flight.fetch_sub(1, std::memory_order_acq_rel);
-  TicketState& t = *p->ticket;
-  t.error = std::move(error);
-  t.status.store(t.error.empty() ? detail::kOkStatus : detail::kFailedStatus,
-                 std::memory_order_release);
-  t.status.notify_all();
-  delete p;
+  if (p->ticket) {
+    TicketState& t = *p->ticket;
+    t.error = std::move(error);
+    t.status.store(t.error.empty() ? detail::kOkStatus : detail::kFailedStatus,
+                   std::memory_order_release);
+    t.status.notify_all();
+  }
+  recycle(p);
   if (outstanding_.fetch_sub(1, std::memory_order_acq_rel) == 1) outstanding_.notify_all();
 }
 

@@ -177,6 +177,17 @@ class AsyncIO {
   // Queues a batch; returns one Ticket per request, in order. Throws Error (queuing nothing) if
   // any request is malformed: unknown file, unaligned buffer/offset/length, zero length.
   std::vector<Ticket> submit(std::vector<Request> batch);
+  // One request, as a batch of one, without the batch's and the result's vectors.
+  Ticket submit_one(Request request);
+  // One request whose outcome goes only to its callback (and to synchronize(), which throws the
+  // first failure as for any request): no Ticket is made. With request records recycled, this
+  // is the allocation-free path of a callback-driven pipeline (each completion's callback
+  // posting the next read): it allocates nothing once warm, where submit() of a batch of one
+  // made five heap allocations per request (request and ticket vectors, the record, its
+  // ticket state).
+  void post(Request request);
+  // Request records allocated so far (the rest were recycled from completed requests).
+  int64_t request_records_allocated() const;
   Ticket read(FileId file, int64_t offset, void* data, size_t length, Callback on_complete = {});
   Ticket write(FileId file, int64_t offset, const void* data, size_t length,
                Callback on_complete = {});
@@ -193,6 +204,8 @@ class AsyncIO {
 
   // Engines take ownership of the requests and call complete() for each exactly once.
   virtual void start(std::vector<detail::Pending*> batch) = 0;
+  // The same for one request (submit_one(), post()); the default wraps it in a batch.
+  virtual void start_one(detail::Pending* p);
   // Hooks run by open()/close(), serialised with each other (io_uring registers the fd).
   virtual void on_open(FileId /*file*/, int /*fd*/) {}
   virtual void on_close(FileId /*file*/, int /*fd*/) {}
@@ -210,6 +223,17 @@ class AsyncIO {
  private:
   friend std::unique_ptr<AsyncIO> make_async_io(const AsyncIOOptions&, const std::string&);
   std::string verify(const detail::Pending& p, int64_t* verified);
+  // Throws Error if `r` (the index-th of its batch) is malformed. Caller holds files_mu_.
+  void check_request_locked(const Request& r, size_t index) const;
+  // A record for a checked request (taking its callback), counted in its file's in_flight.
+  detail::Pending* make_pending_locked(Request& r, bool with_ticket);
+  detail::Pending* enqueue_one(Request& request, bool with_ticket);
+  void checksum_write(detail::Pending* p) const;
+  // Completed requests' records are kept for reuse (up to kMaxPooledRequests) instead of being
+  // freed: a request then costs no heap allocation for its record.
+  detail::Pending* new_pending();
+  void recycle(detail::Pending* p);
+  static constexpr size_t kMaxPooledRequests = 1024;
 
   AsyncIOOptions options_;
   std::string fallback_reason_;
@@ -220,6 +244,10 @@ class AsyncIO {
   std::vector<std::unique_ptr<detail::FileRecord>> files_;  // index = FileId; null when closed
 
   std::atomic<int64_t> outstanding_{0};
+  std::mutex pool_mu_;
+  detail::Pending* free_pending_ = nullptr;  // recycled records, linked by next_free
+  size_t pooled_ = 0;
+  std::atomic<int64_t> pending_allocated_{0};
   std::mutex error_mu_;
   std::string first_error_;  // since the last synchronize()
   int64_t errors_since_sync_ = 0;

@@ -42,7 +42,8 @@ struct Pending {
   int buf_index = -2;         // io_uring: registered buffer slot, -1 none, -2 not looked up yet
   std::vector<uint32_t> crc;  // writes: checksum of each block, computed at submission
   Callback callback;
-  std::shared_ptr<TicketState> ticket;
+  std::shared_ptr<TicketState> ticket;  // null for post()
+  Pending* next_free = nullptr;         // AsyncIO's list of recycled records
 };
 
 // Statistics updated from engine threads.

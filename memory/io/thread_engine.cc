@@ -39,6 +39,14 @@ void ThreadEngine::start(std::vector<Pending*> batch) {
   }
 }
 
+void ThreadEngine::start_one(Pending* p) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(p);
+  }
+  cv_.notify_one();
+}
+
 void ThreadEngine::worker() {
   for (;;) {
     Pending* p;

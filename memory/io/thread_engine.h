@@ -24,6 +24,7 @@ class ThreadEngine final : public AsyncIO {
 
  protected:
   void start(std::vector<detail::Pending*> batch) override;
+  void start_one(detail::Pending* p) override;
 
  private:
   void worker();

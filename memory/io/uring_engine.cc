@@ -173,6 +173,16 @@ void UringEngine::start(std::vector<Pending*> batch) {
   kick_locked();
 }
 
+void UringEngine::start_one(Pending* p) {
+  if (std::this_thread::get_id() == io_thread_ && fatal_.empty()) {
+    ready_.push_back(p);  // as in start(): a callback's next request
+    return;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  incoming_.push_back(p);
+  kick_locked();
+}
+
 void UringEngine::kick_locked() {
   if (!idle_) return;
   idle_ = false;  // one wake-up is enough until the thread waits again

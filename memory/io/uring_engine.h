@@ -54,6 +54,7 @@ class UringEngine final : public AsyncIO {
 
  protected:
   void start(std::vector<detail::Pending*> batch) override;
+  void start_one(detail::Pending* p) override;
   void on_open(FileId file, int fd) override;
   void on_close(FileId file, int fd) override;
 
