@@ -9,6 +9,10 @@
 #include <cstring>
 #include <sstream>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 #include "base/error.h"
 #include "memory/io/aligned_buffer.h"
 #include "memory/io/block_checksum.h"
@@ -328,12 +332,56 @@ std::string AsyncIO::verify(const Pending& p, int64_t* verified) {
   return s.str();
 }
 
+namespace {
+
+#if defined(__x86_64__)
+bool have_clflushopt() {
+  static const bool yes = [] {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    return (b & (1u << 23)) != 0;  // CPUID.(EAX=7,ECX=0):EBX bit 23
+  }();
+  return yes;
+}
+
+__attribute__((target("clflushopt"))) void flush_lines(const char* data, size_t length) {
+  for (size_t i = 0; i < length; i += 64) __builtin_ia32_clflushopt(data + i);
+}
+#endif
+
+// Drops [data, data + length) from every cache level (see AsyncIOOptions::evict_verified_lines);
+// false where the CPU cannot.
+bool evict_lines(const char* data, size_t length) {
+#if defined(__x86_64__)
+  if (!have_clflushopt()) return false;
+  flush_lines(data, length);
+  return true;
+#else
+  (void)data;
+  (void)length;
+  return false;
+#endif
+}
+
+}  // namespace
+
+bool cache_eviction_supported() {
+#if defined(__x86_64__)
+  return have_clflushopt();
+#else
+  return false;
+#endif
+}
+
 void AsyncIO::complete(Pending* p, std::string error) {
   detail::Counters& c = *counters_;
   if (options_.checksums) {
     if (p->op == Op::kRead && error.empty()) {
       int64_t verified = 0;
       error = verify(*p, &verified);
+      if (options_.evict_verified_lines && error.empty() && evict_lines(p->data, p->length)) {
+        c.bytes_evicted.fetch_add(static_cast<int64_t>(p->length), std::memory_order_relaxed);
+      }
       c.blocks_verified.fetch_add(verified, std::memory_order_relaxed);
     } else if (p->op == Op::kWrite) {
       // A failed write leaves its blocks undefined: drop their checksums so a later read fails
@@ -414,6 +462,7 @@ IOStats AsyncIO::stats() const {
   s.checksum_failures = get(c.checksum_failures);
   s.kernel_calls = get(c.kernel_calls);
   s.kernel_waits = get(c.kernel_waits);
+  s.bytes_evicted = get(c.bytes_evicted);
   return s;
 }
 
@@ -461,7 +510,7 @@ void reset(detail::Counters& c) {
   for (std::atomic<int64_t>* a :
        {&c.requests, &c.failed, &c.bytes_read, &c.bytes_written, &c.short_transfers, &c.retries,
         &c.sqe_waits, &c.max_in_flight, &c.fixed_buffer_ios, &c.blocks_verified,
-        &c.checksum_failures, &c.kernel_calls, &c.kernel_waits}) {
+        &c.checksum_failures, &c.kernel_calls, &c.kernel_waits, &c.bytes_evicted}) {
     a->store(0, std::memory_order_relaxed);
   }
 }

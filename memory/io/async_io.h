@@ -58,6 +58,8 @@ enum class EngineKind : uint8_t {
 };
 // "auto", "io_uring", "threads".
 const char* engine_kind_name(EngineKind kind);
+// Whether this CPU can evict verified reads' lines (AsyncIOOptions::evict_verified_lines).
+bool cache_eviction_supported();
 // Inverse of engine_kind_name (also accepts "uring"); throws Error naming `option` otherwise.
 EngineKind parse_engine_kind(std::string_view value, std::string_view option = "--io-engine");
 
@@ -82,6 +84,14 @@ struct AsyncIOOptions {
   // than with the rest of the completions reaped together. Costs a system call per request;
   // keeps the device's queue full (4 KiB random reads: ~1.2x the IOPS on a virtio disk).
   bool eager_resubmit = true;
+  // With checksums: after a read is verified, and before its callback runs, evict its bytes from
+  // the CPU caches (clflushopt). For callers that hand the bytes on without reading them soon
+  // (a buffer refilled by the next read, data sent elsewhere by DMA): verification leaves every
+  // line of the buffer cached on this core, and the device's next write into it then has to take
+  // them back first. On this project's virtio disk that cost ~7% of 4 KiB random-read IOPS
+  // (BENCHMARKS.md, issue 8). A callback that reads the bytes pays a memory read instead of a
+  // cache hit, so it is off by default. No effect where the CPU lacks clflushopt.
+  bool evict_verified_lines = false;
   // Test hook: io_uring setup starts this far down its ladder of flags (0: single issuer +
   // deferred task run, 1: cooperative task run, 2: plain), as on kernels that refuse the newer.
   int ring_setup_rung_for_test = 0;
@@ -119,6 +129,7 @@ struct IOStats {
   int64_t checksum_failures = 0;  // read blocks whose checksum did not match
   int64_t kernel_calls = 0;       // io_uring: io_uring_enter calls (submissions and waits)
   int64_t kernel_waits = 0;       // io_uring: of those, calls that slept for a completion
+  int64_t bytes_evicted = 0;      // read bytes dropped from the caches once verified
 };
 
 namespace detail {

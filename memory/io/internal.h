@@ -51,7 +51,7 @@ struct Counters {
   std::atomic<int64_t> requests{0}, failed{0}, bytes_read{0}, bytes_written{0};
   std::atomic<int64_t> short_transfers{0}, retries{0}, sqe_waits{0}, max_in_flight{0};
   std::atomic<int64_t> fixed_buffer_ios{0}, blocks_verified{0}, checksum_failures{0};
-  std::atomic<int64_t> kernel_calls{0}, kernel_waits{0};
+  std::atomic<int64_t> kernel_calls{0}, kernel_waits{0}, bytes_evicted{0};
 
   void note_in_flight(int64_t n) {
     int64_t seen = max_in_flight.load(std::memory_order_relaxed);

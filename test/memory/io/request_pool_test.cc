@@ -2,7 +2,8 @@
 // recycled request records behind them: a callback-driven pipeline allocates nothing once warm,
 // records are reused without leaking anything of the request before, and errors still reach
 // callbacks and synchronize(). This binary replaces the global operator new to count heap
-// allocations, so it is kept apart from the other memory/io tests.
+// allocations, so it is kept apart from the other memory/io tests. Also here: the eviction of
+// verified reads' lines (AsyncIOOptions::evict_verified_lines), a step of the same hot path.
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cstdlib>
@@ -232,6 +233,39 @@ TEST_CASE("post() and submit_one(): errors reach the callback, the ticket and sy
         }).find("no open file with id") != std::string::npos);
   CHECK(io->outstanding() == 0);
   io->synchronize();
+}
+
+TEST_CASE("evict_verified_lines: verified reads leave the caches, bytes and errors unchanged",
+          "[io]") {
+  const EngineKind kind = GENERATE(EngineKind::kUring, EngineKind::kThreads);
+  const bool evict = GENERATE(true, false);
+  CAPTURE(engine_kind_name(kind), evict);
+  mammoth::testing::TestDir dir;
+  auto io =
+      make_async_io({.engine = kind, .queue_depth = 8, .evict_verified_lines = evict}, dir.path());
+  constexpr size_t kFileBlocks = 128;
+  const FileId f = io->open(dir.file("data"));
+  AlignedBuffer out(kFileBlocks * kBlock);
+  fill_random(out, 11);
+  io->write(f, 0, out.data(), out.size()).wait();
+  Pipeline p{*io, f, out, kFileBlocks, 50, true};
+  p.run();
+  // A multi-block read too, and one that fails verification (a block never written).
+  AlignedBuffer in(kFileBlocks * kBlock);
+  io->read(f, 0, in.data(), in.size()).wait();
+  CHECK(std::memcmp(in.data(), out.data(), in.size()) == 0);
+  CHECK(p.wrong == 0);
+  CHECK(p.errors == 0);
+  io->write(f, static_cast<int64_t>((kFileBlocks + 1) * kBlock), out.data(), kBlock).wait();
+  CHECK(error_of([&] {
+          io->read(f, static_cast<int64_t>(kFileBlocks * kBlock), in.data(), kBlock).wait();
+        }).find("never written") != std::string::npos);
+  error_of([&] { io->synchronize(); });
+  const IOStats s = io->stats();
+  const int64_t read_bytes = (int64_t{Pipeline::kDepth} * 50 + int64_t{kFileBlocks}) * kBlock;
+  CHECK(s.bytes_read == read_bytes);
+  // Only verified reads are evicted (the failed one is not), and only when asked and possible.
+  CHECK(s.bytes_evicted == (evict && cache_eviction_supported() ? read_bytes : 0));
 }
 
 }  // namespace
