@@ -193,9 +193,9 @@ class AsyncIO {
   // One request whose outcome goes only to its callback (and to synchronize(), which throws the
   // first failure as for any request): no Ticket is made. With request records recycled, this
   // is the allocation-free path of a callback-driven pipeline (each completion's callback
-  // posting the next read): it allocates nothing once warm, where submit() of a batch of one
-  // made five heap allocations per request (request and ticket vectors, the record, its
-  // ticket state).
+  // posting the next read): it allocates nothing once warm, where a batch of one costs the
+  // caller's vector, submit()'s two vectors and a ticket state (six per request, with the
+  // record, before records were recycled).
   void post(Request request);
   // Request records allocated so far (the rest were recycled from completed requests).
   int64_t request_records_allocated() const;
