@@ -16,6 +16,8 @@
 #
 # A lent machine's command (the device tool): carry gpu_pack, run
 #   bash tools/gpu_check.sh run
+# with a limit of at least 580 s: the steps' own timeouts (150 + 45 + 90 + 90 + 160 s) add up
+# to 535 s, so a hung step still leaves the summary to come back.
 # `run` exits non-zero when a test fails or nothing could be measured.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -199,22 +201,22 @@ run() {
     RC[nccl_test]=0
     LINE[nccl_test]="not run: no libnccl.so.2 on this machine (CUDA directories, PyTorch's nvidia wheels)"
   else
-    run_test nccl_test "(1b) NCCL communicator on a group of one (MPI singleton)" 90 \
+    run_test nccl_test "(1b) NCCL communicator on a group of one (MPI singleton)" 45 \
       nccl_communicator_test "" OMPI_MCA_ess_singleton_isolated=1 \
       OMPI_MCA_mca_base_component_path="$PWD/$PACK/mpi" LD_LIBRARY_PATH="$nccl_dir"
     LINE[nccl_test]="${LINE[nccl_test]}, NCCL from $nccl_dir"
   fi
   # Chunked offload with a CUDA device tier: a model 4x the device budget, offload none/host/nvme.
-  run_test offload_test "(1c) chunked offload: paging between GPU and pinned host memory" 120 \
+  run_test offload_test "(1c) chunked offload: paging between GPU and pinned host memory" 90 \
     offload_cuda_test offload_cuda
   # The training loop on the GPU against the CPU: fp32 parity, dropout masks, checkpoints that
   # cross devices, bf16 autocast (gpt2-tiny, llama-tiny).
-  run_test train_test "(1d) training loop: gpt2-tiny / llama-tiny on the GPU against the CPU" 120 \
+  run_test train_test "(1d) training loop: gpt2-tiny / llama-tiny on the GPU against the CPU" 90 \
     train_cuda_test train_cuda
 
   echo "[gpu_check] (2) benchmarks beside PyTorch"
   t0=$SECONDS
-  timeout 200 python3 "$PACK/gpu_bench.py" --bench "$bench_wrapper" --json "$out/bench.json" \
+  timeout 160 python3 "$PACK/gpu_bench.py" --bench "$bench_wrapper" --json "$out/bench.json" \
     --markdown "$out/bench.md" 2>&1 | tee "$out/bench.log"
   local bench_rc=${PIPESTATUS[0]}
   local bench_s=$((SECONDS - t0))
