@@ -90,25 +90,14 @@ __attribute__((target("sse4.2"))) uint32_t crc_split(const unsigned char* p) {
   return t.past_bc(crc_a) ^ t.past_c(crc_b) ^ crc_c;
 }
 
-bool have_sse42() {
-  static const bool yes = __builtin_cpu_supports("sse4.2");
-  return yes;
-}
-
-#else
-
-bool have_sse42() { return false; }
-
 #endif
 
 }  // namespace
 
-bool crc32c_blocks_hardware() { return have_sse42(); }
-
 void crc32c_blocks(const void* data, size_t block_size, size_t num_blocks, uint32_t* out) {
   const auto* p = static_cast<const unsigned char*>(data);
 #if defined(__x86_64__)
-  if (have_sse42()) {
+  if (crc32c_hardware()) {
     size_t i = 0;
     for (; i + 4 <= num_blocks; i += 4) crc_four(p + i * block_size, block_size, out + i);
     for (; i < num_blocks; ++i) {

@@ -18,7 +18,6 @@ namespace mammoth::memory::io {
 // out[i] = crc32c of bytes [i * block_size, (i + 1) * block_size) of `data`, for i < num_blocks.
 void crc32c_blocks(const void* data, size_t block_size, size_t num_blocks, uint32_t* out);
 
-// True when crc32c_blocks uses the hardware instruction (for the bench's header line).
-bool crc32c_blocks_hardware();
+// crc32c_blocks uses the hardware instruction exactly when base's crc32c_hardware() says so.
 
 }  // namespace mammoth::memory::io

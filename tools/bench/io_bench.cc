@@ -16,6 +16,7 @@
 #include <optional>
 #include <thread>
 
+#include "base/crc32c.h"
 #include "base/error.h"
 #include "base/json.h"
 #include "memory/io/aligned_buffer.h"
@@ -353,7 +354,7 @@ int run_io_bench(const std::vector<std::string>& args) {
               swap.path().c_str(), io::format_bytes(o.size).c_str(), o.queue_depth);
   std::printf(
       "ours: %s engine (%s), checksums %s; anchor: %s\n", engine->name(), features.c_str(),
-      o.checksums ? (io::crc32c_blocks_hardware()
+      o.checksums ? (crc32c_hardware()
                          ? (o.evict_verified_lines ? "crc32c/4KiB (sse4.2), verified lines evicted"
                                                    : "crc32c/4KiB (sse4.2), verified lines kept")
                          : "crc32c/4KiB (table)")

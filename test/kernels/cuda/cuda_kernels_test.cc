@@ -457,60 +457,40 @@ TEST_CASE("sum_last and max_last") {
 }
 
 // ---- matmul ---------------------------------------------------------------------------------
-TEST_CASE("matmul: transposes from strides, batch broadcast, accumulate") {
+// Every layout also under autocast: f32 operands rounded to bf16 / f16 and multiplied with fp32
+// accumulation, as the CPU kernel does (bf16 GEMM / fp16-valued inputs): the same rounded
+// products summed in another order, so f32 tolerances hold, while skipping the rounding would be
+// off by ~1e-3 relative.
+TEST_CASE("matmul: transposes from strides, batch broadcast, accumulate, autocast") {
   const int64_t B = 3, M = 37, K = 61, N = 45;
-  MatmulParams plain, acc{0.5, 1.0};
   const double s = 3.0;  // K-term sums
-  check({"nn", Kernel::matmul, {Fr({B, M, K}), Fr({B, K, N})}, {Out({B, M, N})}, &plain, s});
-  check({"tn",
-         Kernel::matmul,
-         {Strided({B, M, K}, {M * K, 1, M}, B * M * K), Fr({B, K, N})},
-         {Out({B, M, N})},
-         &plain,
-         s});
-  check({"nt",
-         Kernel::matmul,
-         {Fr({B, M, K}), Strided({B, K, N}, {K * N, 1, K}, B * K * N)},
-         {Out({B, M, N})},
-         &plain,
-         s});
-  check({"tt broadcast b",
-         Kernel::matmul,
-         {Strided({B, M, K}, {M * K, 1, M}, B * M * K), Strided({B, K, N}, {0, 1, K}, K * N)},
-         {Out({B, M, N})},
-         &plain,
-         s});
-  Arg c = Fr({B, M, N});
-  check({"accumulate", Kernel::matmul, {Fr({B, M, K}), Fr({B, K, N})}, {c}, &acc, s});
-  check({"vector", Kernel::matmul, {Fr({1, 1, K}), Fr({1, K, 1})}, {Out({1, 1, 1})}, &plain, s});
-}
-
-// Autocast: f32 operands rounded to bf16 / f16 and multiplied with fp32 accumulation, as the CPU
-// kernel does (bf16 GEMM / fp16-valued inputs): the same rounded products, summed in another
-// order, so f32 tolerances hold, while skipping the rounding would be off by ~1e-3 relative.
-TEST_CASE("matmul under autocast: bf16 and f16 compute like the CPU") {
-  const int64_t B = 2, M = 37, K = 61, N = 45;
-  for (MatmulCompute compute : {MatmulCompute::kBF16, MatmulCompute::kF16}) {
-    INFO((compute == MatmulCompute::kBF16 ? "bf16" : "f16"));
-    MatmulParams p;
-    p.compute = compute;
-    MatmulParams acc{0.5, 1.0, compute};
-    const double s = 3.0;
-    check({"nn", Kernel::matmul, {Fr({B, M, K}), Fr({B, K, N})}, {Out({B, M, N})}, &p, s});
+  for (MatmulCompute compute :
+       {MatmulCompute::kNative, MatmulCompute::kBF16, MatmulCompute::kF16}) {
+    INFO("compute " << static_cast<int>(compute));
+    MatmulParams plain, acc{0.5, 1.0, compute};
+    plain.compute = compute;
+    check({"nn", Kernel::matmul, {Fr({B, M, K}), Fr({B, K, N})}, {Out({B, M, N})}, &plain, s});
     check({"tn",
            Kernel::matmul,
            {Strided({B, M, K}, {M * K, 1, M}, B * M * K), Fr({B, K, N})},
            {Out({B, M, N})},
-           &p,
+           &plain,
            s});
-    check({"nt broadcast b",
+    check({"nt",
            Kernel::matmul,
-           {Fr({B, M, K}), Strided({B, K, N}, {0, 1, K}, K * N)},
+           {Fr({B, M, K}), Strided({B, K, N}, {K * N, 1, K}, B * K * N)},
            {Out({B, M, N})},
-           &p,
+           &plain,
+           s});
+    check({"tt broadcast b",
+           Kernel::matmul,
+           {Strided({B, M, K}, {M * K, 1, M}, B * M * K), Strided({B, K, N}, {0, 1, K}, K * N)},
+           {Out({B, M, N})},
+           &plain,
            s});
     Arg c = Fr({B, M, N});
     check({"accumulate", Kernel::matmul, {Fr({B, M, K}), Fr({B, K, N})}, {c}, &acc, s});
+    check({"vector", Kernel::matmul, {Fr({1, 1, K}), Fr({1, K, 1})}, {Out({1, 1, 1})}, &plain, s});
   }
 }
 
