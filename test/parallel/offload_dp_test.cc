@@ -12,6 +12,7 @@
 #include "parallel/comm/mpi_communicator.h"
 #include "parallel/offload_group.h"
 #include "test/testing/test_dir.h"
+#include "test/testing/token_data.h"
 
 using namespace mammoth;
 using engine::Tensor;
@@ -26,14 +27,6 @@ std::shared_ptr<models::LanguageModel> tiny_model() {
   mo.max_seq = 16;
   mo.seed = 3;
   return models::create_language_model("gpt2-tiny", mo);
-}
-
-std::string write_data(const testing::TestDir& dir) {
-  std::vector<int32_t> tokens;
-  for (int i = 0; i < 6000; ++i) tokens.push_back((i * 7 + i / 31) % 48);
-  const std::string path = dir.file("data.bin");
-  data::write_token_shard(path, tokens);
-  return path;
 }
 
 OffloadOptions chunked(engine::offload::ChunkGroup* group) {
@@ -65,7 +58,7 @@ TEST_CASE("an fp16 overflow on one rank makes every rank skip the step") {
   auto world = parallel::mpi_world();
   const int n = world->size(), rank = world->rank();
   testing::TestDir dir;
-  const auto data = data::TokenDataset::open(write_data(dir));
+  const auto data = data::TokenDataset::open(testing::write_tiny_tokens(dir));
   for (double poison : {INFINITY, NAN}) {
     DYNAMIC_SECTION((std::isnan(poison) ? "nan" : "inf")) {
       auto model = tiny_model();

@@ -13,6 +13,7 @@
 #include "engine/train/trainer.h"
 #include "models/registry.h"
 #include "test/testing/test_dir.h"
+#include "test/testing/token_data.h"
 
 using namespace mammoth;
 using engine::offload::Mode;
@@ -21,14 +22,6 @@ using engine::offload::OffloadOptions;
 using memory::chunks::Tier;
 
 namespace {
-
-std::string write_data(const testing::TestDir& dir) {
-  std::vector<int32_t> tokens;
-  for (int i = 0; i < 6000; ++i) tokens.push_back((i * 7 + i / 31) % 48);
-  const std::string path = dir.file("data.bin");
-  data::write_token_shard(path, tokens);
-  return path;
-}
 
 std::shared_ptr<models::LanguageModel> tiny_model() {
   models::ModelOptions mo;
@@ -76,13 +69,12 @@ Run run(const std::string& data_path, const OffloadOptions* offload) {
   json::Value config = json::Value::object();
   config.set("model", "gpt2-tiny");
   Run r;
-  r.losses = engine::train::train(
-                 *model,
-                 [&](const engine::Tensor& in, const engine::Tensor& tg) {
-                   return model->loss(in, tg);
-                 },
-                 data, data::TokenDataset(), o, config)
-                 .losses;
+  r.losses =
+      engine::train::train(
+          *model,
+          [&](const engine::Tensor& in, const engine::Tensor& tg) { return model->loss(in, tg); },
+          data, data::TokenDataset(), o, config)
+          .losses;
   if (off) {
     off->manager().synchronize();
     r.device = off->manager().stats(Tier::kDevice);
@@ -102,7 +94,7 @@ Run run(const std::string& data_path, const OffloadOptions* offload) {
 
 TEST_CASE("optimizer states on host or NVMe train bitwise like the plain loop") {
   testing::TestDir dir;
-  const std::string data = write_data(dir);
+  const std::string data = testing::write_tiny_tokens(dir);
   const Run base = run(data, nullptr);
   REQUIRE(base.losses.size() == 10);
   REQUIRE(base.losses.back() < base.losses.front());
@@ -134,7 +126,7 @@ TEST_CASE("optimizer states on host or NVMe train bitwise like the plain loop") 
 
 TEST_CASE("a model 4x the device budget pages and trains bitwise like the unconstrained run") {
   testing::TestDir dir;
-  const std::string data = write_data(dir);
+  const std::string data = testing::write_tiny_tokens(dir);
   const Run base = run(data, nullptr);
 
   for (Mode mode : {Mode::kNone, Mode::kHost, Mode::kNvme}) {
@@ -167,7 +159,7 @@ TEST_CASE("the host-update flow (CUDA's host|nvme) pages and trains bitwise like
   // gradients homed on the host only, the CPU AdamW on their host copies (acquire_home), the
   // device caching them. Same kernels on the same bytes: the same numbers.
   testing::TestDir dir;
-  const std::string data = write_data(dir);
+  const std::string data = testing::write_tiny_tokens(dir);
   const Run base = run(data, nullptr);
   for (Mode mode : {Mode::kHost, Mode::kNvme}) {
     for (const bool constrained : {false, true}) {
@@ -206,9 +198,9 @@ TEST_CASE("budgets too small for one update are clear errors naming the sizes") 
   OffloadOptions o;
   o.chunk_bytes = 16 << 10;
   o.device_mem = 20 << 10;  // one chunk; an update needs four
-  CHECK_THROWS_WITH(Offload(m->named_parameters(), o),
-                    Catch::Contains("--device-mem 20.0 KiB") && Catch::Contains("needs 4") &&
-                        Catch::Contains("--chunk-mb"));
+  CHECK_THROWS_WITH(Offload(m->named_parameters(), o), Catch::Contains("--device-mem 20.0 KiB") &&
+                                                           Catch::Contains("needs 4") &&
+                                                           Catch::Contains("--chunk-mb"));
   OffloadOptions h;
   h.chunk_bytes = 16 << 10;
   h.mode = Mode::kHost;
@@ -284,7 +276,7 @@ ShuffledRun run_shuffled(const std::string& data_path, const OffloadOptions* off
 
 TEST_CASE("chunks are packed in the order the forward first uses the parameters") {
   testing::TestDir dir;
-  const std::string data = write_data(dir);
+  const std::string data = testing::write_tiny_tokens(dir);
   const ShuffledRun base = run_shuffled(data, nullptr);
   REQUIRE(base.losses.size() == 10);
 
@@ -357,7 +349,7 @@ TEST_CASE("chunks are packed in the order the forward first uses the parameters"
 
 TEST_CASE("--device-mem auto: the first step's traced peak sets the chunks' budget") {
   testing::TestDir dir;
-  const std::string data = write_data(dir);
+  const std::string data = testing::write_tiny_tokens(dir);
   const Run base = run(data, nullptr);
 
   OffloadOptions o;

@@ -13,6 +13,7 @@
 #include "models/registry.h"
 #include "test/testing/gradcheck.h"
 #include "test/testing/test_dir.h"
+#include "test/testing/token_data.h"
 
 using namespace mammoth;
 using engine::Tensor;
@@ -62,8 +63,8 @@ TEST_CASE("bf16 autocast handles broadcast batches and row vectors, and backward
     engine::sum(out).backward();
   }
   // d(sum(a @ b))/db = sum over batch and rows of a, computed from bf16-rounded a and ones.
-  const Tensor expected = engine::sum(rounded(a, DType::kBF16), {0, 1}).reshape({8, 1}) *
-                          Tensor::ones({8, 6});
+  const Tensor expected =
+      engine::sum(rounded(a, DType::kBF16), {0, 1}).reshape({8, 1}) * Tensor::ones({8, 6});
   CHECK(testing::compare(leaf.grad(), expected, 1e-5, 1e-5) == "");
 }
 
@@ -113,10 +114,7 @@ struct AmpRun {
 
 AmpRun train_tiny(const testing::TestDir& dir, const std::string& name, const std::string& amp,
                   int64_t inject_at) {
-  std::vector<int32_t> tokens;
-  for (int i = 0; i < 6000; ++i) tokens.push_back((i * 7 + i / 31) % 48);
-  const std::string data_path = dir.file(name + ".bin");
-  data::write_token_shard(data_path, tokens);
+  const std::string data_path = testing::write_tiny_tokens(dir, name + ".bin");
   models::ModelOptions mo;
   mo.vocab_size = 48;
   mo.max_seq = 16;

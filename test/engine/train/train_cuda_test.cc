@@ -35,6 +35,7 @@
 #include "models/layers.h"
 #include "models/registry.h"
 #include "test/testing/test_dir.h"
+#include "test/testing/token_data.h"
 #ifndef TRAIN_TEST_ON_CPU
 #include "kernels/cuda/gemm.h"
 #include "memory/cuda/device.h"
@@ -65,15 +66,6 @@ void require_gpu() {
   REQUIRE_FALSE(kernels::cuda::allow_tf32());
 }
 #endif
-
-// A repetitive token stream a tiny model learns quickly.
-std::string write_data(const testing::TestDir& dir) {
-  std::vector<int32_t> tokens;
-  for (int i = 0; i < 8000; ++i) tokens.push_back((i * 7 + i / 31) % 48);
-  const std::string path = dir.file("data.bin");
-  data::write_token_shard(path, tokens);
-  return path;
-}
 
 struct Run {
   std::vector<double> losses;
@@ -165,7 +157,7 @@ double relative_distance(const engine::nn::NamedTensors& a, const engine::nn::Na
 void fp32_parity(const std::string& model, double dropout) {
   require_gpu();
   testing::TestDir dir;
-  const std::string data = write_data(dir);
+  const std::string data = testing::write_tiny_tokens(dir, "data.bin", 8000);
   const Run cpu = train_once(data, {.model = model, .dropout = dropout});
   const Run dev = train_once(data, {.model = model, .device = kDevice, .dropout = dropout});
   require_close(dev.losses, cpu.losses, kF32Tolerance, model + " fp32 " + kDevice.str());
@@ -193,7 +185,7 @@ TEST_CASE("checkpoints saved on the device resume on the CPU and back", "[train_
   require_gpu();
   for (const std::string model : {"gpt2-tiny", "llama-tiny"}) {
     testing::TestDir dir;
-    const std::string data = write_data(dir);
+    const std::string data = testing::write_tiny_tokens(dir, "data.bin", 8000);
     const Run cpu = train_once(data, {.model = model});
     const Run dev = train_once(data, {.model = model, .device = kDevice});
     const std::vector<double> cpu_tail(cpu.losses.begin() + kSplit, cpu.losses.end());
@@ -220,7 +212,7 @@ TEST_CASE("checkpoints saved on the device resume on the CPU and back", "[train_
 TEST_CASE("bf16 autocast on the device stays near the CPU's bf16 run", "[train_cuda]") {
   require_gpu();
   testing::TestDir dir;
-  const std::string data = write_data(dir);
+  const std::string data = testing::write_tiny_tokens(dir, "data.bin", 8000);
   const Run cpu = train_once(data, {.amp = "bf16"});
   const Run dev = train_once(data, {.device = kDevice, .amp = "bf16"});
   require_close(dev.losses, cpu.losses, kBf16Tolerance, "gpt2-tiny bf16 " + kDevice.str());

@@ -10,21 +10,13 @@
 #include "engine/train/checkpoint.h"
 #include "models/registry.h"
 #include "test/testing/test_dir.h"
+#include "test/testing/token_data.h"
 
 using namespace mammoth;
 namespace fs = std::filesystem;
 using engine::train::TrainOptions;
 
 namespace {
-
-// A repetitive token stream a tiny model can learn: cycles of 0..31 with a twist.
-std::string write_data(const testing::TestDir& dir) {
-  std::vector<int32_t> tokens;
-  for (int i = 0; i < 6000; ++i) tokens.push_back((i * 7 + i / 31) % 48);
-  const std::string path = dir.file("data.bin");
-  data::write_token_shard(path, tokens);
-  return path;
-}
 
 std::shared_ptr<models::LanguageModel> tiny_model(double dropout) {
   models::ModelOptions mo;
@@ -65,7 +57,7 @@ engine::train::TrainResult run(const std::string& data_path, const TrainOptions&
 
 TEST_CASE("resuming from a checkpoint continues the exact loss curve") {
   testing::TestDir dir;
-  const std::string data = write_data(dir);
+  const std::string data = testing::write_tiny_tokens(dir);
   const auto straight = run(data, options());
   REQUIRE(straight.losses.size() == 6);
   CHECK(straight.losses.back() < straight.losses.front());
@@ -90,7 +82,7 @@ TEST_CASE("resuming from a checkpoint continues the exact loss curve") {
 
 TEST_CASE("k micro-batches of accumulation equal one batch k times larger") {
   testing::TestDir dir;
-  const std::string data = write_data(dir);
+  const std::string data = testing::write_tiny_tokens(dir);
   TrainOptions big = options();
   big.micro_batch = 8;
   big.grad_accum = 1;
@@ -106,7 +98,7 @@ TEST_CASE("k micro-batches of accumulation equal one batch k times larger") {
 
 TEST_CASE("a flipped byte in a checkpoint is detected by its checksum") {
   testing::TestDir dir;
-  const std::string data = write_data(dir);
+  const std::string data = testing::write_tiny_tokens(dir);
   TrainOptions o = options();
   o.steps = 2;
   o.save_dir = dir.file("ckpt");
@@ -138,7 +130,7 @@ TEST_CASE("a flipped byte in a checkpoint is detected by its checksum") {
 
 TEST_CASE("only the last K checkpoints are kept, and latest points to the newest") {
   testing::TestDir dir;
-  const std::string data = write_data(dir);
+  const std::string data = testing::write_tiny_tokens(dir);
   TrainOptions o = options();
   o.steps = 5;
   o.save_every = 1;
@@ -154,7 +146,7 @@ TEST_CASE("only the last K checkpoints are kept, and latest points to the newest
 
 TEST_CASE("resume refuses a checkpoint with a different global batch") {
   testing::TestDir dir;
-  const std::string data = write_data(dir);
+  const std::string data = testing::write_tiny_tokens(dir);
   TrainOptions o = options();
   o.steps = 2;
   o.save_dir = dir.file("ckpt");
@@ -173,7 +165,7 @@ TEST_CASE("resume refuses a checkpoint with a different global batch") {
 
 TEST_CASE("bad options are clear errors") {
   testing::TestDir dir;
-  const std::string data = write_data(dir);
+  const std::string data = testing::write_tiny_tokens(dir);
   TrainOptions o = options();
   o.micro_batch = 0;
   CHECK_THROWS_WITH(run(data, o), Catch::Contains("--micro-batch"));
