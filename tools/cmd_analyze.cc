@@ -73,11 +73,10 @@ int run_analyze(const std::vector<std::string>& args) {
   // width that would.
   // `auto:SIZE` (as `mammoth train` takes it): the device's SIZE; what the first step's
   // activations take off it is only known when training runs, and is not counted here.
-  std::string device_text = absl::GetFlag(FLAGS_device_mem);
-  const bool device_auto = device_text.rfind("auto:", 0) == 0;
-  if (device_auto) device_text = device_text.substr(5);
-  const int64_t device_mem =
-      memory::chunks::parse_bytes(device_text, device_auto ? "--device-mem auto:" : "--device-mem");
+  const memory::chunks::DeviceMemSpec device_spec =
+      memory::chunks::parse_device_mem(absl::GetFlag(FLAGS_device_mem));
+  const bool device_auto = device_spec.auto_budget;
+  const int64_t device_mem = device_spec.bytes;
   const int64_t host_mem = memory::chunks::parse_bytes(absl::GetFlag(FLAGS_host_mem), "--host-mem");
   // --dp 0 means "every rank mpirun started" to `mammoth train`; here, one process.
   const int dp = std::max(1, absl::GetFlag(FLAGS_dp));

@@ -403,16 +403,12 @@ int run_train(const std::vector<std::string>& args) {
   // parallel::DataParallel would move the same parameters into its own buckets.
   engine::offload::OffloadOptions oo;
   oo.mode = engine::offload::parse_mode(absl::GetFlag(FLAGS_offload));
-  const std::string device_mem = absl::GetFlag(FLAGS_device_mem);
-  if (device_mem.rfind("auto", 0) == 0) {
-    // The device's size: on the CPU backend an emulated one must be given (auto:SIZE).
-    MAMMOTH_CHECK(device_mem.size() > 5 && device_mem[4] == ':')
-        << "[train] --device-mem " << device_mem
-        << ": on the CPU backend auto needs the emulated device's size, e.g. auto:8G";
-    oo.auto_device_size = memory::chunks::parse_bytes(device_mem.substr(5), "--device-mem auto:");
-    MAMMOTH_CHECK(oo.auto_device_size > 0) << "[train] --device-mem auto: needs a size > 0";
+  const memory::chunks::DeviceMemSpec device_spec =
+      memory::chunks::parse_device_mem(absl::GetFlag(FLAGS_device_mem));
+  if (device_spec.auto_budget) {
+    oo.auto_device_size = device_spec.bytes;
   } else {
-    oo.device_mem = memory::chunks::parse_bytes(device_mem, "--device-mem");
+    oo.device_mem = device_spec.bytes;
   }
   oo.host_mem = memory::chunks::parse_bytes(absl::GetFlag(FLAGS_host_mem), "--host-mem");
   const bool offload_on = oo.mode != engine::offload::Mode::kNone || oo.device_mem > 0 ||

@@ -71,6 +71,17 @@ int64_t parse_bytes(const std::string& text, const std::string& option) {
   return static_cast<int64_t>(std::llround(v * mult));
 }
 
+DeviceMemSpec parse_device_mem(const std::string& text) {
+  if (text.rfind("auto", 0) != 0) return {false, parse_bytes(text, "--device-mem")};
+  // The device's size: on the CPU backend an emulated one must be given (auto:SIZE).
+  MAMMOTH_CHECK(text.size() > 5 && text[4] == ':')
+      << "[--device-mem] " << text
+      << ": on the CPU backend auto needs the emulated device's size, e.g. auto:8G";
+  const int64_t size = parse_bytes(text.substr(5), "--device-mem auto:");
+  MAMMOTH_CHECK(size > 0) << "[--device-mem] auto: needs a size > 0";
+  return {true, size};
+}
+
 std::string short_bytes(int64_t bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   double v = static_cast<double>(bytes);
@@ -269,9 +280,8 @@ std::unique_ptr<ChunkManager::Buffer> ChunkManager::make_buffer(Tier tier, int64
 }
 
 void ChunkManager::check(ChunkId id, const char* fn) const {
-  MAMMOTH_CHECK(id >= 0 && id < num_chunks())
-      << "[ChunkManager::" << fn << "] chunk " << id << " out of range (" << num_chunks()
-      << " chunks)";
+  MAMMOTH_CHECK(id >= 0 && id < num_chunks()) << "[ChunkManager::" << fn << "] chunk " << id
+                                              << " out of range (" << num_chunks() << " chunks)";
 }
 
 int ChunkManager::add_list(const ChunkListSpec& spec) {
@@ -421,7 +431,8 @@ void ChunkManager::finalize() {
   for (size_t l = 0; l < lists_.size(); ++l) {
     if (list_home_[l] == lists_[l].compute || list_chunks[l] == 0) continue;
     std::string& roles = lists_[l].compute == Tier::kDevice ? device_roles : host_roles;
-    roles += (roles.empty() ? "" : ", ") + (lists_[l].role.empty() ? lists_[l].name : lists_[l].role);
+    roles +=
+        (roles.empty() ? "" : ", ") + (lists_[l].role.empty() ? lists_[l].name : lists_[l].role);
     ++(lists_[l].compute == Tier::kDevice ? device_cached_lists : host_cached_lists);
   }
   int64_t device_home = 0, nvme_total = 0;
@@ -444,8 +455,7 @@ void ChunkManager::finalize() {
         << slots << " chunk(s) of " << short_bytes(chunk_bytes_) << " (--chunk-mb), but one update "
         << "needs " << device_cached_lists << " resident at once (" << device_roles
         << "): raise --device-mem to at least "
-        << short_bytes(device_home + device_cached_lists * chunk_bytes_)
-        << " or lower --chunk-mb";
+        << short_bytes(device_home + device_cached_lists * chunk_bytes_) << " or lower --chunk-mb";
     device_pool_ = std::make_unique<Pool>();
     device_pool_->tier = Tier::kDevice;
     device_pool_->min_resident = device_cached_lists;
@@ -527,8 +537,12 @@ void ChunkManager::finalize() {
     std::vector<io::Request> batch;
     for (auto& c : chunks_) {
       if (c->home != Tier::kNvme) continue;
-      batch.push_back(io::Request{io::Op::kWrite, file_, c->nvme_offset, zeros.data(),
-                                  static_cast<size_t>(chunk_bytes_), {}});
+      batch.push_back(io::Request{io::Op::kWrite,
+                                  file_,
+                                  c->nvme_offset,
+                                  zeros.data(),
+                                  static_cast<size_t>(chunk_bytes_),
+                                  {}});
     }
     io_->submit(std::move(batch));
     io_->synchronize();

@@ -85,14 +85,21 @@ class CudaTier;  // memory/chunks/cuda_tier.h
 // "1.5G", "512M", "64K", "4096": bytes with binary suffixes (K = 1024); 0 allowed. Throws
 // Error naming `option` otherwise.
 int64_t parse_bytes(const std::string& text, const std::string& option);
+// --device-mem: "SIZE" (a static budget; 0: unlimited) or "auto:SIZE" (a device of SIZE > 0
+// whose chunk budget the first step's traced peak decides). Throws Error naming the flag.
+struct DeviceMemSpec {
+  bool auto_budget = false;
+  int64_t bytes = 0;  // the budget, or with auto_budget the device's size
+};
+DeviceMemSpec parse_device_mem(const std::string& text);
 // "12.0 MiB": short sizes for tables.
 std::string short_bytes(int64_t bytes);
 
 struct ChunkListSpec {
-  std::string name;                // "params", "grads", "exp_avg", ...
-  Tier compute = Tier::kDevice;    // kDevice or kHost
-  std::vector<Tier> homes;         // preference order, e.g. {kDevice, kHost}
-  std::string role;                // for the "too small" error: "param", "grad", ...
+  std::string name;              // "params", "grads", "exp_avg", ...
+  Tier compute = Tier::kDevice;  // kDevice or kHost
+  std::vector<Tier> homes;       // preference order, e.g. {kDevice, kHost}
+  std::string role;              // for the "too small" error: "param", "grad", ...
 };
 
 struct ChunkManagerOptions {
@@ -101,9 +108,9 @@ struct ChunkManagerOptions {
   int64_t host_budget = 0;           // bytes; 0: unlimited
   std::string nvme_dir;              // required when a list's home is kNvme
   io::AsyncIOOptions io;
-  int prefetch_depth = 2;       // loads in flight ahead of use, per pool
-  int host_staging_slots = 8;   // most NVMe-homed chunks held in host memory at once
-  int lookahead = 64;           // trace entries scanned for prefetch
+  int prefetch_depth = 2;      // loads in flight ahead of use, per pool
+  int host_staging_slots = 8;  // most NVMe-homed chunks held in host memory at once
+  int lookahead = 64;          // trace entries scanned for prefetch
   // What the device tier is: Device::cpu() emulates it with host memory counted against
   // device_budget; Device::cuda(i) puts it on that GPU (see "The CUDA device tier" above; the
   // constructor throws when there is no such GPU or no CUDA backend in the build).
@@ -113,17 +120,17 @@ struct ChunkManagerOptions {
 // Per tier. "in"/"out" are moves into and out of the tier (a host -> device load is device in
 // and host out); stall is the time acquire() waited for loads computed on this tier.
 struct TierStats {
-  int64_t budget = 0;       // 0: unlimited (nvme: the reserved file size)
-  int64_t home_bytes = 0;   // capacity of chunks whose home is this tier
+  int64_t budget = 0;      // 0: unlimited (nvme: the reserved file size)
+  int64_t home_bytes = 0;  // capacity of chunks whose home is this tier
   int64_t home_chunks = 0;
-  int64_t slots = 0;        // cache slots (device cache, host staging)
-  int64_t used_bytes = 0;   // home bytes + occupied slots (device, host)
+  int64_t slots = 0;       // cache slots (device cache, host staging)
+  int64_t used_bytes = 0;  // home bytes + occupied slots (device, host)
   int64_t peak_bytes = 0;
   int64_t reserved_bytes = 0;  // memory held for the tier: home blocks + every slot (<= budget)
   int64_t moves_in = 0, bytes_in = 0;
   int64_t moves_out = 0, bytes_out = 0;
-  int64_t prefetches = 0;   // loads started ahead of use
-  int64_t demand_loads = 0; // loads started by acquire() itself
+  int64_t prefetches = 0;    // loads started ahead of use
+  int64_t demand_loads = 0;  // loads started by acquire() itself
   double stall_s = 0;
 };
 

@@ -25,7 +25,8 @@ constexpr int64_t kChunk = 64 * 1024;
 // Fills a chunk with a pattern that depends on (chunk, version).
 void fill(void* p, int64_t n, int chunk, int version) {
   auto* u = static_cast<uint32_t*>(p);
-  for (int64_t i = 0; i < n / 4; ++i) u[i] = static_cast<uint32_t>(chunk * 1000003 + version * 7919 + i);
+  for (int64_t i = 0; i < n / 4; ++i)
+    u[i] = static_cast<uint32_t>(chunk * 1000003 + version * 7919 + i);
 }
 bool holds(const void* p, int64_t n, int chunk, int version) {
   const auto* u = static_cast<const uint32_t*>(p);
@@ -44,6 +45,20 @@ TEST_CASE("parse_bytes reads binary suffixes and rejects junk naming the option"
   CHECK(parse_bytes("0", "--x") == 0);
   CHECK_THROWS_WITH(parse_bytes("12Q", "--device-mem"), Catch::Contains("--device-mem"));
   CHECK_THROWS_WITH(parse_bytes("-1M", "--host-mem"), Catch::Contains("--host-mem"));
+}
+
+TEST_CASE("parse_device_mem: a static budget or auto:SIZE, errors naming the flag") {
+  const DeviceMemSpec fixed = parse_device_mem("512M");
+  CHECK_FALSE(fixed.auto_budget);
+  CHECK(fixed.bytes == 512ll << 20);
+  CHECK(parse_device_mem("0").bytes == 0);
+  const DeviceMemSpec automatic = parse_device_mem("auto:8G");
+  CHECK(automatic.auto_budget);
+  CHECK(automatic.bytes == 8ll << 30);
+  CHECK_THROWS_WITH(parse_device_mem("auto"), Catch::Contains("emulated device's size"));
+  CHECK_THROWS_WITH(parse_device_mem("auto:0"), Catch::Contains("size > 0"));
+  CHECK_THROWS_WITH(parse_device_mem("auto:x"), Catch::Contains("--device-mem auto:"));
+  CHECK_THROWS_WITH(parse_device_mem("lots"), Catch::Contains("--device-mem"));
 }
 
 TEST_CASE("paging under a device budget keeps every byte and never exceeds the budget") {
@@ -104,9 +119,9 @@ TEST_CASE("a device budget too small for one update is a clear error naming the 
     const int l = m.add_list({n, Tier::kDevice, {Tier::kDevice, Tier::kHost}, n});
     for (int i = 0; i < 4; ++i) m.add_chunk(l, 1 << 20);
   }
-  CHECK_THROWS_WITH(m.finalize(), Catch::Contains("--device-mem 3.0 MiB holds 3 chunk(s) of 1.0 MiB") &&
-                                      Catch::Contains("needs 4") &&
-                                      Catch::Contains("at least 4.0 MiB"));
+  CHECK_THROWS_WITH(m.finalize(),
+                    Catch::Contains("--device-mem 3.0 MiB holds 3 chunk(s) of 1.0 MiB") &&
+                        Catch::Contains("needs 4") && Catch::Contains("at least 4.0 MiB"));
 }
 
 TEST_CASE("a host budget too small for the host-homed chunks names the sizes") {
