@@ -103,32 +103,20 @@ pack() {
   [[ $size_mb -lt 64 ]] || echo "[gpu_check] warning: $PACK is ${size_mb} MiB; the device tool carries at most 64 MiB"
 }
 
-find_cuda_lib_dir() {
-  local d
+# find_lib_dir LIB [MORE...]: the first CUDA library directory holding all of them; as a last
+# resort, where the CUDA 13 wheels of a pip-installed PyTorch keep LIB (each wheel its own dir).
+find_lib_dir() {
+  local d lib ok py
   for d in "${CUDA_HOME:-}/lib64" /usr/local/cuda/lib64 /usr/local/cuda-13*/lib64 \
     /usr/local/cuda/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu /usr/lib64; do
-    [[ -e "$d/libcudart.so.13" && -e "$d/libcublasLt.so.13" ]] && { echo "$d"; return 0; }
-  done
-  # As a last resort, the CUDA 13 wheels of a pip-installed PyTorch.
-  local py
-  py=$(python3 -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))' 2>/dev/null) || true
-  if [[ -n "$py" ]]; then
-    d=$(dirname "$(find "$py" -name 'libcudart.so.13' 2>/dev/null | head -1)" 2>/dev/null)
-    [[ -n "$d" && -e "$d/libcudart.so.13" ]] && { echo "$d"; return 0; }
-  fi
-  return 1
-}
-
-find_nccl_lib_dir() {
-  local d py
-  for d in "${CUDA_HOME:-}/lib64" /usr/local/cuda/lib64 /usr/local/cuda-13*/lib64 \
-    /usr/local/cuda/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu /usr/lib64; do
-    [[ -e "$d/libnccl.so.2" ]] && { echo "$d"; return 0; }
+    ok=1
+    for lib in "$@"; do [[ -e "$d/$lib" ]] || ok=0; done
+    [[ $ok -eq 1 ]] && { echo "$d"; return 0; }
   done
   py=$(python3 -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))' 2>/dev/null) || true
   if [[ -n "$py" ]]; then
-    d=$(dirname "$(find "$py" -name 'libnccl.so.2' 2>/dev/null | head -1)" 2>/dev/null)
-    [[ -n "$d" && -e "$d/libnccl.so.2" ]] && { echo "$d"; return 0; }
+    d=$(dirname "$(find "$py" -name "$1" 2>/dev/null | head -1)" 2>/dev/null)
+    [[ -n "$d" && -e "$d/$1" ]] && { echo "$d"; return 0; }
   fi
   return 1
 }
@@ -169,7 +157,7 @@ run() {
     gzip -dc "$packed" >"${packed%.gz}" && chmod +x "${packed%.gz}" || die "cannot unpack $packed"
   done
   local cuda_dir libpath
-  cuda_dir=$(find_cuda_lib_dir) || die "no libcudart.so.13 / libcublasLt.so.13 found (set CUDA_HOME)"
+  cuda_dir=$(find_lib_dir libcudart.so.13 libcublasLt.so.13) || die "no libcudart.so.13 / libcublasLt.so.13 found (set CUDA_HOME)"
   libpath="$PWD/$PACK/lib:$cuda_dir"
   # Prefer the machine's own glibc; fall back to the packed one (with its loader) if ours is newer.
   local launcher="$out/launch.sh"
@@ -196,7 +184,7 @@ run() {
 
   # NCCL is never packed (218 MB): the machine's own, from the CUDA directories or PyTorch's wheel.
   local nccl_dir
-  nccl_dir=$(find_nccl_lib_dir)
+  nccl_dir=$(find_lib_dir libnccl.so.2)
   if [[ -z "$nccl_dir" ]]; then
     RC[nccl_test]=0
     LINE[nccl_test]="not run: no libnccl.so.2 on this machine (CUDA directories, PyTorch's nvidia wheels)"
