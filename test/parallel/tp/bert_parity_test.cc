@@ -14,7 +14,7 @@ namespace {
 
 constexpr int64_t kSeq = 13, kVocab = 37, kMask = kVocab - 1;
 
-struct Bert {
+struct Bert : LanguageFamily {
   std::string tag = "bert";
   std::shared_ptr<models::LanguageModel> make_model() const {
     models::ModelOptions mo;
@@ -24,11 +24,6 @@ struct Bert {
     mo.seed = 5;
     mo.dtype = DType::kF64;
     return models::create_language_model("bert-tiny", mo);
-  }
-  std::shared_ptr<models::ShardedLanguageModel> shard(const models::LanguageModel& full,
-                                                      const parallel::DeviceMesh& mesh,
-                                                      const models::ShardOptions& o) const {
-    return models::apply_policy(full, mesh, o);
   }
   // 4 positions of each row masked (the same count in every row, so the mean over dp ranks'
   // means is the whole batch's mean).
@@ -48,7 +43,6 @@ struct Bert {
   bool tp_linear(const std::string& name, const Tensor& t) const {
     return starts_with(name, "bert.encoder.layer.") && t.dim() == 2;
   }
-  double linear_share(const models::ModelConfig&, int tp) const { return 1.0 / tp; }
   bool unused(const std::string& name) const {
     return starts_with(name, "bert.pooler.") || starts_with(name, "classifier.");
   }
@@ -58,8 +52,6 @@ struct Bert {
     for (auto& [n, t] : sharded.named_parameters()) classifiers += n == "classifier.weight";
     REQUIRE(classifiers == 1);
   }
-  void check_trained(const models::ShardedLanguageModel&, const parallel::DeviceMesh&,
-                     const models::ModelConfig&) const {}
 };
 
 void parity(const parallel::MeshShape& shape, models::SpMode mode, bool recompute = false) {

@@ -11,7 +11,7 @@ namespace {
 
 constexpr int64_t kSeq = 13, kVocab = 37;
 
-struct Gpt2 {
+struct Gpt2 : LanguageFamily {
   std::string tag = "gpt2";
   std::shared_ptr<models::LanguageModel> make_model() const {
     models::ModelOptions mo;
@@ -21,11 +21,6 @@ struct Gpt2 {
     mo.dtype = DType::kF64;
     return models::create_language_model("gpt2-tiny", mo);
   }
-  std::shared_ptr<models::ShardedLanguageModel> shard(const models::LanguageModel& full,
-                                                      const parallel::DeviceMesh& mesh,
-                                                      const models::ShardOptions& o) const {
-    return models::apply_policy(full, mesh, o);
-  }
   Inputs batch(const models::ModelConfig&, int64_t step, int64_t first, int64_t count) const {
     return {token_batch(step, first, count, kSeq, kVocab), Tensor()};
   }
@@ -33,12 +28,6 @@ struct Gpt2 {
   bool tp_linear(const std::string& name, const Tensor& t) const {
     return starts_with(name, "h.") && t.dim() == 2;
   }
-  double linear_share(const models::ModelConfig&, int tp) const { return 1.0 / tp; }
-  bool unused(const std::string&) const { return false; }
-  void check_layout(const models::ShardedLanguageModel&, const models::LanguageModel&,
-                    const parallel::MeshShape&) const {}
-  void check_trained(const models::ShardedLanguageModel&, const parallel::DeviceMesh&,
-                     const models::ModelConfig&) const {}
 };
 
 void parity(const parallel::MeshShape& shape, models::SpMode mode, bool recompute = false) {

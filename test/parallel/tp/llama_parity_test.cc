@@ -46,7 +46,7 @@ int64_t vocab_bytes(const engine::nn::NamedTensors& params) {
   return n;
 }
 
-struct Llama {
+struct Llama : LanguageFamily {
   Variant variant;
   std::string tag = "llama";
   explicit Llama(const Variant& v) : variant(v) {
@@ -54,11 +54,6 @@ struct Llama {
     if (v.n_kv_head > 0) tag += " kv" + std::to_string(v.n_kv_head);
   }
   std::shared_ptr<models::LanguageModel> make_model() const { return make_variant(variant); }
-  std::shared_ptr<models::ShardedLanguageModel> shard(const models::LanguageModel& full,
-                                                      const parallel::DeviceMesh& mesh,
-                                                      const models::ShardOptions& o) const {
-    return models::apply_policy(full, mesh, o);
-  }
   Inputs batch(const models::ModelConfig&, int64_t step, int64_t first, int64_t count) const {
     return {token_batch(step, first, count, kSeq, kVocab), Tensor()};
   }
@@ -74,7 +69,6 @@ struct Llama {
     const double kv_local = c.n_kv_head >= tp ? kv / tp : 2 * D * C;
     return ((q + o + mlp) / tp + kv_local) / (q + kv + o + mlp);
   }
-  bool unused(const std::string&) const { return false; }
   void check_layout(const models::ShardedLanguageModel& sharded, const models::LanguageModel& full,
                     const parallel::MeshShape& shape) const {
     const models::ModelConfig& cfg = full.config();

@@ -18,7 +18,9 @@
 // call it, are compared to 1e-6 (losses) and 1e-5 (parameters). Adam's eps is 1e-5 (as in the
 // DP test) so that gradients that are zero up to rounding are not amplified to lr-sized steps.
 //
-// A Family provides (const member functions; M is the single-device model type, S the sharded):
+// A Family provides (const member functions; M is the single-device model type, S the sharded;
+// language-model families derive shard, linear_share, unused and the checks from
+// LanguageFamily below and override what differs):
 //   std::string tag;                                       // "[<tag> parity ...]" in messages
 //   std::shared_ptr<M> make_model() const;                 // f64, the same seed every call
 //   std::shared_ptr<S> shard(const M&, const parallel::DeviceMesh&,
@@ -219,6 +221,22 @@ void parity(const Family& f, const parallel::MeshShape& shape, models::SpMode mo
                 ref.losses.back(), worst);
   }
 }
+
+// What most language-model families share (apply_policy, 1/tp of the linear weights, every
+// parameter in the loss, no extra checks); a family derives from it and overrides the rest.
+struct LanguageFamily {
+  std::shared_ptr<models::ShardedLanguageModel> shard(const models::LanguageModel& full,
+                                                      const parallel::DeviceMesh& mesh,
+                                                      const models::ShardOptions& o) const {
+    return models::apply_policy(full, mesh, o);
+  }
+  double linear_share(const models::ModelConfig&, int tp) const { return 1.0 / tp; }
+  bool unused(const std::string&) const { return false; }
+  void check_layout(const models::ShardedLanguageModel&, const models::LanguageModel&,
+                    const parallel::MeshShape&) const {}
+  void check_trained(const models::ShardedLanguageModel&, const parallel::DeviceMesh&,
+                     const models::ModelConfig&) const {}
+};
 
 // Token ids [count, seq] for rows [first, first + count) of step `step` (a language model's
 // batch; `vocab` bounds the ids).
