@@ -308,11 +308,7 @@ std::shared_ptr<ShardedLanguageModel> bert_policy(const Model& model,
                                                   const ShardOptions& options) {
   MAMMOTH_CHECK(model.config().family == Family::kBert)
       << "[bert_policy] needs a BERT model, got " << family_name(model.config().family);
-  auto sharded = std::make_shared<TpBert>(model.config(), mesh, options);
-  sharded->load_from(model);
-  sharded->train(model.is_training());
-  sharded->set_activation_checkpointing(model.activation_checkpointing());
-  return sharded;
+  return adopt(std::make_shared<TpBert>(model.config(), mesh, options), model);
 }
 
 }  // namespace mammoth::models

@@ -247,11 +247,7 @@ class TpGpt2 : public ShardedLanguageModel {
 std::shared_ptr<ShardedLanguageModel> gpt2_policy(const Model& model,
                                                   const parallel::DeviceMesh& mesh,
                                                   const ShardOptions& options) {
-  auto sharded = std::make_shared<TpGpt2>(model.config(), mesh, options);
-  sharded->load_from(model);
-  sharded->train(model.is_training());
-  sharded->set_activation_checkpointing(model.activation_checkpointing());
-  return sharded;
+  return adopt(std::make_shared<TpGpt2>(model.config(), mesh, options), model);
 }
 
 }  // namespace mammoth::models

@@ -325,11 +325,7 @@ std::shared_ptr<ShardedLanguageModel> llama_policy(const Model& model,
                                                    const ShardOptions& options) {
   MAMMOTH_CHECK(model.config().family == Family::kLlama)
       << "[llama_policy] needs a LLaMA model, got " << family_name(model.config().family);
-  auto sharded = std::make_shared<TpLlama>(model.config(), mesh, options);
-  sharded->load_from(model);
-  sharded->train(model.is_training());
-  sharded->set_activation_checkpointing(model.activation_checkpointing());
-  return sharded;
+  return adopt(std::make_shared<TpLlama>(model.config(), mesh, options), model);
 }
 
 }  // namespace mammoth::models

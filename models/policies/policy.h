@@ -175,6 +175,16 @@ class ShardedVit : public Model, public ShardLayout {
   virtual engine::Tensor loss(const engine::Tensor& pixels, const engine::Tensor& labels) = 0;
 };
 
+// A family policy's last step: `sharded` (built for `model`'s config) takes this rank's shards
+// of `model`'s weights, its training mode and its activation checkpointing.
+template <class Sharded>
+std::shared_ptr<Sharded> adopt(std::shared_ptr<Sharded> sharded, const Model& model) {
+  sharded->load_from(model);
+  sharded->train(model.is_training());
+  sharded->set_activation_checkpointing(model.activation_checkpointing());
+  return sharded;
+}
+
 // The policy of `model`'s family (throws naming the family when it has none yet).
 std::shared_ptr<ShardedLanguageModel> apply_policy(const Model& model,
                                                    const parallel::DeviceMesh& mesh,

@@ -280,11 +280,7 @@ class TpVit : public ShardedVit {
 
 std::shared_ptr<ShardedVit> vit_policy(const Vit& model, const parallel::DeviceMesh& mesh,
                                        const ShardOptions& options) {
-  auto sharded = std::make_shared<TpVit>(model.config(), mesh, options);
-  sharded->load_from(model);
-  sharded->train(model.is_training());
-  sharded->set_activation_checkpointing(model.activation_checkpointing());
-  return sharded;
+  return adopt(std::make_shared<TpVit>(model.config(), mesh, options), model);
 }
 
 }  // namespace mammoth::models
