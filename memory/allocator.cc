@@ -1,6 +1,10 @@
 #include "memory/allocator.h"
 
+#include <sys/mman.h>
+
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <new>
 
 #include "base/error.h"
@@ -19,9 +23,31 @@ size_t block_size(size_t nbytes) {
          CpuAllocator::kCacheGranule;
 }
 
+// A fresh block of `size` bytes (a multiple of 4 KiB) at a 2 MiB boundary, advised for
+// transparent huge pages; null when the kernel refuses the mapping. Maps size + 2 MiB and unmaps
+// the misaligned head and the tail, so munmap(p, size) later returns exactly what is kept.
+void* map_huge(size_t size) {
+  const size_t len = size + CpuAllocator::kHugePage;
+  void* raw = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) return nullptr;
+  const auto base = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t start =
+      (base + CpuAllocator::kHugePage - 1) / CpuAllocator::kHugePage * CpuAllocator::kHugePage;
+  const size_t head = start - base;
+  const size_t tail = len - head - size;
+  if (head != 0) ::munmap(raw, head);
+  if (tail != 0) ::munmap(reinterpret_cast<void*>(start + size), tail);
+  // Advice only: where THP is off the block simply stays on 4 KiB pages.
+  ::madvise(reinterpret_cast<void*>(start), size, MADV_HUGEPAGE);
+  return reinterpret_cast<void*>(start);
+}
+
 }  // namespace
 
 CpuAllocator::CpuAllocator() {
+  if (const char* env = std::getenv("MAMMOTH_CPU_HUGE_PAGES")) {
+    huge_pages_ = std::strcmp(env, "0") != 0;
+  }
   int64_t limit = int64_t{2} << 30;
   if (const char* env = std::getenv("MAMMOTH_CPU_CACHE_MB")) {
     char* end = nullptr;
@@ -44,10 +70,10 @@ void* CpuAllocator::allocate(size_t nbytes) {
       hits_.fetch_add(1);
     }
   }
-  if (p == nullptr) p = std::aligned_alloc(kAlignment, size);
+  if (p == nullptr) p = fresh_block(size);
   if (p == nullptr && cached_.load() > 0) {
     release_cached();
-    p = std::aligned_alloc(kAlignment, size);
+    p = fresh_block(size);
   }
   MAMMOTH_CHECK(p != nullptr) << "[cpu_allocator] out of host memory allocating " << nbytes
                               << " bytes (currently allocated: " << allocated_.load() << ")";
@@ -70,13 +96,27 @@ void CpuAllocator::deallocate(void* ptr, size_t nbytes) {
     cached_.fetch_add(static_cast<int64_t>(size));
     return;
   }
-  std::free(ptr);
+  free_block(ptr, size);
+}
+
+bool CpuAllocator::huge(size_t size) const { return huge_pages_ && size >= kHugePage; }
+
+void* CpuAllocator::fresh_block(size_t size) {
+  return huge(size) ? map_huge(size) : std::aligned_alloc(kAlignment, size);
+}
+
+void CpuAllocator::free_block(void* p, size_t size) {
+  if (huge(size)) {
+    ::munmap(p, size);
+  } else {
+    std::free(p);
+  }
 }
 
 void CpuAllocator::release_cached() {
   std::lock_guard<std::mutex> lock(cache_mu_);
   for (auto& [size, blocks] : cache_) {
-    for (void* p : blocks) std::free(p);
+    for (void* p : blocks) free_block(p, size);
     cached_.fetch_sub(static_cast<int64_t>(size * blocks.size()));
   }
   cache_.clear();

@@ -1,6 +1,11 @@
 // Tensor basics: creation, views without copies, broadcasting, non-contiguous inputs, casts and
 // the errors a user gets for misuse.
 #include <catch2/catch.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
 
 #include "engine/ops.h"
 #include "memory/allocator.h"
@@ -151,6 +156,72 @@ TEST_CASE("storage comes from the allocator and is returned") {
     CHECK(reinterpret_cast<uintptr_t>(t.raw_data()) % 64 == 0);
   }
   CHECK(alloc.stats().allocated_bytes == before);
+}
+
+namespace {
+
+// The /proc/self/smaps entry of the mapping holding `p`: its "THPeligible:" value, or -1 when no
+// mapping holds p (an unmapped block) or the kernel does not report it.
+int thp_eligible(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    unsigned long lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2 && line.find('-') < 16) {
+      inside = a >= lo && a < hi;
+    } else if (inside && line.rfind("THPeligible:", 0) == 0) {
+      return std::atoi(line.c_str() + 12);
+    }
+  }
+  return -1;
+}
+
+// The kernel's THP mode ("always", "madvise", "never"), or "" when it has none.
+std::string thp_mode() {
+  std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string line;
+  std::getline(f, line);
+  const size_t a = line.find('['), b = line.find(']');
+  return a == std::string::npos || b == std::string::npos ? "" : line.substr(a + 1, b - a - 1);
+}
+
+}  // namespace
+
+TEST_CASE("the CPU allocator maps blocks of 2 MiB and more at 2 MiB for huge pages") {
+  memory::CpuAllocator alloc;  // its own instance: the process-wide one keeps its cache
+  alloc.set_cache_limit(0);
+  REQUIRE(alloc.huge_pages());  // the default (MAMMOTH_CPU_HUGE_PAGES unset under Bazel)
+  const size_t big = (size_t{5} << 20) + 12345;
+  auto* p = static_cast<unsigned char*>(alloc.allocate(big));
+  CHECK(reinterpret_cast<uintptr_t>(p) % memory::CpuAllocator::kHugePage == 0);
+  std::memset(p, 0x5a, big);  // the whole block is writable
+  CHECK(p[big - 1] == 0x5a);
+  const std::string mode = thp_mode();
+  if (mode == "always" || mode == "madvise") CHECK(thp_eligible(p) == 1);
+  alloc.deallocate(p, big);  // cache limit 0: unmapped at once
+  CHECK(thp_eligible(p) == -1);
+  // Small blocks stay on the heap at 64 bytes; a block of exactly 2 MiB is huge.
+  void* s = alloc.allocate(4096);
+  CHECK(reinterpret_cast<uintptr_t>(s) % 64 == 0);
+  alloc.deallocate(s, 4096);
+  void* h = alloc.allocate(memory::CpuAllocator::kHugePage);
+  CHECK(reinterpret_cast<uintptr_t>(h) % memory::CpuAllocator::kHugePage == 0);
+  alloc.deallocate(h, memory::CpuAllocator::kHugePage);
+  CHECK(alloc.stats().allocated_bytes == 0);
+}
+
+TEST_CASE("MAMMOTH_CPU_HUGE_PAGES=0 keeps large blocks off huge pages") {
+  ::setenv("MAMMOTH_CPU_HUGE_PAGES", "0", 1);
+  memory::CpuAllocator alloc;
+  ::unsetenv("MAMMOTH_CPU_HUGE_PAGES");
+  alloc.set_cache_limit(0);
+  CHECK_FALSE(alloc.huge_pages());
+  const size_t big = size_t{8} << 20;
+  void* p = alloc.allocate(big);
+  std::memset(p, 1, big);
+  if (thp_mode() == "madvise") CHECK(thp_eligible(p) == 0);  // not advised: 4 KiB pages
+  alloc.deallocate(p, big);
 }
 
 TEST_CASE("the CPU allocator reuses freed large blocks and never counts them as allocated") {

@@ -49,6 +49,7 @@
 #include "kernels/cpu/simd.h"
 #include "kernels/params.h"
 #include "kernels/registry.h"
+#include "memory/allocator.h"
 
 namespace mammoth::tools {
 namespace {
@@ -94,22 +95,22 @@ double best_seconds(int reps, const std::function<void()>& f) {
   return best;
 }
 
-// Buffers 64-byte aligned, as the engine's CpuAllocator hands out tensors (std::vector's 16 would
-// put every row of a row kernel's output off the cache-line grid: a partial line at each end of
-// every row, written with plain stores between the streaming ones).
+// Buffers from the engine's CpuAllocator, as tensors get them: 64-byte aligned (std::vector's
+// 16 would put every row of a row kernel's output off the cache-line grid), and from 2 MiB up
+// mapped for transparent huge pages. The triad's arrays come from the same place, so the anchor
+// and our kernels read and write the same kind of memory.
 template <typename T>
-struct Aligned64 {
+struct EngineAlloc {
   using value_type = T;
-  Aligned64() = default;
+  EngineAlloc() = default;
   template <typename U>
-  Aligned64(const Aligned64<U>&) {}
-  T* allocate(size_t n) {
-    return static_cast<T*>(::operator new (n * sizeof(T), std::align_val_t{64}));
-  }
-  void deallocate(T* p, size_t) { ::operator delete (p, std::align_val_t{64}); }
-  bool operator==(const Aligned64&) const { return true; }
+  EngineAlloc(const EngineAlloc<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(memory::cpu_allocator().allocate(n * sizeof(T))); }
+  void deallocate(T* p, size_t n) { memory::cpu_allocator().deallocate(p, n * sizeof(T)); }
+  bool operator==(const EngineAlloc&) const { return true; }
 };
-using FloatBuf = std::vector<float, Aligned64<float>>;
+using FloatBuf = std::vector<float, EngineAlloc<float>>;
+using Bf16Buf = std::vector<uint16_t, EngineAlloc<uint16_t>>;
 
 // Cheap deterministic fill in [lo, hi), in parallel so setup stays short.
 void fill(FloatBuf& v, float lo, float hi, uint32_t salt) {
@@ -348,7 +349,7 @@ struct Bench {
       run(Kernel::adamw, {farg(w, {n}), farg(g, {n}), farg(m, {n}), farg(v, {n})}, {}, &p);
     });
     // The optimizer-offload form: bf16 gradients in, a bf16 copy of the parameters out.
-    std::vector<uint16_t> gh(n), wh(n);
+    Bf16Buf gh(n), wh(n);
     for (int64_t i = 0; i < n; ++i) gh[i] = float_to_bf16(g[i]).bits;
     memory_row("adamw_bf16_grad_param", shape, 28.0 * n, [&] {
       run(Kernel::adamw,
@@ -557,7 +558,7 @@ struct Bench {
       FloatBuf af(s->M * s->K), bf(s->K * s->N), c(s->M * s->N);
       fill(af, -1, 1, 70);
       fill(bf, -1, 1, 71);
-      std::vector<uint16_t> a(af.size()), b(bf.size());
+      Bf16Buf a(af.size()), b(bf.size());
       for (size_t i = 0; i < af.size(); ++i) a[i] = float_to_bf16(af[i]).bits;
       for (size_t i = 0; i < bf.size(); ++i) b[i] = float_to_bf16(bf[i]).bits;
       const double t = best_seconds(opt.reps, [&] {
@@ -733,6 +734,15 @@ int run_kernels_bench(const std::vector<std::string>& args) {
       "STREAM triad anchor: %lld floats per array, AVX2 loads, best of plain and "
       "streaming stores, sampled between every kernel's runs, best per section\n",
       static_cast<long long>(triad_n));
+  {
+    std::ifstream thp("/sys/kernel/mm/transparent_hugepage/enabled");
+    std::string mode;
+    std::getline(thp, mode);
+    std::printf(
+        "buffers: the engine's CPU allocator, huge pages for blocks >= 2 MiB %s (THP: %s)\n",
+        memory::cpu_allocator().huge_pages() ? "on" : "off (MAMMOTH_CPU_HUGE_PAGES=0)",
+        mode.empty() ? "not reported" : mode.c_str());
+  }
   {
     std::ifstream la("/proc/loadavg");
     std::string l1;
