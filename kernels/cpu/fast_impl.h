@@ -80,46 +80,86 @@ float row_dot(const float* x, const float* y, int64_t n) {
   return hsum((a0 + a1) + (a2 + a3));
 }
 
-// y = exp(x - m) (y may alias x; m >= max x, so exp_nonpos); returns the sum of y.
+// y = exp(x - m) (y may alias x; m >= max x); returns the sum of y.
 float exp_store_sum(const float* x, float* y, int64_t n, float m) {
   const Vec mv = Vec::set1(m);
   Vec a0 = Vec::zero(), a1 = a0;
   int64_t i = 0;
   for (; i + 2 * W <= n; i += 2 * W) {
-    const Vec e0 = exp_nonpos(Vec::load(x + i) - mv);
-    const Vec e1 = exp_nonpos(Vec::load(x + i + W) - mv);
+    const Vec e0 = exp_diff(Vec::load(x + i), mv);
+    const Vec e1 = exp_diff(Vec::load(x + i + W), mv);
     e0.store(y + i);
     e1.store(y + i + W);
     a0 = a0 + e0;
     a1 = a1 + e1;
   }
   for (; i + W <= n; i += W) {
-    const Vec e = exp_nonpos(Vec::load(x + i) - mv);
+    const Vec e = exp_diff(Vec::load(x + i), mv);
     e.store(y + i);
     a0 = a0 + e;
   }
   if (i < n) {
     const int r = static_cast<int>(n - i);
-    const Vec e = exp_nonpos(Vec::load_n(x + i, r, -kInf) - mv);
+    const Vec e = exp_diff(Vec::load_n(x + i, r, -kInf), mv);
     e.store_n(y + i, r);
     a1 = a1 + e;
   }
   return hsum(a0 + a1);
 }
 
-// sum of exp(x - m) (m >= max x), nothing stored.
-float exp_sum(const float* x, int64_t n, float m) {
-  const Vec mv = Vec::set1(m);
-  Vec a0 = Vec::zero(), a1 = a0;
-  int64_t i = 0;
-  for (; i + 2 * W <= n; i += 2 * W) {
-    a0 = a0 + exp_nonpos(Vec::load(x + i) - mv);
-    a1 = a1 + exp_nonpos(Vec::load(x + i + W) - mv);
+// Softmax-style rows are read from memory once, in blocks of kOnlineBlock floats (2 KiB). Each
+// block's maximum is folded into a running one and the block's exponentials are taken against
+// it at once, while the block is in L1 (an online softmax, by block). Reading the row thus
+// overlaps the arithmetic; a separate max pass over a whole row first left the core waiting on
+// memory and then memory waiting on the core (BENCHMARKS.md, issue 3).
+constexpr int64_t kOnlineBlock = 512;
+
+int64_t online_blocks(int64_t n) { return (n + kOnlineBlock - 1) / kOnlineBlock; }
+
+// The running state over one row: the maximum m so far and vector partial sums of exp(x - m),
+// rescaled by exp(m_old - m_new) when m grows. m starts at -FLT_MAX, not -inf, so blocks of
+// -inf (masked positions) contribute exp(-inf) = 0 rather than exp(-inf + inf) = NaN. A NaN in
+// the row reaches the sum (through the rescale or its own exponential) and so every output.
+struct OnlineExp {
+  float m = -std::numeric_limits<float>::max();
+  Vec s0 = Vec::zero(), s1 = Vec::zero();
+
+  // Folds x[0, len) in; with kStore, e[0, len) = exp(x - m) against the updated m.
+  template <bool kStore>
+  void add(const float* x, float* e, int64_t len) {
+    const float bm = row_max(x, len);
+    if (!(bm <= m)) {
+      const Vec r = exp_diff(Vec::set1(m), Vec::set1(bm));
+      s0 = s0 * r;
+      s1 = s1 * r;
+      m = bm;
+    }
+    const Vec mv = Vec::set1(m);
+    int64_t i = 0;
+    for (; i + 2 * W <= len; i += 2 * W) {
+      const Vec e0 = exp_diff(Vec::load(x + i), mv);
+      const Vec e1 = exp_diff(Vec::load(x + i + W), mv);
+      if (kStore) {
+        e0.store(e + i);
+        e1.store(e + i + W);
+      }
+      s0 = s0 + e0;
+      s1 = s1 + e1;
+    }
+    for (; i + W <= len; i += W) {
+      const Vec v = exp_diff(Vec::load(x + i), mv);
+      if (kStore) v.store(e + i);
+      s0 = s0 + v;
+    }
+    if (i < len) {
+      const int r = static_cast<int>(len - i);
+      const Vec v = exp_diff(Vec::load_n(x + i, r, -kInf), mv);
+      if (kStore) v.store_n(e + i, r);
+      s1 = s1 + v;
+    }
   }
-  for (; i + W <= n; i += W) a0 = a0 + exp_nonpos(Vec::load(x + i) - mv);
-  if (i < n) a1 = a1 + exp_nonpos(Vec::load_n(x + i, static_cast<int>(n - i), -kInf) - mv);
-  return hsum(a0 + a1);
-}
+  float sum() const { return hsum(s0 + s1); }
+};
 
 Vec load_r(const float* p, int r) { return r == W ? Vec::load(p) : Vec::load_n(p, r); }
 
@@ -186,17 +226,36 @@ void sum_blocks(const float* src, int64_t blocks, int64_t n, float* dst) {
 
 void softmax(const float* x, float* y, int64_t rows, int64_t n) {
   const bool stream = stream_output(rows * n * 4);
+  const int64_t nb = online_blocks(n);
   // Streaming: the exponentials go to a per-thread row buffer, so y is written once, at the end.
+  // Otherwise they go to y and are scaled in place.
   parallel_for(0, rows, row_grain(n), [&](int64_t b, int64_t e) {
     std::vector<float> scratch(stream ? static_cast<size_t>(n) : 0);
+    std::vector<float> block_m(static_cast<size_t>(nb));
     for (int64_t m = b; m < e; ++m) {
       const float* xr = x + m * n;
       float* yr = y + m * n;
       float* er = stream ? scratch.data() : yr;
-      const float mx = row_max(xr, n);
-      const Vec iv = Vec::set1(1.0f / exp_store_sum(xr, er, n, mx));
-      map1(
-          er, yr, n, [&](Vec v) { return v * iv; }, stream);
+      OnlineExp oe;
+      for (int64_t k = 0; k < nb; ++k) {
+        const int64_t b0 = k * kOnlineBlock;
+        oe.add<true>(xr + b0, er + b0, std::min(kOnlineBlock, n - b0));
+        block_m[static_cast<size_t>(k)] = oe.m;
+      }
+      // Block k's exponentials were taken against block_m[k] <= oe.m: scale by
+      // exp(block_m[k] - m) / sum, recomputed only where the running maximum moved.
+      const Vec mv = Vec::set1(oe.m);
+      const float inv = 1.0f / oe.sum();
+      Vec f = Vec::zero();
+      for (int64_t k = 0; k < nb; ++k) {
+        const float bm = block_m[static_cast<size_t>(k)];
+        if (k == 0 || !(bm == block_m[static_cast<size_t>(k - 1)])) {
+          f = exp_diff(Vec::set1(bm), mv) * Vec::set1(inv);
+        }
+        const int64_t b0 = k * kOnlineBlock;
+        map1(
+            er + b0, yr + b0, std::min(kOnlineBlock, n - b0), [&](Vec v) { return v * f; }, stream);
+      }
     }
     if (stream) Vec::fence();
   });
@@ -208,8 +267,11 @@ void log_softmax(const float* x, float* y, int64_t rows, int64_t n) {
       rows, n,
       [&](int64_t m) {
         const float* xr = x + m * n;
-        const float mx = row_max(xr, n);
-        const Vec lse = Vec::set1(mx + std::log(exp_sum(xr, n, mx)));
+        OnlineExp oe;
+        for (int64_t b0 = 0; b0 < n; b0 += kOnlineBlock) {
+          oe.add<false>(xr + b0, nullptr, std::min(kOnlineBlock, n - b0));
+        }
+        const Vec lse = Vec::set1(oe.m + std::log(oe.sum()));
         map1(
             xr, y + m * n, n, [&](Vec v) { return v - lse; }, stream);
       },
@@ -401,27 +463,20 @@ void check_target(int64_t t, int64_t V, int64_t row) {
                                  << " is out of range for " << V << " classes";
 }
 
-// loss = (1-s) * (lse - x[t]) + s * (lse - mean(x)). One read of the row from memory: it is
-// walked in L1-sized chunks, each chunk's max found first, then its exponentials summed
-// against the running maximum (the running sum rescaled when the maximum grows).
+// loss = (1-s) * (lse - x[t]) + s * (lse - mean(x)). One read of the row from memory, by
+// blocks through OnlineExp.
 void cross_entropy(const float* x, const int64_t* target, float* loss, float* lse_out, int64_t rows,
                    int64_t V, int64_t ignore_index, double smoothing) {
-  constexpr int64_t kChunk = 1024;
   for_rows(rows, V, [&](int64_t m) {
     const float* xr = x + m * V;
-    float mx = -kInf, se = 0.0f, sum_x = 0.0f;
-    for (int64_t c0 = 0; c0 < V; c0 += kChunk) {
-      const int64_t cn = std::min(kChunk, V - c0);
-      const float cm = row_max(xr + c0, cn);
+    OnlineExp oe;
+    float sum_x = 0.0f;
+    for (int64_t c0 = 0; c0 < V; c0 += kOnlineBlock) {
+      const int64_t cn = std::min(kOnlineBlock, V - c0);
+      oe.add<false>(xr + c0, nullptr, cn);
       if (smoothing != 0.0) sum_x += row_sum(xr + c0, cn);
-      if (cm == -kInf) continue;  // contributes nothing; exp(-inf - -inf) would be NaN
-      if (cm > mx) {
-        se *= std::exp(mx - cm);
-        mx = cm;
-      }
-      se += exp_sum(xr + c0, cn, mx);
     }
-    const double lse = static_cast<double>(mx) + std::log(static_cast<double>(se));
+    const double lse = static_cast<double>(oe.m) + std::log(static_cast<double>(oe.sum()));
     lse_out[m] = static_cast<float>(lse);
     const int64_t t = target[m];
     if (t == ignore_index) {

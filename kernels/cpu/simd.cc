@@ -4,6 +4,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
+#include <fstream>
+#include <string>
 
 #include "base/error.h"
 #include "kernels/cpu/fast.h"
@@ -74,11 +77,50 @@ const char* simd_isa_name(SimdIsa isa) {
 
 void set_stream_threshold(int64_t bytes) { g_stream_threshold.store(bytes); }
 
-bool stream_output(int64_t bytes) {
+int64_t parse_cache_size(const std::string& text) {
+  size_t i = 0;
+  int64_t v = 0;
+  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) {
+    if (v > (int64_t{1} << 40)) return -1;
+    v = v * 10 + (text[i++] - '0');
+  }
+  if (i == 0) return -1;
+  int64_t unit = 1;
+  if (i < text.size() && (text[i] == 'K' || text[i] == 'M' || text[i] == 'G')) {
+    unit = text[i] == 'K'   ? (int64_t{1} << 10)
+           : text[i] == 'M' ? (int64_t{1} << 20)
+                            : (int64_t{1} << 30);
+    ++i;
+  }
+  while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
+  return i == text.size() ? v * unit : -1;
+}
+
+int64_t last_level_cache_bytes() {
   static const int64_t llc = [] {
+    int best_level = 0;
+    int64_t best = -1;
+    for (int k = 0; k < 16; ++k) {
+      const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(k);
+      std::ifstream lf(dir + "/level"), sf(dir + "/size");
+      int level = 0;
+      std::string size;
+      if (!(lf >> level) || !(sf >> size)) continue;
+      const int64_t bytes = parse_cache_size(size);
+      if (bytes > 0 && level > best_level) {
+        best_level = level;
+        best = bytes;
+      }
+    }
+    if (best > 0) return best;
     const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
     return l3 > 0 ? static_cast<int64_t>(l3) : int64_t{32} << 20;
   }();
+  return llc;
+}
+
+bool stream_output(int64_t bytes) {
+  const int64_t llc = last_level_cache_bytes();
   const int64_t forced = g_stream_threshold.load();
   return bytes > (forced >= 0 ? forced : llc);
 }

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace mammoth::kernels::cpu {
 
@@ -25,5 +26,13 @@ bool simd_isa_supported(SimdIsa isa);
 // Outputs larger than this many bytes are written with non-temporal stores (default: the
 // last-level cache size). Tests set 0 to force that path on small inputs; -1 restores the default.
 void set_stream_threshold(int64_t bytes);
+
+// The last-level cache in bytes: the highest-level cache in /sys/devices/system/cpu/cpu0/cache,
+// else sysconf's, else 32 MiB. sysfs comes first because glibc's figure can be far off under a
+// hypervisor: on the Zen 4 VMs here sysconf says 320 MiB for a 32 MiB L3, which kept every row
+// kernel off its streaming-store path.
+int64_t last_level_cache_bytes();
+// A sysfs cache "size" ("32768K", "1M", "512"): bytes, or -1 if it is not one.
+int64_t parse_cache_size(const std::string& text);
 
 }  // namespace mammoth::kernels::cpu

@@ -102,6 +102,8 @@ inline Vec exp(Vec a) {
 }
 // exp for arguments known to be <= 88 (see simd_avx512.h); here simply exp.
 inline Vec exp_nonpos(Vec a) { return exp(a); }
+// e^(x - m) for x <= m (a softmax numerator; simd_avx512.h has a cheaper form).
+inline Vec exp_diff(Vec x, Vec m) { return exp_nonpos(x - m); }
 // Fixed-order horizontal reductions (pairwise, like the x86 versions).
 inline float hsum(Vec a) {
   return ((a.v[0] + a.v[4]) + (a.v[2] + a.v[6])) + ((a.v[1] + a.v[5]) + (a.v[3] + a.v[7]));

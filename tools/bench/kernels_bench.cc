@@ -4,9 +4,11 @@
 // output written once, as STREAM counts them) over its time. Their anchor is a STREAM-style
 // triad a[i] = b[i] + s * c[i] (12 bytes per element) on arrays larger than the L3, run with
 // AVX2 loads and both ordinary and streaming stores, the faster taken: the machine's bandwidth
-// at its best. The triad runs interleaved with each kernel's runs, and every row's anchor is the
-// best triad seen in its thread-count section, so a busy neighbour on a shared machine can only
-// lower our numbers, never the anchor. Attention reports GFLOP/s for the
+// at its best. The triad runs interleaved with each kernel's runs (a triad, a kernel run, a
+// triad, ...), and a row's anchor is the best of the triads interleaved with it: this VM's
+// bandwidth flips between states for seconds at a time (two threads: 45 or 80-90 GB/s), so
+// only samples taken in the same stretch compare like with like. The section header also
+// prints the best triad of the whole section. Attention reports GFLOP/s for the
 // matmul work of the math (forward 4*T*T*D per head, backward 8*T*T*D; halved when causal; our
 // backward's recomputation of P is not counted), and its anchor is the GEMM-bound rate: the same
 // six matmuls done as whole batched sgemm calls with the T x T matrices materialised; rows named
@@ -322,12 +324,16 @@ struct Bench {
     f();
     triad->run(false);
     triad->run(true);
+    // Every timed run starts with no dirty lines in the cache: the plain-store triad leaves up
+    // to an L3 of them, and whatever runs next pays for writing them back (15-30% of a row
+    // kernel's time here), so an untimed streaming triad, which leaves none, follows it.
     double t = 1e30, t_plain = 1e30, t_stream = 1e30;
     for (int r = 0; r < opt.reps; ++r) {
       t_plain = std::min(t_plain, seconds_of([&] { triad->run(false); }));
+      triad->run(true);
+      t_stream = std::min(t_stream, seconds_of([&] { triad->run(true); }));
       if (opt.warm) f();
       t = std::min(t, seconds_of(f));
-      t_stream = std::min(t_stream, seconds_of([&] { triad->run(true); }));
     }
     add(name, shape, bytes / t / 1e9, triad->bytes() / std::min(t_plain, t_stream) / 1e9, "GB/s");
   }
@@ -589,9 +595,8 @@ struct Bench {
     }
   }
 
-  // Runs every row at the current thread count, then prints them. The GB/s anchor of every
-  // row is the best triad seen across the whole section (each row contributed `reps` samples
-  // of it): the bandwidth at its best, not a sample a busy neighbour happened to slow down.
+  // Runs every row at the current thread count, then prints them. The GB/s anchor of a row is
+  // the best of the `reps` triads interleaved with its own runs (see the top of the file).
   void run_all() {
     const size_t first = rows.size();
     adamw_rows();
@@ -606,14 +611,10 @@ struct Bench {
       if (rows[i].unit == "GB/s") best_triad = std::max(best_triad, rows[i].anchor);
     }
     std::printf("-- %d thread%s", threads, threads == 1 ? "" : "s");
-    if (best_triad > 0) std::printf(": best triad %.1f GB/s", best_triad);
+    if (best_triad > 0) std::printf(": best triad of the section %.1f GB/s", best_triad);
     std::printf("\n");
     for (size_t i = first; i < rows.size(); ++i) {
       Row& r = rows[i];
-      if (r.unit == "GB/s") {
-        r.anchor = best_triad;
-        r.ratio = r.ours / r.anchor;
-      }
       if (!r.has_anchor) {
         std::printf("%-26s %-22s %7d %10.1f %10s %-7s %6s  (%s)\n", r.name.c_str(), r.shape.c_str(),
                     r.threads, r.ours, "-", r.unit.c_str(), "-", r.anchor_error.c_str());
@@ -732,7 +733,8 @@ int run_kernels_bench(const std::vector<std::string>& args) {
               opt.reps);
   std::printf(
       "STREAM triad anchor: %lld floats per array, AVX2 loads, best of plain and "
-      "streaming stores, sampled between every kernel's runs, best per section\n",
+      "streaming stores, sampled between every kernel's runs; each row's anchor: the best triad "
+      "among its own samples\n",
       static_cast<long long>(triad_n));
   {
     std::ifstream thp("/sys/kernel/mm/transparent_hugepage/enabled");
@@ -742,6 +744,8 @@ int run_kernels_bench(const std::vector<std::string>& args) {
         "buffers: the engine's CPU allocator, huge pages for blocks >= 2 MiB %s (THP: %s)\n",
         memory::cpu_allocator().huge_pages() ? "on" : "off (MAMMOTH_CPU_HUGE_PAGES=0)",
         mode.empty() ? "not reported" : mode.c_str());
+    std::printf("row kernels stream outputs over %lld MiB (the last-level cache)\n",
+                static_cast<long long>(kc::last_level_cache_bytes() >> 20));
   }
   {
     std::ifstream la("/proc/loadavg");

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <random>
 #include <string>
@@ -156,6 +157,29 @@ void check_f32_vs_f64(Kernel k, std::vector<Buf*> ins, std::vector<Buf*> outs, c
 
 const std::vector<int64_t> kRowSizes = {1, 3, 7, 16, 17, 31, 64, 100, 769, 1031};
 const std::vector<int64_t> kRowCounts = {1, 5, 67};
+
+TEST_CASE("the streaming threshold is the last-level cache, read from sysfs sizes") {
+  CHECK(parse_cache_size("32768K") == (int64_t{32} << 20));
+  CHECK(parse_cache_size("1M") == (int64_t{1} << 20));
+  CHECK(parse_cache_size("2G") == (int64_t{2} << 30));
+  CHECK(parse_cache_size("512") == 512);
+  CHECK(parse_cache_size("48K\n") == 48 * 1024);
+  CHECK(parse_cache_size("") == -1);
+  CHECK(parse_cache_size("K") == -1);
+  CHECK(parse_cache_size("12Q") == -1);
+  CHECK(parse_cache_size("-4K") == -1);
+  const int64_t llc = last_level_cache_bytes();
+  CHECK(llc > 0);
+  // Never a lower level than the largest cache sysfs lists for cpu0.
+  for (int k = 0; k < 16; ++k) {
+    std::ifstream sf("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(k) + "/size");
+    std::string size;
+    if (sf >> size) CHECK(llc >= parse_cache_size(size));
+  }
+  set_stream_threshold(-1);
+  CHECK(stream_output(llc + 1));
+  CHECK_FALSE(stream_output(llc));
+}
 
 TEST_CASE("fast softmax family matches the f64 reference on awkward sizes") {
   MAMMOTH_STREAM_SECTIONS();
