@@ -201,6 +201,65 @@ TEST_CASE("fast softmax family matches the f64 reference on awkward sizes") {
   }
 }
 
+// The online softmax reads rows by blocks of 512 with a running maximum: rows whose maximum
+// moves up block after block, leading blocks of -inf (masked), rows of -FLT_MAX (a mask filled
+// with the lowest float: uniform), rows of -inf only and NaN anywhere (NaN out, as the f64
+// reference does), at sizes of one, several and a partial last block.
+TEST_CASE("online softmax handles rising maxima, masked blocks and NaN across block edges") {
+  MAMMOTH_STREAM_SECTIONS();
+  const double inf = std::numeric_limits<double>::infinity();
+  const double lowest = std::numeric_limits<float>::lowest();
+  for (SimdIsa isa : isas()) {
+    IsaGuard guard(isa);
+    for (int64_t N : {int64_t{511}, int64_t{512}, int64_t{1500}, int64_t{2048}}) {
+      INFO("isa " << simd_isa_name(isa) << " N " << N);
+      const int64_t M = 6;
+      Buf x({M, N});
+      for (int64_t j = 0; j < N; ++j) {
+        const auto J = static_cast<size_t>(j);
+        x.d[J] = static_cast<float>(0.02 * static_cast<double>(j) - 10.0);    // rising maxima
+        x.d[N + J] = j < 600 ? -inf : static_cast<float>(std::sin(0.1 * j));  // masked lead
+        x.d[2 * N + J] = lowest;                                              // uniform
+        x.d[3 * N + J] = -inf;                                                // all masked
+        x.d[4 * N + J] = j == N - 2 ? std::nan("") : 0.5;                     // NaN late
+        x.d[5 * N + J] = j % 97 == 3 ? 60.0 : -60.0;                          // wide range
+      }
+      for (Kernel k : {Kernel::softmax, Kernel::log_softmax}) {
+        INFO(kernel_name(k));
+        Buf y({M, N});
+        for (DType dt : {DType::kF64, DType::kF32}) {
+          std::vector<TensorArg> in = {x.arg(dt)}, out = {y.arg(dt)};
+          launch(k, DeviceType::kCPU, dt, in, out, nullptr);
+        }
+        auto row = [&](std::vector<float>& v, int64_t r) {
+          return std::vector<float>(v.begin() + r * N, v.begin() + (r + 1) * N);
+        };
+        auto drow = [&](std::vector<double>& v, int64_t r) {
+          return std::vector<double>(v.begin() + r * N, v.begin() + (r + 1) * N);
+        };
+        for (int64_t r : {int64_t{0}, int64_t{1}, int64_t{2}, int64_t{5}}) {
+          INFO("row " << r);
+          if (r == 1 && N <= 600) continue;  // wholly masked: the all -inf case below
+          expect_close(kernel_name(k), row(y.f, r), drow(y.d, r));
+        }
+        if (N > 600) {  // the masked lead is exactly 0 (softmax) or -inf (log_softmax)
+          CHECK(y.f[static_cast<size_t>(N)] == (k == Kernel::softmax ? 0.0f : -INFINITY));
+        }
+        for (int64_t j = 0; j < N; ++j) {
+          const auto J = static_cast<size_t>(j);
+          if (k == Kernel::softmax) {
+            REQUIRE(std::abs(y.f[2 * N + J] * N - 1.0) < 1e-5);
+          }
+          REQUIRE(std::isnan(y.f[3 * N + J]));
+          REQUIRE(std::isnan(y.d[3 * N + J]));
+          REQUIRE(std::isnan(y.f[4 * N + J]));
+          REQUIRE(std::isnan(y.d[4 * N + J]));
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("fast layer_norm and rms_norm match the f64 reference, forward and backward") {
   MAMMOTH_STREAM_SECTIONS();
   std::mt19937 rng(2);
