@@ -103,29 +103,25 @@ inline Vec exp(Vec x) { return {exp_impl<false>(x.v)}; }
 inline Vec exp_nonpos(Vec x) { return {exp_impl<true>(x.v)}; }
 
 // e^(x - m) for x <= m (a softmax numerator), cheaper than exp_nonpos(x - m): t = (x - m) log2 e,
-// n = round(t) by the 1.5 * 2^23 shifter (add pipes instead of roundscale), 2^(t - n) by a
-// degree-5 near-minimax polynomial (3.3 * 2^-24 relative in f32), and 2^n built in the exponent
-// bits and applied by one multiply instead of scalef. The rounding of t adds |t| * 2^-24
-// relative, which only matters where e^(x - m) is already negligible beside the row's maximum.
-// Within 2^-21 relative for x - m >= -87 (tested). t < -125 gives 0 (e^(x - m) < 2^-125: the
-// result flushes instead of going denormal), -inf gives 0, NaN stays NaN.
+// f = t - round(t) by vreduceps (independent of the rounding, and 0 for t = -inf), 2^f by a
+// degree-5 near-minimax polynomial (3.3 * 2^-24 relative in f32), and scalef for 2^round(t),
+// which underflows to denormals and 0 correctly and needs no clamp: e^-inf = 0, NaN stays NaN.
+// Nine vector operations against exp_nonpos's eleven plus the subtraction (8.5 against 10.2
+// cycles per vector here). The rounding of t adds |t| * 2^-24 relative, which only matters
+// where e^(x - m) is already negligible beside the row's maximum; within 2^-21 relative for
+// x - m >= -87 (tested through softmax).
 inline Vec exp_diff(Vec x, Vec m) {
-  __m512 t = _mm512_mul_ps(_mm512_sub_ps(x.v, m.v), _mm512_set1_ps(1.44269504088896341f));
-  const __m512 lo = _mm512_set1_ps(-125.0f);
-  const __mmask16 keep = _mm512_cmp_ps_mask(t, lo, _CMP_NLT_UQ);  // t >= -125 or NaN
-  t = _mm512_max_ps(lo, t);                                       // NaN stays in t
-  const __m512 shifter = _mm512_set1_ps(12582912.0f);
-  const __m512 rr = _mm512_add_ps(t, shifter);  // n in the low mantissa bits
-  const __m512 f = _mm512_sub_ps(t, _mm512_sub_ps(rr, shifter));
+  const __m512 t = _mm512_mul_ps(_mm512_sub_ps(x.v, m.v), _mm512_set1_ps(1.44269504088896341f));
+  constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  const __m512 n = _mm512_roundscale_ps(t, kNearest);
+  const __m512 f = _mm512_reduce_ps(t, kNearest);
   __m512 p = _mm512_set1_ps(1.3308824272826314e-3f);
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.671516716480255e-3f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550582334399223e-2f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022242426872253e-1f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931470632553101e-1f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  const __m512i two_n = _mm512_add_epi32(_mm512_slli_epi32(_mm512_castps_si512(rr), 23),
-                                         _mm512_set1_epi32(127 << 23));
-  return {_mm512_maskz_mul_ps(keep, p, _mm512_castsi512_ps(two_n))};
+  return {_mm512_scalef_ps(p, n)};
 }
 
 }  // namespace mammoth::kernels::cpu::avx512

@@ -201,6 +201,39 @@ TEST_CASE("fast softmax family matches the f64 reference on awkward sizes") {
   }
 }
 
+// Softmax's numerator e^(x - max) (exp_diff on AVX-512, exp_nonpos(x - max) elsewhere), seen
+// through two-element rows [0, d]: y[1] / y[0] = e^d within (6 + 2 |d|) * 2^-24 relative (the
+// polynomial's few ulp, and the roundings of x - max and of (x - max) * log2 e, which grow with
+// |d|), down to d = -87; and exactly 0 for d = -inf.
+TEST_CASE("softmax's exponential is within (6 + 2|d|) * 2^-24 of e^d") {
+  std::vector<double> ds = {-std::numeric_limits<double>::infinity()};
+  for (double d = -87.0; d <= 0.0; d += 1.0 / 64) ds.push_back(static_cast<float>(d));
+  const auto M = static_cast<int64_t>(ds.size());
+  for (SimdIsa isa : isas()) {
+    IsaGuard guard(isa);
+    INFO("isa " << simd_isa_name(isa));
+    Buf x({M, 2}), y({M, 2});
+    for (int64_t r = 0; r < M; ++r)
+      x.d[static_cast<size_t>(2 * r + 1)] = ds[static_cast<size_t>(r)];
+    std::vector<TensorArg> in = {x.arg(DType::kF32)}, out = {y.arg(DType::kF32)};
+    launch(Kernel::softmax, DeviceType::kCPU, DType::kF32, in, out, nullptr);
+    CHECK(y.f[1] == 0.0f);
+    CHECK(y.f[0] == 1.0f);
+    double worst = 0;
+    for (int64_t r = 1; r < M; ++r) {
+      const double d = ds[static_cast<size_t>(r)];
+      const double got = static_cast<double>(y.f[static_cast<size_t>(2 * r + 1)]) /
+                         y.f[static_cast<size_t>(2 * r)];
+      const double rel = std::abs(got - std::exp(d)) / std::exp(d);
+      worst = std::max(worst, rel / ((6 + 2 * std::abs(d)) * std::ldexp(1.0, -24)));
+      INFO("d " << d << " got " << got << " relative error " << rel);
+      REQUIRE(rel <= (6 + 2 * std::abs(d)) * std::ldexp(1.0, -24));
+    }
+    INFO("worst error as a fraction of the bound " << worst);
+    CHECK(worst > 0.0);
+  }
+}
+
 // The online softmax reads rows by blocks of 512 with a running maximum: rows whose maximum
 // moves up block after block, leading blocks of -inf (masked), rows of -FLT_MAX (a mask filled
 // with the lowest float: uniform), rows of -inf only and NaN anywhere (NaN out, as the f64
