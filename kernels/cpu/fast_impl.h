@@ -124,10 +124,12 @@ struct OnlineExp {
   float m = -std::numeric_limits<float>::max();
   Vec s0 = Vec::zero(), s1 = Vec::zero();
 
-  // Folds x[0, len) in; with kStore, e[0, len) = exp(x - m) against the updated m.
+  // Folds in x[0, len), whose maximum bm the caller read already; with kStore, e[0, len) =
+  // exp(x - m) against the updated m. In the same loop it reads the next block nx[0, nlen)
+  // (nlen may be 0) and returns its maximum, so memory reads overlap the exponentials instead
+  // of a reading pass leaving the arithmetic idle and then the other way round.
   template <bool kStore>
-  void add(const float* x, float* e, int64_t len) {
-    const float bm = row_max(x, len);
+  float add(const float* x, float* e, int64_t len, float bm, const float* nx, int64_t nlen) {
     if (!(bm <= m)) {
       const Vec r = exp_diff(Vec::set1(m), Vec::set1(bm));
       s0 = s0 * r;
@@ -135,8 +137,12 @@ struct OnlineExp {
       m = bm;
     }
     const Vec mv = Vec::set1(m);
+    Vec n0 = Vec::set1(-kInf), n1 = n0;
+    const int64_t both = std::min(len, nlen);
     int64_t i = 0;
-    for (; i + 2 * W <= len; i += 2 * W) {
+    for (; i + 2 * W <= both; i += 2 * W) {
+      n0 = max(n0, Vec::load(nx + i));
+      n1 = max(n1, Vec::load(nx + i + W));
       const Vec e0 = exp_diff(Vec::load(x + i), mv);
       const Vec e1 = exp_diff(Vec::load(x + i + W), mv);
       if (kStore) {
@@ -146,6 +152,7 @@ struct OnlineExp {
       s0 = s0 + e0;
       s1 = s1 + e1;
     }
+    const int64_t rest = i;
     for (; i + W <= len; i += W) {
       const Vec v = exp_diff(Vec::load(x + i), mv);
       if (kStore) v.store(e + i);
@@ -157,9 +164,42 @@ struct OnlineExp {
       if (kStore) v.store_n(e + i, r);
       s1 = s1 + v;
     }
+    float next = hmax(max(n0, n1));
+    if (rest < nlen) next = std::max(next, row_max(nx + rest, nlen - rest));
+    return next;
+  }
+  // Folds in x[0, len) on its own (its maximum read first).
+  template <bool kStore>
+  void add(const float* x, float* e, int64_t len) {
+    add<kStore>(x, e, len, row_max(x, len), nullptr, 0);
   }
   float sum() const { return hsum(s0 + s1); }
 };
+
+// Rows [rb, re) of x through OnlineExp, each block's maximum read during the previous block
+// (across row ends too: rows are contiguous). row(m, oe, block_m) gets each row's state and the
+// running maximum after each of its blocks; with kStore the exponentials go to e_of(m).
+template <bool kStore, typename ERow, typename Row>
+void online_rows(const float* x, int64_t rb, int64_t re, int64_t n, ERow e_of, Row row) {
+  const int64_t nb = online_blocks(n);
+  std::vector<float> block_m(static_cast<size_t>(nb));
+  float bm = row_max(x + rb * n, std::min(kOnlineBlock, n));
+  for (int64_t m = rb; m < re; ++m) {
+    const float* xr = x + m * n;
+    float* er = kStore ? e_of(m) : nullptr;
+    OnlineExp oe;
+    for (int64_t k = 0; k < nb; ++k) {
+      const int64_t b0 = k * kOnlineBlock, len = std::min(kOnlineBlock, n - b0);
+      const float* nx = k + 1 < nb ? xr + b0 + kOnlineBlock : m + 1 < re ? xr + n : nullptr;
+      const int64_t nlen = k + 1 < nb   ? std::min(kOnlineBlock, n - b0 - kOnlineBlock)
+                           : m + 1 < re ? std::min(kOnlineBlock, n)
+                                        : 0;
+      bm = oe.add<kStore>(xr + b0, kStore ? er + b0 : nullptr, len, bm, nx, nlen);
+      block_m[static_cast<size_t>(k)] = oe.m;
+    }
+    row(m, oe, block_m.data());
+  }
+}
 
 Vec load_r(const float* p, int r) { return r == W ? Vec::load(p) : Vec::load_n(p, r); }
 
@@ -231,51 +271,42 @@ void softmax(const float* x, float* y, int64_t rows, int64_t n) {
   // Otherwise they go to y and are scaled in place.
   parallel_for(0, rows, row_grain(n), [&](int64_t b, int64_t e) {
     std::vector<float> scratch(stream ? static_cast<size_t>(n) : 0);
-    std::vector<float> block_m(static_cast<size_t>(nb));
-    for (int64_t m = b; m < e; ++m) {
-      const float* xr = x + m * n;
-      float* yr = y + m * n;
-      float* er = stream ? scratch.data() : yr;
-      OnlineExp oe;
-      for (int64_t k = 0; k < nb; ++k) {
-        const int64_t b0 = k * kOnlineBlock;
-        oe.add<true>(xr + b0, er + b0, std::min(kOnlineBlock, n - b0));
-        block_m[static_cast<size_t>(k)] = oe.m;
-      }
-      // Block k's exponentials were taken against block_m[k] <= oe.m: scale by
-      // exp(block_m[k] - m) / sum, recomputed only where the running maximum moved.
-      const Vec mv = Vec::set1(oe.m);
-      const float inv = 1.0f / oe.sum();
-      Vec f = Vec::zero();
-      for (int64_t k = 0; k < nb; ++k) {
-        const float bm = block_m[static_cast<size_t>(k)];
-        if (k == 0 || !(bm == block_m[static_cast<size_t>(k - 1)])) {
-          f = exp_diff(Vec::set1(bm), mv) * Vec::set1(inv);
-        }
-        const int64_t b0 = k * kOnlineBlock;
-        map1(
-            er + b0, yr + b0, std::min(kOnlineBlock, n - b0), [&](Vec v) { return v * f; }, stream);
-      }
-    }
+    online_rows<true>(
+        x, b, e, n, [&](int64_t m) { return stream ? scratch.data() : y + m * n; },
+        [&](int64_t m, const OnlineExp& oe, const float* block_m) {
+          // Block k's exponentials were taken against block_m[k] <= oe.m: scale by
+          // exp(block_m[k] - m) / sum, recomputed only where the running maximum moved.
+          const float* er = stream ? scratch.data() : y + m * n;
+          float* yr = y + m * n;
+          const Vec mv = Vec::set1(oe.m);
+          const float inv = 1.0f / oe.sum();
+          Vec f = Vec::zero();
+          for (int64_t k = 0; k < nb; ++k) {
+            if (k == 0 || !(block_m[k] == block_m[k - 1])) {
+              f = exp_diff(Vec::set1(block_m[k]), mv) * Vec::set1(inv);
+            }
+            const int64_t b0 = k * kOnlineBlock;
+            map1(
+                er + b0, yr + b0, std::min(kOnlineBlock, n - b0), [&](Vec v) { return v * f; },
+                stream);
+          }
+        });
     if (stream) Vec::fence();
   });
 }
 
 void log_softmax(const float* x, float* y, int64_t rows, int64_t n) {
   const bool stream = stream_output(rows * n * 4);
-  for_rows(
-      rows, n,
-      [&](int64_t m) {
-        const float* xr = x + m * n;
-        OnlineExp oe;
-        for (int64_t b0 = 0; b0 < n; b0 += kOnlineBlock) {
-          oe.add<false>(xr + b0, nullptr, std::min(kOnlineBlock, n - b0));
-        }
-        const Vec lse = Vec::set1(oe.m + std::log(oe.sum()));
-        map1(
-            xr, y + m * n, n, [&](Vec v) { return v - lse; }, stream);
-      },
-      stream);
+  parallel_for(0, rows, row_grain(n), [&](int64_t b, int64_t e) {
+    online_rows<false>(
+        x, b, e, n, [](int64_t) { return static_cast<float*>(nullptr); },
+        [&](int64_t m, const OnlineExp& oe, const float*) {
+          const Vec lse = Vec::set1(oe.m + std::log(oe.sum()));
+          map1(
+              x + m * n, y + m * n, n, [&](Vec v) { return v - lse; }, stream);
+        });
+    if (stream) Vec::fence();
+  });
 }
 
 void softmax_backward(const float* dy, const float* y, float* dx, int64_t rows, int64_t n) {
