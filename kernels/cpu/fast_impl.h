@@ -309,17 +309,71 @@ void log_softmax(const float* x, float* y, int64_t rows, int64_t n) {
   });
 }
 
+// One row of softmax_backward (dx = y * (dy - dot)) that also returns the dot of the next row
+// (ng, np), read in the same loop: reading the next row overlaps writing this one. The dot is
+// accumulated in row_dot's exact order, so a row's result never depends on where a thread's
+// range starts. kStream: full vectors go out with streaming stores (out 64-byte aligned).
+template <bool kStream>
+float softmax_backward_row(const float* g, const float* p, float* out, int64_t n, float dot,
+                           const float* ng, const float* np) {
+  const Vec dv = Vec::set1(dot);
+  auto put = [&](int64_t i) {
+    const Vec v = Vec::load(p + i) * (Vec::load(g + i) - dv);
+    if (kStream) {
+      v.stream(out + i);
+    } else {
+      v.store(out + i);
+    }
+  };
+  Vec a0 = Vec::zero(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = 0;
+  for (; i + 4 * W <= n; i += 4 * W) {
+    a0 = fma(Vec::load(ng + i), Vec::load(np + i), a0);
+    a1 = fma(Vec::load(ng + i + W), Vec::load(np + i + W), a1);
+    put(i);
+    put(i + W);
+    a2 = fma(Vec::load(ng + i + 2 * W), Vec::load(np + i + 2 * W), a2);
+    a3 = fma(Vec::load(ng + i + 3 * W), Vec::load(np + i + 3 * W), a3);
+    put(i + 2 * W);
+    put(i + 3 * W);
+  }
+  for (; i + W <= n; i += W) {
+    a0 = fma(Vec::load(ng + i), Vec::load(np + i), a0);
+    put(i);
+  }
+  if (i < n) {
+    const int r = static_cast<int>(n - i);
+    a1 = fma(Vec::load_n(ng + i, r), Vec::load_n(np + i, r), a1);
+    (Vec::load_n(p + i, r) * (Vec::load_n(g + i, r) - dv)).store_n(out + i, r);
+  }
+  return hsum((a0 + a1) + (a2 + a3));
+}
+
+// dx = y * (dy - dot(dy, y)), each row's dot read while the previous row is written (above).
+// Rows whose output is not 64-byte aligned under streaming stores (which need it) take row_dot
+// and emit one after the other instead.
 void softmax_backward(const float* dy, const float* y, float* dx, int64_t rows, int64_t n) {
   const bool stream = stream_output(rows * n * 4);
-  for_rows(
-      rows, n,
-      [&](int64_t m) {
-        const int64_t o = m * n;
-        const Vec dot = Vec::set1(row_dot(dy + o, y + o, n));
-        map2(
-            dy + o, y + o, dx + o, n, [&](Vec g, Vec p) { return p * (g - dot); }, stream);
-      },
-      stream);
+  parallel_for(0, rows, row_grain(n), [&](int64_t rb, int64_t re) {
+    float dot = row_dot(dy + rb * n, y + rb * n, n);
+    for (int64_t m = rb; m < re; ++m) {
+      const int64_t o = m * n;
+      const float *g = dy + o, *p = y + o;
+      float* out = dx + o;
+      const bool aligned = reinterpret_cast<uintptr_t>(out) % (W * sizeof(float)) == 0;
+      if (m + 1 == re || (stream && !aligned)) {
+        const Vec dv = Vec::set1(dot);
+        emit(stream, out, n,
+             [&](int64_t i, int r) { return load_r(p + i, r) * (load_r(g + i, r) - dv); });
+        if (m + 1 < re) dot = row_dot(g + n, p + n, n);
+      } else if (stream) {
+        dot = softmax_backward_row<true>(g, p, out, n, dot, g + n, p + n);
+      } else {
+        dot = softmax_backward_row<false>(g, p, out, n, dot, g + n, p + n);
+      }
+    }
+    if (stream) Vec::fence();
+  });
 }
 
 void log_softmax_backward(const float* dy, const float* y, float* dx, int64_t rows, int64_t n) {

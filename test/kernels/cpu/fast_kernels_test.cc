@@ -5,11 +5,14 @@
 // bf16/f16 gradients and a bf16/f16 parameter copy.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/dtype.h"
@@ -477,6 +480,63 @@ TEST_CASE("fast kernels give bitwise the same results at any thread count") {
   const std::vector<float> three = run(3);
   set_num_threads(before);
   REQUIRE(std::memcmp(one.data(), three.data(), one.size() * sizeof(float)) == 0);
+}
+
+// softmax_backward reads row m + 1 while writing row m, and takes that path only where the
+// output rows are 64-byte aligned under streaming stores; Buf's storage is not, so this test
+// makes its own aligned rows (N a multiple of 16) and checks both store paths, every ISA, against
+// a double-precision reference, bitwise equal at 1 and 3 threads.
+TEST_CASE("softmax_backward on 64-byte aligned rows matches f64 at any thread count") {
+  MAMMOTH_STREAM_SECTIONS();
+  const int before = num_threads();
+  std::mt19937 rng(12);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (int64_t N : {int64_t{64}, int64_t{768}, int64_t{2048}}) {
+    const int64_t M = 37;
+    const auto n = static_cast<size_t>(M * N);
+    auto alloc = [&] {
+      return std::unique_ptr<float, decltype(&std::free)>(
+          static_cast<float*>(std::aligned_alloc(64, n * sizeof(float))), &std::free);
+    };
+    auto dy = alloc(), y = alloc(), dx1 = alloc(), dx3 = alloc();
+    for (size_t i = 0; i < n; ++i) {
+      dy.get()[i] = u(rng);
+      y.get()[i] = 0.5f + 0.5f * u(rng);
+    }
+    for (SimdIsa isa : isas()) {
+      IsaGuard guard(isa);
+      INFO("isa " << simd_isa_name(isa) << " N " << N);
+      for (auto [threads, dx] : {std::pair{1, dx1.get()}, std::pair{3, dx3.get()}}) {
+        set_num_threads(threads);
+        TensorArg a[3];
+        float* ptrs[3] = {dy.get(), y.get(), dx};
+        for (int k = 0; k < 3; ++k) {
+          a[k].data = ptrs[k];
+          a[k].dtype = DType::kF32;
+          a[k].ndim = 2;
+          a[k].shape[0] = M;
+          a[k].shape[1] = N;
+          a[k].strides[0] = N;
+          a[k].strides[1] = 1;
+        }
+        std::vector<TensorArg> in = {a[0], a[1]}, out = {a[2]};
+        launch(Kernel::softmax_backward, DeviceType::kCPU, DType::kF32, in, out, nullptr);
+      }
+      set_num_threads(before);
+      REQUIRE(std::memcmp(dx1.get(), dx3.get(), n * sizeof(float)) == 0);
+      for (int64_t m = 0; m < M; ++m) {
+        double dot = 0;
+        for (int64_t j = 0; j < N; ++j) {
+          dot += static_cast<double>(dy.get()[m * N + j]) * y.get()[m * N + j];
+        }
+        for (int64_t j = 0; j < N; ++j) {
+          const auto i = static_cast<size_t>(m * N + j);
+          const double want = y.get()[i] * (dy.get()[i] - dot);
+          REQUIRE(std::abs(dx1.get()[i] - want) <= 1e-5 * (1 + std::abs(dot)));
+        }
+      }
+    }
+  }
 }
 
 TEST_CASE("tiled attention gives bitwise the same results at any thread count") {
