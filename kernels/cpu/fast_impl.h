@@ -270,13 +270,17 @@ void softmax(const float* x, float* y, int64_t rows, int64_t n) {
   // Streaming: the exponentials go to a per-thread row buffer, so y is written once, at the end.
   // Otherwise they go to y and are scaled in place.
   parallel_for(0, rows, row_grain(n), [&](int64_t b, int64_t e) {
-    std::vector<float> scratch(stream ? static_cast<size_t>(n) : 0);
+    // 64-byte aligned like the rows, or every vector store and load of it would split lines.
+    std::vector<float> buf(stream ? static_cast<size_t>(n + W) : 0);
+    float* scratch =
+        reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buf.data()) + W * sizeof(float) - 1) &
+                                 ~(W * sizeof(float) - 1));
     online_rows<true>(
-        x, b, e, n, [&](int64_t m) { return stream ? scratch.data() : y + m * n; },
+        x, b, e, n, [&](int64_t m) { return stream ? scratch : y + m * n; },
         [&](int64_t m, const OnlineExp& oe, const float* block_m) {
           // Block k's exponentials were taken against block_m[k] <= oe.m: scale by
           // exp(block_m[k] - m) / sum, recomputed only where the running maximum moved.
-          const float* er = stream ? scratch.data() : y + m * n;
+          const float* er = stream ? scratch : y + m * n;
           float* yr = y + m * n;
           const Vec mv = Vec::set1(oe.m);
           const float inv = 1.0f / oe.sum();
