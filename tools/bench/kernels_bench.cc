@@ -316,6 +316,12 @@ struct Bench {
            const char* unit) {
     rows.push_back({name, shape, threads, ours, anchor, unit, ours / anchor});
   }
+  // Runs f (untimed) if row `name` is wanted: a backward row's saved inputs (softmax's output,
+  // layer_norm's mean and rstd, ...) come from its forward kernel, whether or not --filter
+  // selected the forward row too (zeros would make a degenerate row: rstd 0, all of dx 0).
+  void prepare(const std::string& name, const std::function<void()>& f) {
+    if (wanted(name)) f();
+  }
   // A memory-bound kernel moving `bytes` per call. The triad (both store kinds) runs
   // interleaved with the kernel; its best here is a candidate for the section's anchor.
   void memory_row(const std::string& name, const std::string& shape, double bytes,
@@ -376,10 +382,16 @@ struct Bench {
     memory_row("softmax", shape, 8.0 * n, [&] {
       run(Kernel::softmax, {farg(x, {M, N})}, {farg(y, {M, N})});
     });
+    prepare("softmax_backward", [&] {
+      run(Kernel::softmax, {farg(x, {M, N})}, {farg(y, {M, N})});
+    });
     memory_row("softmax_backward", shape, 12.0 * n, [&] {
       run(Kernel::softmax_backward, {farg(dy, {M, N}), farg(y, {M, N})}, {farg(dx, {M, N})});
     });
     memory_row("log_softmax", shape, 8.0 * n, [&] {
+      run(Kernel::log_softmax, {farg(x, {M, N})}, {farg(y, {M, N})});
+    });
+    prepare("log_softmax_backward", [&] {
       run(Kernel::log_softmax, {farg(x, {M, N})}, {farg(y, {M, N})});
     });
     memory_row("log_softmax_backward", shape, 12.0 * n, [&] {
@@ -402,12 +414,20 @@ struct Bench {
       run(Kernel::layer_norm, {farg(x, {M, N}), farg(w, {N}), farg(b, {N})},
           {farg(y, {M, N}), farg(mean, {M}), farg(rstd, {M})}, &p);
     });
+    prepare("layer_norm_backward", [&] {
+      run(Kernel::layer_norm, {farg(x, {M, N}), farg(w, {N}), farg(b, {N})},
+          {farg(y, {M, N}), farg(mean, {M}), farg(rstd, {M})}, &p);
+    });
     memory_row("layer_norm_backward", shape, 12.0 * n + 8.0 * M, [&] {
       run(Kernel::layer_norm_backward,
           {farg(dy, {M, N}), farg(x, {M, N}), farg(w, {N}), farg(mean, {M}), farg(rstd, {M})},
           {farg(dx, {M, N}), farg(dw, {N}), farg(db, {N})});
     });
     memory_row("rms_norm", shape, 8.0 * n + 4.0 * M, [&] {
+      run(Kernel::rms_norm, {farg(x, {M, N}), farg(w, {N})}, {farg(y, {M, N}), farg(rstd, {M})},
+          &p);
+    });
+    prepare("rms_norm_backward", [&] {
       run(Kernel::rms_norm, {farg(x, {M, N}), farg(w, {N})}, {farg(y, {M, N}), farg(rstd, {M})},
           &p);
     });
@@ -429,6 +449,9 @@ struct Bench {
     kernels::CrossEntropyParams p;
     const TensorArg t = targ(target.data(), DType::kI64, {M});
     memory_row("cross_entropy", shape, 4.0 * n, [&] {
+      run(Kernel::cross_entropy, {farg(x, {M, V}), t}, {farg(loss, {M}), farg(lse, {M})}, &p);
+    });
+    prepare("cross_entropy_backward", [&] {
       run(Kernel::cross_entropy, {farg(x, {M, V}), t}, {farg(loss, {M}), farg(lse, {M})}, &p);
     });
     memory_row("cross_entropy_backward", shape, 8.0 * n, [&] {
