@@ -79,52 +79,47 @@ void log_softmax_kernel(std::span<const TensorArg> in, std::span<const TensorArg
   });
 }
 
-// dx = y * (dy - sum(dy * y))
-template <typename T>
-void softmax_backward_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,
-                             const void*) {
+// The two softmax backward kernels: f32 through the fused kernel `fast`; otherwise, per row, a
+// reduction r = reduce(dy, y) in double and then dx = out(dy, y, r).
+template <typename T, typename Reduce, typename Out>
+void softmax_family_backward(std::span<const TensorArg> in, std::span<const TensorArg> out,
+                             decltype(FastKernels::softmax_backward) fast, Reduce reduce,
+                             Out dx_of) {
+  const int64_t N = in[0].size(-1), M = rows_of(in[0]);
   if constexpr (std::is_same_v<T, float>) {
-    fast_kernels().softmax_backward(in[0].ptr<const float>(), in[1].ptr<const float>(),
-                                    out[0].ptr<float>(), rows_of(in[0]), in[0].size(-1));
+    fast(in[0].ptr<const float>(), in[1].ptr<const float>(), out[0].ptr<float>(), M, N);
     return;
   }
-  const int64_t N = in[0].size(-1), M = rows_of(in[0]);
   const T* dy = in[0].ptr<const T>();
   const T* y = in[1].ptr<const T>();
   T* dx = out[0].ptr<T>();
   parallel_for(0, M, row_grain(N), [&](int64_t b, int64_t e) {
     for (int64_t m = b; m < e; ++m) {
-      double dot = 0;
-      for (int64_t n = 0; n < N; ++n) dot += dy[m * N + n] * y[m * N + n];
+      double r = 0;
+      for (int64_t n = 0; n < N; ++n) r += reduce(dy[m * N + n], y[m * N + n]);
       for (int64_t n = 0; n < N; ++n) {
-        dx[m * N + n] = y[m * N + n] * (dy[m * N + n] - static_cast<T>(dot));
+        dx[m * N + n] = dx_of(dy[m * N + n], y[m * N + n], static_cast<T>(r));
       }
     }
   });
+}
+
+// dx = y * (dy - sum(dy * y))
+template <typename T>
+void softmax_backward_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,
+                             const void*) {
+  softmax_family_backward<T>(
+      in, out, fast_kernels().softmax_backward, [](T g, T p) { return g * p; },
+      [](T g, T p, T dot) { return p * (g - dot); });
 }
 
 // dx = dy - exp(y) * sum(dy)
 template <typename T>
 void log_softmax_backward_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,
                                  const void*) {
-  if constexpr (std::is_same_v<T, float>) {
-    fast_kernels().log_softmax_backward(in[0].ptr<const float>(), in[1].ptr<const float>(),
-                                        out[0].ptr<float>(), rows_of(in[0]), in[0].size(-1));
-    return;
-  }
-  const int64_t N = in[0].size(-1), M = rows_of(in[0]);
-  const T* dy = in[0].ptr<const T>();
-  const T* y = in[1].ptr<const T>();
-  T* dx = out[0].ptr<T>();
-  parallel_for(0, M, row_grain(N), [&](int64_t b, int64_t e) {
-    for (int64_t m = b; m < e; ++m) {
-      double sum = 0;
-      for (int64_t n = 0; n < N; ++n) sum += dy[m * N + n];
-      for (int64_t n = 0; n < N; ++n) {
-        dx[m * N + n] = dy[m * N + n] - std::exp(y[m * N + n]) * static_cast<T>(sum);
-      }
-    }
-  });
+  softmax_family_backward<T>(
+      in, out, fast_kernels().log_softmax_backward, [](T g, T) { return g; },
+      [](T g, T ly, T sum) { return g - std::exp(ly) * sum; });
 }
 
 template <typename T>
