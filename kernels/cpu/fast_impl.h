@@ -137,6 +137,10 @@ struct OnlineExp {
       m = bm;
     }
     const Vec mv = Vec::set1(m);
+    // The sums in locals: as members they were stored and reloaded every iteration (the stores
+    // to e may alias them, as far as the compiler knows), which put a store-to-load forwarding
+    // delay on the sums' dependency chain.
+    Vec a0 = s0, a1 = s1;
     Vec n0 = Vec::set1(-kInf), n1 = n0;
     const int64_t both = std::min(len, nlen);
     int64_t i = 0;
@@ -149,21 +153,23 @@ struct OnlineExp {
         e0.store(e + i);
         e1.store(e + i + W);
       }
-      s0 = s0 + e0;
-      s1 = s1 + e1;
+      a0 = a0 + e0;
+      a1 = a1 + e1;
     }
     const int64_t rest = i;
     for (; i + W <= len; i += W) {
       const Vec v = exp_diff(Vec::load(x + i), mv);
       if (kStore) v.store(e + i);
-      s0 = s0 + v;
+      a0 = a0 + v;
     }
     if (i < len) {
       const int r = static_cast<int>(len - i);
       const Vec v = exp_diff(Vec::load_n(x + i, r, -kInf), mv);
       if (kStore) v.store_n(e + i, r);
-      s1 = s1 + v;
+      a1 = a1 + v;
     }
+    s0 = a0;
+    s1 = a1;
     float next = hmax(max(n0, n1));
     if (rest < nlen) next = std::max(next, row_max(nx + rest, nlen - rest));
     return next;
