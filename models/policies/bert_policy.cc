@@ -157,27 +157,17 @@ class DenseHolder : public engine::nn::Module {
   std::shared_ptr<engine::nn::LayerNorm> LayerNorm;  // NOLINT: HF's name
 };
 
-class TpBertEncoder : public engine::nn::Module {
- public:
-  TpBertEncoder(const ModelConfig& c, Communicator& tp, bool sequence_parallel) {
-    layer = register_module("layer", std::make_shared<ModuleList<TpBertLayer>>());
-    for (int64_t l = 0; l < c.n_layer; ++l) {
-      layer->add(std::make_shared<TpBertLayer>(c, tp, sequence_parallel));
-    }
-  }
-  std::shared_ptr<ModuleList<TpBertLayer>> layer;
-};
-
 class TpBertModel : public engine::nn::Module {
  public:
   TpBertModel(const ModelConfig& c, Communicator& tp, bool sequence_parallel) {
     embeddings =
         register_module("embeddings", std::make_shared<TpBertEmbeddings>(c, tp, sequence_parallel));
-    encoder = register_module("encoder", std::make_shared<TpBertEncoder>(c, tp, sequence_parallel));
+    encoder = register_module("encoder",
+                              std::make_shared<TpEncoder<TpBertLayer>>(c, tp, sequence_parallel));
     pooler = register_module("pooler", std::make_shared<DenseHolder>(c, false));
   }
   std::shared_ptr<TpBertEmbeddings> embeddings;
-  std::shared_ptr<TpBertEncoder> encoder;
+  std::shared_ptr<TpEncoder<TpBertLayer>> encoder;
   std::shared_ptr<DenseHolder> pooler;  // not used by the MLM loss
 };
 

@@ -77,4 +77,18 @@ class TpEncoderSelfAttention : public engine::nn::Module {
   std::vector<std::shared_ptr<parallel::ColumnParallelLinear>> proj_;  // query, key, value
 };
 
+// The encoders' "encoder.layer" stack: n_layer tensor-parallel layers of the family's Layer,
+// each built as Layer(config, tp, sequence_parallel).
+template <typename Layer>
+class TpEncoder : public engine::nn::Module {
+ public:
+  TpEncoder(const ModelConfig& c, parallel::Communicator& tp, bool sequence_parallel) {
+    layer = register_module("layer", std::make_shared<ModuleList<Layer>>());
+    for (int64_t l = 0; l < c.n_layer; ++l) {
+      layer->add(std::make_shared<Layer>(c, tp, sequence_parallel));
+    }
+  }
+  std::shared_ptr<ModuleList<Layer>> layer;
+};
+
 }  // namespace mammoth::models

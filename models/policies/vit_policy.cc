@@ -179,27 +179,17 @@ class TpVitLayer : public engine::nn::Module {
   std::shared_ptr<TpVitRowDense> output;
 };
 
-class TpVitEncoder : public engine::nn::Module {
- public:
-  TpVitEncoder(const ModelConfig& c, Communicator& tp, bool sequence_parallel) {
-    layer = register_module("layer", std::make_shared<ModuleList<TpVitLayer>>());
-    for (int64_t l = 0; l < c.n_layer; ++l) {
-      layer->add(std::make_shared<TpVitLayer>(c, tp, sequence_parallel));
-    }
-  }
-  std::shared_ptr<ModuleList<TpVitLayer>> layer;
-};
-
 class TpVitModel : public engine::nn::Module {
  public:
   TpVitModel(const ModelConfig& c, Communicator& tp, bool sequence_parallel) {
     embeddings = register_module("embeddings", std::make_shared<TpVitEmbeddings>(c));
-    encoder = register_module("encoder", std::make_shared<TpVitEncoder>(c, tp, sequence_parallel));
+    encoder = register_module("encoder",
+                              std::make_shared<TpEncoder<TpVitLayer>>(c, tp, sequence_parallel));
     layernorm =
         register_module("layernorm", std::make_shared<LayerNorm>(c.d_model, c.norm_eps, c.dtype));
   }
   std::shared_ptr<TpVitEmbeddings> embeddings;
-  std::shared_ptr<TpVitEncoder> encoder;
+  std::shared_ptr<TpEncoder<TpVitLayer>> encoder;
   std::shared_ptr<LayerNorm> layernorm;
 };
 
