@@ -125,10 +125,10 @@ class TpGpt2Block : public engine::nn::Module {
   std::shared_ptr<TpGpt2Mlp> mlp;
 };
 
-class TpGpt2 : public ShardedLanguageModel {
+class TpGpt2 : public ShardedDecoder {
  public:
   TpGpt2(const ModelConfig& config, const parallel::DeviceMesh& mesh, const ShardOptions& options)
-      : ShardedLanguageModel(mesh, options), config_(config) {
+      : ShardedDecoder(config, mesh, options) {
     Communicator& tp = mesh.group(Axis::kTp);
     const bool sg = options.sp_mode == SpMode::kSplitGather;
     const ModelConfig& c = config_;
@@ -152,24 +152,8 @@ class TpGpt2 : public ShardedLanguageModel {
     }
   }
 
-  const ModelConfig& config() const override { return config_; }
-  HfLayout hf_layout() const override {
-    // The single-device layout: full_parameters() are what a checkpoint holds.
-    return build_model(config_)->hf_layout();
-  }
-
-  Tensor forward(const Tensor& ids) override {
-    Local l = run(ids);
-    return gather_logits(l.logits, l.plan, ids.size(1), config_.vocab_size);
-  }
-
-  Tensor loss(const Tensor& ids, const Tensor& targets) override {
-    Local l = run(ids);
-    return loss_from_local(l.logits, l.rows, ids, targets, wte->vocab_start(), config_.vocab_size);
-  }
-
-  // Pipeline stages: the pieces of run() below, each re-deriving the sequence plan from T.
-  bool supports_pipeline() const override { return true; }
+  // Pipeline stages (and, run in a row, the whole forward), each re-deriving the sequence plan
+  // from T.
   Tensor pipeline_embed(const Tensor& ids) override {
     const SeqPlan plan = checked_plan(ids);
     const bool sg = options_.sp_mode == SpMode::kSplitGather;
@@ -184,13 +168,6 @@ class TpGpt2 : public ShardedLanguageModel {
     return run_block(
         activation_checkpointing_ && is_training(),
         [block, seq](const Tensor& in) { return block->forward(in, seq); }, x);
-  }
-  Tensor pipeline_loss(const Tensor& x, const Tensor& ids) override {
-    const SeqPlan plan = plan_sequence(ids.size(1));
-    const bool sg = options_.sp_mode == SpMode::kSplitGather;
-    Tensor logits = head_logits(ln_f->forward(x));
-    return loss_from_local(logits, sg ? plan.every : plan.local, ids, Tensor(), wte->vocab_start(),
-                           config_.vocab_size);
   }
   PipelinePart pipeline_part(const std::string& name) const override {
     return gpt2_pipeline_part(name);
@@ -211,6 +188,8 @@ class TpGpt2 : public ShardedLanguageModel {
         << " exceed max_seq " << config_.max_seq;
     return plan;
   }
+  Tensor local_logits(const Tensor& x) const override { return head_logits(ln_f->forward(x)); }
+  int64_t vocab_start() const override { return wte->vocab_start(); }
   // The tied head: columns of this rank's vocabulary shard, every position of the sequence
   // under split_gather (gathered), this rank's positions otherwise.
   Tensor head_logits(const Tensor& x) const {
@@ -220,25 +199,6 @@ class TpGpt2 : public ShardedLanguageModel {
     return engine::linear(xh, wte->weight);
   }
 
-  struct Local {
-    Tensor logits;              // [B, n, Vp/tp]: the rows of `rows`
-    std::vector<int64_t> rows;  // global positions (>= T: padding)
-    SeqPlan plan;
-  };
-
-  // The whole forward: the same pieces the pipeline stages run.
-  Local run(const Tensor& ids) {
-    Local out;
-    out.plan = checked_plan(ids);
-    // split_gather embeds the whole sequence and reduce-scatters it along the sequence.
-    Tensor x = pipeline_embed(ids);
-    for (int64_t l = 0; l < static_cast<int64_t>(h->size()); ++l) x = pipeline_block(l, x, ids);
-    out.logits = head_logits(ln_f->forward(x));
-    out.rows = options_.sp_mode == SpMode::kSplitGather ? out.plan.every : out.plan.local;
-    return out;
-  }
-
-  ModelConfig config_;
   std::shared_ptr<Dropout> drop_;
 };
 

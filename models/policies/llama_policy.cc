@@ -189,10 +189,10 @@ class TpLlamaModel : public engine::nn::Module {
   std::shared_ptr<RMSNorm> norm;
 };
 
-class TpLlama : public ShardedLanguageModel {
+class TpLlama : public ShardedDecoder {
  public:
   TpLlama(const ModelConfig& config, const parallel::DeviceMesh& mesh, const ShardOptions& options)
-      : ShardedLanguageModel(mesh, options), config_(config) {
+      : ShardedDecoder(config, mesh, options) {
     Communicator& tp = mesh.group(Axis::kTp);
     const bool sg = options.sp_mode == SpMode::kSplitGather;
     const ModelConfig& c = config_;
@@ -224,25 +224,8 @@ class TpLlama : public ShardedLanguageModel {
     }
   }
 
-  const ModelConfig& config() const override { return config_; }
-  HfLayout hf_layout() const override {
-    // The single-device layout: full_parameters() are what a checkpoint holds.
-    return build_model(config_)->hf_layout();
-  }
-
-  Tensor forward(const Tensor& ids) override {
-    Local l = run(ids);
-    return gather_logits(l.logits, l.plan, ids.size(1), config_.vocab_size);
-  }
-
-  Tensor loss(const Tensor& ids, const Tensor& targets) override {
-    Local l = run(ids);
-    return loss_from_local(l.logits, l.rows, ids, targets, model->embed_tokens->vocab_start(),
-                           config_.vocab_size);
-  }
-
-  // Pipeline stages: the pieces of run(), each re-deriving the sequence plan from T.
-  bool supports_pipeline() const override { return true; }
+  // Pipeline stages (and, run in a row, the whole forward), each re-deriving the sequence plan
+  // from T.
   Tensor pipeline_embed(const Tensor& ids) override {
     const SeqPlan plan = checked_plan(ids);
     // split_gather embeds the whole sequence and reduce-scatters it along the sequence.
@@ -256,12 +239,6 @@ class TpLlama : public ShardedLanguageModel {
         activation_checkpointing_ && is_training(),
         [layer, seq](const Tensor& in) { return layer->forward(in, seq); }, x);
   }
-  Tensor pipeline_loss(const Tensor& x, const Tensor& ids) override {
-    const SeqPlan plan = plan_sequence(ids.size(1));
-    const bool sg = options_.sp_mode == SpMode::kSplitGather;
-    return loss_from_local(head_logits(model->norm->forward(x)), sg ? plan.every : plan.local, ids,
-                           Tensor(), model->embed_tokens->vocab_start(), config_.vocab_size);
-  }
   PipelinePart pipeline_part(const std::string& name) const override {
     return llama_pipeline_part(name, config_.tie_embeddings);
   }
@@ -270,25 +247,6 @@ class TpLlama : public ShardedLanguageModel {
   std::shared_ptr<ColumnParallelLinear> lm_head;  // null when tied to model.embed_tokens
 
  private:
-  struct Local {
-    Tensor logits;              // [B, n, Vp/tp]: the rows of `rows`
-    std::vector<int64_t> rows;  // global positions (>= T: padding)
-    SeqPlan plan;
-  };
-
-  // The whole forward: the same pieces the pipeline stages run.
-  Local run(const Tensor& ids) {
-    Local out;
-    out.plan = checked_plan(ids);
-    Tensor x = pipeline_embed(ids);
-    for (int64_t l = 0; l < static_cast<int64_t>(model->layers->size()); ++l) {
-      x = pipeline_block(l, x, ids);
-    }
-    out.logits = head_logits(model->norm->forward(x));
-    out.rows = options_.sp_mode == SpMode::kSplitGather ? out.plan.every : out.plan.local;
-    return out;
-  }
-
   SeqPlan checked_plan(const Tensor& ids) const {
     MAMMOTH_CHECK(ids.dim() == 2 && ids.dtype() == DType::kI64)
         << "[TpLlama::forward] ids must be i64 [B, T], got " << engine::shape_str(ids.shape());
@@ -305,6 +263,10 @@ class TpLlama : public ShardedLanguageModel {
     return SeqContext{options_.sp_mode, plan.layout, &mesh_.group(Axis::kSp), attn_rows};
   }
 
+  Tensor local_logits(const Tensor& x) const override {
+    return head_logits(model->norm->forward(x));
+  }
+  int64_t vocab_start() const override { return model->embed_tokens->vocab_start(); }
   // The head: columns of this rank's vocabulary shard, for every position under split_gather
   // (gathered), this rank's positions otherwise.
   Tensor head_logits(const Tensor& x) const {
@@ -314,8 +276,6 @@ class TpLlama : public ShardedLanguageModel {
     Tensor xh = sg ? parallel::all_gather_from_group(x, tp, 1) : parallel::copy_to_group(x, tp);
     return engine::linear(xh, model->embed_tokens->weight);
   }
-
-  ModelConfig config_;
 };
 
 }  // namespace

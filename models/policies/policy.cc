@@ -4,6 +4,7 @@
 
 #include "engine/autograd.h"
 #include "engine/ops.h"
+#include "models/registry.h"
 #include "parallel/tensor_parallel/mappings.h"
 
 namespace mammoth::models {
@@ -45,6 +46,41 @@ ShardLayout::ShardLayout(const engine::nn::Module& self, const parallel::DeviceM
 ShardedLanguageModel::ShardedLanguageModel(const parallel::DeviceMesh& mesh,
                                            const ShardOptions& options)
     : ShardLayout(*this, mesh, options) {}
+
+ShardedDecoder::ShardedDecoder(const ModelConfig& config, const parallel::DeviceMesh& mesh,
+                               const ShardOptions& options)
+    : ShardedLanguageModel(mesh, options), config_(config) {}
+
+HfLayout ShardedDecoder::hf_layout() const { return build_model(config_)->hf_layout(); }
+
+const std::vector<int64_t>& ShardedDecoder::logit_rows(const SeqPlan& plan) const {
+  return options_.sp_mode == SpMode::kSplitGather ? plan.every : plan.local;
+}
+
+ShardedDecoder::Local ShardedDecoder::run(const Tensor& ids) {
+  Local out;
+  Tensor x = pipeline_embed(ids);  // checks ids
+  out.plan = plan_sequence(ids.size(1));
+  for (int64_t l = 0; l < config_.n_layer; ++l) x = pipeline_block(l, x, ids);
+  out.logits = local_logits(x);
+  out.rows = logit_rows(out.plan);
+  return out;
+}
+
+Tensor ShardedDecoder::forward(const Tensor& ids) {
+  Local l = run(ids);
+  return gather_logits(l.logits, l.plan, ids.size(1), config_.vocab_size);
+}
+
+Tensor ShardedDecoder::loss(const Tensor& ids, const Tensor& targets) {
+  Local l = run(ids);
+  return loss_from_local(l.logits, l.rows, ids, targets, vocab_start(), config_.vocab_size);
+}
+
+Tensor ShardedDecoder::pipeline_loss(const Tensor& x, const Tensor& ids) {
+  return loss_from_local(local_logits(x), logit_rows(plan_sequence(ids.size(1))), ids, Tensor(),
+                         vocab_start(), config_.vocab_size);
+}
 
 ShardedVit::ShardedVit(const parallel::DeviceMesh& mesh, const ShardOptions& options)
     : ShardLayout(*this, mesh, options) {}

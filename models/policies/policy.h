@@ -161,6 +161,41 @@ class ShardedLanguageModel : public LanguageModel, public ShardLayout {
                                int64_t vocab_size) const;
 };
 
+// A decoder-only language model (GPT-2, LLaMA) in its tp/sp form, written as the pipeline's
+// pieces: the whole forward is pipeline_embed, every pipeline_block, then local_logits (the
+// final norm and this rank's vocabulary-parallel head). forward, loss and pipeline_loss follow
+// from those, once for every family.
+class ShardedDecoder : public ShardedLanguageModel {
+ public:
+  ShardedDecoder(const ModelConfig& config, const parallel::DeviceMesh& mesh,
+                 const ShardOptions& options);
+  const ModelConfig& config() const override { return config_; }
+  // The single-device layout: full_parameters() are what a checkpoint holds.
+  HfLayout hf_layout() const override;
+  engine::Tensor forward(const engine::Tensor& ids) override;
+  engine::Tensor loss(const engine::Tensor& ids, const engine::Tensor& targets) override;
+  bool supports_pipeline() const override { return true; }
+  engine::Tensor pipeline_loss(const engine::Tensor& x, const engine::Tensor& ids) override;
+
+ protected:
+  // This rank's logits [B, n, Vp/tp] from the last block's output.
+  virtual engine::Tensor local_logits(const engine::Tensor& x) const = 0;
+  // The first id of this rank's vocabulary shard.
+  virtual int64_t vocab_start() const = 0;
+  // The rows local_logits covers: every position under split_gather, this rank's otherwise.
+  const std::vector<int64_t>& logit_rows(const SeqPlan& plan) const;
+
+  ModelConfig config_;
+
+ private:
+  struct Local {
+    engine::Tensor logits;      // [B, n, Vp/tp]: the rows of `rows`
+    std::vector<int64_t> rows;  // global positions (>= T: padding)
+    SeqPlan plan;
+  };
+  Local run(const engine::Tensor& ids);
+};
+
 class Vit;
 
 // ViT (models/vit) in its tp/sp form: an image classifier, not a language model, so it has its
