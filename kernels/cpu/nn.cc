@@ -28,42 +28,16 @@ int64_t rows_of(const TensorArg& t) {
 
 int64_t row_grain(int64_t n) { return std::max<int64_t>(1, 8192 / std::max<int64_t>(n, 1)); }
 
-template <typename T>
-void softmax_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out, const void*) {
+// The two softmax forward kernels: f32 through the fused kernel `fast`; otherwise, per row, the
+// maximum mx, sum = sum(exp(x - mx)) in double, and y = out(x, mx, sum) element by element.
+template <typename T, typename Out>
+void softmax_family_forward(std::span<const TensorArg> in, std::span<const TensorArg> out,
+                            decltype(FastKernels::softmax) fast, Out y_of) {
+  const int64_t N = in[0].size(-1), M = rows_of(in[0]);
   if constexpr (std::is_same_v<T, float>) {
-    fast_kernels().softmax(in[0].ptr<const float>(), out[0].ptr<float>(), rows_of(in[0]),
-                           in[0].size(-1));
+    fast(in[0].ptr<const float>(), out[0].ptr<float>(), M, N);
     return;
   }
-  const int64_t N = in[0].size(-1), M = rows_of(in[0]);
-  const T* x = in[0].ptr<const T>();
-  T* y = out[0].ptr<T>();
-  parallel_for(0, M, row_grain(N), [&](int64_t b, int64_t e) {
-    for (int64_t m = b; m < e; ++m) {
-      const T* xr = x + m * N;
-      T* yr = y + m * N;
-      T mx = -std::numeric_limits<T>::infinity();
-      for (int64_t n = 0; n < N; ++n) mx = std::max(mx, xr[n]);
-      double sum = 0;
-      for (int64_t n = 0; n < N; ++n) {
-        yr[n] = std::exp(xr[n] - mx);
-        sum += yr[n];
-      }
-      const T inv = static_cast<T>(1.0 / sum);
-      for (int64_t n = 0; n < N; ++n) yr[n] *= inv;
-    }
-  });
-}
-
-template <typename T>
-void log_softmax_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,
-                        const void*) {
-  if constexpr (std::is_same_v<T, float>) {
-    fast_kernels().log_softmax(in[0].ptr<const float>(), out[0].ptr<float>(), rows_of(in[0]),
-                               in[0].size(-1));
-    return;
-  }
-  const int64_t N = in[0].size(-1), M = rows_of(in[0]);
   const T* x = in[0].ptr<const T>();
   T* y = out[0].ptr<T>();
   parallel_for(0, M, row_grain(N), [&](int64_t b, int64_t e) {
@@ -73,9 +47,23 @@ void log_softmax_kernel(std::span<const TensorArg> in, std::span<const TensorArg
       for (int64_t n = 0; n < N; ++n) mx = std::max(mx, xr[n]);
       double sum = 0;
       for (int64_t n = 0; n < N; ++n) sum += std::exp(static_cast<double>(xr[n] - mx));
-      const T lse = mx + static_cast<T>(std::log(sum));
-      for (int64_t n = 0; n < N; ++n) y[m * N + n] = xr[n] - lse;
+      for (int64_t n = 0; n < N; ++n) y[m * N + n] = y_of(xr[n], mx, sum);
     }
+  });
+}
+
+template <typename T>
+void softmax_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out, const void*) {
+  softmax_family_forward<T>(in, out, fast_kernels().softmax, [](T x, T mx, double sum) {
+    return static_cast<T>(std::exp(static_cast<double>(x - mx)) / sum);
+  });
+}
+
+template <typename T>
+void log_softmax_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,
+                        const void*) {
+  softmax_family_forward<T>(in, out, fast_kernels().log_softmax, [](T x, T mx, double sum) {
+    return x - (mx + static_cast<T>(std::log(sum)));
   });
 }
 
