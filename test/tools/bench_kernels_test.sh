@@ -1,0 +1,22 @@
+#!/bin/bash
+# `mammoth bench kernels --quick`: runs with only the backward rows selected, says which memory
+# and store paths it measured, and writes a JSON row with a positive figure and anchor for
+# every backward row and none for the forward rows --filter left out.
+set -uo pipefail
+mammoth="$1"
+fail() { echo "FAIL: $*" >&2; exit 1; }
+out="$TEST_TMPDIR/out.txt"
+json="$TEST_TMPDIR/rows.json"
+"$mammoth" bench kernels --quick --reps 1 --no-torch --threads 1 --filter _backward \
+  --json "$json" >"$out" 2>&1 || { cat "$out"; fail "bench kernels exited non-zero"; }
+grep -q "^buffers: the engine's CPU allocator" "$out" || fail "no buffers line"
+grep -q "^row kernels stream outputs over [0-9]* MiB" "$out" || fail "no streaming threshold line"
+for row in softmax_backward log_softmax_backward layer_norm_backward rms_norm_backward \
+  cross_entropy_backward gelu_backward silu_backward; do
+  line=$(grep "\"name\":\"$row\"" "$json") || fail "no JSON row for $row"
+  echo "$line" | grep -Eq '"ours":[0-9]*[1-9][0-9.e+-]*,' || fail "$row: no positive figure: $line"
+  echo "$line" | grep -Eq '"anchor":[0-9]*[1-9][0-9.e+-]*,' || fail "$row: no positive anchor: $line"
+  echo "$line" | grep -q '"unit":"GB/s"' || fail "$row: not in GB/s: $line"
+done
+if grep -q '"name":"softmax",' "$json"; then fail "--filter _backward ran the forward row"; fi
+echo ok
