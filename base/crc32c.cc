@@ -106,26 +106,44 @@ const StripeShifts& stripe_shifts() {
   return s;
 }
 
+// The three finished CRCs of A = p[0, ab), B = p[ab, 2 ab), C = p[2 ab, 2 ab + c) as three
+// interleaved streams (c <= ab, both multiples of 8).
+__attribute__((target("sse4.2"))) void three_parts_hw(const unsigned char* p, size_t ab, size_t c,
+                                                      uint32_t out[3]) {
+  uint64_t ra = 0xffffffffu, rb = 0xffffffffu, rc = 0xffffffffu;
+  const unsigned char* pb = p + ab;
+  const unsigned char* pc = pb + ab;
+  size_t i = 0;
+  for (; i < c; i += 8) {
+    uint64_t wa, wb, wc;
+    std::memcpy(&wa, p + i, 8);
+    std::memcpy(&wb, pb + i, 8);
+    std::memcpy(&wc, pc + i, 8);
+    ra = _mm_crc32_u64(ra, wa);
+    rb = _mm_crc32_u64(rb, wb);
+    rc = _mm_crc32_u64(rc, wc);
+  }
+  for (; i < ab; i += 8) {  // A and B may be longer than C
+    uint64_t wa, wb;
+    std::memcpy(&wa, p + i, 8);
+    std::memcpy(&wb, pb + i, 8);
+    ra = _mm_crc32_u64(ra, wa);
+    rb = _mm_crc32_u64(rb, wb);
+  }
+  out[0] = ~static_cast<uint32_t>(ra);
+  out[1] = ~static_cast<uint32_t>(rb);
+  out[2] = ~static_cast<uint32_t>(rc);
+}
+
 __attribute__((target("sse4.2"))) uint32_t crc32c_hw(const unsigned char* p, size_t n,
                                                      uint32_t crc) {
   if (n >= 3 * kStripe) {
     const StripeShifts& sh = stripe_shifts();
     for (; n >= 3 * kStripe; n -= 3 * kStripe, p += 3 * kStripe) {
-      uint64_t a = 0xffffffffu, b = 0xffffffffu, c = 0xffffffffu;
-      const unsigned char* pb = p + kStripe;
-      const unsigned char* pc = p + 2 * kStripe;
-      for (size_t i = 0; i < kStripe; i += 8) {
-        uint64_t wa, wb, wc;
-        std::memcpy(&wa, p + i, 8);
-        std::memcpy(&wb, pb + i, 8);
-        std::memcpy(&wc, pc + i, 8);
-        a = _mm_crc32_u64(a, wa);
-        b = _mm_crc32_u64(b, wb);
-        c = _mm_crc32_u64(c, wc);
-      }
+      uint32_t r[3];
+      three_parts_hw(p, kStripe, kStripe, r);
       // crc(prefix || A || B || C) from the four finished CRCs.
-      crc = sh.three(crc) ^ sh.two(~static_cast<uint32_t>(a)) ^ sh.one(~static_cast<uint32_t>(b)) ^
-            ~static_cast<uint32_t>(c);
+      crc = sh.three(crc) ^ sh.two(r[0]) ^ sh.one(r[1]) ^ r[2];
     }
   }
   return ~hw_stream(~crc, p, n);
@@ -152,6 +170,18 @@ Crc32cShift::Crc32cShift(size_t n) {
 }
 
 bool crc32c_hardware() { return have_sse42(); }
+
+void crc32c_three_parts(const void* data, size_t ab, size_t c, uint32_t out[3]) {
+  MAMMOTH_CHECK(c <= ab && ab % 8 == 0 && c % 8 == 0)
+      << "[crc32c] three parts need c <= ab, both multiples of 8; got ab " << ab << ", c " << c;
+  const auto* p = static_cast<const unsigned char*>(data);
+#if defined(__x86_64__)
+  if (have_sse42()) return three_parts_hw(p, ab, c, out);
+#endif
+  out[0] = crc32c_portable(p, ab);
+  out[1] = crc32c_portable(p + ab, ab);
+  out[2] = crc32c_portable(p + 2 * ab, c);
+}
 
 uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
 #if defined(__x86_64__)

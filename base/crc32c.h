@@ -23,6 +23,13 @@ uint32_t crc32c_masked(uint32_t crc);
 // CRC-32C of a whole file, streamed; throws mammoth::Error naming the file on I/O errors.
 uint32_t crc32c_file(const std::string& path);
 
+// The finished CRC-32Cs of three adjacent parts: A = data[0, ab), B = data[ab, 2 ab) and
+// C = data[2 ab, 2 ab + c), with c <= ab and both multiples of 8. On the hardware path they run
+// as three interleaved streams, at the instruction's throughput rather than its latency; join
+// them with Crc32cShift: crc32c(A || B || C) == Crc32cShift(ab + c)(out[0]) ^
+// Crc32cShift(c)(out[1]) ^ out[2].
+void crc32c_three_parts(const void* data, size_t ab, size_t c, uint32_t out[3]);
+
 // Joining CRCs computed separately (zlib's crc32_combine): for any A and any B of n bytes,
 //   crc32c(A || B) == Crc32cShift(n)(crc32c(A)) ^ crc32c(B).
 // Multiplying a finished CRC by x^(8 n) modulo the polynomial is linear in it, so it is four

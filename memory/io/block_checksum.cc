@@ -46,9 +46,10 @@ __attribute__((target("sse4.2"))) void crc_four(const unsigned char* p, size_t b
 }
 
 // One 4 KiB block alone (a single random read's verification) as three independent streams of
-// 1368, 1368 and 1360 bytes, so it runs at the instruction's throughput instead of its latency,
-// and the three CRCs joined with Crc32cShift (base/crc32c.h). base's crc32c splits only inputs
-// of three 8 KiB stripes or more; a lone block is what a random read verifies, hence this.
+// 1368, 1368 and 1360 bytes (base's crc32c_three_parts), so it runs at the instruction's
+// throughput instead of its latency, the three CRCs joined with Crc32cShift. base's crc32c
+// splits only inputs of three 8 KiB stripes or more; a lone block is what a random read
+// verifies, hence this.
 constexpr size_t kSplitBlock = 4096;
 constexpr size_t kPartA = 1368, kPartB = 1368, kPartC = kSplitBlock - kPartA - kPartB;
 
@@ -62,32 +63,12 @@ const SplitTables& split_tables() {
   return tables;
 }
 
-__attribute__((target("sse4.2"))) uint32_t crc_split(const unsigned char* p) {
-  static_assert(kPartA % 8 == 0 && kPartB % 8 == 0 && kPartC % 8 == 0 && kPartC <= kPartA);
+uint32_t crc_split(const unsigned char* p) {
+  static_assert(kPartA == kPartB && kPartA % 8 == 0 && kPartC % 8 == 0 && kPartC <= kPartA);
   const SplitTables& t = split_tables();
-  uint64_t a = 0xffffffffu, b = 0xffffffffu, c = 0xffffffffu;
-  const unsigned char* pb = p + kPartA;
-  const unsigned char* pc = pb + kPartB;
-  size_t i = 0;
-  for (; i < kPartC; i += 8) {
-    uint64_t wa, wb, wc;
-    std::memcpy(&wa, p + i, 8);
-    std::memcpy(&wb, pb + i, 8);
-    std::memcpy(&wc, pc + i, 8);
-    a = _mm_crc32_u64(a, wa);
-    b = _mm_crc32_u64(b, wb);
-    c = _mm_crc32_u64(c, wc);
-  }
-  for (; i < kPartA; i += 8) {  // A and B are one word longer than C
-    uint64_t wa, wb;
-    std::memcpy(&wa, p + i, 8);
-    std::memcpy(&wb, pb + i, 8);
-    a = _mm_crc32_u64(a, wa);
-    b = _mm_crc32_u64(b, wb);
-  }
-  const uint32_t crc_a = ~static_cast<uint32_t>(a), crc_b = ~static_cast<uint32_t>(b);
-  const uint32_t crc_c = ~static_cast<uint32_t>(c);
-  return t.past_bc(crc_a) ^ t.past_c(crc_b) ^ crc_c;
+  uint32_t r[3];
+  crc32c_three_parts(p, kPartA, kPartC, r);
+  return t.past_bc(r[0]) ^ t.past_c(r[1]) ^ r[2];
 }
 
 #endif

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 using namespace mammoth;
@@ -65,4 +66,21 @@ TEST_CASE("crc32c chains and combines") {
   auto bad = data;
   bad[54321] ^= 0x10;
   CHECK(crc32c(bad.data(), bad.size()) != whole);
+}
+
+TEST_CASE("crc32c_three_parts gives each part's CRC and joins to the whole") {
+  const auto data = random_bytes(30000, 5);
+  for (auto [ab, c] : {std::pair<size_t, size_t>{8, 0}, {1368, 1360}, {8192, 8192}, {800, 8}}) {
+    INFO("ab " << ab << " c " << c);
+    uint32_t r[3];
+    crc32c_three_parts(data.data(), ab, c, r);
+    CHECK(r[0] == crc32c_portable(data.data(), ab));
+    CHECK(r[1] == crc32c_portable(data.data() + ab, ab));
+    CHECK(r[2] == crc32c_portable(data.data() + 2 * ab, c));
+    const uint32_t joined = Crc32cShift(ab + c)(r[0]) ^ Crc32cShift(c)(r[1]) ^ r[2];
+    CHECK(joined == crc32c_portable(data.data(), 2 * ab + c));
+  }
+  uint32_t r[3];
+  CHECK_THROWS_WITH(crc32c_three_parts(data.data(), 16, 24, r), Catch::Contains("c <= ab"));
+  CHECK_THROWS_WITH(crc32c_three_parts(data.data(), 12, 8, r), Catch::Contains("multiples of 8"));
 }
