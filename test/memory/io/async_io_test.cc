@@ -26,6 +26,7 @@
 #include "memory/io/aligned_buffer.h"
 #include "memory/io/uring_engine.h"
 #include "test/memory/io/child_process.h"
+#include "test/memory/io/error_of.h"
 #include "test/testing/test_dir.h"
 
 namespace mammoth::memory::io {
@@ -46,14 +47,7 @@ std::unique_ptr<AsyncIO> make(EngineKind kind, const std::string& dir, AsyncIOOp
   return io;
 }
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using testing::error_of;
 
 // Denies one system call with EPERM for this process (and its future threads), as a container
 // runtime's seccomp profile does for io_uring.

@@ -17,6 +17,7 @@
 #include "base/error.h"
 #include "memory/io/aligned_buffer.h"
 #include "memory/io/async_io.h"
+#include "test/memory/io/error_of.h"
 #include "test/testing/test_dir.h"
 
 namespace {
@@ -43,14 +44,7 @@ void fill_random(AlignedBuffer& b, uint32_t seed) {
   for (size_t i = 0; i < b.size() / 4; ++i) w[i] = rng();
 }
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using testing::error_of;
 
 // kDepth chains of 1-block reads at pseudo-random blocks; each completion checks its bytes and
 // starts the chain's next read from its callback, through post() or through submit() of a batch

@@ -20,6 +20,7 @@
 #include "memory/io/aligned_buffer.h"
 #include "memory/io/async_io.h"
 #include "test/memory/io/child_process.h"
+#include "test/memory/io/error_of.h"
 #include "test/testing/test_dir.h"
 
 namespace mammoth::memory::io {
@@ -27,14 +28,7 @@ namespace {
 
 using testing::run_in_child;
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using testing::error_of;
 
 bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
