@@ -107,48 +107,83 @@ float exp_store_sum(const float* x, float* y, int64_t n, float m) {
   return hsum(a0 + a1);
 }
 
-// Softmax-style rows are read from memory once, in blocks of kOnlineBlock floats (2 KiB). Each
-// block's maximum is folded into a running one and the block's exponentials are taken against
-// it at once, while the block is in L1 (an online softmax, by block). Reading the row thus
-// overlaps the arithmetic; a separate max pass over a whole row first left the core waiting on
-// memory and then memory waiting on the core (BENCHMARKS.md, issue 3).
+// Softmax-style rows are read from memory once, in blocks of kOnlineBlock floats (2 KiB): an
+// online softmax by block. Each block's exponentials are taken against a reference known before
+// the block (the largest value seen so far), and the block's own maximum is found in the same
+// loop from the same loads, so reading the row overlaps the arithmetic. Two earlier forms were
+// slower on rows from memory: a separate max pass (the core waits on memory, then memory on the
+// core), and reading the next block's maximum in the loop over the current one from L1
+// (32-33 against 36-37 GB/s in a microbenchmark at one thread; BENCHMARKS.md, issue 3).
 constexpr int64_t kOnlineBlock = 512;
+// A row's first reference is the maximum of its first kHintFloats; a block whose maximum exceeds
+// its reference by more than kOnlineSlack is redone against that maximum (from L1), so no
+// exponential exceeds e^2 and the ones above the reference lose at most ~4 * 2^-24 relative
+// (exp_diff's error grows with |x - m|). A row whose maximum keeps rising block after block
+// costs up to twice the exponentials; typical rows (logits, attention scores) reach most of
+// their maximum within the first kHintFloats and never redo.
+constexpr int64_t kHintFloats = 4 * W;
+constexpr float kOnlineSlack = 2.0f;
 
 int64_t online_blocks(int64_t n) { return (n + kOnlineBlock - 1) / kOnlineBlock; }
 
-// The running state over one row: the maximum m so far and vector partial sums of exp(x - m),
-// rescaled by exp(m_old - m_new) when m grows. m starts at -FLT_MAX, not -inf, so blocks of
+// The running state over one row: the reference m and vector partial sums of exp(x - m),
+// rescaled by exp(m_old - m_new) when m grows. m is at least -FLT_MAX, never -inf, so blocks of
 // -inf (masked positions) contribute exp(-inf) = 0 rather than exp(-inf + inf) = NaN. A NaN in
-// the row reaches the sum (through the rescale or its own exponential) and so every output.
+// the row reaches the sum (through its own exponential) and so every output.
 struct OnlineExp {
-  float m = -std::numeric_limits<float>::max();
+  float m;
   Vec s0 = Vec::zero(), s1 = Vec::zero();
 
-  // Folds in x[0, len), whose maximum bm the caller read already; with kStore, e[0, len) =
-  // exp(x - m) against the updated m. In the same loop it reads the next block nx[0, nlen)
-  // (nlen may be 0) and returns its maximum, so memory reads overlap the exponentials instead
-  // of a reading pass leaving the arithmetic idle and then the other way round.
+  // `hint`: the maximum of the row's first elements (row_hint).
+  explicit OnlineExp(float hint) : m(std::max(hint, -std::numeric_limits<float>::max())) {}
+
+  // Folds in x[0, len); with kStore, e[0, len) = exp(x - ref), where ref (returned) is the
+  // block's reference: ref <= m after the call, so e * exp(ref - m) / sum() is the softmax.
   template <bool kStore>
-  float add(const float* x, float* e, int64_t len, float bm, const float* nx, int64_t nlen) {
-    if (!(bm <= m)) {
+  float add(const float* x, float* e, int64_t len) {
+    const float ref = m;
+    // The sums in locals: as members they were stored and reloaded every iteration (the stores
+    // to e may alias them, as far as the compiler knows), which put a store-to-load forwarding
+    // delay on the sums' dependency chain.
+    Vec a0 = s0, a1 = s1;
+    const float bm = pass<kStore, true>(x, e, len, ref, a0, a1);
+    if (bm > ref + kOnlineSlack) {  // redo against the block's maximum (not taken by NaN)
+      const Vec r = exp_diff(Vec::set1(ref), Vec::set1(bm));
+      a0 = s0 * r;
+      a1 = s1 * r;
+      pass<kStore, false>(x, e, len, bm, a0, a1);
+      m = bm;
+      s0 = a0;
+      s1 = a1;
+      return bm;
+    }
+    s0 = a0;
+    s1 = a1;
+    if (bm > m) {  // later blocks against the new maximum
       const Vec r = exp_diff(Vec::set1(m), Vec::set1(bm));
       s0 = s0 * r;
       s1 = s1 * r;
       m = bm;
     }
-    const Vec mv = Vec::set1(m);
-    // The sums in locals: as members they were stored and reloaded every iteration (the stores
-    // to e may alias them, as far as the compiler knows), which put a store-to-load forwarding
-    // delay on the sums' dependency chain.
+    return ref;
+  }
+  float sum() const { return hsum(s0 + s1); }
+
+ private:
+  // a += exp(x - ref) over x[0, len) (stored to e with kStore); with kMax returns max x.
+  template <bool kStore, bool kMax>
+  static float pass(const float* x, float* e, int64_t len, float ref, Vec& s0, Vec& s1) {
+    const Vec mv = Vec::set1(ref);
     Vec a0 = s0, a1 = s1;
     Vec n0 = Vec::set1(-kInf), n1 = n0;
-    const int64_t both = std::min(len, nlen);
     int64_t i = 0;
-    for (; i + 2 * W <= both; i += 2 * W) {
-      n0 = max(n0, Vec::load(nx + i));
-      n1 = max(n1, Vec::load(nx + i + W));
-      const Vec e0 = exp_diff(Vec::load(x + i), mv);
-      const Vec e1 = exp_diff(Vec::load(x + i + W), mv);
+    for (; i + 2 * W <= len; i += 2 * W) {
+      const Vec x0 = Vec::load(x + i), x1 = Vec::load(x + i + W);
+      if (kMax) {
+        n0 = max(n0, x0);
+        n1 = max(n1, x1);
+      }
+      const Vec e0 = exp_diff(x0, mv), e1 = exp_diff(x1, mv);
       if (kStore) {
         e0.store(e + i);
         e1.store(e + i + W);
@@ -156,54 +191,44 @@ struct OnlineExp {
       a0 = a0 + e0;
       a1 = a1 + e1;
     }
-    const int64_t rest = i;
     for (; i + W <= len; i += W) {
-      const Vec v = exp_diff(Vec::load(x + i), mv);
+      const Vec x0 = Vec::load(x + i);
+      if (kMax) n0 = max(n0, x0);
+      const Vec v = exp_diff(x0, mv);
       if (kStore) v.store(e + i);
       a0 = a0 + v;
     }
     if (i < len) {
       const int r = static_cast<int>(len - i);
-      const Vec v = exp_diff(Vec::load_n(x + i, r, -kInf), mv);
+      const Vec x0 = Vec::load_n(x + i, r, -kInf);
+      if (kMax) n1 = max(n1, x0);
+      const Vec v = exp_diff(x0, mv);
       if (kStore) v.store_n(e + i, r);
       a1 = a1 + v;
     }
     s0 = a0;
     s1 = a1;
-    float next = hmax(max(n0, n1));
-    if (rest < nlen) next = std::max(next, row_max(nx + rest, nlen - rest));
-    return next;
+    return kMax ? hmax(max(n0, n1)) : 0.0f;
   }
-  // Folds in x[0, len) on its own (its maximum read first).
-  template <bool kStore>
-  void add(const float* x, float* e, int64_t len) {
-    add<kStore>(x, e, len, row_max(x, len), nullptr, 0);
-  }
-  float sum() const { return hsum(s0 + s1); }
 };
 
-// Rows [rb, re) of x through OnlineExp, each block's maximum read during the previous block
-// (across row ends too: rows are contiguous). row(m, oe, block_m) gets each row's state and the
-// running maximum after each of its blocks; with kStore the exponentials go to e_of(m).
+float row_hint(const float* x, int64_t n) { return row_max(x, std::min(n, kHintFloats)); }
+
+// Rows [rb, re) of x through OnlineExp. row(m, oe, block_ref) gets each row's state and each
+// block's reference; with kStore the exponentials go to e_of(m).
 template <bool kStore, typename ERow, typename Row>
 void online_rows(const float* x, int64_t rb, int64_t re, int64_t n, ERow e_of, Row row) {
   const int64_t nb = online_blocks(n);
-  std::vector<float> block_m(static_cast<size_t>(nb));
-  float bm = row_max(x + rb * n, std::min(kOnlineBlock, n));
+  std::vector<float> block_ref(static_cast<size_t>(nb));
   for (int64_t m = rb; m < re; ++m) {
     const float* xr = x + m * n;
     float* er = kStore ? e_of(m) : nullptr;
-    OnlineExp oe;
+    OnlineExp oe(row_hint(xr, n));
     for (int64_t k = 0; k < nb; ++k) {
       const int64_t b0 = k * kOnlineBlock, len = std::min(kOnlineBlock, n - b0);
-      const float* nx = k + 1 < nb ? xr + b0 + kOnlineBlock : m + 1 < re ? xr + n : nullptr;
-      const int64_t nlen = k + 1 < nb   ? std::min(kOnlineBlock, n - b0 - kOnlineBlock)
-                           : m + 1 < re ? std::min(kOnlineBlock, n)
-                                        : 0;
-      bm = oe.add<kStore>(xr + b0, kStore ? er + b0 : nullptr, len, bm, nx, nlen);
-      block_m[static_cast<size_t>(k)] = oe.m;
+      block_ref[static_cast<size_t>(k)] = oe.add<kStore>(xr + b0, kStore ? er + b0 : nullptr, len);
     }
-    row(m, oe, block_m.data());
+    row(m, oe, block_ref.data());
   }
 }
 
@@ -283,17 +308,17 @@ void softmax(const float* x, float* y, int64_t rows, int64_t n) {
                                  ~(W * sizeof(float) - 1));
     online_rows<true>(
         x, b, e, n, [&](int64_t m) { return stream ? scratch : y + m * n; },
-        [&](int64_t m, const OnlineExp& oe, const float* block_m) {
-          // Block k's exponentials were taken against block_m[k] <= oe.m: scale by
-          // exp(block_m[k] - m) / sum, recomputed only where the running maximum moved.
+        [&](int64_t m, const OnlineExp& oe, const float* block_ref) {
+          // Block k's exponentials were taken against block_ref[k] <= oe.m: scale by
+          // exp(block_ref[k] - m) / sum, recomputed only where the reference moved.
           const float* er = stream ? scratch : y + m * n;
           float* yr = y + m * n;
           const Vec mv = Vec::set1(oe.m);
           const float inv = 1.0f / oe.sum();
           Vec f = Vec::zero();
           for (int64_t k = 0; k < nb; ++k) {
-            if (k == 0 || !(block_m[k] == block_m[k - 1])) {
-              f = exp_diff(Vec::set1(block_m[k]), mv) * Vec::set1(inv);
+            if (k == 0 || !(block_ref[k] == block_ref[k - 1])) {
+              f = exp_diff(Vec::set1(block_ref[k]), mv) * Vec::set1(inv);
             }
             const int64_t b0 = k * kOnlineBlock;
             map1(
@@ -569,7 +594,7 @@ void cross_entropy(const float* x, const int64_t* target, float* loss, float* ls
                    int64_t V, int64_t ignore_index, double smoothing) {
   for_rows(rows, V, [&](int64_t m) {
     const float* xr = x + m * V;
-    OnlineExp oe;
+    OnlineExp oe(row_hint(xr, V));
     float sum_x = 0.0f;
     for (int64_t c0 = 0; c0 < V; c0 += kOnlineBlock) {
       const int64_t cn = std::min(kOnlineBlock, V - c0);

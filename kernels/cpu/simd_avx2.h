@@ -126,7 +126,7 @@ inline __m256 exp_impl(__m256 x) {
 }
 inline Vec exp(Vec x) { return {exp_impl<false>(x.v)}; }
 inline Vec exp_nonpos(Vec x) { return {exp_impl<true>(x.v)}; }
-// e^(x - m) for x <= m (a softmax numerator; simd_avx512.h has a cheaper form).
+// e^(x - m) for x - m <= 88 (a softmax numerator; simd_avx512.h has a cheaper form).
 inline Vec exp_diff(Vec x, Vec m) { return exp_nonpos(x - m); }
 
 }  // namespace mammoth::kernels::cpu::avx2

@@ -102,7 +102,7 @@ inline Vec exp(Vec a) {
 }
 // exp for arguments known to be <= 88 (see simd_avx512.h); here simply exp.
 inline Vec exp_nonpos(Vec a) { return exp(a); }
-// e^(x - m) for x <= m (a softmax numerator; simd_avx512.h has a cheaper form).
+// e^(x - m) for x - m <= 88 (a softmax numerator; simd_avx512.h has a cheaper form).
 inline Vec exp_diff(Vec x, Vec m) { return exp_nonpos(x - m); }
 // Fixed-order horizontal reductions (pairwise, like the x86 versions).
 inline float hsum(Vec a) {

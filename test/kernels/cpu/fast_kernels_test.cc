@@ -296,6 +296,64 @@ TEST_CASE("online softmax handles rising maxima, masked blocks and NaN across bl
   }
 }
 
+// A block's exponentials are taken against a reference known before the block: the maximum of
+// the row's first 64 floats, then the largest value seen. Values above the reference by up to the
+// slack (2) keep their exponentials (e^(x - ref) > 1); beyond it the block is redone against its
+// own maximum, or the values between the reference and the maximum would carry the roundings of
+// both offsets. Rows of 64 zeros, a at column j, b < a at j + 3 and -inf elsewhere: every softmax
+// output within (12 + 2|x - max|) * 2^-24 of the f64 one, log_softmax's within
+// 12 * (1 + |x| + |y|) * 2^-24, for a below, inside and beyond the slack, in the first block and
+// in later ones.
+TEST_CASE("online softmax stays accurate above a block's reference, inside the slack or not") {
+  MAMMOTH_STREAM_SECTIONS();
+  const double inf = std::numeric_limits<double>::infinity();
+  const int64_t N = 1500;
+  const std::vector<std::pair<double, double>> abs = {{-1.0, -2.0}, {1.9, 1.0},   {2.1, 1.5},
+                                                      {5.0, 4.0},   {40.0, 39.5}, {71.0, 70.0}};
+  const std::vector<int64_t> js = {100, 700, 1400};
+  const auto M = static_cast<int64_t>(abs.size() * js.size());
+  auto value = [&](int64_t r, int64_t c) {
+    const auto [a, b] = abs[static_cast<size_t>(r) / js.size()];
+    const int64_t j = js[static_cast<size_t>(r) % js.size()];
+    return c < 64 ? 0.0 : c == j ? a : c == j + 3 ? b : -inf;
+  };
+  for (SimdIsa isa : isas()) {
+    IsaGuard guard(isa);
+    Buf x({M, N});
+    for (int64_t r = 0; r < M; ++r) {
+      for (int64_t c = 0; c < N; ++c) x.d[static_cast<size_t>(r * N + c)] = value(r, c);
+    }
+    for (Kernel k : {Kernel::softmax, Kernel::log_softmax}) {
+      Buf y({M, N});
+      std::vector<TensorArg> in = {x.arg(DType::kF32)}, out = {y.arg(DType::kF32)};
+      launch(k, DeviceType::kCPU, DType::kF32, in, out, nullptr);
+      for (int64_t r = 0; r < M; ++r) {
+        const auto [a, b] = abs[static_cast<size_t>(r) / js.size()];
+        const int64_t j = js[static_cast<size_t>(r) % js.size()];
+        const double mx = std::max(a, 0.0);
+        const double sum = 64.0 * std::exp(-mx) + std::exp(a - mx) + std::exp(b - mx);
+        for (int64_t c : {int64_t{0}, int64_t{63}, j, j + 3, int64_t{64}}) {
+          INFO("isa " << simd_isa_name(isa) << " " << kernel_name(k) << " a " << a << " b " << b
+                      << " at " << j << ", column " << c);
+          const double got = y.f[static_cast<size_t>(r * N + c)];
+          const double xv = value(r, c);
+          if (xv == -inf) {
+            CHECK(got == (k == Kernel::softmax ? 0.0 : -inf));
+          } else if (k == Kernel::softmax) {
+            const double want = std::exp(xv - mx) / sum;
+            CHECK(std::abs(got - want) <= (12 + 2 * (mx - xv)) * std::ldexp(1.0, -24) * want);
+          } else {
+            const double want = xv - mx - std::log(sum);
+            // x - lse in f32: the roundings of lse and of the difference scale with |x|.
+            CHECK(std::abs(got - want) <=
+                  12 * std::ldexp(1.0, -24) * (1 + std::abs(xv) + std::abs(want)));
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("fast layer_norm and rms_norm match the f64 reference, forward and backward") {
   MAMMOTH_STREAM_SECTIONS();
   std::mt19937 rng(2);
