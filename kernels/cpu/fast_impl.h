@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/scratch.h"
 #include "base/thread_pool.h"
 #include "kernels/cpu/fast.h"
 #include "kernels/cpu/gemm.h"
@@ -301,11 +302,7 @@ void softmax(const float* x, float* y, int64_t rows, int64_t n) {
   // Streaming: the exponentials go to a per-thread row buffer, so y is written once, at the end.
   // Otherwise they go to y and are scaled in place.
   parallel_for(0, rows, row_grain(n), [&](int64_t b, int64_t e) {
-    // 64-byte aligned like the rows, or every vector store and load of it would split lines.
-    std::vector<float> buf(stream ? static_cast<size_t>(n + W) : 0);
-    float* scratch =
-        reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buf.data()) + W * sizeof(float) - 1) &
-                                 ~(W * sizeof(float) - 1));
+    float* scratch = stream ? thread_scratch<float>(ScratchSlot::kRowBuffer, n) : nullptr;
     online_rows<true>(
         x, b, e, n, [&](int64_t m) { return stream ? scratch : y + m * n; },
         [&](int64_t m, const OnlineExp& oe, const float* block_ref) {
@@ -533,24 +530,29 @@ void norm_backward(const float* dy, const float* x, const float* w, const float*
                    const float* rstd, float* dx, float* dw, float* db, int64_t rows, int64_t n) {
   const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
   const bool stream = stream_output(rows * n * 4);
-  // Each block's dw partial, then its db partial 2 KiB further modulo 4 KiB. Laid out as two
-  // arrays of blocks * n floats, dw[i] and db[i] sat at the same offset in their pages whenever
-  // blocks * n is a multiple of 1024 (n = 768 with 256 blocks), and every load of db[i] after
-  // the store of dw[i] met 4 KiB aliasing: layer_norm backward at 1 thread ran 3-5% slower.
+  // Each block's weight-gradient partials (dw, then db), summed in block order at the end, so the
+  // result never depends on the thread count.
+  const int64_t per_block = kCentred ? 2 * n : n;
+  float* partial = thread_scratch<float>(ScratchSlot::kNormPartials, blocks * per_block);
+  // A block accumulates in this thread's own buffer, which stays in L1 from block to block, and
+  // is copied out when done: accumulating in place, each block first met its slice of `partial`
+  // cold (2.3 MB at 16384 x 768), and layer_norm backward ran ~10% slower at one thread. In the
+  // buffer db sits 2 KiB past dw modulo 4 KiB: at the same page offset (n = 1024, say), every
+  // load of db[i] after the store of dw[i] met 4 KiB aliasing (3-5% slower).
   const int64_t db_off = kCentred ? n + ((512 - n % 1024) % 1024 + 1024) % 1024 : 0;
-  const int64_t stride = db_off + n;
-  std::vector<float> partial(static_cast<size_t>(blocks * stride));
-  float* pw = partial.data();
-  float* pb = partial.data() + db_off;
   parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    float* lw = thread_scratch<float>(ScratchSlot::kNormBlock, db_off + n);
+    float* lb = kCentred ? lw + db_off : nullptr;
     for (int64_t blk = b0; blk < b1; ++blk) {
-      norm_backward_block<kCentred>(dy, x, w, mean, rstd, dx, pw + blk * stride,
-                                    kCentred ? pb + blk * stride : nullptr, blk * kRowBlock,
+      norm_backward_block<kCentred>(dy, x, w, mean, rstd, dx, lw, lb, blk * kRowBlock,
                                     std::min(rows, (blk + 1) * kRowBlock), n, stream);
+      float* out = partial + blk * per_block;
+      std::memcpy(out, lw, static_cast<size_t>(n) * sizeof(float));
+      if (kCentred) std::memcpy(out + n, lb, static_cast<size_t>(n) * sizeof(float));
     }
   });
-  sum_blocks(pw, blocks, n, stride, dw);
-  if (kCentred) sum_blocks(pb, blocks, n, stride, db);
+  sum_blocks(partial, blocks, n, per_block, dw);
+  if (kCentred) sum_blocks(partial + n, blocks, n, per_block, db);
 }
 
 void layer_norm_backward(const float* dy, const float* x, const float* w, const float* mean,
@@ -845,7 +847,9 @@ void attention(const AttnArgs& a) {
   const int64_t D = a.D, group = a.Hq / a.Hk;
   const int64_t nqb = (a.Tq + kBq - 1) / kBq;
   parallel_for(0, a.B * a.Hq * nqb, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> S(kBq * kBk), O(kBq * D), mrow(kBq), lrow(kBq);
+    float* S = thread_scratch<float>(ScratchSlot::kAttentionA, kBq * kBk);
+    float* O = thread_scratch<float>(ScratchSlot::kAttentionB, kBq * D);
+    std::vector<float> mrow(kBq), lrow(kBq);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t qb = t % nqb, bh = t / nqb, b = bh / a.Hq, h = bh % a.Hq;
       const int64_t i0 = qb * kBq, rows = std::min(kBq, a.Tq - i0);
@@ -853,16 +857,16 @@ void attention(const AttnArgs& a) {
       const float* Q = a.q + qoff;
       const float* K = a.k + (b * a.Hk + h / group) * a.Tk * D;
       const float* V = a.v + (b * a.Hk + h / group) * a.Tk * D;
-      std::fill(O.begin(), O.end(), 0.0f);
+      std::fill(O, O + kBq * D, 0.0f);
       std::fill(mrow.begin(), mrow.end(), -kInf);
       std::fill(lrow.begin(), lrow.end(), 0.0f);
       const int64_t kend = key_end(a, i0, rows);
       for (int64_t j0 = 0; j0 < kend; j0 += kBk) {
         const int64_t cols = std::min(kBk, kend - j0);
-        sgemm(false, true, rows, cols, D, a.scale, Q, D, K + j0 * D, D, 0.0f, S.data(), kBk);
-        mask_block(a, b, i0, rows, j0, cols, S.data());
+        sgemm(false, true, rows, cols, D, a.scale, Q, D, K + j0 * D, D, 0.0f, S, kBk);
+        mask_block(a, b, i0, rows, j0, cols, S);
         for (int64_t r = 0; r < rows; ++r) {
-          float* sr = S.data() + r * kBk;
+          float* sr = S + r * kBk;
           const float mnew = std::max(mrow[r], row_max(sr, cols));
           if (mnew == -kInf) {  // nothing visible yet: this block adds nothing to the row
             std::fill(sr, sr + cols, 0.0f);
@@ -873,10 +877,10 @@ void attention(const AttnArgs& a) {
           mrow[r] = mnew;
           if (corr != 1.0f) {
             const Vec cv = Vec::set1(corr);
-            map1(O.data() + r * D, O.data() + r * D, D, [&](Vec o) { return o * cv; });
+            map1(O + r * D, O + r * D, D, [&](Vec o) { return o * cv; });
           }
         }
-        sgemm(false, false, rows, D, cols, 1.0f, S.data(), kBk, V + j0 * D, D, 1.0f, O.data(), D);
+        sgemm(false, false, rows, D, cols, 1.0f, S, kBk, V + j0 * D, D, 1.0f, O, D);
       }
       float* out = a.out + qoff;
       float* lse = a.lse + (b * a.Hq + h) * a.Tq + i0;
@@ -887,7 +891,7 @@ void attention(const AttnArgs& a) {
           continue;
         }
         const Vec inv = Vec::set1(1.0f / lrow[r]);
-        map1(O.data() + r * D, out + r * D, D, [&](Vec o) { return o * inv; });
+        map1(O + r * D, out + r * D, D, [&](Vec o) { return o * inv; });
         lse[r] = mrow[r] + std::log(lrow[r]);
       }
     }
@@ -907,7 +911,8 @@ void attention_backward(const AttnArgs& a) {
   });
   const Vec scale = Vec::set1(a.scale);
   parallel_for(0, a.B * a.Hk, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> P(kBq * kBk), dP(kBq * kBk);
+    float* P = thread_scratch<float>(ScratchSlot::kAttentionA, kBq * kBk);
+    float* dP = thread_scratch<float>(ScratchSlot::kAttentionB, kBq * kBk);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / a.Hk, hk = t % a.Hk;
       const float* K = a.k + t * a.Tk * D;
@@ -931,10 +936,10 @@ void attention_backward(const AttnArgs& a) {
             const float* dO = a.dout + (head_row + i0) * D;
             const float* lse = a.lse + head_row + i0;
             const float* dl = delta.data() + head_row + i0;
-            sgemm(false, true, rows, cols, D, a.scale, Q, D, K + j0 * D, D, 0.0f, P.data(), kBk);
-            mask_block(a, b, i0, rows, j0, cols, P.data());
+            sgemm(false, true, rows, cols, D, a.scale, Q, D, K + j0 * D, D, 0.0f, P, kBk);
+            mask_block(a, b, i0, rows, j0, cols, P);
             for (int64_t r = 0; r < rows; ++r) {
-              float* pr = P.data() + r * kBk;
+              float* pr = P + r * kBk;
               if (std::isinf(lse[r])) {  // fully masked row: no gradient flows
                 std::fill(pr, pr + cols, 0.0f);
                 continue;
@@ -942,15 +947,15 @@ void attention_backward(const AttnArgs& a) {
               const Vec l = Vec::set1(lse[r]);
               map1(pr, pr, cols, [&](Vec s) { return exp_nonpos(s - l); });  // s <= lse
             }
-            sgemm(true, false, cols, D, rows, 1.0f, P.data(), kBk, dO, D, 1.0f, dV + j0 * D, D);
-            sgemm(false, true, rows, cols, D, 1.0f, dO, D, V + j0 * D, D, 0.0f, dP.data(), kBk);
+            sgemm(true, false, cols, D, rows, 1.0f, P, kBk, dO, D, 1.0f, dV + j0 * D, D);
+            sgemm(false, true, rows, cols, D, 1.0f, dO, D, V + j0 * D, D, 0.0f, dP, kBk);
             for (int64_t r = 0; r < rows; ++r) {
               const Vec dr = Vec::set1(dl[r]);
-              map2(P.data() + r * kBk, dP.data() + r * kBk, dP.data() + r * kBk, cols,
+              map2(P + r * kBk, dP + r * kBk, dP + r * kBk, cols,
                    [&](Vec p, Vec dp) { return p * (dp - dr) * scale; });
             }
-            sgemm(true, false, cols, D, rows, 1.0f, dP.data(), kBk, Q, D, 1.0f, dK + j0 * D, D);
-            sgemm(false, false, rows, D, cols, 1.0f, dP.data(), kBk, K + j0 * D, D, 1.0f,
+            sgemm(true, false, cols, D, rows, 1.0f, dP, kBk, Q, D, 1.0f, dK + j0 * D, D);
+            sgemm(false, false, rows, D, cols, 1.0f, dP, kBk, K + j0 * D, D, 1.0f,
                   a.dq + (head_row + i0) * D, D);
           }
         }

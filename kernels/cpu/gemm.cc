@@ -50,15 +50,6 @@ void gemm_bf16_portable(const GemmArgs<uint16_t>& args) {
   gemm_serial<PortableF32>(args, GemmEpilogue{});
 }
 
-// Grow-only aligned buffers, one set per thread, freed at thread exit.
-struct Scratch {
-  void* ptr[3] = {nullptr, nullptr, nullptr};
-  size_t cap[3] = {0, 0, 0};
-  ~Scratch() {
-    for (void* p : ptr) std::free(p);
-  }
-};
-
 }  // namespace
 
 const GemmKernels& portable_kernels() {
@@ -73,19 +64,6 @@ std::atomic<bool> g_bf16_dot_allowed{true};
 
 void set_bf16_dot_allowed(bool allowed) { g_bf16_dot_allowed.store(allowed); }
 bool bf16_dot_allowed() { return g_bf16_dot_allowed.load(); }
-
-void* gemm_scratch(int slot, size_t bytes) {
-  thread_local Scratch scratch;
-  if (scratch.cap[slot] < bytes) {
-    std::free(scratch.ptr[slot]);
-    const size_t rounded = (bytes + 63) / 64 * 64;
-    scratch.ptr[slot] = std::aligned_alloc(64, rounded);
-    MAMMOTH_CHECK(scratch.ptr[slot] != nullptr)
-        << "[gemm] cannot allocate " << rounded << " bytes of packing scratch";
-    scratch.cap[slot] = rounded;
-  }
-  return scratch.ptr[slot];
-}
 
 }  // namespace internal
 

@@ -29,6 +29,7 @@
 #include <cstring>
 
 #include "base/error.h"
+#include "base/scratch.h"
 #include "base/thread_pool.h"
 
 namespace mammoth::kernels::cpu {
@@ -54,28 +55,6 @@ struct Args {
   float* C = nullptr;
   int64_t ldc = 0;
 };
-
-// Grow-only 64-byte aligned buffers per thread (0: packed A, 1: packed B, 2: edge tile).
-struct Scratch {
-  void* ptr[3] = {nullptr, nullptr, nullptr};
-  size_t cap[3] = {0, 0, 0};
-  ~Scratch() {
-    for (void* p : ptr) std::free(p);
-  }
-};
-
-void* scratch(int slot, size_t bytes) {
-  thread_local Scratch s;
-  if (s.cap[slot] < bytes) {
-    std::free(s.ptr[slot]);
-    const size_t rounded = (bytes + 63) / 64 * 64;
-    s.ptr[slot] = std::aligned_alloc(64, rounded);
-    MAMMOTH_CHECK(s.ptr[slot] != nullptr)
-        << "[gemm_bf16_f32] cannot allocate " << rounded << " bytes of packing scratch";
-    s.cap[slot] = rounded;
-  }
-  return s.ptr[slot];
-}
 
 inline __mmask16 first_n(int64_t n) {
   return n >= 16 ? static_cast<__mmask16>(0xffff)
@@ -307,9 +286,11 @@ void gemm_serial(const Args& g) {
   const int64_t kc_max = std::min<int64_t>(kKC, (g.K + 1) / 2 * 2);
   const int64_t mc_max = std::min<int64_t>(kMC, (g.M + kMR - 1) / kMR * kMR);
   const int64_t nc_max = std::min<int64_t>(kNC, (g.N + kNR - 1) / kNR * kNR);
-  auto* abuf = static_cast<uint32_t*>(scratch(0, sizeof(uint16_t) * kc_max * mc_max));
-  auto* bbuf = static_cast<uint32_t*>(scratch(1, sizeof(uint16_t) * kc_max * nc_max));
-  auto* tile = static_cast<float*>(scratch(2, sizeof(float) * kMR * kNR));
+  auto* abuf = static_cast<uint32_t*>(
+      thread_scratch(ScratchSlot::kGemmPackA, sizeof(uint16_t) * kc_max * mc_max));
+  auto* bbuf = static_cast<uint32_t*>(
+      thread_scratch(ScratchSlot::kGemmPackB, sizeof(uint16_t) * kc_max * nc_max));
+  auto* tile = thread_scratch<float>(ScratchSlot::kGemmTile, kMR * kNR);
   for (int64_t pc = 0; pc < g.K; pc += kKC) {
     const int64_t kc = std::min<int64_t>(kKC, g.K - pc);
     const int64_t pairs = (kc + 1) / 2;

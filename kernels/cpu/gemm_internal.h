@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "base/scratch.h"
 #include "kernels/cpu/gemm.h"
 
 namespace mammoth::kernels::cpu::internal {
@@ -54,10 +55,6 @@ struct GemmKernels {
 const GemmKernels& portable_kernels();
 const GemmKernels& avx2_kernels();
 const GemmKernels& avx512_kernels();
-
-// Per-thread, 64-byte aligned scratch that grows and is reused (slot 0: packed A, slot 1:
-// packed B, slot 2: edge tile). Defined in gemm.cc.
-void* gemm_scratch(int slot, size_t bytes);
 
 // Tests only: false makes the AVX-512 path convert bf16 to fp32 even on CPUs with AVX512_BF16,
 // so the conversion path is covered on this machine too. Defined in gemm.cc.
@@ -224,9 +221,9 @@ inline void gemm_serial(const GemmArgs<In>& g, const GemmEpilogue& ep) {
   const int64_t kc_max = std::min<int64_t>(KC, (g.K + KP - 1) / KP * KP);
   const int64_t mc_max = std::min<int64_t>(MC, (g.M + MR - 1) / MR * MR);
   const int64_t nc_max = std::min<int64_t>(NC, (g.N + NR - 1) / NR * NR);
-  auto* abuf = static_cast<Packed*>(gemm_scratch(0, sizeof(Packed) * kc_max * mc_max));
-  auto* bbuf = static_cast<Packed*>(gemm_scratch(1, sizeof(Packed) * kc_max * nc_max));
-  auto* tile = static_cast<float*>(gemm_scratch(2, sizeof(float) * MR * NR));
+  auto* abuf = thread_scratch<Packed>(ScratchSlot::kGemmPackA, kc_max * mc_max);
+  auto* bbuf = thread_scratch<Packed>(ScratchSlot::kGemmPackB, kc_max * nc_max);
+  auto* tile = thread_scratch<float>(ScratchSlot::kGemmTile, MR * NR);
   const bool epilogue = has_epilogue(ep);
 
   for (int64_t pc = 0; pc < g.K; pc += KC) {
