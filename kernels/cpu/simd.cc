@@ -7,6 +7,7 @@
 #include <cctype>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "base/error.h"
 #include "kernels/cpu/fast.h"
@@ -96,20 +97,40 @@ int64_t parse_cache_size(const std::string& text) {
   return i == text.size() ? v * unit : -1;
 }
 
+namespace {
+
+struct SysfsCache {
+  int level = 0;
+  std::string type;  // "Data", "Instruction" or "Unified"
+  int64_t bytes = -1;
+};
+
+// cpu0's caches as sysfs lists them (empty where there is no sysfs).
+std::vector<SysfsCache> sysfs_caches() {
+  std::vector<SysfsCache> caches;
+  for (int k = 0; k < 16; ++k) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(k);
+    std::ifstream lf(dir + "/level"), tf(dir + "/type"), sf(dir + "/size");
+    SysfsCache c;
+    std::string size;
+    if (!(lf >> c.level) || !(sf >> size)) continue;
+    tf >> c.type;
+    c.bytes = parse_cache_size(size);
+    if (c.bytes > 0) caches.push_back(c);
+  }
+  return caches;
+}
+
+}  // namespace
+
 int64_t last_level_cache_bytes() {
   static const int64_t llc = [] {
     int best_level = 0;
     int64_t best = -1;
-    for (int k = 0; k < 16; ++k) {
-      const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(k);
-      std::ifstream lf(dir + "/level"), sf(dir + "/size");
-      int level = 0;
-      std::string size;
-      if (!(lf >> level) || !(sf >> size)) continue;
-      const int64_t bytes = parse_cache_size(size);
-      if (bytes > 0 && level > best_level) {
-        best_level = level;
-        best = bytes;
+    for (const SysfsCache& c : sysfs_caches()) {
+      if (c.level > best_level) {
+        best_level = c.level;
+        best = c.bytes;
       }
     }
     if (best > 0) return best;
@@ -117,6 +138,17 @@ int64_t last_level_cache_bytes() {
     return l3 > 0 ? static_cast<int64_t>(l3) : int64_t{32} << 20;
   }();
   return llc;
+}
+
+int64_t l1_data_cache_bytes() {
+  static const int64_t l1d = [] {
+    for (const SysfsCache& c : sysfs_caches()) {
+      if (c.level == 1 && c.type != "Instruction") return c.bytes;
+    }
+    const long l1 = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+    return l1 > 0 ? static_cast<int64_t>(l1) : int64_t{32} << 10;
+  }();
+  return l1d;
 }
 
 bool stream_output(int64_t bytes) {

@@ -32,6 +32,8 @@ void set_stream_threshold(int64_t bytes);
 // hypervisor: on the Zen 4 VMs here sysconf says 320 MiB for a 32 MiB L3, which kept every row
 // kernel off its streaming-store path.
 int64_t last_level_cache_bytes();
+// The level-1 data cache in bytes: sysfs, else sysconf, else 32 KiB.
+int64_t l1_data_cache_bytes();
 // A sysfs cache "size" ("32768K", "1M", "512"): bytes, or -1 if it is not one.
 int64_t parse_cache_size(const std::string& text);
 

@@ -182,6 +182,53 @@ TEST_CASE("the streaming threshold is the last-level cache, read from sysfs size
   set_stream_threshold(-1);
   CHECK(stream_output(llc + 1));
   CHECK_FALSE(stream_output(llc));
+  // L1d: sysfs's level-1 data (or unified) cache where it has one.
+  const int64_t l1d = l1_data_cache_bytes();
+  CHECK(l1d > 0);
+  CHECK(l1d <= llc);
+  for (int k = 0; k < 16; ++k) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(k);
+    std::ifstream lf(dir + "/level"), tf(dir + "/type"), sf(dir + "/size");
+    int level = 0;
+    std::string type, size;
+    if ((lf >> level) && (tf >> type) && (sf >> size) && level == 1 && type != "Instruction") {
+      CHECK(l1d == parse_cache_size(size));
+      break;
+    }
+  }
+}
+
+// softmax has three ways to its output: exponentials into y, scaled in place (no streaming);
+// into a row buffer, scaled into y with streaming stores; and, for rows whose buffer would take
+// more than half of L1, none kept: taken again from x in the second pass. All three must agree
+// bitwise, on both sides of the L1 threshold.
+TEST_CASE("softmax's in-place, row-buffer and recomputing paths agree bitwise") {
+  const int64_t l1_floats = l1_data_cache_bytes() / 4;
+  std::mt19937 rng(5);
+  for (SimdIsa isa : isas()) {
+    IsaGuard guard(isa);
+    for (int64_t N : {l1_floats / 2 - 3, l1_floats / 2, l1_floats / 2 + 1, l1_floats + 333}) {
+      INFO("isa " << simd_isa_name(isa) << " N " << N);
+      const int64_t M = 3;
+      Buf x({M, N}), plain({M, N}), streamed({M, N});
+      x.random(rng, -30, 30);
+      std::vector<TensorArg> in = {x.arg(DType::kF32)};
+      std::vector<TensorArg> out_plain = {plain.arg(DType::kF32)};
+      std::vector<TensorArg> out_streamed = {streamed.arg(DType::kF32)};
+      {
+        StreamGuard g(false);
+        launch(Kernel::softmax, DeviceType::kCPU, DType::kF32, in, out_plain, nullptr);
+      }
+      {
+        StreamGuard g(true);
+        launch(Kernel::softmax, DeviceType::kCPU, DType::kF32, in, out_streamed, nullptr);
+      }
+      REQUIRE(std::memcmp(plain.f.data(), streamed.f.data(), plain.f.size() * sizeof(float)) == 0);
+      double total = 0;
+      for (int64_t j = 0; j < N; ++j) total += plain.f[static_cast<size_t>(j)];
+      CHECK(std::abs(total - 1.0) < 1e-5);
+    }
+  }
 }
 
 TEST_CASE("fast softmax family matches the f64 reference on awkward sizes") {
@@ -247,7 +294,7 @@ TEST_CASE("online softmax handles rising maxima, masked blocks and NaN across bl
   const double lowest = std::numeric_limits<float>::lowest();
   for (SimdIsa isa : isas()) {
     IsaGuard guard(isa);
-    for (int64_t N : {int64_t{511}, int64_t{512}, int64_t{1500}, int64_t{2048}}) {
+    for (int64_t N : {int64_t{511}, int64_t{512}, int64_t{1500}, int64_t{2048}, int64_t{5000}}) {
       INFO("isa " << simd_isa_name(isa) << " N " << N);
       const int64_t M = 6;
       Buf x({M, N});
