@@ -296,55 +296,77 @@ void sum_blocks(const float* src, int64_t blocks, int64_t n, int64_t stride, flo
 
 // ---- softmax family --------------------------------------------------------------------------
 
-// Streaming: the exponentials go to a per-thread row buffer, so y is written once, at the end;
-// otherwise they go to y and are scaled in place. Rows whose buffer would take more than half of
-// L1 (over 4096 floats here) keep no buffer: the second pass takes each block's exponentials
-// again, from x (in L2 by then), against the same reference, so the result is bitwise the same.
-// A buffer that falls out of L1 makes its stores and loads L1 misses beside the memory stream:
-// at rows of 6144-32768 floats the buffer gave 0.43-0.52x of the triad, recomputing 0.57-0.65x;
-// at 4096 the buffer still wins (BENCHMARKS.md, issue 3).
-void softmax(const float* x, float* y, int64_t rows, int64_t n) {
-  const bool stream = stream_output(rows * n * 4);
-  const bool recompute = stream && n * 4 > l1_data_cache_bytes() / 2;
+// Rows whose buffer of exponentials would take more than half of L1 (over 4096 floats here),
+// written with streaming stores: no buffer. The second pass takes each block's exponentials again,
+// from x (in L2 by then), against the same reference, so the result is bitwise the one the
+// buffered path gives. A buffer that falls out of L1 makes its stores and loads L1 misses beside
+// the memory stream: at rows of 6144-32768 floats the buffer gave 0.43-0.52x of the triad,
+// recomputing 0.57-0.65x; at 4096 the buffer still wins (BENCHMARKS.md, issue 3).
+bool softmax_recomputes(int64_t rows, int64_t n) {
+  return stream_output(rows * n * 4) && n * 4 > l1_data_cache_bytes() / 2;
+}
+
+void softmax_long_rows(const float* x, float* y, int64_t rows, int64_t n) {
   const int64_t nb = online_blocks(n);
   parallel_for(0, rows, row_grain(n), [&](int64_t b, int64_t e) {
-    float* scratch =
-        stream && !recompute ? thread_scratch<float>(ScratchSlot::kRowBuffer, n) : nullptr;
-    auto normalise = [&](int64_t m, const OnlineExp& oe, const float* block_ref) {
-      // Block k's exponentials were taken against block_ref[k] <= oe.m: scale by
-      // exp(block_ref[k] - m) / sum, recomputed only where the reference moved.
-      const float* xr = x + m * n;
-      const float* er = scratch != nullptr ? scratch : y + m * n;
-      float* yr = y + m * n;
-      const Vec mv = Vec::set1(oe.m);
-      const float inv = 1.0f / oe.sum();
-      Vec f = Vec::zero();
-      for (int64_t k = 0; k < nb; ++k) {
-        if (k == 0 || !(block_ref[k] == block_ref[k - 1])) {
-          f = exp_diff(Vec::set1(block_ref[k]), mv) * Vec::set1(inv);
-        }
-        const int64_t b0 = k * kOnlineBlock, len = std::min(kOnlineBlock, n - b0);
-        if (recompute) {
-          const Vec rv = Vec::set1(block_ref[k]);
-          emit(true, yr + b0, len, [&](int64_t i, int r) {
-            return exp_diff(r == W ? Vec::load(xr + b0 + i) : Vec::load_n(xr + b0 + i, r, -kInf),
-                            rv) *
-                   f;
-          });
-        } else {
-          map1(
-              er + b0, yr + b0, len, [&](Vec v) { return v * f; }, stream);
-        }
-      }
-    };
-    if (recompute) {
-      online_rows<false>(
-          x, b, e, n, [](int64_t) { return static_cast<float*>(nullptr); }, normalise);
-    } else {
-      online_rows<true>(
-          x, b, e, n, [&](int64_t m) { return scratch != nullptr ? scratch : y + m * n; },
-          normalise);
-    }
+    online_rows<false>(
+        x, b, e, n, [](int64_t) { return static_cast<float*>(nullptr); },
+        [&](int64_t m, const OnlineExp& oe, const float* block_ref) {
+          const float* xr = x + m * n;
+          float* yr = y + m * n;
+          const Vec mv = Vec::set1(oe.m);
+          const float inv = 1.0f / oe.sum();
+          Vec f = Vec::zero();
+          for (int64_t k = 0; k < nb; ++k) {
+            if (k == 0 || !(block_ref[k] == block_ref[k - 1])) {
+              f = exp_diff(Vec::set1(block_ref[k]), mv) * Vec::set1(inv);
+            }
+            const int64_t b0 = k * kOnlineBlock;
+            const Vec rv = Vec::set1(block_ref[k]);
+            emit(true, yr + b0, std::min(kOnlineBlock, n - b0), [&](int64_t i, int r) {
+              const float* p = xr + b0 + i;
+              return exp_diff(r == W ? Vec::load(p) : Vec::load_n(p, r, -kInf), rv) * f;
+            });
+          }
+        });
+    Vec::fence();
+  });
+}
+
+// Streaming: the exponentials go to a per-thread row buffer, so y is written once, at the end;
+// otherwise they go to y and are scaled in place. Long rows: softmax_long_rows. (Folding both
+// into one function, with a branch per block, cost the buffered path 4-7% at rows of 2048.)
+void softmax(const float* x, float* y, int64_t rows, int64_t n) {
+  if (softmax_recomputes(rows, n)) {
+    softmax_long_rows(x, y, rows, n);
+    return;
+  }
+  const bool stream = stream_output(rows * n * 4);
+  const int64_t nb = online_blocks(n);
+  // Streaming: the exponentials go to a per-thread row buffer, so y is written once, at the end.
+  // Otherwise they go to y and are scaled in place.
+  parallel_for(0, rows, row_grain(n), [&](int64_t b, int64_t e) {
+    float* scratch = stream ? thread_scratch<float>(ScratchSlot::kRowBuffer, n) : nullptr;
+    online_rows<true>(
+        x, b, e, n, [&](int64_t m) { return stream ? scratch : y + m * n; },
+        [&](int64_t m, const OnlineExp& oe, const float* block_ref) {
+          // Block k's exponentials were taken against block_ref[k] <= oe.m: scale by
+          // exp(block_ref[k] - m) / sum, recomputed only where the reference moved.
+          const float* er = stream ? scratch : y + m * n;
+          float* yr = y + m * n;
+          const Vec mv = Vec::set1(oe.m);
+          const float inv = 1.0f / oe.sum();
+          Vec f = Vec::zero();
+          for (int64_t k = 0; k < nb; ++k) {
+            if (k == 0 || !(block_ref[k] == block_ref[k - 1])) {
+              f = exp_diff(Vec::set1(block_ref[k]), mv) * Vec::set1(inv);
+            }
+            const int64_t b0 = k * kOnlineBlock;
+            map1(
+                er + b0, yr + b0, std::min(kOnlineBlock, n - b0), [&](Vec v) { return v * f; },
+                stream);
+          }
+        });
     if (stream) Vec::fence();
   });
 }
