@@ -147,8 +147,10 @@ struct OnlineExp {
     // to e may alias them, as far as the compiler knows), which put a store-to-load forwarding
     // delay on the sums' dependency chain.
     Vec a0 = s0, a1 = s1;
-    const float bm = pass<kStore, true>(x, e, len, ref, a0, a1);
-    if (bm > ref + kOnlineSlack) {  // redo against the block's maximum (not taken by NaN)
+    // dm: the block's largest x - ref when one is >= 0 (below: some negative value, unused).
+    const float dm = pass<kStore, true>(x, e, len, ref, a0, a1);
+    if (dm > kOnlineSlack) {  // redo against the block's maximum (not taken by NaN)
+      const float bm = ref + dm;
       const Vec r = exp_diff(Vec::set1(ref), Vec::set1(bm));
       a0 = s0 * r;
       a1 = s1 * r;
@@ -160,7 +162,8 @@ struct OnlineExp {
     }
     s0 = a0;
     s1 = a1;
-    if (bm > m) {  // later blocks against the new maximum
+    const float bm = ref + dm;
+    if (dm > 0.0f && bm > m) {  // later blocks against the new maximum
       const Vec r = exp_diff(Vec::set1(m), Vec::set1(bm));
       s0 = s0 * r;
       s1 = s1 * r;
@@ -171,20 +174,23 @@ struct OnlineExp {
   float sum() const { return hsum(s0 + s1); }
 
  private:
-  // a += exp(x - ref) over x[0, len) (stored to e with kStore); with kMax returns max x.
+  // a += exp(x - ref) over x[0, len) (stored to e with kStore); with kMax returns the largest
+  // x - ref if any is >= 0. The maximum is taken on the bit patterns (max_bits): the integer
+  // units have issue slots to spare, the float max took one of the non-FMA pipes' that the
+  // exponential needs.
   template <bool kStore, bool kMax>
   static float pass(const float* x, float* e, int64_t len, float ref, Vec& s0, Vec& s1) {
     const Vec mv = Vec::set1(ref);
     Vec a0 = s0, a1 = s1;
-    Vec n0 = Vec::set1(-kInf), n1 = n0;
+    Vec n0 = Vec::set1(-0.0f), n1 = n0;  // the lowest bit pattern as int32
     int64_t i = 0;
     for (; i + 2 * W <= len; i += 2 * W) {
-      const Vec x0 = Vec::load(x + i), x1 = Vec::load(x + i + W);
+      const Vec d0 = Vec::load(x + i) - mv, d1 = Vec::load(x + i + W) - mv;
       if (kMax) {
-        n0 = max(n0, x0);
-        n1 = max(n1, x1);
+        n0 = max_bits(n0, d0);
+        n1 = max_bits(n1, d1);
       }
-      const Vec e0 = exp_diff(x0, mv), e1 = exp_diff(x1, mv);
+      const Vec e0 = exp_near(d0), e1 = exp_near(d1);
       if (kStore) {
         e0.store(e + i);
         e1.store(e + i + W);
@@ -193,23 +199,23 @@ struct OnlineExp {
       a1 = a1 + e1;
     }
     for (; i + W <= len; i += W) {
-      const Vec x0 = Vec::load(x + i);
-      if (kMax) n0 = max(n0, x0);
-      const Vec v = exp_diff(x0, mv);
+      const Vec d0 = Vec::load(x + i) - mv;
+      if (kMax) n0 = max_bits(n0, d0);
+      const Vec v = exp_near(d0);
       if (kStore) v.store(e + i);
       a0 = a0 + v;
     }
     if (i < len) {
       const int r = static_cast<int>(len - i);
-      const Vec x0 = Vec::load_n(x + i, r, -kInf);
-      if (kMax) n1 = max(n1, x0);
-      const Vec v = exp_diff(x0, mv);
+      const Vec d0 = Vec::load_n(x + i, r, -kInf) - mv;
+      if (kMax) n1 = max_bits(n1, d0);
+      const Vec v = exp_near(d0);
       if (kStore) v.store_n(e + i, r);
       a1 = a1 + v;
     }
     s0 = a0;
     s1 = a1;
-    return kMax ? hmax(max(n0, n1)) : 0.0f;
+    return kMax ? hmax_bits(max_bits(n0, n1)) : 0.0f;
   }
 };
 

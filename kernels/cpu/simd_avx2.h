@@ -5,6 +5,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
 
 namespace mammoth::kernels::cpu::avx2 {
 
@@ -126,7 +127,22 @@ inline __m256 exp_impl(__m256 x) {
 }
 inline Vec exp(Vec x) { return {exp_impl<false>(x.v)}; }
 inline Vec exp_nonpos(Vec x) { return {exp_impl<true>(x.v)}; }
-// e^(x - m) for x - m <= 88 (a softmax numerator; simd_avx512.h has a cheaper form).
-inline Vec exp_diff(Vec x, Vec m) { return exp_nonpos(x - m); }
+// e^d for d <= 88, and e^(x - m) (softmax numerators; simd_avx512.h has a cheaper form).
+inline Vec exp_near(Vec d) { return exp_nonpos(d); }
+inline Vec exp_diff(Vec x, Vec m) { return exp_near(x - m); }
+// max of a and b as int32 bit patterns (see simd_avx512.h).
+inline Vec max_bits(Vec a, Vec b) {
+  return {
+      _mm256_castsi256_ps(_mm256_max_epi32(_mm256_castps_si256(a.v), _mm256_castps_si256(b.v)))};
+}
+inline float hmax_bits(Vec a) {
+  int32_t v[8];
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(v), _mm256_castps_si256(a.v));
+  int32_t m = v[0];
+  for (int i = 1; i < 8; ++i) m = v[i] > m ? v[i] : m;
+  float f;
+  std::memcpy(&f, &m, sizeof f);
+  return f;
+}
 
 }  // namespace mammoth::kernels::cpu::avx2

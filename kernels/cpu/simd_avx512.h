@@ -5,6 +5,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <cstring>
 
 namespace mammoth::kernels::cpu::avx512 {
 
@@ -102,8 +103,8 @@ inline __m512 exp_impl(__m512 x) {
 inline Vec exp(Vec x) { return {exp_impl<false>(x.v)}; }
 inline Vec exp_nonpos(Vec x) { return {exp_impl<true>(x.v)}; }
 
-// e^(x - m) for x - m <= 88 (a softmax numerator; OnlineExp keeps x - m <= 2), cheaper than
-// exp_nonpos(x - m). t = (x - m) log2 e; f = t - floor(t) in [0, 1) by vreduceps; 2^f by a
+// e^d for d <= 88 near 0 (d = x - m, a softmax numerator: exp_diff; OnlineExp keeps d <= 2),
+// cheaper than exp_nonpos(d). t = d log2 e; f = t - floor(t) in [0, 1) by vreduceps; 2^f by a
 // degree-5 near-minimax polynomial (2.4 * 2^-24 relative in f32, exactly 1 at f = 0); then
 // scalef(p, t), which multiplies by 2^floor(t) itself, so t is never rounded separately. scalef
 // underflows to denormals and 0 correctly and needs no clamp; f = 0 for t = -inf, so e^-inf = 0,
@@ -113,8 +114,8 @@ inline Vec exp_nonpos(Vec x) { return {exp_impl<true>(x.v)}; }
 // cycles per vector. The rounding of t adds |t| * 2^-24 relative, which only matters where
 // e^(x - m) is already negligible beside the row's maximum; within (6 + 2|x - m|) * 2^-24
 // relative for x - m >= -87 (tested through softmax).
-inline Vec exp_diff(Vec x, Vec m) {
-  const __m512 t = _mm512_mul_ps(_mm512_sub_ps(x.v, m.v), _mm512_set1_ps(1.44269504088896341f));
+inline Vec exp_near(Vec d) {
+  const __m512 t = _mm512_mul_ps(d.v, _mm512_set1_ps(1.44269504088896341f));
   const __m512 f = _mm512_reduce_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
   __m512 p = _mm512_set1_ps(1.8671316793188453e-3f);
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.017026983201504e-3f));
@@ -123,6 +124,22 @@ inline Vec exp_diff(Vec x, Vec m) {
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931512951850891e-1f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
   return {_mm512_scalef_ps(p, t)};
+}
+inline Vec exp_diff(Vec x, Vec m) { return exp_near(x - m); }
+
+// The larger of a and b compared as int32 bit patterns: for non-negative floats the same as max;
+// every negative float is below every non-negative one; NaN with the sign clear is above all. On
+// the integer units, which Zen 4 issues on all four vector pipes (max_ps: on the two non-FMA
+// ones, which the exponential keeps busy).
+inline Vec max_bits(Vec a, Vec b) {
+  return {
+      _mm512_castsi512_ps(_mm512_max_epi32(_mm512_castps_si512(a.v), _mm512_castps_si512(b.v)))};
+}
+inline float hmax_bits(Vec a) {
+  const int32_t m = _mm512_reduce_max_epi32(_mm512_castps_si512(a.v));
+  float f;
+  std::memcpy(&f, &m, sizeof f);
+  return f;
 }
 
 }  // namespace mammoth::kernels::cpu::avx512

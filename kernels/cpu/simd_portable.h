@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "base/dtype.h"
 
@@ -102,8 +103,26 @@ inline Vec exp(Vec a) {
 }
 // exp for arguments known to be <= 88 (see simd_avx512.h); here simply exp.
 inline Vec exp_nonpos(Vec a) { return exp(a); }
-// e^(x - m) for x - m <= 88 (a softmax numerator; simd_avx512.h has a cheaper form).
-inline Vec exp_diff(Vec x, Vec m) { return exp_nonpos(x - m); }
+// e^d for d <= 88, and e^(x - m) (softmax numerators; simd_avx512.h has a cheaper form).
+inline Vec exp_near(Vec d) { return exp_nonpos(d); }
+inline Vec exp_diff(Vec x, Vec m) { return exp_near(x - m); }
+// max of a and b as int32 bit patterns (see simd_avx512.h).
+inline int32_t float_bits(float f) {
+  int32_t i;
+  std::memcpy(&i, &f, sizeof i);
+  return i;
+}
+inline Vec max_bits(Vec a, Vec b) {
+  for (int i = 0; i < Vec::kWidth; ++i) {
+    if (float_bits(b.v[i]) > float_bits(a.v[i])) a.v[i] = b.v[i];
+  }
+  return a;
+}
+inline float hmax_bits(Vec a) {
+  float m = a.v[0];
+  for (int i = 1; i < Vec::kWidth; ++i) m = float_bits(a.v[i]) > float_bits(m) ? a.v[i] : m;
+  return m;
+}
 // Fixed-order horizontal reductions (pairwise, like the x86 versions).
 inline float hsum(Vec a) {
   return ((a.v[0] + a.v[4]) + (a.v[2] + a.v[6])) + ((a.v[1] + a.v[5]) + (a.v[3] + a.v[7]));
