@@ -140,8 +140,10 @@ struct OnlineExp {
 
   // Folds in x[0, len); with kStore, e[0, len) = exp(x - ref), where ref (returned) is the
   // block's reference: ref <= m after the call, so e * exp(ref - m) / sum() is the softmax.
+  // `last`: no block of this row follows, so a rise above m inside the slack needs no rescale
+  // (an exponential and its latency per row, on rows of one block).
   template <bool kStore>
-  float add(const float* x, float* e, int64_t len) {
+  float add(const float* x, float* e, int64_t len, bool last) {
     const float ref = m;
     // The sums in locals: as members they were stored and reloaded every iteration (the stores
     // to e may alias them, as far as the compiler knows), which put a store-to-load forwarding
@@ -163,7 +165,7 @@ struct OnlineExp {
     s0 = a0;
     s1 = a1;
     const float bm = ref + dm;
-    if (dm > 0.0f && bm > m) {  // later blocks against the new maximum
+    if (!last && dm > 0.0f && bm > m) {  // later blocks against the new maximum
       const Vec r = exp_diff(Vec::set1(m), Vec::set1(bm));
       s0 = s0 * r;
       s1 = s1 * r;
@@ -233,7 +235,8 @@ void online_rows(const float* x, int64_t rb, int64_t re, int64_t n, ERow e_of, R
     OnlineExp oe(row_hint(xr, n));
     for (int64_t k = 0; k < nb; ++k) {
       const int64_t b0 = k * kOnlineBlock, len = std::min(kOnlineBlock, n - b0);
-      block_ref[static_cast<size_t>(k)] = oe.add<kStore>(xr + b0, kStore ? er + b0 : nullptr, len);
+      block_ref[static_cast<size_t>(k)] =
+          oe.add<kStore>(xr + b0, kStore ? er + b0 : nullptr, len, k + 1 == nb);
     }
     row(m, oe, block_ref.data());
   }
@@ -325,7 +328,9 @@ void softmax_long_rows(const float* x, float* y, int64_t rows, int64_t n) {
           Vec f = Vec::zero();
           for (int64_t k = 0; k < nb; ++k) {
             if (k == 0 || !(block_ref[k] == block_ref[k - 1])) {
-              f = exp_diff(Vec::set1(block_ref[k]), mv) * Vec::set1(inv);
+              // exp(m - m) is exactly 1: skipped, with its latency, where the reference held.
+              f = block_ref[k] == oe.m ? Vec::set1(inv)
+                                       : exp_diff(Vec::set1(block_ref[k]), mv) * Vec::set1(inv);
             }
             const int64_t b0 = k * kOnlineBlock;
             const Vec rv = Vec::set1(block_ref[k]);
@@ -365,7 +370,9 @@ void softmax(const float* x, float* y, int64_t rows, int64_t n) {
           Vec f = Vec::zero();
           for (int64_t k = 0; k < nb; ++k) {
             if (k == 0 || !(block_ref[k] == block_ref[k - 1])) {
-              f = exp_diff(Vec::set1(block_ref[k]), mv) * Vec::set1(inv);
+              // exp(m - m) is exactly 1: skipped, with its latency, where the reference held.
+              f = block_ref[k] == oe.m ? Vec::set1(inv)
+                                       : exp_diff(Vec::set1(block_ref[k]), mv) * Vec::set1(inv);
             }
             const int64_t b0 = k * kOnlineBlock;
             map1(
@@ -650,7 +657,7 @@ void cross_entropy(const float* x, const int64_t* target, float* loss, float* ls
     float sum_x = 0.0f;
     for (int64_t c0 = 0; c0 < V; c0 += kOnlineBlock) {
       const int64_t cn = std::min(kOnlineBlock, V - c0);
-      oe.add<false>(xr + c0, nullptr, cn);
+      oe.add<false>(xr + c0, nullptr, cn, c0 + cn == V);
       if (smoothing != 0.0) sum_x += row_sum(xr + c0, cn);
     }
     const double lse = static_cast<double>(oe.m) + std::log(static_cast<double>(oe.sum()));
