@@ -30,7 +30,8 @@ namespace {
 
 constexpr int W = Vec::kWidth;
 constexpr float kInf = std::numeric_limits<float>::infinity();
-constexpr int64_t kRowBlock = 64;  // rows per partial sum of weight gradients
+constexpr int64_t kRowBlock = 64;  // rows per partial sum of weight gradients (at least)
+constexpr int64_t kMaxRowBlocks = 256;
 
 int64_t row_grain(int64_t n) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(n, 1)); }
 
@@ -585,7 +586,11 @@ void norm_backward_block(const float* dy, const float* x, const float* w, const 
 template <bool kCentred>
 void norm_backward(const float* dy, const float* x, const float* w, const float* mean,
                    const float* rstd, float* dx, float* dw, float* db, int64_t rows, int64_t n) {
-  const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
+  // Blocks of at least kRowBlock rows, and at most kMaxRowBlocks of them, so the partials (kept
+  // in this thread's scratch after the call) stay small: rows * n / 32 floats uncapped, 64 MB
+  // for 65536 x 8192. The blocks depend on the shape only, never on the thread count.
+  const int64_t per = std::max(kRowBlock, (rows + kMaxRowBlocks - 1) / kMaxRowBlocks);
+  const int64_t blocks = (rows + per - 1) / per;
   const bool stream = stream_output(rows * n * 4);
   // Each block's weight-gradient partials (dw, then db), summed in block order at the end, so the
   // result never depends on the thread count.
@@ -601,8 +606,8 @@ void norm_backward(const float* dy, const float* x, const float* w, const float*
     float* lw = thread_scratch<float>(ScratchSlot::kNormBlock, db_off + n);
     float* lb = kCentred ? lw + db_off : nullptr;
     for (int64_t blk = b0; blk < b1; ++blk) {
-      norm_backward_block<kCentred>(dy, x, w, mean, rstd, dx, lw, lb, blk * kRowBlock,
-                                    std::min(rows, (blk + 1) * kRowBlock), n, stream);
+      norm_backward_block<kCentred>(dy, x, w, mean, rstd, dx, lw, lb, blk * per,
+                                    std::min(rows, (blk + 1) * per), n, stream);
       float* out = partial + blk * per_block;
       std::memcpy(out, lw, static_cast<size_t>(n) * sizeof(float));
       if (kCentred) std::memcpy(out + n, lb, static_cast<size_t>(n) * sizeof(float));

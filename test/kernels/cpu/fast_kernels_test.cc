@@ -435,6 +435,30 @@ TEST_CASE("fast layer_norm and rms_norm match the f64 reference, forward and bac
   }
 }
 
+// Past 256 blocks of 64 rows, the weight gradients' row blocks grow (79 rows at 20011) so the
+// partials stay small; dw and db must still be the whole column sums.
+TEST_CASE("norm backward's weight gradients are right with more than 256 row blocks") {
+  std::mt19937 rng(6);
+  const int64_t M = 20011, N = 19;
+  for (SimdIsa isa : isas()) {
+    IsaGuard guard(isa);
+    INFO("isa " << simd_isa_name(isa));
+    Buf x({M, N}), w({N}), b({N}), y({M, N}), mean({M}), rstd({M});
+    x.random(rng, -3, 5);
+    w.random(rng);
+    b.random(rng);
+    NormParams p;
+    p.eps = 1e-5;
+    check_f32_vs_f64(Kernel::layer_norm, {&x, &w, &b}, {&y, &mean, &rstd}, &p);
+    Buf dy({M, N}), dx({M, N}), dw({N}), db({N});
+    dy.random(rng);
+    double max_rstd = 1;
+    for (double r : rstd.d) max_rstd = std::max(max_rstd, r);
+    check_f32_vs_f64(Kernel::layer_norm_backward, {&dy, &x, &w, &mean, &rstd}, {&dx, &dw, &db},
+                     nullptr, {}, 0, 2e-5 * max_rstd);
+  }
+}
+
 TEST_CASE("fast cross-entropy matches the f64 reference, with ignore_index and smoothing") {
   MAMMOTH_STREAM_SECTIONS();
   std::mt19937 rng(3);
@@ -559,7 +583,11 @@ TEST_CASE("fast kernels give bitwise the same results at any thread count") {
   MAMMOTH_STREAM_SECTIONS();
   std::mt19937 rng(4);
   const int before = num_threads();
-  const int64_t M = 301, N = 771;
+  // 301 rows: blocks of 64 for the weight gradients; 20011: more than 256 blocks of 64, so
+  // blocks of 79 rows.
+  const auto [M, N] =
+      GENERATE(std::pair<int64_t, int64_t>{301, 771}, std::pair<int64_t, int64_t>{20011, 19});
+  INFO("M " << M << " N " << N);
   Buf x({M, N}), w({N}), b({N}), dy({M, N});
   x.random(rng);
   w.random(rng);
