@@ -401,61 +401,53 @@ TEST_CASE("online softmax stays accurate above a block's reference, inside the s
   }
 }
 
+// layer_norm and rms_norm, forward and backward, on random M x N inputs against f64.
+void check_norms_vs_f64(int64_t M, int64_t N, std::mt19937& rng) {
+  NormParams p;
+  p.eps = 1e-5;
+  Buf x({M, N}), w({N}), b({N}), y({M, N}), mean({M}), rstd({M});
+  x.random(rng, -3, 5);
+  w.random(rng);
+  b.random(rng);
+  check_f32_vs_f64(Kernel::layer_norm, {&x, &w, &b}, {&y, &mean, &rstd}, &p);
+  Buf dy({M, N}), dx({M, N}), dw({N}), db({N});
+  dy.random(rng);
+  // Backward from the same saved statistics (f64 ones, rounded) in both precisions. dx is a
+  // difference of terms of size rstd * |dy * w|, so its rounding error scales with rstd (large
+  // when a row is constant, e.g. N = 1).
+  double max_rstd = 1;
+  for (double r : rstd.d) max_rstd = std::max(max_rstd, r);
+  check_f32_vs_f64(Kernel::layer_norm_backward, {&dy, &x, &w, &mean, &rstd}, {&dx, &dw, &db},
+                   nullptr, {}, 0, 2e-5 * max_rstd);
+  Buf ry({M, N}), rr({M});
+  check_f32_vs_f64(Kernel::rms_norm, {&x, &w}, {&ry, &rr}, &p);
+  for (double r : rr.d) max_rstd = std::max(max_rstd, r);
+  check_f32_vs_f64(Kernel::rms_norm_backward, {&dy, &x, &w, &rr}, {&dx, &dw}, nullptr, {}, 0,
+                   2e-5 * max_rstd);
+}
+
 TEST_CASE("fast layer_norm and rms_norm match the f64 reference, forward and backward") {
   MAMMOTH_STREAM_SECTIONS();
   std::mt19937 rng(2);
-  NormParams p;
-  p.eps = 1e-5;
   for (SimdIsa isa : isas()) {
     IsaGuard guard(isa);
     for (int64_t M : {int64_t{1}, int64_t{5}, int64_t{67}, int64_t{130}}) {
       for (int64_t N : kRowSizes) {
         INFO("isa " << simd_isa_name(isa) << " M " << M << " N " << N);
-        Buf x({M, N}), w({N}), b({N}), y({M, N}), mean({M}), rstd({M});
-        x.random(rng, -3, 5);
-        w.random(rng);
-        b.random(rng);
-        check_f32_vs_f64(Kernel::layer_norm, {&x, &w, &b}, {&y, &mean, &rstd}, &p);
-        Buf dy({M, N}), dx({M, N}), dw({N}), db({N});
-        dy.random(rng);
-        // Backward from the same saved statistics (f64 ones, rounded) in both precisions. dx is
-        // a difference of terms of size rstd * |dy * w|, so its rounding error scales with rstd
-        // (large when a row is constant, e.g. N = 1).
-        double max_rstd = 1;
-        for (double r : rstd.d) max_rstd = std::max(max_rstd, r);
-        check_f32_vs_f64(Kernel::layer_norm_backward, {&dy, &x, &w, &mean, &rstd}, {&dx, &dw, &db},
-                         nullptr, {}, 0, 2e-5 * max_rstd);
-        Buf ry({M, N}), rr({M});
-        check_f32_vs_f64(Kernel::rms_norm, {&x, &w}, {&ry, &rr}, &p);
-        for (double r : rr.d) max_rstd = std::max(max_rstd, r);
-        check_f32_vs_f64(Kernel::rms_norm_backward, {&dy, &x, &w, &rr}, {&dx, &dw}, nullptr, {}, 0,
-                         2e-5 * max_rstd);
+        check_norms_vs_f64(M, N, rng);
       }
     }
   }
 }
 
 // Past 256 blocks of 64 rows, the weight gradients' row blocks grow (79 rows at 20011) so the
-// partials stay small; dw and db must still be the whole column sums.
+// partials stay small; dw and db (layer_norm) and dw (rms_norm) must still be whole column sums.
 TEST_CASE("norm backward's weight gradients are right with more than 256 row blocks") {
   std::mt19937 rng(6);
-  const int64_t M = 20011, N = 19;
   for (SimdIsa isa : isas()) {
     IsaGuard guard(isa);
     INFO("isa " << simd_isa_name(isa));
-    Buf x({M, N}), w({N}), b({N}), y({M, N}), mean({M}), rstd({M});
-    x.random(rng, -3, 5);
-    w.random(rng);
-    b.random(rng);
-    NormParams p;
-    p.eps = 1e-5;
-    check_f32_vs_f64(Kernel::layer_norm, {&x, &w, &b}, {&y, &mean, &rstd}, &p);
-    Buf dy({M, N}), dx({M, N}), dw({N}), db({N});
-    dy.random(rng);
-    double max_rstd = 1;
-    for (double r : rstd.d) max_rstd = std::max(max_rstd, r);
-    check_f32_vs_f64(Kernel::layer_norm_backward, {&dy, &x, &w, &mean, &rstd}, {&dx, &dw, &db},
-                     nullptr, {}, 0, 2e-5 * max_rstd);
+    check_norms_vs_f64(20011, 19, rng);
   }
 }
 
