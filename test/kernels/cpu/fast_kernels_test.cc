@@ -440,6 +440,47 @@ TEST_CASE("fast layer_norm and rms_norm match the f64 reference, forward and bac
   }
 }
 
+// Rows long enough that the norms take their long-row paths (fast_impl.h, norm_rows_long: the row
+// and the weight vectors read with it take 3/4 of L1 or more), sized from this machine's L1 so
+// the paths are reached on any: layer_norm forward's three arrays, rms_norm forward's two; both
+// also past the chunked statistics' threshold (1024).
+std::vector<int64_t> long_norm_rows() {
+  const int64_t l1 = l1_data_cache_bytes();
+  return {3 * l1 / 48 + 5, 3 * l1 / 32 + 5};
+}
+
+TEST_CASE("fast layer_norm and rms_norm match the f64 reference on long rows") {
+  MAMMOTH_STREAM_SECTIONS();
+  std::mt19937 rng(9);
+  for (SimdIsa isa : isas()) {
+    IsaGuard guard(isa);
+    for (int64_t N : long_norm_rows()) {
+      // 1 row; a group of rows and a ragged one (groups of 16); more than one thread's share.
+      for (int64_t M : {int64_t{1}, int64_t{17}, int64_t{35}}) {
+        INFO("isa " << simd_isa_name(isa) << " M " << M << " N " << N);
+        check_norms_vs_f64(M, N, rng);
+      }
+    }
+  }
+}
+
+// The chunked statistics merge chunk means: rows far from zero (mean 300, spread 1) must come out
+// as well as with the two-pass form, on short rows (one chunk) and long ones (merged).
+TEST_CASE("layer_norm's statistics stay accurate on rows with a large mean") {
+  std::mt19937 rng(10);
+  for (int64_t N : {int64_t{769}, int64_t{5003}}) {
+    INFO("N " << N);
+    NormParams p;
+    p.eps = 1e-5;
+    const int64_t M = 3;
+    Buf x({M, N}), w({N}), b({N}), y({M, N}), mean({M}), rstd({M});
+    x.random(rng, 299, 301);
+    w.random(rng);
+    b.random(rng);
+    check_f32_vs_f64(Kernel::layer_norm, {&x, &w, &b}, {&y, &mean, &rstd}, &p);
+  }
+}
+
 // Past 256 blocks of 64 rows, the weight gradients' row blocks grow (79 rows at 20011) so the
 // partials stay small; dw and db (layer_norm) and dw (rms_norm) must still be whole column sums.
 TEST_CASE("norm backward's weight gradients are right with more than 256 row blocks") {
@@ -576,9 +617,10 @@ TEST_CASE("fast kernels give bitwise the same results at any thread count") {
   std::mt19937 rng(4);
   const int before = num_threads();
   // 301 rows: blocks of 64 for the weight gradients; 20011: more than 256 blocks of 64, so
-  // blocks of 79 rows.
+  // blocks of 79 rows; 37 long rows: the norms' long-row paths.
   const auto [M, N] =
-      GENERATE(std::pair<int64_t, int64_t>{301, 771}, std::pair<int64_t, int64_t>{20011, 19});
+      GENERATE(std::pair<int64_t, int64_t>{301, 771}, std::pair<int64_t, int64_t>{20011, 19},
+               std::pair<int64_t, int64_t>{37, long_norm_rows()[1]});
   INFO("M " << M << " N " << N);
   Buf x({M, N}), w({N}), b({N}), dy({M, N});
   x.random(rng);
