@@ -641,6 +641,127 @@ void norm_backward_block(const float* dy, const float* x, const float* w, const 
   if (stream) Vec::fence();
 }
 
+// Long rows of norm backward (norm_rows_long: the row's x and dy, w and the partials dw, db),
+// in groups of kNormBackGroup rows: each row's sums first, then the group's dx kColVecs vectors
+// of columns at a time across its rows, that block's weight-gradient sums held in registers over
+// the group and added to the partials once. The per-row form at 8192 x 2048 read its partials
+// and w from L2 in both passes: layer_norm backward 0.50x of the triad -> 0.61 in a harness.
+constexpr int64_t kNormBackGroup = 32;
+constexpr int kColVecs = W >= 16 ? 4 : 2;  // AVX2 and portable: 16 registers
+
+struct NormRow {
+  float mean, rstd, a, c;  // dx = rstd * (dy * w - a - xhat * c)
+};
+
+// Columns [j, j + kColVecs * W) of rows [g0, g1); kStream: the rows' blocks are aligned.
+template <bool kCentred, bool kStream>
+void norm_backward_cols(const float* dy, const float* x, const float* w, const NormRow* k,
+                        float* dx, float* pdw, float* pdb, int64_t g0, int64_t g1, int64_t n,
+                        int64_t j) {
+  Vec wv[kColVecs], aw[kColVecs], ab[kColVecs];
+  for (int v = 0; v < kColVecs; ++v) {
+    wv[v] = Vec::load(w + j + v * W);
+    aw[v] = Vec::zero();
+    ab[v] = Vec::zero();
+  }
+  for (int64_t m = g0; m < g1; ++m) {
+    const NormRow& q = k[m - g0];
+    const Vec mv = Vec::set1(q.mean), rv = Vec::set1(q.rstd), a = Vec::set1(q.a),
+              c = Vec::set1(q.c);
+    const float* g = dy + m * n + j;
+    const float* xr = x + m * n + j;
+    float* out = dx + m * n + j;
+    for (int v = 0; v < kColVecs; ++v) {
+      const Vec gv = Vec::load(g + v * W);
+      const Vec xhat = (Vec::load(xr + v * W) - mv) * rv;
+      const Vec o = rv * (gv * wv[v] - a - xhat * c);
+      if (kStream) {
+        o.stream(out + v * W);
+      } else {
+        o.store(out + v * W);
+      }
+      aw[v] = fma(gv, xhat, aw[v]);
+      if (kCentred) ab[v] = ab[v] + gv;
+    }
+  }
+  for (int v = 0; v < kColVecs; ++v) {
+    (Vec::load(pdw + j + v * W) + aw[v]).store(pdw + j + v * W);
+    if (kCentred) (Vec::load(pdb + j + v * W) + ab[v]).store(pdb + j + v * W);
+  }
+}
+
+// The columns [j, n) left over by norm_backward_cols, a vector at a time.
+template <bool kCentred>
+void norm_backward_tail(const float* dy, const float* x, const float* w, const NormRow* k,
+                        float* dx, float* pdw, float* pdb, int64_t g0, int64_t g1, int64_t n,
+                        int64_t j) {
+  for (; j < n; j += W) {
+    const int r = static_cast<int>(std::min<int64_t>(W, n - j));
+    const Vec wv = load_r(w + j, r);
+    Vec aw = Vec::zero(), ab = Vec::zero();
+    for (int64_t m = g0; m < g1; ++m) {
+      const NormRow& q = k[m - g0];
+      const Vec rv = Vec::set1(q.rstd);
+      const Vec gv = load_r(dy + m * n + j, r);
+      const Vec xhat = (load_r(x + m * n + j, r) - Vec::set1(q.mean)) * rv;
+      (rv * (gv * wv - Vec::set1(q.a) - xhat * Vec::set1(q.c))).store_n(dx + m * n + j, r);
+      aw = fma(gv, xhat, aw);
+      if (kCentred) ab = ab + gv;
+    }
+    (load_r(pdw + j, r) + aw).store_n(pdw + j, r);
+    if (kCentred) (load_r(pdb + j, r) + ab).store_n(pdb + j, r);
+  }
+}
+
+// norm_backward_block for long rows (above).
+template <bool kCentred>
+void norm_backward_block_long(const float* dy, const float* x, const float* w, const float* mean,
+                              const float* rstd, float* dx, float* pdw, float* pdb, int64_t r0,
+                              int64_t r1, int64_t n, bool stream) {
+  std::fill(pdw, pdw + n, 0.0f);
+  if (kCentred) std::fill(pdb, pdb + n, 0.0f);
+  NormRow k[kNormBackGroup];
+  constexpr int64_t kCols = kColVecs * W;
+  const int64_t full = n / kCols * kCols;
+  // Streaming stores need every row's column blocks aligned.
+  const bool aligned = reinterpret_cast<uintptr_t>(dx) % (W * sizeof(float)) == 0 && n % W == 0;
+  for (int64_t g0 = r0; g0 < r1; g0 += kNormBackGroup) {
+    const int64_t g1 = std::min(r1, g0 + kNormBackGroup);
+    for (int64_t m = g0; m < g1; ++m) {
+      const float* dyr = dy + m * n;
+      const float* xr = x + m * n;
+      const float mu = kCentred ? mean[m] : 0.0f;
+      const Vec mv = Vec::set1(mu), rv = Vec::set1(rstd[m]);
+      Vec s1[2] = {Vec::zero(), Vec::zero()}, s2[2] = {Vec::zero(), Vec::zero()};
+      int64_t i = 0;
+      for (; i + 2 * W <= n; i += 2 * W) {
+        for (int h = 0; h < 2; ++h) {
+          const Vec gw = Vec::load(dyr + i + h * W) * Vec::load(w + i + h * W);
+          if constexpr (kCentred) s1[h] = s1[h] + gw;
+          s2[h] = fma(gw, (Vec::load(xr + i + h * W) - mv) * rv, s2[h]);
+        }
+      }
+      for (; i < n; i += W) {
+        const int r = static_cast<int>(std::min<int64_t>(W, n - i));
+        const Vec gw = load_r(dyr + i, r) * load_r(w + i, r);
+        if constexpr (kCentred) s1[0] = s1[0] + gw;
+        s2[1] = fma(gw, (load_r(xr + i, r) - mv) * rv, s2[1]);
+      }
+      k[m - g0] = {mu, rstd[m], kCentred ? hsum(s1[0] + s1[1]) / static_cast<float>(n) : 0.0f,
+                   hsum(s2[0] + s2[1]) / static_cast<float>(n)};
+    }
+    for (int64_t j = 0; j < full; j += kCols) {
+      if (stream && aligned) {
+        norm_backward_cols<kCentred, true>(dy, x, w, k, dx, pdw, pdb, g0, g1, n, j);
+      } else {
+        norm_backward_cols<kCentred, false>(dy, x, w, k, dx, pdw, pdb, g0, g1, n, j);
+      }
+    }
+    norm_backward_tail<kCentred>(dy, x, w, k, dx, pdw, pdb, g0, g1, n, full);
+  }
+  if (stream) Vec::fence();
+}
+
 template <bool kCentred>
 void norm_backward(const float* dy, const float* x, const float* w, const float* mean,
                    const float* rstd, float* dx, float* dw, float* db, int64_t rows, int64_t n) {
@@ -660,12 +781,20 @@ void norm_backward(const float* dy, const float* x, const float* w, const float*
   // buffer db sits 2 KiB past dw modulo 4 KiB: at the same page offset (n = 1024, say), every
   // load of db[i] after the store of dw[i] met 4 KiB aliasing (3-5% slower).
   const int64_t db_off = kCentred ? n + ((512 - n % 1024) % 1024 + 1024) % 1024 : 0;
+  // layer_norm: x, dy, w and both partials. rms_norm's per-row form holds up to longer rows (no
+  // centring, one partial; bench, one thread: the grouped form lost 3-6% at 1536 and 2048 and won
+  // 8% at 4096), so it counts two arrays: the grouped form from 3/4 of L1 in x and dy alone.
+  const bool long_rows = norm_rows_long(n, kCentred ? 5 : 2);
   parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
     float* lw = thread_scratch<float>(ScratchSlot::kNormBlock, db_off + n);
     float* lb = kCentred ? lw + db_off : nullptr;
     for (int64_t blk = b0; blk < b1; ++blk) {
-      norm_backward_block<kCentred>(dy, x, w, mean, rstd, dx, lw, lb, blk * per,
-                                    std::min(rows, (blk + 1) * per), n, stream);
+      const int64_t r0 = blk * per, r1 = std::min(rows, (blk + 1) * per);
+      if (long_rows) {
+        norm_backward_block_long<kCentred>(dy, x, w, mean, rstd, dx, lw, lb, r0, r1, n, stream);
+      } else {
+        norm_backward_block<kCentred>(dy, x, w, mean, rstd, dx, lw, lb, r0, r1, n, stream);
+      }
       float* out = partial + blk * per_block;
       std::memcpy(out, lw, static_cast<size_t>(n) * sizeof(float));
       if (kCentred) std::memcpy(out + n, lb, static_cast<size_t>(n) * sizeof(float));

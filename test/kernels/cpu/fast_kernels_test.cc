@@ -441,9 +441,9 @@ TEST_CASE("fast layer_norm and rms_norm match the f64 reference, forward and bac
 }
 
 // Rows long enough that the norms take their long-row paths (fast_impl.h, norm_rows_long: the row
-// and the weight vectors read with it take 3/4 of L1 or more), sized from this machine's L1 so
-// the paths are reached on any: layer_norm forward's three arrays, rms_norm forward's two; both
-// also past the chunked statistics' threshold (1024).
+// and the arrays read with it take 3/4 of L1 or more), sized from this machine's L1 so the paths
+// are reached on any: layer_norm forward's three arrays (and its backward's five), rms_norm's
+// two (forward and backward); both also past the chunked statistics' threshold (1024).
 std::vector<int64_t> long_norm_rows() {
   const int64_t l1 = l1_data_cache_bytes();
   return {3 * l1 / 48 + 5, 3 * l1 / 32 + 5};
@@ -617,10 +617,10 @@ TEST_CASE("fast kernels give bitwise the same results at any thread count") {
   std::mt19937 rng(4);
   const int before = num_threads();
   // 301 rows: blocks of 64 for the weight gradients; 20011: more than 256 blocks of 64, so
-  // blocks of 79 rows; 37 long rows: the norms' long-row paths.
+  // blocks of 79 rows; 150 long rows: the norms' long-row paths, three blocks.
   const auto [M, N] =
       GENERATE(std::pair<int64_t, int64_t>{301, 771}, std::pair<int64_t, int64_t>{20011, 19},
-               std::pair<int64_t, int64_t>{37, long_norm_rows()[1]});
+               std::pair<int64_t, int64_t>{150, long_norm_rows()[1]});
   INFO("M " << M << " N " << N);
   Buf x({M, N}), w({N}), b({N}), dy({M, N});
   x.random(rng);
