@@ -1,7 +1,7 @@
 #!/bin/bash
 # `mammoth bench kernels --quick`: runs with only the backward rows selected, says which memory
 # and store paths it measured, and writes a JSON row with a positive figure and anchor for
-# every backward row and none for the forward rows --filter left out.
+# every backward row (the norms' at both widths) and none for the forward rows --filter left out.
 set -uo pipefail
 mammoth="$1"
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -19,4 +19,9 @@ for row in softmax_backward log_softmax_backward layer_norm_backward rms_norm_ba
   echo "$line" | grep -q '"unit":"GB/s"' || fail "$row: not in GB/s: $line"
 done
 if grep -q '"name":"softmax",' "$json"; then fail "--filter _backward ran the forward row"; fi
+# The norms run at two widths (768, and 4096 for long rows) unless --row-shape names one.
+for shape in 4096x768 1024x4096; do
+  grep -q "\"name\":\"layer_norm_backward\",\"shape\":\"$shape\"" "$json" ||
+    fail "no layer_norm_backward row at $shape"
+done
 echo ok

@@ -399,9 +399,15 @@ struct Bench {
     });
   }
 
+  // The norms at GPT-2 small's width (768) and, unless --row-shape gives one shape, at LLaMA-7B's
+  // (4096), where a row and its weight vectors no longer stay in L1 between passes.
   void norm_rows() {
-    const int64_t M = opt.row_m > 0 ? opt.row_m : opt.quick ? 4096 : 16384;
-    const int64_t N = opt.row_n > 0 ? opt.row_n : 768, n = M * N;
+    if (opt.row_m > 0) return norm_rows(opt.row_m, opt.row_n);
+    norm_rows(opt.quick ? 4096 : 16384, 768);
+    norm_rows(opt.quick ? 1024 : 3072, 4096);
+  }
+  void norm_rows(int64_t M, int64_t N) {
+    const int64_t n = M * N;
     const std::string shape = std::to_string(M) + "x" + std::to_string(N);
     if (!any_wanted({"layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward"})) return;
     FloatBuf x(n), y(n), dy(n), dx(n), w(N), b(N), dw(N), db(N), mean(M), rstd(M);
