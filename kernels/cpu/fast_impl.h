@@ -586,13 +586,12 @@ void layer_norm(const float* x, const float* w, const float* b, float* y, float*
 }
 
 // One block of rows of layer_norm / rms_norm backward (centred = false: rms, mean unused).
-// dx for each row; this block's weight-gradient partials accumulated into pdw (and pdb).
+// dx for each row; this block's weight-gradient partials added into pdw (and pdb), zeroed by
+// the caller.
 template <bool kCentred>
 void norm_backward_block(const float* dy, const float* x, const float* w, const float* mean,
                          const float* rstd, float* dx, float* pdw, float* pdb, int64_t r0,
                          int64_t r1, int64_t n, bool stream) {
-  std::fill(pdw, pdw + n, 0.0f);
-  if (kCentred) std::fill(pdb, pdb + n, 0.0f);
   for (int64_t m = r0; m < r1; ++m) {
     const float* dyr = dy + m * n;
     const float* xr = x + m * n;
@@ -718,8 +717,6 @@ template <bool kCentred>
 void norm_backward_block_long(const float* dy, const float* x, const float* w, const float* mean,
                               const float* rstd, float* dx, float* pdw, float* pdb, int64_t r0,
                               int64_t r1, int64_t n, bool stream) {
-  std::fill(pdw, pdw + n, 0.0f);
-  if (kCentred) std::fill(pdb, pdb + n, 0.0f);
   NormRow k[kNormBackGroup];
   constexpr int64_t kCols = kColVecs * W;
   const int64_t full = n / kCols * kCols;
@@ -790,6 +787,8 @@ void norm_backward(const float* dy, const float* x, const float* w, const float*
     float* lb = kCentred ? lw + db_off : nullptr;
     for (int64_t blk = b0; blk < b1; ++blk) {
       const int64_t r0 = blk * per, r1 = std::min(rows, (blk + 1) * per);
+      std::fill(lw, lw + n, 0.0f);
+      if (kCentred) std::fill(lb, lb + n, 0.0f);
       if (long_rows) {
         norm_backward_block_long<kCentred>(dy, x, w, mean, rstd, dx, lw, lb, r0, r1, n, stream);
       } else {
