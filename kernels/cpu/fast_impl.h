@@ -107,14 +107,30 @@ int64_t online_blocks(int64_t n) { return (n + kOnlineBlock - 1) / kOnlineBlock;
 // on the bit patterns (max_bits): the integer units have issue slots to spare, the float max took
 // one of the non-FMA pipes' that the exponential needs. `inline` here and on block_scale: GCC
 // left them out of line without it, and softmax ran ~2.5% slower (A/B, three rounds).
-template <bool kStore, bool kMax>
-inline float exp_pass(const float* x, float* e, int64_t len, float ref, Vec& s0, Vec& s1) {
+//
+// With a Side (kSide), the same loop also writes another row's finished output: side.y[i] =
+// side.e[i] * side.f over [0, len), full vectors with streaming stores (side.y aligned). Each
+// iteration loads before it stores (see softmax_fused_rows on why the order matters).
+struct Side {
+  const float* e = nullptr;
+  float* y = nullptr;
+  Vec f = Vec::zero();
+};
+
+template <bool kStore, bool kMax, bool kSide = false>
+inline float exp_pass(const float* x, float* e, int64_t len, float ref, Vec& s0, Vec& s1,
+                      const Side& side = {}) {
   const Vec mv = Vec::set1(ref);
   Vec a0 = s0, a1 = s1;
   Vec n0 = Vec::set1(-0.0f), n1 = n0;  // the lowest bit pattern as int32
   int64_t i = 0;
   for (; i + 2 * W <= len; i += 2 * W) {
     const Vec d0 = Vec::load(x + i) - mv, d1 = Vec::load(x + i + W) - mv;
+    Vec p0, p1;
+    if (kSide) {
+      p0 = Vec::load(side.e + i);
+      p1 = Vec::load(side.e + i + W);
+    }
     if (kMax) {
       n0 = max_bits(n0, d0);
       n1 = max_bits(n1, d1);
@@ -124,22 +140,32 @@ inline float exp_pass(const float* x, float* e, int64_t len, float ref, Vec& s0,
       e0.store(e + i);
       e1.store(e + i + W);
     }
+    if (kSide) {
+      (p0 * side.f).stream(side.y + i);
+      (p1 * side.f).stream(side.y + i + W);
+    }
     a0 = a0 + e0;
     a1 = a1 + e1;
   }
   for (; i + W <= len; i += W) {
     const Vec d0 = Vec::load(x + i) - mv;
+    Vec p0;
+    if (kSide) p0 = Vec::load(side.e + i);
     if (kMax) n0 = max_bits(n0, d0);
     const Vec v = exp_near(d0);
     if (kStore) v.store(e + i);
+    if (kSide) (p0 * side.f).stream(side.y + i);
     a0 = a0 + v;
   }
   if (i < len) {
     const int r = static_cast<int>(len - i);
     const Vec d0 = Vec::load_n(x + i, r, -kInf) - mv;
+    Vec p0;
+    if (kSide) p0 = Vec::load_n(side.e + i, r);
     if (kMax) n1 = max_bits(n1, d0);
     const Vec v = exp_near(d0);
     if (kStore) v.store_n(e + i, r);
+    if (kSide) (p0 * side.f).store_n(side.y + i, r);
     a1 = a1 + v;
   }
   s0 = a0;
@@ -169,15 +195,16 @@ struct OnlineExp {
   // block's reference: ref <= m after the call, so e * exp(ref - m) / sum() is the softmax.
   // `last`: no block of this row follows, so a rise above m inside the slack needs no rescale
   // (an exponential and its latency per row, on rows of one block).
-  template <bool kStore>
-  float add(const float* x, float* e, int64_t len, bool last) {
+  // With kSide, the first pass over the block also writes side's output (exp_pass).
+  template <bool kStore, bool kSide = false>
+  float add(const float* x, float* e, int64_t len, bool last, const Side& side = {}) {
     const float ref = m;
     // The sums in locals: as members they were stored and reloaded every iteration (the stores
     // to e may alias them, as far as the compiler knows), which put a store-to-load forwarding
     // delay on the sums' dependency chain.
     Vec a0 = s0, a1 = s1;
     // dm: the block's largest x - ref when one is >= 0 (below: some negative value, unused).
-    const float dm = exp_pass<kStore, true>(x, e, len, ref, a0, a1);
+    const float dm = exp_pass<kStore, true, kSide>(x, e, len, ref, a0, a1, side);
     if (dm > kOnlineSlack) {  // redo against the block's maximum (not taken by NaN)
       const float bm = ref + dm;
       const Vec r = exp_diff(Vec::set1(ref), Vec::set1(bm));
@@ -331,17 +358,78 @@ void softmax_long_rows(const float* x, float* y, int64_t rows, int64_t n) {
   });
 }
 
-// Streaming: the exponentials go to a per-thread row buffer, so y is written once, at the end;
-// otherwise they go to y and are scaled in place. Long rows: softmax_long_rows. (Folding both
-// into one function, with a branch per block, cost the buffered path 4-7% at rows of 2048.)
+// Rows [rb, re) of a streaming softmax, software-pipelined: row m's output is written in the
+// loop that takes row m + 1's exponentials (exp_pass's Side), so reading memory overlaps writing
+// it; done one after the other, the exponential pass waited on compute and the output pass on the
+// write bandwidth (33-36 GB/s at one thread). Two row buffers of exponentials, the current row's
+// and the next's. They sit half a page apart modulo 4 KiB: at the same page offset, every load of
+// the current buffer followed a store to the other at the same offset (4 KiB aliasing), and the
+// pipelined form ran at 0.71-0.75x of the triad against 0.84-0.92x for the plain one; half a page
+// (or 1 or 3 KiB) apart: 0.98-1.08x at rows of 2048, 1.14-1.19x at 512-768 (harness, one thread).
+// y's rows must be aligned for streaming stores (softmax checks).
+void softmax_fused_rows(const float* x, float* y, int64_t rb, int64_t re, int64_t n) {
+  const int64_t nb = online_blocks(n);
+  constexpr int64_t kPage = 4096 / sizeof(float);
+  const int64_t stride = (n + kPage - 1) / kPage * kPage + kPage / 2;
+  float* raw = thread_scratch<float>(ScratchSlot::kRowBuffer, stride + n + kPage);
+  float* e0 = raw + (kPage - reinterpret_cast<uintptr_t>(raw) / sizeof(float) % kPage) % kPage;
+  float* buf[2] = {e0, e0 + stride};
+  std::vector<float> refs[2] = {std::vector<float>(static_cast<size_t>(nb)),
+                                std::vector<float>(static_cast<size_t>(nb))};
+  float m_prev = 0.0f, inv_prev = 0.0f;
+  for (int64_t m = rb; m <= re; ++m) {
+    const int cur = static_cast<int>((m - rb) & 1), prev = cur ^ 1;
+    const float* pref = refs[prev].data();
+    float* py = y + (m - 1) * n;
+    Vec f = Vec::zero();
+    if (m == re) {  // the last row's output on its own
+      for (int64_t k = 0; k < nb; ++k) {
+        f = block_scale(pref, k, m_prev, inv_prev, f);
+        const int64_t b0 = k * kOnlineBlock;
+        map1(
+            buf[prev] + b0, py + b0, std::min(kOnlineBlock, n - b0), [&](Vec v) { return v * f; },
+            true);
+      }
+      break;
+    }
+    const float* xr = x + m * n;
+    OnlineExp oe(row_hint(xr, n));
+    for (int64_t k = 0; k < nb; ++k) {
+      const int64_t b0 = k * kOnlineBlock, len = std::min(kOnlineBlock, n - b0);
+      const bool last = k + 1 == nb;
+      float* ref = refs[cur].data() + k;
+      if (m == rb) {
+        *ref = oe.add<true>(xr + b0, buf[cur] + b0, len, last);
+      } else {
+        f = block_scale(pref, k, m_prev, inv_prev, f);
+        *ref =
+            oe.add<true, true>(xr + b0, buf[cur] + b0, len, last, Side{buf[prev] + b0, py + b0, f});
+      }
+    }
+    m_prev = oe.m;
+    inv_prev = 1.0f / oe.sum();
+  }
+}
+
+// Streaming (outputs larger than the last-level cache): softmax_fused_rows where y's rows are
+// aligned, else the exponentials go to a per-thread row buffer and y is written once, at the end;
+// not streaming: they go to y and are scaled in place. Long rows: softmax_long_rows. (Folding
+// the buffered and in-place paths into one function, with a branch per block, cost the buffered
+// path 4-7% at rows of 2048.)
 void softmax(const float* x, float* y, int64_t rows, int64_t n) {
   if (softmax_recomputes(rows, n)) {
     softmax_long_rows(x, y, rows, n);
     return;
   }
   const bool stream = stream_output(rows * n * 4);
+  const bool aligned = reinterpret_cast<uintptr_t>(y) % (W * sizeof(float)) == 0 && n % W == 0;
   const int64_t nb = online_blocks(n);
   parallel_for(0, rows, row_grain(n), [&](int64_t b, int64_t e) {
+    if (stream && aligned) {
+      softmax_fused_rows(x, y, b, e, n);
+      Vec::fence();
+      return;
+    }
     float* scratch = stream ? thread_scratch<float>(ScratchSlot::kRowBuffer, n) : nullptr;
     online_rows<true>(
         x, b, e, n, [&](int64_t m) { return stream ? scratch : y + m * n; },
