@@ -109,12 +109,13 @@ int64_t online_blocks(int64_t n) { return (n + kOnlineBlock - 1) / kOnlineBlock;
 // left them out of line without it, and softmax ran ~2.5% slower (A/B, three rounds).
 //
 // With a Side (kSide), the same loop also writes another row's finished output: side.y[i] =
-// side.e[i] * side.f over [0, len), full vectors with streaming stores (side.y aligned). Each
-// iteration loads before it stores (see softmax_fused_rows on why the order matters).
+// side.e[i] * side.f + side.g over [0, len) (one rounding: with g = 0 exactly e * f), full
+// vectors with streaming stores (side.y aligned). Each iteration loads before it stores (see
+// softmax_fused_rows on why the order matters).
 struct Side {
   const float* e = nullptr;
   float* y = nullptr;
-  Vec f = Vec::zero();
+  Vec f = Vec::zero(), g = Vec::zero();
 };
 
 template <bool kStore, bool kMax, bool kSide = false>
@@ -141,8 +142,8 @@ inline float exp_pass(const float* x, float* e, int64_t len, float ref, Vec& s0,
       e1.store(e + i + W);
     }
     if (kSide) {
-      (p0 * side.f).stream(side.y + i);
-      (p1 * side.f).stream(side.y + i + W);
+      fma(p0, side.f, side.g).stream(side.y + i);
+      fma(p1, side.f, side.g).stream(side.y + i + W);
     }
     a0 = a0 + e0;
     a1 = a1 + e1;
@@ -154,7 +155,7 @@ inline float exp_pass(const float* x, float* e, int64_t len, float ref, Vec& s0,
     if (kMax) n0 = max_bits(n0, d0);
     const Vec v = exp_near(d0);
     if (kStore) v.store(e + i);
-    if (kSide) (p0 * side.f).stream(side.y + i);
+    if (kSide) fma(p0, side.f, side.g).stream(side.y + i);
     a0 = a0 + v;
   }
   if (i < len) {
@@ -165,7 +166,7 @@ inline float exp_pass(const float* x, float* e, int64_t len, float ref, Vec& s0,
     if (kMax) n1 = max_bits(n1, d0);
     const Vec v = exp_near(d0);
     if (kStore) v.store_n(e + i, r);
-    if (kSide) (p0 * side.f).store_n(side.y + i, r);
+    if (kSide) fma(p0, side.f, side.g).store_n(side.y + i, r);
     a1 = a1 + v;
   }
   s0 = a0;
@@ -450,9 +451,48 @@ void softmax(const float* x, float* y, int64_t rows, int64_t n) {
   });
 }
 
+// Rows [rb, re) of a streaming log_softmax, pipelined as softmax_fused_rows: row m's output
+// (x - lse, from x's row m in cache) is written in the loop over row m + 1. Only where two rows
+// of x take at most a quarter of L1 (1024 floats here): one thread, rows of 512 and 768 33-34 ->
+// 39-43 GB/s, 1024 +3-5%, 1536 the same, 2048 and 4096 10-13% slower than one row at a time.
+bool log_softmax_pipelines(int64_t n) { return 2 * n * 4 * 4 <= l1_data_cache_bytes(); }
+void log_softmax_fused_rows(const float* x, float* y, int64_t rb, int64_t re, int64_t n) {
+  const int64_t nb = online_blocks(n);
+  float lse_prev = 0.0f;
+  for (int64_t m = rb; m <= re; ++m) {
+    const float* px = x + (m - 1) * n;
+    float* py = y + (m - 1) * n;
+    if (m == re) {
+      const Vec lse = Vec::set1(lse_prev);
+      map1(
+          px, py, n, [&](Vec v) { return v - lse; }, true);
+      break;
+    }
+    const float* xr = x + m * n;
+    OnlineExp oe(row_hint(xr, n));
+    const Side side{nullptr, nullptr, Vec::set1(1.0f), Vec::set1(-lse_prev)};
+    for (int64_t k = 0; k < nb; ++k) {
+      const int64_t b0 = k * kOnlineBlock, len = std::min(kOnlineBlock, n - b0);
+      const bool last = k + 1 == nb;
+      if (m == rb) {
+        oe.add<false>(xr + b0, nullptr, len, last);
+      } else {
+        oe.add<false, true>(xr + b0, nullptr, len, last, Side{px + b0, py + b0, side.f, side.g});
+      }
+    }
+    lse_prev = oe.m + std::log(oe.sum());
+  }
+}
+
 void log_softmax(const float* x, float* y, int64_t rows, int64_t n) {
   const bool stream = stream_output(rows * n * 4);
+  const bool aligned = reinterpret_cast<uintptr_t>(y) % (W * sizeof(float)) == 0 && n % W == 0;
   parallel_for(0, rows, row_grain(n), [&](int64_t b, int64_t e) {
+    if (stream && aligned && log_softmax_pipelines(n)) {
+      log_softmax_fused_rows(x, y, b, e, n);
+      Vec::fence();
+      return;
+    }
     online_rows<false>(
         x, b, e, n, [](int64_t) { return static_cast<float*>(nullptr); },
         [&](int64_t m, const OnlineExp& oe, const float*) {

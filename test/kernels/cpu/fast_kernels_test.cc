@@ -231,11 +231,11 @@ TEST_CASE("softmax's in-place, row-buffer and recomputing paths agree bitwise") 
   }
 }
 
-// Streaming softmax on aligned rows writes row m in the loop that reads row m + 1 (two row
-// buffers). Its output must be bitwise the in-place path's, at 1 and 3 threads (ranges of rows
-// start and end anywhere), with maxima that rise from block to block (rescaled sums, redone
-// blocks), a row of -inf blocks beside finite ones, and rows of one block or a short last block.
-TEST_CASE("softmax's pipelined streaming path agrees bitwise with the in-place one") {
+// Streaming softmax and log_softmax on aligned rows write row m in the loop that reads row m + 1.
+// Their output must be bitwise the other paths', at 1 and 3 threads (ranges of rows start and
+// end anywhere), with maxima that rise from block to block (rescaled sums, redone blocks), a row
+// of -inf blocks beside finite ones, and rows of one block or a short last block.
+TEST_CASE("softmax's and log_softmax's pipelined streaming paths agree bitwise with the others") {
   const int before = num_threads();
   std::mt19937 rng(13);
   std::uniform_real_distribution<float> u(-8.0f, 8.0f);
@@ -258,33 +258,39 @@ TEST_CASE("softmax's pipelined streaming path agrees bitwise with the in-place o
     for (SimdIsa isa : isas()) {
       IsaGuard guard(isa);
       INFO("isa " << simd_isa_name(isa) << " N " << N);
-      auto run = [&](float* out, bool stream, int threads) {
-        StreamGuard g(stream);
-        set_num_threads(threads);
-        TensorArg a[2];
-        float* ptrs[2] = {x.get(), out};
-        for (int k = 0; k < 2; ++k) {
-          a[k].data = ptrs[k];
-          a[k].dtype = DType::kF32;
-          a[k].ndim = 2;
-          a[k].shape[0] = M;
-          a[k].shape[1] = N;
-          a[k].strides[0] = N;
-          a[k].strides[1] = 1;
+      for (Kernel k : {Kernel::softmax, Kernel::log_softmax}) {
+        INFO(kernel_name(k));
+        auto run = [&](float* out, bool stream, int threads) {
+          StreamGuard g(stream);
+          set_num_threads(threads);
+          TensorArg a[2];
+          float* ptrs[2] = {x.get(), out};
+          for (int k = 0; k < 2; ++k) {
+            a[k].data = ptrs[k];
+            a[k].dtype = DType::kF32;
+            a[k].ndim = 2;
+            a[k].shape[0] = M;
+            a[k].shape[1] = N;
+            a[k].strides[0] = N;
+            a[k].strides[1] = 1;
+          }
+          std::vector<TensorArg> in = {a[0]}, out_args = {a[1]};
+          launch(k, DeviceType::kCPU, DType::kF32, in, out_args, nullptr);
+          set_num_threads(before);
+        };
+        run(plain.get(), false, 1);
+        run(s1.get(), true, 1);
+        run(s3.get(), true, 3);
+        REQUIRE(std::memcmp(plain.get(), s1.get(), n * sizeof(float)) == 0);
+        REQUIRE(std::memcmp(plain.get(), s3.get(), n * sizeof(float)) == 0);
+        for (int64_t m = 0; m < M; ++m) {
+          double total = 0;
+          for (int64_t j = 0; j < N; ++j) {
+            const float v = s1.get()[m * N + j];
+            total += k == Kernel::softmax ? v : std::exp(static_cast<double>(v));
+          }
+          CHECK(std::abs(total - 1.0) < 1e-5);
         }
-        std::vector<TensorArg> in = {a[0]}, out_args = {a[1]};
-        launch(Kernel::softmax, DeviceType::kCPU, DType::kF32, in, out_args, nullptr);
-        set_num_threads(before);
-      };
-      run(plain.get(), false, 1);
-      run(s1.get(), true, 1);
-      run(s3.get(), true, 3);
-      REQUIRE(std::memcmp(plain.get(), s1.get(), n * sizeof(float)) == 0);
-      REQUIRE(std::memcmp(plain.get(), s3.get(), n * sizeof(float)) == 0);
-      for (int64_t m = 0; m < M; ++m) {
-        double total = 0;
-        for (int64_t j = 0; j < N; ++j) total += s1.get()[m * N + j];
-        CHECK(std::abs(total - 1.0) < 1e-5);
       }
     }
   }
