@@ -775,7 +775,12 @@ void norm_backward_block(const float* dy, const float* x, const float* w, const 
 // and w from L2 in both passes: layer_norm backward 0.50x of the triad -> 0.61 in a harness.
 // Eight AVX-512 vectors of columns (w, dw and db sums: 24 of the 32 registers) ran 2-5% faster
 // than four (bench, one thread, 1536-4096); AVX2 and portable have 16 registers.
+// Groups of at most kNormBackGroup rows, and at most kNormBackGroupBytes of x and dy (half of a
+// 1 MiB L2), from which the second pass reads them back: on rows of 16384 and 32768 floats,
+// groups of 32 rows (4-8 MB) ran layer_norm backward at 18-19 and 14-15 GB/s, byte-bounded ones
+// at 20-20.5 and 20.7-20.8 (rms_norm 20-22 -> 24.5-25, 16-17 -> 23-24); one thread.
 constexpr int64_t kNormBackGroup = 32;
+constexpr int64_t kNormBackGroupBytes = int64_t{512} << 10;
 constexpr int kColVecs = W >= 16 ? 8 : 2;
 
 struct NormRow {
@@ -852,8 +857,9 @@ void norm_backward_block_long(const float* dy, const float* x, const float* w, c
   const int64_t full = n / kCols * kCols;
   // Streaming stores need every row's column blocks aligned.
   const bool aligned = reinterpret_cast<uintptr_t>(dx) % (W * sizeof(float)) == 0 && n % W == 0;
-  for (int64_t g0 = r0; g0 < r1; g0 += kNormBackGroup) {
-    const int64_t g1 = std::min(r1, g0 + kNormBackGroup);
+  const int64_t group = std::clamp<int64_t>(kNormBackGroupBytes / (8 * n), 4, kNormBackGroup);
+  for (int64_t g0 = r0; g0 < r1; g0 += group) {
+    const int64_t g1 = std::min(r1, g0 + group);
     for (int64_t m = g0; m < g1; ++m) {
       const float* dyr = dy + m * n;
       const float* xr = x + m * n;
