@@ -82,16 +82,21 @@ TensorArg i64_arg(std::vector<int64_t>& v) {
   return a;
 }
 
-TensorArg bool_arg(std::vector<uint8_t>& v, int64_t rows, int64_t cols) {
+// A rows x cols row-major argument over p.
+TensorArg rows_arg(void* p, DType dt, int64_t rows, int64_t cols) {
   TensorArg a;
-  a.dtype = DType::kBool;
+  a.dtype = dt;
   a.ndim = 2;
   a.shape[0] = rows;
   a.shape[1] = cols;
   a.strides[0] = cols;
   a.strides[1] = 1;
-  a.data = v.data();
+  a.data = p;
   return a;
+}
+
+TensorArg bool_arg(std::vector<uint8_t>& v, int64_t rows, int64_t cols) {
+  return rows_arg(v.data(), DType::kBool, rows, cols);
 }
 
 void expect_close(const std::string& what, const std::vector<float>& got,
@@ -231,6 +236,14 @@ TEST_CASE("softmax's in-place, row-buffer and recomputing paths agree bitwise") 
   }
 }
 
+// 64-byte aligned float storage (Buf's is not), for the kernels' streaming paths that need aligned
+// rows, and an M x N f32 argument over it.
+using AlignedFloats = std::unique_ptr<float, decltype(&std::free)>;
+AlignedFloats aligned_floats(size_t n) {
+  return AlignedFloats(static_cast<float*>(std::aligned_alloc(64, n * sizeof(float))), &std::free);
+}
+TensorArg rows_arg(float* p, int64_t M, int64_t N) { return rows_arg(p, DType::kF32, M, N); }
+
 // Streaming softmax and log_softmax on aligned rows write row m in the loop that reads row m + 1.
 // Their output must be bitwise the other paths', at 1 and 3 threads (ranges of rows start and
 // end anywhere), with maxima that rise from block to block (rescaled sums, redone blocks), a row
@@ -242,11 +255,8 @@ TEST_CASE("softmax's and log_softmax's pipelined streaming paths agree bitwise w
   for (int64_t N : {int64_t{16}, int64_t{512}, int64_t{528}, int64_t{1040}, int64_t{2048}}) {
     const int64_t M = 37;
     const auto n = static_cast<size_t>(M * N);
-    auto alloc = [&] {
-      return std::unique_ptr<float, decltype(&std::free)>(
-          static_cast<float*>(std::aligned_alloc(64, n * sizeof(float))), &std::free);
-    };
-    auto x = alloc(), plain = alloc(), s1 = alloc(), s3 = alloc();
+    auto x = aligned_floats(n), plain = aligned_floats(n), s1 = aligned_floats(n),
+         s3 = aligned_floats(n);
     for (int64_t m = 0; m < M; ++m) {
       for (int64_t j = 0; j < N; ++j) {
         float v = u(rng);
@@ -263,18 +273,7 @@ TEST_CASE("softmax's and log_softmax's pipelined streaming paths agree bitwise w
         auto run = [&](float* out, bool stream, int threads) {
           StreamGuard g(stream);
           set_num_threads(threads);
-          TensorArg a[2];
-          float* ptrs[2] = {x.get(), out};
-          for (int k = 0; k < 2; ++k) {
-            a[k].data = ptrs[k];
-            a[k].dtype = DType::kF32;
-            a[k].ndim = 2;
-            a[k].shape[0] = M;
-            a[k].shape[1] = N;
-            a[k].strides[0] = N;
-            a[k].strides[1] = 1;
-          }
-          std::vector<TensorArg> in = {a[0]}, out_args = {a[1]};
+          std::vector<TensorArg> in = {rows_arg(x.get(), M, N)}, out_args = {rows_arg(out, M, N)};
           launch(k, DeviceType::kCPU, DType::kF32, in, out_args, nullptr);
           set_num_threads(before);
         };
@@ -726,11 +725,8 @@ TEST_CASE("softmax_backward on 64-byte aligned rows matches f64 at any thread co
   for (int64_t N : {int64_t{64}, int64_t{768}, int64_t{2048}}) {
     const int64_t M = 37;
     const auto n = static_cast<size_t>(M * N);
-    auto alloc = [&] {
-      return std::unique_ptr<float, decltype(&std::free)>(
-          static_cast<float*>(std::aligned_alloc(64, n * sizeof(float))), &std::free);
-    };
-    auto dy = alloc(), y = alloc(), dx1 = alloc(), dx3 = alloc();
+    auto dy = aligned_floats(n), y = aligned_floats(n), dx1 = aligned_floats(n),
+         dx3 = aligned_floats(n);
     for (size_t i = 0; i < n; ++i) {
       dy.get()[i] = u(rng);
       y.get()[i] = 0.5f + 0.5f * u(rng);
@@ -740,18 +736,8 @@ TEST_CASE("softmax_backward on 64-byte aligned rows matches f64 at any thread co
       INFO("isa " << simd_isa_name(isa) << " N " << N);
       for (auto [threads, dx] : {std::pair{1, dx1.get()}, std::pair{3, dx3.get()}}) {
         set_num_threads(threads);
-        TensorArg a[3];
-        float* ptrs[3] = {dy.get(), y.get(), dx};
-        for (int k = 0; k < 3; ++k) {
-          a[k].data = ptrs[k];
-          a[k].dtype = DType::kF32;
-          a[k].ndim = 2;
-          a[k].shape[0] = M;
-          a[k].shape[1] = N;
-          a[k].strides[0] = N;
-          a[k].strides[1] = 1;
-        }
-        std::vector<TensorArg> in = {a[0], a[1]}, out = {a[2]};
+        std::vector<TensorArg> in = {rows_arg(dy.get(), M, N), rows_arg(y.get(), M, N)},
+                               out = {rows_arg(dx, M, N)};
         launch(Kernel::softmax_backward, DeviceType::kCPU, DType::kF32, in, out, nullptr);
       }
       set_num_threads(before);
