@@ -381,7 +381,7 @@ void softmax_fused_rows(const float* x, float* y, int64_t rb, int64_t re, int64_
   for (int64_t m = rb; m <= re; ++m) {
     const int cur = static_cast<int>((m - rb) & 1), prev = cur ^ 1;
     const float* pref = refs[prev].data();
-    float* py = y + (m - 1) * n;
+    float* py = m > rb ? y + (m - 1) * n : nullptr;  // the previous row's output
     Vec f = Vec::zero();
     if (m == re) {  // the last row's output on its own
       for (int64_t k = 0; k < nb; ++k) {
@@ -460,8 +460,8 @@ void log_softmax_fused_rows(const float* x, float* y, int64_t rb, int64_t re, in
   const int64_t nb = online_blocks(n);
   float lse_prev = 0.0f;
   for (int64_t m = rb; m <= re; ++m) {
-    const float* px = x + (m - 1) * n;
-    float* py = y + (m - 1) * n;
+    const float* px = m > rb ? x + (m - 1) * n : nullptr;  // the previous row
+    float* py = m > rb ? y + (m - 1) * n : nullptr;
     if (m == re) {
       const Vec lse = Vec::set1(lse_prev);
       map1(
