@@ -325,36 +325,53 @@ inline Vec block_scale(const float* block_ref, int64_t k, float m, float inv, Ve
                            : exp_diff(Vec::set1(block_ref[k]), Vec::set1(m)) * Vec::set1(inv);
 }
 
-// Rows whose buffer of exponentials would take more than half of L1 (over 4096 floats here),
-// written with streaming stores: no buffer. The second pass takes each block's exponentials again,
-// from x (in L2 by then), against the same reference, so the result is bitwise the one the
-// buffered path gives. A buffer that falls out of L1 makes its stores and loads L1 misses beside
-// the memory stream: at rows of 6144-32768 floats the buffer gave 0.43-0.52x of the triad,
-// recomputing 0.57-0.65x; at 4096 the buffer still wins (BENCHMARKS.md, issue 3).
+// Rows whose buffer of exponentials would take more than a quarter of L1 (over 2048 floats here),
+// written with streaming stores: the exponentials of the row's first blocks (a quarter of L1 of
+// them) are kept in a buffer, and the second pass takes the others again from x, against the same
+// references, so the result is bitwise the one the buffered path gives. Where the row and that
+// buffer would not fit in L1 together (over 6144 floats here) nothing is kept. A whole-row buffer
+// that falls out of L1 makes its stores and loads L1 misses beside the memory stream: at rows of
+// 6144-32768 floats it gave 0.43-0.52x of the triad, recomputing all 0.57-0.65x. At 3072 and 4096
+// the whole-row buffer ran 20.7-22.8 GB/s, keeping a quarter of L1 28.7-30.4 (one thread).
 bool softmax_recomputes(int64_t rows, int64_t n) {
-  return stream_output(rows * n * 4) && n * 4 > l1_data_cache_bytes() / 2;
+  return stream_output(rows * n * 4) && n * 4 > l1_data_cache_bytes() / 4;
 }
 
 void softmax_long_rows(const float* x, float* y, int64_t rows, int64_t n) {
   const int64_t nb = online_blocks(n);
+  const int64_t l1 = l1_data_cache_bytes();
+  const int64_t kept =
+      n * 4 + l1 / 4 <= l1 ? std::min<int64_t>(nb, l1 / 4 / (kOnlineBlock * 4)) : 0;
   parallel_for(0, rows, row_grain(n), [&](int64_t b, int64_t e) {
-    online_rows<false>(
-        x, b, e, n, [](int64_t) { return static_cast<float*>(nullptr); },
-        [&](int64_t m, const OnlineExp& oe, const float* block_ref) {
-          const float* xr = x + m * n;
-          float* yr = y + m * n;
-          const float inv = 1.0f / oe.sum();
-          Vec f = Vec::zero();
-          for (int64_t k = 0; k < nb; ++k) {
-            f = block_scale(block_ref, k, oe.m, inv, f);
-            const int64_t b0 = k * kOnlineBlock;
-            const Vec rv = Vec::set1(block_ref[k]);
-            emit(true, yr + b0, std::min(kOnlineBlock, n - b0), [&](int64_t i, int r) {
-              const float* p = xr + b0 + i;
-              return exp_diff(r == W ? Vec::load(p) : Vec::load_n(p, r, -kInf), rv) * f;
-            });
-          }
+    float* buf = thread_scratch<float>(ScratchSlot::kRowBuffer, kept * kOnlineBlock);
+    std::vector<float> block_ref(static_cast<size_t>(nb));
+    for (int64_t m = b; m < e; ++m) {
+      const float* xr = x + m * n;
+      float* yr = y + m * n;
+      OnlineExp oe(row_hint(xr, n));
+      for (int64_t k = 0; k < nb; ++k) {
+        const int64_t b0 = k * kOnlineBlock, len = std::min(kOnlineBlock, n - b0);
+        block_ref[static_cast<size_t>(k)] = k < kept
+                                                ? oe.add<true>(xr + b0, buf + b0, len, k + 1 == nb)
+                                                : oe.add<false>(xr + b0, nullptr, len, k + 1 == nb);
+      }
+      const float inv = 1.0f / oe.sum();
+      Vec f = Vec::zero();
+      for (int64_t k = 0; k < nb; ++k) {
+        f = block_scale(block_ref.data(), k, oe.m, inv, f);
+        const int64_t b0 = k * kOnlineBlock, len = std::min(kOnlineBlock, n - b0);
+        if (k < kept) {
+          map1(
+              buf + b0, yr + b0, len, [&](Vec v) { return v * f; }, true);
+          continue;
+        }
+        const Vec rv = Vec::set1(block_ref[static_cast<size_t>(k)]);
+        emit(true, yr + b0, len, [&](int64_t i, int r) {
+          const float* p = xr + b0 + i;
+          return exp_diff(r == W ? Vec::load(p) : Vec::load_n(p, r, -kInf), rv) * f;
         });
+      }
+    }
     Vec::fence();
   });
 }

@@ -205,14 +205,15 @@ TEST_CASE("the streaming threshold is the last-level cache, read from sysfs size
 
 // softmax has three ways to its output: exponentials into y, scaled in place (no streaming);
 // into a row buffer, scaled into y with streaming stores; and, for rows whose buffer would take
-// more than half of L1, none kept: taken again from x in the second pass. All three must agree
-// bitwise, on both sides of the L1 threshold.
+// more than a quarter of L1, only the first blocks' kept (none past 3/4 of L1), the rest taken
+// again from x in the second pass. All must agree bitwise, on both sides of the thresholds.
 TEST_CASE("softmax's in-place, row-buffer and recomputing paths agree bitwise") {
   const int64_t l1_floats = l1_data_cache_bytes() / 4;
   std::mt19937 rng(5);
   for (SimdIsa isa : isas()) {
     IsaGuard guard(isa);
-    for (int64_t N : {l1_floats / 2 - 3, l1_floats / 2, l1_floats / 2 + 1, l1_floats + 333}) {
+    for (int64_t N : {l1_floats / 4 - 3, l1_floats / 4, l1_floats / 4 + 1, l1_floats / 2,
+                      l1_floats * 3 / 4 - 1, l1_floats + 333}) {
       INFO("isa " << simd_isa_name(isa) << " N " << N);
       const int64_t M = 3;
       Buf x({M, N}), plain({M, N}), streamed({M, N});
