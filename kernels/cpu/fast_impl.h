@@ -442,12 +442,14 @@ void softmax(const float* x, float* y, int64_t rows, int64_t n) {
   const bool stream = stream_output(rows * n * 4);
   const bool aligned = reinterpret_cast<uintptr_t>(y) % (W * sizeof(float)) == 0 && n % W == 0;
   const int64_t nb = online_blocks(n);
-  parallel_for(0, rows, row_grain(n), [&](int64_t b, int64_t e) {
-    if (stream && aligned) {
+  if (stream && aligned) {
+    parallel_for(0, rows, row_grain(n), [&](int64_t b, int64_t e) {
       softmax_fused_rows(x, y, b, e, n);
       Vec::fence();
-      return;
-    }
+    });
+    return;
+  }
+  parallel_for(0, rows, row_grain(n), [&](int64_t b, int64_t e) {
     float* scratch = stream ? thread_scratch<float>(ScratchSlot::kRowBuffer, n) : nullptr;
     online_rows<true>(
         x, b, e, n, [&](int64_t m) { return stream ? scratch : y + m * n; },
@@ -504,12 +506,14 @@ void log_softmax_fused_rows(const float* x, float* y, int64_t rb, int64_t re, in
 void log_softmax(const float* x, float* y, int64_t rows, int64_t n) {
   const bool stream = stream_output(rows * n * 4);
   const bool aligned = reinterpret_cast<uintptr_t>(y) % (W * sizeof(float)) == 0 && n % W == 0;
-  parallel_for(0, rows, row_grain(n), [&](int64_t b, int64_t e) {
-    if (stream && aligned && log_softmax_pipelines(n)) {
+  if (stream && aligned && log_softmax_pipelines(n)) {
+    parallel_for(0, rows, row_grain(n), [&](int64_t b, int64_t e) {
       log_softmax_fused_rows(x, y, b, e, n);
       Vec::fence();
-      return;
-    }
+    });
+    return;
+  }
+  parallel_for(0, rows, row_grain(n), [&](int64_t b, int64_t e) {
     online_rows<false>(
         x, b, e, n, [](int64_t) { return static_cast<float*>(nullptr); },
         [&](int64_t m, const OnlineExp& oe, const float*) {
