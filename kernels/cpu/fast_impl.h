@@ -325,6 +325,18 @@ inline Vec block_scale(const float* block_ref, int64_t k, float m, float inv, Ve
                            : exp_diff(Vec::set1(block_ref[k]), Vec::set1(m)) * Vec::set1(inv);
 }
 
+// y = e * (block k's scale) over a row of n whose exponentials e were taken against block_ref.
+void scale_row(const float* e, float* y, int64_t n, const float* block_ref, float m, float inv,
+               bool stream) {
+  Vec f = Vec::zero();
+  for (int64_t k = 0; k < online_blocks(n); ++k) {
+    f = block_scale(block_ref, k, m, inv, f);
+    const int64_t b0 = k * kOnlineBlock;
+    map1(
+        e + b0, y + b0, std::min(kOnlineBlock, n - b0), [&](Vec v) { return v * f; }, stream);
+  }
+}
+
 // Rows whose buffer of exponentials would take more than a quarter of L1 (over 2048 floats here),
 // written with streaming stores: the exponentials of the row's first blocks (a quarter of L1 of
 // them) are kept in a buffer, and the second pass takes the others again from x, against the same
@@ -399,17 +411,11 @@ void softmax_fused_rows(const float* x, float* y, int64_t rb, int64_t re, int64_
     const int cur = static_cast<int>((m - rb) & 1), prev = cur ^ 1;
     const float* pref = refs[prev].data();
     float* py = m > rb ? y + (m - 1) * n : nullptr;  // the previous row's output
-    Vec f = Vec::zero();
-    if (m == re) {  // the last row's output on its own
-      for (int64_t k = 0; k < nb; ++k) {
-        f = block_scale(pref, k, m_prev, inv_prev, f);
-        const int64_t b0 = k * kOnlineBlock;
-        map1(
-            buf[prev] + b0, py + b0, std::min(kOnlineBlock, n - b0), [&](Vec v) { return v * f; },
-            true);
-      }
+    if (m == re) {                                   // the last row's output on its own
+      scale_row(buf[prev], py, n, pref, m_prev, inv_prev, true);
       break;
     }
+    Vec f = Vec::zero();
     const float* xr = x + m * n;
     OnlineExp oe(row_hint(xr, n));
     for (int64_t k = 0; k < nb; ++k) {
@@ -441,7 +447,6 @@ void softmax(const float* x, float* y, int64_t rows, int64_t n) {
   }
   const bool stream = stream_output(rows * n * 4);
   const bool aligned = reinterpret_cast<uintptr_t>(y) % (W * sizeof(float)) == 0 && n % W == 0;
-  const int64_t nb = online_blocks(n);
   if (stream && aligned) {
     parallel_for(0, rows, row_grain(n), [&](int64_t b, int64_t e) {
       softmax_fused_rows(x, y, b, e, n);
@@ -454,17 +459,8 @@ void softmax(const float* x, float* y, int64_t rows, int64_t n) {
     online_rows<true>(
         x, b, e, n, [&](int64_t m) { return stream ? scratch : y + m * n; },
         [&](int64_t m, const OnlineExp& oe, const float* block_ref) {
-          const float* er = stream ? scratch : y + m * n;
-          float* yr = y + m * n;
-          const float inv = 1.0f / oe.sum();
-          Vec f = Vec::zero();
-          for (int64_t k = 0; k < nb; ++k) {
-            f = block_scale(block_ref, k, oe.m, inv, f);
-            const int64_t b0 = k * kOnlineBlock;
-            map1(
-                er + b0, yr + b0, std::min(kOnlineBlock, n - b0), [&](Vec v) { return v * f; },
-                stream);
-          }
+          scale_row(stream ? scratch : y + m * n, y + m * n, n, block_ref, oe.m, 1.0f / oe.sum(),
+                    stream);
         });
     if (stream) Vec::fence();
   });
@@ -489,14 +485,14 @@ void log_softmax_fused_rows(const float* x, float* y, int64_t rb, int64_t re, in
     }
     const float* xr = x + m * n;
     OnlineExp oe(row_hint(xr, n));
-    const Side side{nullptr, nullptr, Vec::set1(1.0f), Vec::set1(-lse_prev)};
+    const Vec one = Vec::set1(1.0f), neg_lse = Vec::set1(-lse_prev);  // x * 1 - lse
     for (int64_t k = 0; k < nb; ++k) {
       const int64_t b0 = k * kOnlineBlock, len = std::min(kOnlineBlock, n - b0);
       const bool last = k + 1 == nb;
       if (m == rb) {
         oe.add<false>(xr + b0, nullptr, len, last);
       } else {
-        oe.add<false, true>(xr + b0, nullptr, len, last, Side{px + b0, py + b0, side.f, side.g});
+        oe.add<false, true>(xr + b0, nullptr, len, last, Side{px + b0, py + b0, one, neg_lse});
       }
     }
     lse_prev = oe.m + std::log(oe.sum());
