@@ -6,6 +6,10 @@
 // is noticed by every backend's table.
 //
 // Inputs marked "strided" accept any strides (broadcast = stride 0); all others are contiguous.
+// Kernels marked "dx may be dy" accept their output at exactly the address (and strides) of
+// their dy input, no other overlap: the engine writes a gradient over its dead incoming
+// gradient (engine/ops/common.h, grad_buffer). The CPU kernels are written for it (and store
+// such an output plainly, not streaming); the engine does not ask it of the CUDA ones.
 #pragma once
 
 #define MAMMOTH_KERNELS(X)                                                                       \
@@ -28,10 +32,10 @@
   X(add_scalar)         /* (x) -> (y)  ScalarParams */                                           \
   X(mul_scalar)         /* (x) -> (y)  ScalarParams */                                           \
   X(pow_scalar)         /* (x) -> (y)  ScalarParams */                                           \
-  X(relu_backward)      /* (dy, x) -> (dx) */                                                    \
-  X(gelu_backward)      /* (dy, x) -> (dx) */                                                    \
-  X(gelu_tanh_backward) /* (dy, x) -> (dx) */                                                    \
-  X(silu_backward)      /* (dy, x) -> (dx) */                                                    \
+  X(relu_backward)      /* (dy, x) -> (dx); dx may be dy */                                      \
+  X(gelu_backward)      /* (dy, x) -> (dx); dx may be dy */                                      \
+  X(gelu_tanh_backward) /* (dy, x) -> (dx); dx may be dy */                                      \
+  X(silu_backward)      /* (dy, x) -> (dx); dx may be dy */                                      \
   X(copy)               /* (x strided, any dtype) -> (y strided, any dtype): copy and cast */    \
   X(fill)               /* () -> (y) ScalarParams */                                             \
   /* reductions over the last dim of a contiguous [M, R] view */                                 \
@@ -43,13 +47,13 @@
                may be 0 (broadcast) */                                                           \
   /* normalisation and activations over the last dim */                                          \
   X(softmax)                /* (x [M,N]) -> (y) */                                               \
-  X(softmax_backward)       /* (dy, y) -> (dx) */                                                \
+  X(softmax_backward)       /* (dy, y) -> (dx); dx may be dy */                                  \
   X(log_softmax)            /* (x [M,N]) -> (y) */                                               \
-  X(log_softmax_backward)   /* (dy, y) -> (dx) */                                                \
+  X(log_softmax_backward)   /* (dy, y) -> (dx); dx may be dy */                                  \
   X(layer_norm)             /* (x [M,N], w [N], b [N]) -> (y, mean [M], rstd [M]) NormParams */  \
-  X(layer_norm_backward)    /* (dy, x, w, mean, rstd) -> (dx, dw, db) */                         \
+  X(layer_norm_backward)    /* (dy, x, w, mean, rstd) -> (dx, dw, db); dx may be dy */           \
   X(rms_norm)               /* (x [M,N], w [N]) -> (y, rstd [M]) NormParams */                   \
-  X(rms_norm_backward)      /* (dy, x, w, rstd) -> (dx, dw) */                                   \
+  X(rms_norm_backward)      /* (dy, x, w, rstd) -> (dx, dw); dx may be dy */                     \
   X(cross_entropy)          /* (logits [M,V], target i64 [M]) -> (loss [M], lse [M]) CE */       \
   X(cross_entropy_backward) /* (dloss [M], logits, target, lse) -> (dlogits) CrossEntropy */     \
   /* indexing */                                                                                 \

@@ -35,6 +35,23 @@ inline void launch(kernels::Kernel kernel, std::initializer_list<Tensor> inputs,
   launch_for(inputs.size() ? *inputs.begin() : *outputs.begin(), kernel, inputs, outputs, params);
 }
 
+// The output of a backward kernel that accepts dx == dy ("dx may be dy", kernels/op_list.h):
+// the incoming gradient `dy` itself when nothing can read it after this op, else a new tensor
+// shaped like `like`. Nothing can when the backward pass's handle to dy (autograd.cc hands each
+// node its output gradients and drops them after it) is the only one, to a TensorImpl that is
+// the only one on its storage: a gradient passed to two inputs (add's), a seed the caller holds,
+// or a view of a tensor still alive all fail it. CPU storage of our own allocator only: the CUDA
+// kernels are not asked for it, nor is paged or external memory. Saves a gradient-sized
+// allocation per op, and the kernel's stores hit lines it just read (fast_impl.h, in_place).
+inline Tensor grad_buffer(const Tensor& dy, const Tensor& like) {
+  const bool reuse = dy.defined() && dy.impl_ptr().use_count() == 1 &&
+                     dy.storage().use_count() == 1 && dy.device().is_cpu() &&
+                     like.device().is_cpu() && dy.dtype() == like.dtype() &&
+                     dy.shape() == like.shape() && dy.is_contiguous() &&
+                     !dy.storage()->ensure_resident && !dy.storage()->release;
+  return reuse ? dy : Tensor::empty(like.shape(), like.dtype(), like.device());
+}
+
 // Same dtype and device for every defined tensor; names `op` and both values otherwise.
 void check_same(const char* op, std::initializer_list<Tensor> tensors);
 void check_floating(const char* op, const Tensor& t);

@@ -78,7 +78,7 @@ Tensor activation(Kernel fwd, Kernel bwd, const char* name, const Tensor& x) {
   Tensor y = unary(fwd, x);
   if (needs_grad({x})) {
     record(name, {x}, {&y}, [bwd, x = x.detach()](const std::vector<Tensor>& g) {
-      Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+      Tensor dx = detail::grad_buffer(g[0], x);
       detail::launch(bwd, {g[0].expand(x.shape()), x}, {dx});
       return std::vector<Tensor>{dx};
     });

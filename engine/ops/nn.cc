@@ -27,7 +27,7 @@ Tensor softmax_like(const Tensor& x, int64_t dim, const char* name, Kernel fwd, 
     detail::launch(fwd, {xc}, {y});
     if (needs_grad({xc})) {
       record(name, {xc}, {&y}, [bwd, y = y.detach()](const std::vector<Tensor>& g) {
-        Tensor dx = Tensor::empty(y.shape(), y.dtype(), y.device());
+        Tensor dx = detail::grad_buffer(g[0], y);
         detail::launch(bwd, {g[0].contiguous(), y}, {dx});
         return std::vector<Tensor>{dx};
       });
@@ -70,7 +70,7 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& w, const Tensor& b, double e
   if (needs_grad({x, w, b})) {
     record("layer_norm", {x, w, b}, {&y},
            [x = x.detach(), w = w.detach(), mu, rstd](const std::vector<Tensor>& g) {
-             Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+             Tensor dx = detail::grad_buffer(g[0], x);
              Tensor dw = Tensor::empty(w.shape(), w.dtype(), w.device());
              Tensor db = Tensor::empty(w.shape(), w.dtype(), w.device());
              detail::launch(Kernel::layer_norm_backward,
@@ -94,7 +94,7 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& w, double eps) {
   if (needs_grad({x, w})) {
     record("rms_norm", {x, w}, {&y},
            [x = x.detach(), w = w.detach(), rstd](const std::vector<Tensor>& g) {
-             Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+             Tensor dx = detail::grad_buffer(g[0], x);
              Tensor dw = Tensor::empty(w.shape(), w.dtype(), w.device());
              detail::launch(Kernel::rms_norm_backward, {g[0].contiguous(), x, w.contiguous(), rstd},
                             {dx, dw});

@@ -130,7 +130,8 @@ void backward_map_fast(std::span<const TensorArg> in, std::span<const TensorArg>
     const float* x = in[1].ptr<const float>();
     float* dx = out[0].ptr<float>();
     const auto run = fast_kernels().*fast;
-    const bool stream = stream_output(out[0].numel() * 4);
+    // dx written over dy (kernels/op_list.h) stores plainly: its lines were just read.
+    const bool stream = stream_output(out[0].numel() * 4) && dx != dy;
     StridedLoop<3> loop({&out[0], &in[0], &in[1]});
     loop.run([&](int64_t n, const std::array<int64_t, 3>& o, const std::array<int64_t, 3>& s) {
       if (s[0] == 1 && s[1] == 1 && s[2] == 1)

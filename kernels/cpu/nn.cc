@@ -182,6 +182,15 @@ void layer_norm_backward_kernel(std::span<const TensorArg> in, std::span<const T
   const T* w = in[2].ptr<const T>();
   const T* mean = in[3].ptr<const T>();
   const T* rstd = in[4].ptr<const T>();
+  // The weight gradients first: dx may be dy (kernels/op_list.h).
+  T* grads[2] = {out[1].ptr<T>(), out[2].ptr<T>()};
+  reduce_weight_grads<T>(M, N, 2, grads, [&](int64_t m, double* p) {
+    for (int64_t n = 0; n < N; ++n) {
+      const double xhat = (x[m * N + n] - mean[m]) * rstd[m];
+      p[n] += dy[m * N + n] * xhat;
+      p[N + n] += dy[m * N + n];
+    }
+  });
   T* dx = out[0].ptr<T>();
   parallel_for(0, M, row_grain(N), [&](int64_t b, int64_t e) {
     for (int64_t m = b; m < e; ++m) {
@@ -200,14 +209,6 @@ void layer_norm_backward_kernel(std::span<const TensorArg> in, std::span<const T
         const double xhat = (xr[n] - mean[m]) * rstd[m];
         dx[m * N + n] = static_cast<T>(rstd[m] * (dyr[n] * w[n] - s1 - xhat * s2));
       }
-    }
-  });
-  T* grads[2] = {out[1].ptr<T>(), out[2].ptr<T>()};
-  reduce_weight_grads<T>(M, N, 2, grads, [&](int64_t m, double* p) {
-    for (int64_t n = 0; n < N; ++n) {
-      const double xhat = (x[m * N + n] - mean[m]) * rstd[m];
-      p[n] += dy[m * N + n] * xhat;
-      p[N + n] += dy[m * N + n];
     }
   });
 }
@@ -254,6 +255,13 @@ void rms_norm_backward_kernel(std::span<const TensorArg> in, std::span<const Ten
   const T* x = in[1].ptr<const T>();
   const T* w = in[2].ptr<const T>();
   const T* rstd = in[3].ptr<const T>();
+  // The weight gradient first: dx may be dy (kernels/op_list.h).
+  T* grads[1] = {out[1].ptr<T>()};
+  reduce_weight_grads<T>(M, N, 1, grads, [&](int64_t m, double* p) {
+    for (int64_t n = 0; n < N; ++n) {
+      p[n] += static_cast<double>(dy[m * N + n]) * x[m * N + n] * rstd[m];
+    }
+  });
   T* dx = out[0].ptr<T>();
   parallel_for(0, M, row_grain(N), [&](int64_t b, int64_t e) {
     for (int64_t m = b; m < e; ++m) {
@@ -266,12 +274,6 @@ void rms_norm_backward_kernel(std::span<const TensorArg> in, std::span<const Ten
         const double xhat = static_cast<double>(x[m * N + n]) * rstd[m];
         dx[m * N + n] = static_cast<T>(rstd[m] * (dy[m * N + n] * w[n] - xhat * s));
       }
-    }
-  });
-  T* grads[1] = {out[1].ptr<T>()};
-  reduce_weight_grads<T>(M, N, 1, grads, [&](int64_t m, double* p) {
-    for (int64_t n = 0; n < N; ++n) {
-      p[n] += static_cast<double>(dy[m * N + n]) * x[m * N + n] * rstd[m];
     }
   });
 }

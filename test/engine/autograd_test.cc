@@ -1,10 +1,13 @@
-// Autograd mechanics: accumulation into .grad, shared subgraphs, no-grad mode, and the error
-// for a second backward through a freed graph.
+// Autograd mechanics: accumulation into .grad, shared subgraphs, no-grad mode, the error for a
+// second backward through a freed graph, and gradients written over dead incoming ones.
 #include "engine/autograd.h"
 
 #include <catch2/catch.hpp>
+#include <utility>
 
 #include "engine/ops.h"
+#include "engine/ops/common.h"
+#include "memory/allocator.h"
 
 using namespace mammoth;
 using engine::Tensor;
@@ -118,4 +121,80 @@ TEST_CASE("linear's weight gradient can be deferred to a queue and run later") {
   for (size_t i = 0; i < want.size(); ++i) CHECK(got[i] == Approx(want[i] + 1.0));
   // Outside a guard nothing is deferred.
   CHECK(engine::deferred_weight_grads() == nullptr);
+}
+
+// ---- gradients written over dead incoming gradients (engine/ops/common.h, grad_buffer) -------
+
+TEST_CASE("grad_buffer reuses only a contiguous CPU gradient no other handle can reach") {
+  const Tensor like = Tensor::zeros({4, 8});
+  auto reused = [&](const Tensor& dy) {
+    return engine::detail::grad_buffer(dy, like).storage() == dy.storage();
+  };
+  Tensor dy = Tensor::randn({4, 8}, 1);
+  CHECK(reused(dy));
+  Tensor copy = dy;  // a second handle to the same TensorImpl
+  CHECK_FALSE(reused(dy));
+  copy = Tensor();
+  Tensor view = dy.view({32});  // a second TensorImpl on the same storage
+  CHECK_FALSE(reused(dy));
+  view = Tensor();
+  CHECK(reused(dy));
+  CHECK_FALSE(reused(Tensor::randn({8, 4}, 1).transpose(0, 1)));         // not contiguous
+  CHECK_FALSE(reused(Tensor::randn({4, 8}, 1, 0.0, 1.0, DType::kF64)));  // another dtype
+  CHECK_FALSE(reused(Tensor::randn({32}, 1)));                           // another shape
+  const Tensor fresh = engine::detail::grad_buffer(Tensor(), like);      // no gradient at all
+  CHECK(fresh.shape() == like.shape());
+}
+
+namespace {
+// x -> [layer_norm -> softmax -> rms_norm -> log_softmax -> gelu -> silu] * reps, with weights
+// that need no gradient; loss = sum(y * c). Returns the CPU allocations backward made.
+int64_t chain_backward_allocs(int reps) {
+  Tensor x = Tensor::randn({6, 40}, 2).requires_grad_();
+  const Tensor w = Tensor::rand({40}, 3, 0.5, 1.5), b = Tensor::randn({40}, 4);
+  Tensor y = x;
+  for (int r = 0; r < reps; ++r) {
+    y = engine::silu(engine::gelu(
+        engine::log_softmax(engine::rms_norm(engine::softmax(engine::layer_norm(y, w, b)), w))));
+  }
+  Tensor loss = engine::sum(engine::mul(y, Tensor::randn({6, 40}, 5)));
+  memory::Allocator& cpu = memory::allocator_for(Device::cpu());
+  const int64_t before = cpu.stats().num_allocs;
+  loss.backward();
+  return cpu.stats().num_allocs - before;
+}
+}  // namespace
+
+// Each op of the chain writes its input gradient over its output gradient, which nothing else
+// reads: one more repetition costs backward only layer_norm's dw and db and rms_norm's dw (three
+// allocations), not also a dx for each of the six ops.
+TEST_CASE("backward writes each op's input gradient over its dead output gradient") {
+  const int64_t one = chain_backward_allocs(1), three = chain_backward_allocs(3);
+  CHECK(three - one == 2 * 3);
+}
+
+// A gradient two ops read (add passes its incoming gradient to both inputs) must not be written
+// over by the first of them; nor may a gradient the caller passed to backward.
+TEST_CASE("gradients still read elsewhere are never written over") {
+  const Tensor w = Tensor::rand({40}, 3, 0.5, 1.5), b = Tensor::randn({40}, 4);
+  const Tensor c = Tensor::randn({6, 40}, 5);
+  auto grads = [&](bool together) {
+    Tensor x1 = Tensor::randn({6, 40}, 6).requires_grad_();
+    Tensor x2 = Tensor::randn({6, 40}, 7).requires_grad_();
+    auto branch = [&](const Tensor& x) { return engine::gelu(engine::layer_norm(x, w, b)); };
+    if (together) {
+      engine::sum(engine::mul(engine::add(branch(x1), branch(x2)), c)).backward();
+    } else {
+      engine::sum(engine::mul(branch(x1), c)).backward();
+      engine::sum(engine::mul(branch(x2), c)).backward();
+    }
+    return std::make_pair(x1.grad().to_vector(), x2.grad().to_vector());
+  };
+  CHECK(grads(true) == grads(false));
+
+  Tensor x = Tensor::randn({6, 40}, 8).requires_grad_();
+  const Tensor seed = Tensor::randn({6, 40}, 9);
+  const std::vector<double> kept = seed.to_vector();
+  engine::softmax(engine::layer_norm(x, w, b)).backward(seed);
+  CHECK(seed.to_vector() == kept);
 }

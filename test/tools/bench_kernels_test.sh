@@ -1,7 +1,8 @@
 #!/bin/bash
 # `mammoth bench kernels --quick`: runs with only the backward rows selected, says which memory
 # and store paths it measured, and writes a JSON row with a positive figure and anchor for
-# every backward row (the norms' at both widths) and none for the forward rows --filter left out.
+# every backward row (the norms' at both widths), its in-place twin (dx over dy) where the engine
+# uses one, and none for the forward rows --filter left out.
 set -uo pipefail
 mammoth="$1"
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -12,7 +13,8 @@ json="$TEST_TMPDIR/rows.json"
 grep -q "^buffers: the engine's CPU allocator" "$out" || fail "no buffers line"
 grep -q "^row kernels stream outputs over [0-9]* MiB" "$out" || fail "no streaming threshold line"
 for row in softmax_backward log_softmax_backward layer_norm_backward rms_norm_backward \
-  cross_entropy_backward gelu_backward silu_backward; do
+  cross_entropy_backward gelu_backward silu_backward softmax_backward_inplace \
+  log_softmax_backward_inplace layer_norm_backward_inplace rms_norm_backward_inplace; do
   line=$(grep "\"name\":\"$row\"" "$json") || fail "no JSON row for $row"
   echo "$line" | grep -Eq '"ours":[0-9]*[1-9][0-9.e+-]*,' || fail "$row: no positive figure: $line"
   echo "$line" | grep -Eq '"anchor":[0-9]*[1-9][0-9.e+-]*,' || fail "$row: no positive anchor: $line"

@@ -316,17 +316,20 @@ struct Bench {
            const char* unit) {
     rows.push_back({name, shape, threads, ours, anchor, unit, ours / anchor});
   }
-  // Runs f (untimed) if row `name` is wanted: a backward row's saved inputs (softmax's output,
-  // layer_norm's mean and rstd, ...) come from its forward kernel, whether or not --filter
-  // selected the forward row too (zeros would make a degenerate row: rstd 0, all of dx 0).
+  // Runs f (untimed) if row `name` or its in-place twin is wanted: a backward row's saved inputs
+  // (softmax's output, layer_norm's mean and rstd, ...) come from its forward kernel, whether or
+  // not --filter selected the forward row too (zeros would make a degenerate row: rstd 0, all of
+  // dx 0).
   void prepare(const std::string& name, const std::function<void()>& f) {
-    if (wanted(name)) f();
+    if (wanted(name) || wanted(name + "_inplace")) f();
   }
   // A memory-bound kernel moving `bytes` per call. The triad (both store kinds) runs
   // interleaved with the kernel; its best here is a candidate for the section's anchor.
+  // `restore` (untimed) runs before each timed run and the triads that precede it.
   void memory_row(const std::string& name, const std::string& shape, double bytes,
-                  const std::function<void()>& f) {
+                  const std::function<void()>& f, const std::function<void()>& restore = {}) {
     if (!wanted(name)) return;
+    if (restore) restore();
     f();
     triad->run(false);
     triad->run(true);
@@ -335,6 +338,7 @@ struct Bench {
     // kernel's time here), so an untimed streaming triad, which leaves none, follows it.
     double t = 1e30, t_plain = 1e30, t_stream = 1e30;
     for (int r = 0; r < opt.reps; ++r) {
+      if (restore) restore();
       t_plain = std::min(t_plain, seconds_of([&] { triad->run(false); }));
       triad->run(true);
       t_stream = std::min(t_stream, seconds_of([&] { triad->run(true); }));
@@ -342,6 +346,17 @@ struct Bench {
       t = std::min(t, seconds_of(f));
     }
     add(name, shape, bytes / t / 1e9, triad->bytes() / std::min(t_plain, t_stream) / 1e9, "GB/s");
+  }
+
+  // A backward kernel with dx written over dy, as the engine runs it where nothing else reads dy
+  // (engine/ops/common.h, grad_buffer): f(g) runs it over g, which gets dy's values again before
+  // every run (untimed, and before the triads, which leave no line of it cached).
+  void in_place_row(const std::string& name, const std::string& shape, double bytes,
+                    const FloatBuf& dy, const std::function<void(FloatBuf&)>& f) {
+    if (!wanted(name)) return;
+    FloatBuf g(dy.size());
+    memory_row(
+        name, shape, bytes, [&] { f(g); }, [&] { std::copy(dy.begin(), dy.end(), g.begin()); });
   }
 
   void adamw_rows() {
@@ -388,6 +403,9 @@ struct Bench {
     memory_row("softmax_backward", shape, 12.0 * n, [&] {
       run(Kernel::softmax_backward, {farg(dy, {M, N}), farg(y, {M, N})}, {farg(dx, {M, N})});
     });
+    in_place_row("softmax_backward_inplace", shape, 12.0 * n, dy, [&](FloatBuf& g) {
+      run(Kernel::softmax_backward, {farg(g, {M, N}), farg(y, {M, N})}, {farg(g, {M, N})});
+    });
     memory_row("log_softmax", shape, 8.0 * n, [&] {
       run(Kernel::log_softmax, {farg(x, {M, N})}, {farg(y, {M, N})});
     });
@@ -396,6 +414,9 @@ struct Bench {
     });
     memory_row("log_softmax_backward", shape, 12.0 * n, [&] {
       run(Kernel::log_softmax_backward, {farg(dy, {M, N}), farg(y, {M, N})}, {farg(dx, {M, N})});
+    });
+    in_place_row("log_softmax_backward_inplace", shape, 12.0 * n, dy, [&](FloatBuf& g) {
+      run(Kernel::log_softmax_backward, {farg(g, {M, N}), farg(y, {M, N})}, {farg(g, {M, N})});
     });
   }
 
@@ -429,6 +450,11 @@ struct Bench {
           {farg(dy, {M, N}), farg(x, {M, N}), farg(w, {N}), farg(mean, {M}), farg(rstd, {M})},
           {farg(dx, {M, N}), farg(dw, {N}), farg(db, {N})});
     });
+    in_place_row("layer_norm_backward_inplace", shape, 12.0 * n + 8.0 * M, dy, [&](FloatBuf& g) {
+      run(Kernel::layer_norm_backward,
+          {farg(g, {M, N}), farg(x, {M, N}), farg(w, {N}), farg(mean, {M}), farg(rstd, {M})},
+          {farg(g, {M, N}), farg(dw, {N}), farg(db, {N})});
+    });
     memory_row("rms_norm", shape, 8.0 * n + 4.0 * M, [&] {
       run(Kernel::rms_norm, {farg(x, {M, N}), farg(w, {N})}, {farg(y, {M, N}), farg(rstd, {M})},
           &p);
@@ -441,6 +467,11 @@ struct Bench {
       run(Kernel::rms_norm_backward,
           {farg(dy, {M, N}), farg(x, {M, N}), farg(w, {N}), farg(rstd, {M})},
           {farg(dx, {M, N}), farg(dw, {N})});
+    });
+    in_place_row("rms_norm_backward_inplace", shape, 12.0 * n + 4.0 * M, dy, [&](FloatBuf& g) {
+      run(Kernel::rms_norm_backward,
+          {farg(g, {M, N}), farg(x, {M, N}), farg(w, {N}), farg(rstd, {M})},
+          {farg(g, {M, N}), farg(dw, {N})});
     });
   }
 

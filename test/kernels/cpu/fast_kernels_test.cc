@@ -903,6 +903,88 @@ TEST_CASE("fast GELU (tanh, erf) and SiLU match the f64 reference, contiguous, l
   }
 }
 
+// Backward kernels marked "dx may be dy" (kernels/op_list.h: the engine writes a gradient over
+// its dead incoming one) must write over dy exactly what they write to a buffer of their own, dx
+// and the weight gradients bitwise: every ISA and both store paths in f32, and the f64 reference
+// kernels; rows of each norm path (short, long with a ragged column tail), softmax rows,
+// activation runs.
+TEST_CASE("backward kernels give the same results with dx written over dy") {
+  MAMMOTH_STREAM_SECTIONS();
+  std::mt19937 rng(14);
+  struct Case {
+    Kernel k;
+    int64_t M, N;
+  };
+  std::vector<Case> cases;
+  std::vector<int64_t> widths = {17, 769};
+  for (int64_t n : long_norm_rows()) widths.push_back(n);
+  for (int64_t N : widths) {
+    for (Kernel k : {Kernel::layer_norm_backward, Kernel::rms_norm_backward,
+                     Kernel::softmax_backward, Kernel::log_softmax_backward}) {
+      cases.push_back({k, 35, N});
+    }
+  }
+  for (Kernel k : {Kernel::relu_backward, Kernel::gelu_backward, Kernel::gelu_tanh_backward,
+                   Kernel::silu_backward}) {
+    cases.push_back({k, 7, 1031});
+  }
+  for (SimdIsa isa : isas()) {
+    IsaGuard guard(isa);
+    for (const Case& c : cases) {
+      INFO("isa " << simd_isa_name(isa) << " " << kernel_name(c.k) << " " << c.M << "x" << c.N);
+      const int64_t M = c.M, N = c.N;
+      Buf dy({M, N}), x({M, N}), y({M, N}), w({N}), mean({M}), rstd({M});
+      dy.random(rng);
+      x.random(rng, -3, 5);
+      w.random(rng);
+      mean.random(rng, -1, 1);
+      rstd.random(rng, 0.5, 2);
+      y.random(rng, c.k == Kernel::log_softmax_backward ? -5.0 : 0.0, 1.0);
+      // The inputs after dy, and how many outputs (dx first).
+      std::vector<Buf*> rest;
+      int n_out = 1;
+      if (c.k == Kernel::layer_norm_backward) {
+        rest = {&x, &w, &mean, &rstd};
+        n_out = 3;
+      } else if (c.k == Kernel::rms_norm_backward) {
+        rest = {&x, &w, &rstd};
+        n_out = 2;
+      } else if (c.k == Kernel::softmax_backward || c.k == Kernel::log_softmax_backward) {
+        rest = {&y};
+      } else {
+        rest = {&x};
+      }
+      for (DType dt : {DType::kF64, DType::kF32}) {
+        INFO("dtype " << dtype_name(dt));
+        std::vector<Buf> apart, over;  // outputs: dx in its own buffer / over dy
+        for (int o = 0; o < n_out; ++o) {
+          apart.emplace_back(o == 0 ? std::vector<int64_t>{M, N} : std::vector<int64_t>{N});
+          over.emplace_back(apart.back().shape);
+        }
+        over[0].d = dy.d;
+        std::vector<TensorArg> in = {dy.arg(dt)}, out;
+        for (Buf* b : rest) in.push_back(b->arg(dt));
+        for (Buf& b : apart) out.push_back(b.arg(dt));
+        launch(c.k, DeviceType::kCPU, dt, in, out, nullptr);
+        in[0] = over[0].arg(dt);
+        out.clear();
+        for (Buf& b : over) out.push_back(b.arg(dt));
+        REQUIRE(out[0].data == in[0].data);
+        launch(c.k, DeviceType::kCPU, dt, in, out, nullptr);
+        for (int o = 0; o < n_out; ++o) {
+          INFO("output " << o);
+          if (dt == DType::kF32) {
+            REQUIRE(std::memcmp(over[o].f.data(), apart[o].f.data(),
+                                over[o].f.size() * sizeof(float)) == 0);
+          } else {
+            REQUIRE(over[o].d == apart[o].d);
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("rope (shared cos/sin table) matches the f64 reference, partial rotary, inverse") {
   std::mt19937 rng(8);
   for (int64_t rot : {int64_t{0}, int64_t{6}}) {
