@@ -6,6 +6,7 @@
 
 #include "engine/op_list.h"
 #include "engine/ops.h"
+#include "engine/ops/common.h"
 
 namespace mammoth::engine {
 namespace {
@@ -28,9 +29,18 @@ void accumulate_into(TensorImpl* leaf, const Tensor& g) {
   leaf->grad = leaf->grad.defined() ? add(leaf->grad, gc) : gc.clone();
 }
 
+// a + b, written over whichever of the two nothing else reads (detail::overwritable_grad; the
+// add kernel accepts y == a or y == b), else into a new tensor. Where a residual stream's gradient
+// meets its branch's, this saves an allocation and a pass of streaming stores.
 Tensor accumulate(const Tensor& a, const Tensor& b) {
   if (!a.defined()) return b;
   if (!b.defined()) return a;
+  for (const Tensor* into : {&a, &b}) {
+    if (detail::overwritable_grad(*into, into == &a ? b : a)) {
+      detail::launch(kernels::Kernel::add, {a, b}, {*into});
+      return *into;
+    }
+  }
   return add(a, b);
 }
 }  // namespace
@@ -147,6 +157,7 @@ void run_backward(const Tensor& root, const Tensor& gradient) {
     pending.erase(n);
     grads_out.resize(n->num_outputs());
     std::vector<Tensor> grads_in = n->apply(grads_out);
+    grads_out.clear();  // no longer read: what only they held is free (or overwritable) now
     const std::vector<Edge>& edges = n->edges();
     for (size_t i = 0; i < edges.size(); ++i) {
       const Edge& e = edges[i];

@@ -8,13 +8,14 @@
 // Inputs marked "strided" accept any strides (broadcast = stride 0); all others are contiguous.
 // Kernels marked "dx may be dy" accept their output at exactly the address (and strides) of
 // their dy input, no other overlap: the engine writes a gradient over its dead incoming
-// gradient (engine/ops/common.h, grad_buffer). The CPU kernels are written for it (and store
-// such an output plainly, not streaming); the engine does not ask it of the CUDA ones.
+// gradient (engine/ops/common.h, grad_buffer; add likewise where autograd sums two gradients). The
+// CPU kernels are written for it (and store such an output plainly, not streaming); the engine does
+// not ask it of the CUDA ones.
 #pragma once
 
 #define MAMMOTH_KERNELS(X)                                                                       \
   /* elementwise, strided inputs, contiguous output of the broadcast shape */                    \
-  X(add)                /* (a, b) -> (y) */                                                      \
+  X(add)                /* (a, b) -> (y); y may be a or b */                                     \
   X(sub)                /* (a, b) -> (y) */                                                      \
   X(mul)                /* (a, b) -> (y) */                                                      \
   X(div)                /* (a, b) -> (y) */                                                      \
