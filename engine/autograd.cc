@@ -22,11 +22,23 @@ bool is_listed_op(const char* name) {
   return false;
 }
 
-// Adds b into a (either may be undefined).
-// A leaf's .grad += g (with grad mode off).
-void accumulate_into(TensorImpl* leaf, const Tensor& g) {
-  const Tensor gc = g.is_contiguous() ? g : g.contiguous();
-  leaf->grad = leaf->grad.defined() ? add(leaf->grad, gc) : gc.clone();
+// A leaf's .grad += g (with grad mode off). The first gradient is kept as the .grad itself when
+// nothing else reads it (detail::overwritable_grad) and it fills its storage, else copied; later
+// ones are added over the .grad where it is the leaf's alone (not a view of a data-parallel
+// bucket, not held by the caller), else into a new tensor. Saves a parameter-sized copy per step,
+// and an allocation per extra micro-batch.
+// `owned`: g is the backward pass's own handle (the caller of accumulate_grad may still read its
+// g, which a reference count seen through that reference cannot tell).
+void accumulate_into(TensorImpl* leaf, const Tensor& g, bool owned) {
+  if (!leaf->grad.defined()) {
+    const bool adopt =
+        owned && detail::overwritable_grad(g, g) && g.nbytes() == g.storage()->nbytes;
+    leaf->grad = adopt ? g : g.is_contiguous() ? g.clone() : g.contiguous();
+  } else if (detail::overwritable_grad(leaf->grad, g)) {
+    detail::launch(kernels::Kernel::add, {leaf->grad, g}, {leaf->grad});
+  } else {
+    leaf->grad = add(leaf->grad, g.is_contiguous() ? g : g.contiguous());
+  }
 }
 
 // a + b, written over whichever of the two nothing else reads (detail::overwritable_grad; the
@@ -124,7 +136,7 @@ void run_backward(const Tensor& root, const Tensor& gradient) {
   NoGradGuard no_grad;
 
   if (!root.grad_fn()) {  // a leaf root
-    accumulate_into(root.impl(), seed);
+    accumulate_into(root.impl(), seed, /*owned=*/false);
     if (root.impl()->grad_ready_hook) root.impl()->grad_ready_hook();
     return;
   }
@@ -163,7 +175,7 @@ void run_backward(const Tensor& root, const Tensor& gradient) {
       const Edge& e = edges[i];
       if (e.leaf) {
         TensorImpl* leaf = e.leaf.get();
-        if (grads_in[i].defined()) accumulate_into(leaf, grads_in[i]);
+        if (grads_in[i].defined()) accumulate_into(leaf, grads_in[i], /*owned=*/true);
         if (--leaf_deps[leaf] == 0 && leaf->grad_ready_hook) leaf->grad_ready_hook();
       } else if (e.node) {
         Node* next = e.node.get();
@@ -202,7 +214,7 @@ void accumulate_grad(const Tensor& leaf, const Tensor& g) {
   MAMMOTH_CHECK(leaf.defined() && leaf.is_leaf())
       << "[accumulate_grad] gradients accumulate into leaf tensors only";
   NoGradGuard ng;
-  accumulate_into(leaf.impl(), g);
+  accumulate_into(leaf.impl(), g, /*owned=*/false);
 }
 
 }  // namespace mammoth::engine
