@@ -23,7 +23,7 @@ bool is_listed_op(const char* name) {
 }
 
 // A leaf's .grad += g (with grad mode off). The first gradient is kept as the .grad itself when
-// nothing else reads it (detail::overwritable_grad) and it fills its storage, else copied; later
+// nothing else reads it (detail::overwritable) and it fills its storage, else copied; later
 // ones are added over the .grad where it is the leaf's alone (not a view of a data-parallel
 // bucket, not held by the caller), else into a new tensor. Saves a parameter-sized copy per step,
 // and an allocation per extra micro-batch.
@@ -31,24 +31,23 @@ bool is_listed_op(const char* name) {
 // g, which a reference count seen through that reference cannot tell).
 void accumulate_into(TensorImpl* leaf, const Tensor& g, bool owned) {
   if (!leaf->grad.defined()) {
-    const bool adopt =
-        owned && detail::overwritable_grad(g, g) && g.nbytes() == g.storage()->nbytes;
+    const bool adopt = owned && detail::overwritable(g, g) && g.nbytes() == g.storage()->nbytes;
     leaf->grad = adopt ? g : g.is_contiguous() ? g.clone() : g.contiguous();
-  } else if (detail::overwritable_grad(leaf->grad, g)) {
+  } else if (detail::overwritable(leaf->grad, g)) {
     detail::launch(kernels::Kernel::add, {leaf->grad, g}, {leaf->grad});
   } else {
     leaf->grad = add(leaf->grad, g.is_contiguous() ? g : g.contiguous());
   }
 }
 
-// a + b, written over whichever of the two nothing else reads (detail::overwritable_grad; the
+// a + b, written over whichever of the two nothing else reads (detail::overwritable; the
 // add kernel accepts y == a or y == b), else into a new tensor. Where a residual stream's gradient
 // meets its branch's, this saves an allocation and a pass of streaming stores.
 Tensor accumulate(const Tensor& a, const Tensor& b) {
   if (!a.defined()) return b;
   if (!b.defined()) return a;
   for (const Tensor* into : {&a, &b}) {
-    if (detail::overwritable_grad(*into, into == &a ? b : a)) {
+    if (detail::overwritable(*into, into == &a ? b : a)) {
       detail::launch(kernels::Kernel::add, {a, b}, {*into});
       return *into;
     }

@@ -8,8 +8,9 @@
 // Inputs marked "strided" accept any strides (broadcast = stride 0); all others are contiguous.
 // Kernels marked "dx may be dy" accept their output at exactly the address (and strides) of
 // their dy input, no other overlap: the engine writes a gradient over its dead incoming
-// gradient (engine/ops/common.h, grad_buffer; add likewise where autograd sums two gradients). The
-// CPU kernels are written for it (and store such an output plainly, not streaming); the engine does
+// gradient (engine/ops/common.h, grad_buffer), autograd sums two gradients over one of them
+// (add), and cross_entropy_backward writes over the saved logits nothing else holds. The CPU
+// kernels are written for it (and store such an output plainly, not streaming); the engine does
 // not ask it of the CUDA ones.
 #pragma once
 
@@ -56,7 +57,8 @@
   X(rms_norm)               /* (x [M,N], w [N]) -> (y, rstd [M]) NormParams */                   \
   X(rms_norm_backward)      /* (dy, x, w, rstd) -> (dx, dw); dx may be dy */                     \
   X(cross_entropy)          /* (logits [M,V], target i64 [M]) -> (loss [M], lse [M]) CE */       \
-  X(cross_entropy_backward) /* (dloss [M], logits, target, lse) -> (dlogits) CrossEntropy */     \
+  X(cross_entropy_backward) /* (dloss [M], logits, target, lse) -> (dlogits) CE; dlogits may be  \
+                               logits */                                                         \
   /* indexing */                                                                                 \
   X(index_select) /* (x [A,R,C], idx i64 [I]) -> (y [A,I,C]) */                                  \
   X(index_add)    /* (dy [A,I,C], idx i64 [I]) -> (dx [A,R,C]) accumulates, deterministic */     \

@@ -35,26 +35,26 @@ inline void launch(kernels::Kernel kernel, std::initializer_list<Tensor> inputs,
   launch_for(inputs.size() ? *inputs.begin() : *outputs.begin(), kernel, inputs, outputs, params);
 }
 
-// Whether a gradient may be written over: true when the backward pass's handle to `dy`
-// (autograd.cc hands each node its output gradients and drops them after it) is the only one,
-// to a TensorImpl that is the only one on its storage, and dy is a contiguous CPU tensor of our
-// own allocator with `like`'s shape and dtype. A gradient passed to two inputs (add's), a seed the
-// caller holds, or a view of a tensor still alive all fail it; so do CUDA tensors (the CUDA
-// kernels are not asked to write over their inputs) and paged or external memory.
-inline bool overwritable_grad(const Tensor& dy, const Tensor& like) {
-  return dy.defined() && dy.impl_ptr().use_count() == 1 && dy.storage().use_count() == 1 &&
-         dy.device().is_cpu() && like.device().is_cpu() && dy.dtype() == like.dtype() &&
-         dy.shape() == like.shape() && dy.is_contiguous() && !dy.storage()->ensure_resident &&
-         !dy.storage()->release;
+// Whether `t` may be written over: true when the handle given is the only one, to a TensorImpl
+// that is the only one on its storage, and t is a contiguous CPU tensor of our own allocator with
+// `like`'s shape and dtype. Callers pass a handle they own: the backward pass's to a node's
+// incoming gradient (autograd.cc hands each node its output gradients and drops them after it),
+// or a node's own saved tensor in its one backward. A gradient passed to two inputs (add's), a
+// seed the caller holds, or a view of a tensor still alive all fail it; so do CUDA tensors (the
+// CUDA kernels are not asked to write over their inputs) and paged or external memory.
+inline bool overwritable(const Tensor& t, const Tensor& like) {
+  return t.defined() && t.impl_ptr().use_count() == 1 && t.storage().use_count() == 1 &&
+         t.device().is_cpu() && like.device().is_cpu() && t.dtype() == like.dtype() &&
+         t.shape() == like.shape() && t.is_contiguous() && !t.storage()->ensure_resident &&
+         !t.storage()->release;
 }
 
 // The output of a backward kernel that accepts dx == dy ("dx may be dy", kernels/op_list.h):
-// the incoming gradient `dy` itself where it is overwritable_grad, else a new tensor shaped like
+// the incoming gradient `dy` itself where it is overwritable, else a new tensor shaped like
 // `like`. Saves a gradient-sized allocation per op, and the kernel's stores hit lines it just
 // read (fast_impl.h, in_place).
 inline Tensor grad_buffer(const Tensor& dy, const Tensor& like) {
-  return overwritable_grad(dy, like) ? dy
-                                     : Tensor::empty(like.shape(), like.dtype(), like.device());
+  return overwritable(dy, like) ? dy : Tensor::empty(like.shape(), like.dtype(), like.device());
 }
 
 // Same dtype and device for every defined tensor; names `op` and both values otherwise.

@@ -1038,7 +1038,7 @@ void cross_entropy(const float* x, const int64_t* target, float* loss, float* ls
 void cross_entropy_backward(const float* dloss, const float* x, const int64_t* target,
                             const float* lse, float* dx, int64_t rows, int64_t V,
                             int64_t ignore_index, double smoothing) {
-  const bool stream = stream_output(rows * V * 4);
+  const bool stream = stream_output(rows * V * 4) && !in_place(dx, x);
   for_rows(
       rows, V,
       [&](int64_t m) {

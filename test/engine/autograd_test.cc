@@ -280,3 +280,25 @@ TEST_CASE("accumulate_grad sums in place only where nothing else reads the .grad
   CHECK(held.to_vector() == sum12);
   CHECK(p.grad().raw_data() != held.raw_data());
 }
+
+// cross_entropy's backward writes dlogits over its saved logits when nothing else holds them
+// (one allocation fewer), and never when the caller keeps its logits (they come back unchanged).
+TEST_CASE("cross_entropy's backward writes over the logits only when nothing else holds them") {
+  const Tensor targets = Tensor::from_ints({1, 4, 0}, {3});
+  const Tensor w = Tensor::randn({7, 7}, 2);
+  auto run = [&](bool keep) {
+    Tensor x = Tensor::randn({3, 7}, 1).requires_grad_();
+    Tensor logits = engine::matmul(x, w);
+    const std::vector<double> before = logits.to_vector();
+    Tensor loss = engine::cross_entropy(logits, targets);
+    if (!keep) logits = Tensor();
+    memory::Allocator& cpu = memory::allocator_for(Device::cpu());
+    const int64_t allocs = cpu.stats().num_allocs;
+    loss.backward();
+    if (keep) CHECK(logits.to_vector() == before);
+    return std::make_pair(cpu.stats().num_allocs - allocs, x.grad().to_vector());
+  };
+  const auto kept = run(true), dropped = run(false);
+  CHECK(kept.second == dropped.second);
+  CHECK(dropped.first == kept.first - 1);
+}

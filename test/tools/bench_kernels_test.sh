@@ -14,7 +14,8 @@ grep -q "^buffers: the engine's CPU allocator" "$out" || fail "no buffers line"
 grep -q "^row kernels stream outputs over [0-9]* MiB" "$out" || fail "no streaming threshold line"
 for row in softmax_backward log_softmax_backward layer_norm_backward rms_norm_backward \
   cross_entropy_backward gelu_backward silu_backward softmax_backward_inplace \
-  log_softmax_backward_inplace layer_norm_backward_inplace rms_norm_backward_inplace; do
+  log_softmax_backward_inplace layer_norm_backward_inplace rms_norm_backward_inplace \
+  cross_entropy_backward_inplace; do
   line=$(grep "\"name\":\"$row\"" "$json") || fail "no JSON row for $row"
   echo "$line" | grep -Eq '"ours":[0-9]*[1-9][0-9.e+-]*,' || fail "$row: no positive figure: $line"
   echo "$line" | grep -Eq '"anchor":[0-9]*[1-9][0-9.e+-]*,' || fail "$row: no positive anchor: $line"

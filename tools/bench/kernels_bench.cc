@@ -348,9 +348,10 @@ struct Bench {
     add(name, shape, bytes / t / 1e9, triad->bytes() / std::min(t_plain, t_stream) / 1e9, "GB/s");
   }
 
-  // A backward kernel with dx written over dy, as the engine runs it where nothing else reads dy
-  // (engine/ops/common.h, grad_buffer): f(g) runs it over g, which gets dy's values again before
-  // every run (untimed, and before the triads, which leave no line of it cached).
+  // A backward kernel with dx written over its input dy (or cross_entropy's over its logits), as
+  // the engine runs it where nothing else reads that input (engine/ops/common.h, overwritable):
+  // f(g) runs it over g, which gets dy's values again before every run (untimed, and before the
+  // triads, which leave no line of it cached).
   void in_place_row(const std::string& name, const std::string& shape, double bytes,
                     const FloatBuf& dy, const std::function<void(FloatBuf&)>& f) {
     if (!wanted(name)) return;
@@ -494,6 +495,11 @@ struct Bench {
     memory_row("cross_entropy_backward", shape, 8.0 * n, [&] {
       run(Kernel::cross_entropy_backward, {farg(dloss, {M}), farg(x, {M, V}), t, farg(lse, {M})},
           {farg(dx, {M, V})}, &p);
+    });
+    // Over the logits, as the engine runs it where nothing else holds them.
+    in_place_row("cross_entropy_backward_inplace", shape, 8.0 * n, x, [&](FloatBuf& g) {
+      run(Kernel::cross_entropy_backward, {farg(dloss, {M}), farg(g, {M, V}), t, farg(lse, {M})},
+          {farg(g, {M, V})}, &p);
     });
   }
 
