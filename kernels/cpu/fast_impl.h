@@ -281,10 +281,11 @@ void emit(bool stream, float* y, int64_t n, F f) {
 
 // The backward kernels accept dx == dy, and cross_entropy_backward dx == its logits
 // (kernels/op_list.h: the engine hands them a buffer nothing else reads): every element of that
-// input is loaded before dx's at the same place is stored. They then store plainly, never streaming: the lines were just read, so a store costs no
-// read-for-ownership and the line goes back as an ordinary write-back. One core, in place
-// (b = b + s * c) 48-56 GB/s against 39-42 for the streaming triad; layer_norm backward at
-// 16384 x 768 32-33 -> 37 GB/s, softmax backward at 8192 x 2048 33-34 -> 39-40.
+// input is loaded before dx's at the same place is stored. They then store plainly, never
+// streaming: the lines were just read, so a store costs no read-for-ownership and the line goes
+// back as an ordinary write-back. One core, in place (b = b + s * c) 48-56 GB/s against 39-42
+// for the streaming triad; layer_norm backward at 16384 x 768 32-33 -> 37 GB/s, softmax
+// backward at 8192 x 2048 33-34 -> 39-40.
 inline bool in_place(const float* dx, const float* dy) { return dx == dy; }
 
 // Applies f(Vec) -> Vec elementwise from one input row to one output row.
