@@ -49,10 +49,10 @@ inline bool overwritable(const Tensor& t, const Tensor& like) {
          !t.storage()->release;
 }
 
-// The output of a backward kernel that accepts dx == dy ("dx may be dy", kernels/op_list.h):
-// the incoming gradient `dy` itself where it is overwritable, else a new tensor shaped like
-// `like`. Saves a gradient-sized allocation per op, and the kernel's stores hit lines it just
-// read (fast_impl.h, in_place).
+// The output of a backward kernel that accepts dx over its input dy ("dx may be dy",
+// kernels/op_list.h; cross_entropy's over its saved logits): dy itself where it is overwritable,
+// else a new tensor shaped like `like`. Saves a gradient-sized allocation per op, and the kernel's
+// stores hit lines it just read (fast_impl.h, in_place).
 inline Tensor grad_buffer(const Tensor& dy, const Tensor& like) {
   return overwritable(dy, like) ? dy : Tensor::empty(like.shape(), like.dtype(), like.device());
 }

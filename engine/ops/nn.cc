@@ -143,9 +143,7 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in,
                                     count > 0 ? 1.0 / static_cast<double>(count) : 0.0);
           // Over the saved logits where this node alone holds them (it runs once; the model
           // usually drops its logits): the largest activation of a language model's step.
-          const Tensor dx = detail::overwritable(logits, logits)
-                                ? logits
-                                : Tensor::empty(logits.shape(), logits.dtype(), logits.device());
+          const Tensor dx = detail::grad_buffer(logits, logits);
           detail::launch(Kernel::cross_entropy_backward, {dloss, logits, targets, lse}, {dx}, &p);
           return std::vector<Tensor>{dx.view(shape)};
         });

@@ -147,6 +147,14 @@ TEST_CASE("grad_buffer reuses only a contiguous CPU gradient no other handle can
 }
 
 namespace {
+// The CPU allocations loss.backward() makes.
+int64_t backward_allocs(const Tensor& loss) {
+  memory::Allocator& cpu = memory::allocator_for(Device::cpu());
+  const int64_t before = cpu.stats().num_allocs;
+  loss.backward();
+  return cpu.stats().num_allocs - before;
+}
+
 // x -> [layer_norm -> softmax -> rms_norm -> log_softmax -> gelu -> silu] * reps, with weights
 // that need no gradient; loss = sum(y * c). Returns the CPU allocations backward made.
 int64_t chain_backward_allocs(int reps) {
@@ -157,11 +165,7 @@ int64_t chain_backward_allocs(int reps) {
     y = engine::silu(engine::gelu(
         engine::log_softmax(engine::rms_norm(engine::softmax(engine::layer_norm(y, w, b)), w))));
   }
-  Tensor loss = engine::sum(engine::mul(y, Tensor::randn({6, 40}, 5)));
-  memory::Allocator& cpu = memory::allocator_for(Device::cpu());
-  const int64_t before = cpu.stats().num_allocs;
-  loss.backward();
-  return cpu.stats().num_allocs - before;
+  return backward_allocs(engine::sum(engine::mul(y, Tensor::randn({6, 40}, 5))));
 }
 }  // namespace
 
@@ -206,11 +210,8 @@ std::pair<int64_t, std::vector<double>> residual_backward(int reps) {
   Tensor x = Tensor::randn({6, 40}, 2).requires_grad_();
   Tensor y = x;
   for (int r = 0; r < reps; ++r) y = engine::add(y, engine::gelu(y));
-  Tensor loss = engine::sum(engine::mul(y, Tensor::randn({6, 40}, 5)));
-  memory::Allocator& cpu = memory::allocator_for(Device::cpu());
-  const int64_t before = cpu.stats().num_allocs;
-  loss.backward();
-  return {cpu.stats().num_allocs - before, x.grad().to_vector()};
+  const int64_t allocs = backward_allocs(engine::sum(engine::mul(y, Tensor::randn({6, 40}, 5))));
+  return {allocs, x.grad().to_vector()};
 }
 }  // namespace
 
@@ -247,11 +248,7 @@ TEST_CASE("backward keeps a leaf's first gradient as its .grad instead of copyin
       Tensor term = engine::mul(leaves.back(), c);
       loss = loss.defined() ? engine::add(loss, term) : term;
     }
-    loss = engine::sum(loss);
-    memory::Allocator& cpu = memory::allocator_for(Device::cpu());
-    const int64_t before = cpu.stats().num_allocs;
-    loss.backward();
-    const int64_t n = cpu.stats().num_allocs - before;
+    const int64_t n = backward_allocs(engine::sum(loss));
     for (const Tensor& p : leaves) CHECK(p.grad().to_vector() == c.to_vector());
     return n;
   };
@@ -292,11 +289,9 @@ TEST_CASE("cross_entropy's backward writes over the logits only when nothing els
     const std::vector<double> before = logits.to_vector();
     Tensor loss = engine::cross_entropy(logits, targets);
     if (!keep) logits = Tensor();
-    memory::Allocator& cpu = memory::allocator_for(Device::cpu());
-    const int64_t allocs = cpu.stats().num_allocs;
-    loss.backward();
+    const int64_t allocs = backward_allocs(loss);
     if (keep) CHECK(logits.to_vector() == before);
-    return std::make_pair(cpu.stats().num_allocs - allocs, x.grad().to_vector());
+    return std::make_pair(allocs, x.grad().to_vector());
   };
   const auto kept = run(true), dropped = run(false);
   CHECK(kept.second == dropped.second);
