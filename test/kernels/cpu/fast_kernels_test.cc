@@ -530,10 +530,13 @@ TEST_CASE("fast layer_norm and rms_norm match the f64 reference on long rows") {
 }
 
 // The chunked statistics merge chunk means: rows far from zero (mean 300, spread 1) must come out
-// as well as with the two-pass form, on short rows (one chunk) and long ones (merged).
+// as well as with the two-pass form. Short rows (two passes), rows read from memory in chunks
+// (merged: past 1024 floats, short of the grouped long rows, fast_impl.h row_mean_m2) and grouped
+// long rows (two passes from cache).
 TEST_CASE("layer_norm's statistics stay accurate on rows with a large mean") {
   std::mt19937 rng(10);
-  for (int64_t N : {int64_t{769}, int64_t{5003}}) {
+  const int64_t chunked = std::min<int64_t>(1500, l1_data_cache_bytes() / 16 - 1);
+  for (int64_t N : {int64_t{769}, chunked, int64_t{5003}}) {
     INFO("N " << N);
     NormParams p;
     p.eps = 1e-5;
