@@ -2,7 +2,8 @@
 # `mammoth bench kernels --quick`: runs with only the backward rows selected, says which memory
 # and store paths it measured, and writes a JSON row with a positive figure and anchor for
 # every backward row (the norms' at both widths), its in-place twin (dx over dy) where the engine
-# uses one, and none for the forward rows --filter left out.
+# uses one, and none for the forward rows --filter left out; an in-place row selected alone by
+# its whole name runs.
 set -uo pipefail
 mammoth="$1"
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -27,4 +28,11 @@ for shape in 4096x768 1024x4096; do
   grep -q "\"name\":\"layer_norm_backward\",\"shape\":\"$shape\"" "$json" ||
     fail "no layer_norm_backward row at $shape"
 done
+# An in-place row selected alone by its whole name (its group's guard must know the name).
+one="$TEST_TMPDIR/one.json"
+"$mammoth" bench kernels --quick --reps 1 --no-torch --threads 1 \
+  --filter layer_norm_backward_inplace --row-shape 256x768 --json "$one" >"$out" 2>&1 ||
+  { cat "$out"; fail "bench kernels --filter layer_norm_backward_inplace exited non-zero"; }
+grep -q '"name":"layer_norm_backward_inplace","shape":"256x768"' "$one" ||
+  { cat "$out"; fail "--filter layer_norm_backward_inplace ran no row"; }
 echo ok

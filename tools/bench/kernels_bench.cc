@@ -391,7 +391,10 @@ struct Bench {
     const int64_t M = opt.row_m > 0 ? opt.row_m : opt.quick ? 2048 : 8192;
     const int64_t N = opt.row_n > 0 ? opt.row_n : 2048, n = M * N;
     const std::string shape = std::to_string(M) + "x" + std::to_string(N);
-    if (!any_wanted({"softmax", "softmax_backward", "log_softmax", "log_softmax_backward"})) return;
+    if (!any_wanted({"softmax", "softmax_backward", "softmax_backward_inplace", "log_softmax",
+                     "log_softmax_backward", "log_softmax_backward_inplace"})) {
+      return;
+    }
     FloatBuf x(n), y(n), dy(n), dx(n);
     fill(x, -4, 4, 20);
     fill(dy, -1, 1, 21);
@@ -431,7 +434,10 @@ struct Bench {
   void norm_rows(int64_t M, int64_t N) {
     const int64_t n = M * N;
     const std::string shape = std::to_string(M) + "x" + std::to_string(N);
-    if (!any_wanted({"layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward"})) return;
+    if (!any_wanted({"layer_norm", "layer_norm_backward", "layer_norm_backward_inplace", "rms_norm",
+                     "rms_norm_backward", "rms_norm_backward_inplace"})) {
+      return;
+    }
     FloatBuf x(n), y(n), dy(n), dx(n), w(N), b(N), dw(N), db(N), mean(M), rstd(M);
     fill(x, -2, 3, 30);
     fill(dy, -1, 1, 31);
@@ -479,7 +485,10 @@ struct Bench {
   void cross_entropy_rows() {
     const int64_t M = opt.quick ? 64 : 256, V = 50257, n = M * V;
     const std::string shape = std::to_string(M) + "x" + std::to_string(V);
-    if (!any_wanted({"cross_entropy", "cross_entropy_backward"})) return;
+    if (!any_wanted(
+            {"cross_entropy", "cross_entropy_backward", "cross_entropy_backward_inplace"})) {
+      return;
+    }
     FloatBuf x(n), dx(n), loss(M), lse(M), dloss(M, 1.0f / M);
     std::vector<int64_t> target(M);
     for (int64_t i = 0; i < M; ++i) target[i] = (i * 7919) % V;
