@@ -279,6 +279,12 @@ void emit(bool stream, float* y, int64_t n, F f) {
   }
 }
 
+// Whether every row of n floats from p starts on a vector boundary, as streaming stores of whole
+// vectors need.
+inline bool rows_aligned(const float* p, int64_t n) {
+  return reinterpret_cast<uintptr_t>(p) % (W * sizeof(float)) == 0 && n % W == 0;
+}
+
 // The backward kernels accept dx == dy, and cross_entropy_backward dx == its logits
 // (kernels/op_list.h: the engine hands them a buffer nothing else reads): every element of that
 // input is loaded before dx's at the same place is stored. They then store plainly, never
@@ -455,7 +461,7 @@ void softmax(const float* x, float* y, int64_t rows, int64_t n) {
     return;
   }
   const bool stream = stream_output(rows * n * 4);
-  const bool aligned = reinterpret_cast<uintptr_t>(y) % (W * sizeof(float)) == 0 && n % W == 0;
+  const bool aligned = rows_aligned(y, n);
   if (stream && aligned) {
     parallel_for(0, rows, row_grain(n), [&](int64_t b, int64_t e) {
       softmax_fused_rows(x, y, b, e, n);
@@ -510,7 +516,7 @@ void log_softmax_fused_rows(const float* x, float* y, int64_t rb, int64_t re, in
 
 void log_softmax(const float* x, float* y, int64_t rows, int64_t n) {
   const bool stream = stream_output(rows * n * 4);
-  const bool aligned = reinterpret_cast<uintptr_t>(y) % (W * sizeof(float)) == 0 && n % W == 0;
+  const bool aligned = rows_aligned(y, n);
   if (stream && aligned && log_softmax_pipelines(n)) {
     parallel_for(0, rows, row_grain(n), [&](int64_t b, int64_t e) {
       log_softmax_fused_rows(x, y, b, e, n);
@@ -710,9 +716,10 @@ void norm_group_output(bool stream, int64_t g0, int64_t g1, int64_t n, Out out, 
   }
 }
 
-// Rows [0, rows) of a norm forward over x: stats(m) takes row m's statistics, row(m) gives its
-// output as for norm_group_output; long rows (`arrays` as for norm_rows_long) go in groups, and
-// their statistics find them in cache (prefetched), except for each thread's first group.
+// Rows [0, rows) of a norm forward over x: stats(m, from_memory) takes row m's statistics, row(m)
+// gives its output as for norm_group_output; long rows (`arrays` as for norm_rows_long) go in
+// groups, whose rows the statistics find in cache (prefetched, except for each thread's first
+// group): from_memory false.
 template <typename Stats, typename Row>
 void norm_forward_rows(int64_t rows, int64_t n, int arrays, const float* x, float* y, Stats stats,
                        Row row) {
@@ -721,7 +728,7 @@ void norm_forward_rows(int64_t rows, int64_t n, int arrays, const float* x, floa
     for_rows(
         rows, n,
         [&](int64_t m) {
-          stats(m);
+          stats(m, true);
           const auto f = row(m);
           emit(stream, y + m * n, n, f);
         },
@@ -732,7 +739,7 @@ void norm_forward_rows(int64_t rows, int64_t n, int arrays, const float* x, floa
   parallel_for(0, groups, 1, [&](int64_t gb, int64_t ge) {
     for (int64_t g = gb; g < ge; ++g) {
       const int64_t g0 = g * kNormGroup, g1 = std::min(rows, g0 + kNormGroup);
-      for (int64_t m = g0; m < g1; ++m) stats(m);
+      for (int64_t m = g0; m < g1; ++m) stats(m, false);
       // The next group of this thread's range, if any.
       const int64_t next_end = g + 1 < ge ? std::min(rows, g1 + kNormGroup) : g1;
       norm_group_output(
@@ -745,11 +752,9 @@ void norm_forward_rows(int64_t rows, int64_t n, int arrays, const float* x, floa
 
 void layer_norm(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,
                 int64_t rows, int64_t n, double eps) {
-  // Grouped rows come from cache (norm_forward_rows).
-  const bool from_memory = !norm_rows_long(n, 3);
   norm_forward_rows(
       rows, n, 3, x, y,
-      [&](int64_t m) {
+      [&](int64_t m, bool from_memory) {
         double mu, m2;
         row_mean_m2(x + m * n, n, from_memory, mu, m2);
         mean[m] = static_cast<float>(mu);
@@ -914,7 +919,7 @@ void norm_backward_block_long(const float* dy, const float* x, const float* w, c
   constexpr int64_t kCols = kColVecs * W;
   const int64_t full = n / kCols * kCols;
   // Streaming stores need every row's column blocks aligned.
-  const bool aligned = reinterpret_cast<uintptr_t>(dx) % (W * sizeof(float)) == 0 && n % W == 0;
+  const bool aligned = rows_aligned(dx, n);
   const int64_t group = std::clamp<int64_t>(kNormBackGroupBytes / (8 * n), 4, kNormBackGroup);
   for (int64_t g0 = r0; g0 < r1; g0 += group) {
     const int64_t g1 = std::min(r1, g0 + group);
@@ -1007,7 +1012,7 @@ void rms_norm(const float* x, const float* w, float* y, float* rstd, int64_t row
               double eps) {
   norm_forward_rows(
       rows, n, 2, x, y,
-      [&](int64_t m) {
+      [&](int64_t m, bool) {
         const float* xr = x + m * n;
         const double ms = static_cast<double>(row_dot(xr, xr, n)) / n;
         rstd[m] = static_cast<float>(1.0 / std::sqrt(ms + eps));
