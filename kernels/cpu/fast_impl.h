@@ -836,15 +836,19 @@ void norm_backward_block(const float* dy, const float* x, const float* w, const 
 // of columns at a time across its rows, that block's weight-gradient sums held in registers over
 // the group and added to the partials once. The per-row form at 8192 x 2048 read its partials
 // and w from L2 in both passes: layer_norm backward 0.50x of the triad -> 0.61 in a harness.
-// Eight AVX-512 vectors of columns (w, dw and db sums: 24 of the 32 registers) ran 2-5% faster
-// than four (bench, one thread, 1536-4096); AVX2 and portable have 16 registers.
+// A block is 128 columns (512 bytes of each row) on every ISA: what sets the pace is the bytes of
+// each row a block takes, not the registers. AVX-512's eight vectors (w, dw and db sums: 24 of
+// the 32 registers) ran 2-5% faster than four, and sixteen no faster (bench, one thread,
+// 1536-4096). AVX2 with two vectors (64 bytes of a row) ran layer_norm backward at 8.9-10.2
+// GB/s at 2048 and 4096; with sixteen, its w and sums partly on the stack, 22.1-27.2, level with
+// AVX-512 (one thread, --isa avx2, session 19).
 // Groups of at most kNormBackGroup rows, and at most kNormBackGroupBytes of x and dy (half of a
 // 1 MiB L2), from which the second pass reads them back: on rows of 16384 and 32768 floats,
 // groups of 32 rows (4-8 MB) ran layer_norm backward at 18-19 and 14-15 GB/s, byte-bounded ones
 // at 20-20.5 and 20.7-20.8 (rms_norm 20-22 -> 24.5-25, 16-17 -> 23-24); one thread.
 constexpr int64_t kNormBackGroup = 32;
 constexpr int64_t kNormBackGroupBytes = int64_t{512} << 10;
-constexpr int kColVecs = W >= 16 ? 8 : 2;
+constexpr int kColVecs = 128 / W;  // W divides 128 on every ISA
 
 struct NormRow {
   float mean, rstd, a, c;  // dx = rstd * (dy * w - a - xhat * c)
