@@ -51,30 +51,38 @@ float row_max(const float* x, int64_t n) {
   return hmax(max(max(a0, a1), max(a2, a3)));
 }
 
+// Vec::load, or with kMem (the data arrives from memory) Vec::load_mem.
+template <bool kMem>
+inline Vec load_v(const float* p) {
+  return kMem ? Vec::load_mem(p) : Vec::load(p);
+}
+
+template <bool kMem = false>
 float row_sum(const float* x, int64_t n) {
   Vec a0 = Vec::zero(), a1 = a0, a2 = a0, a3 = a0;
   int64_t i = 0;
   for (; i + 4 * W <= n; i += 4 * W) {
-    a0 = a0 + Vec::load(x + i);
-    a1 = a1 + Vec::load(x + i + W);
-    a2 = a2 + Vec::load(x + i + 2 * W);
-    a3 = a3 + Vec::load(x + i + 3 * W);
+    a0 = a0 + load_v<kMem>(x + i);
+    a1 = a1 + load_v<kMem>(x + i + W);
+    a2 = a2 + load_v<kMem>(x + i + 2 * W);
+    a3 = a3 + load_v<kMem>(x + i + 3 * W);
   }
-  for (; i + W <= n; i += W) a0 = a0 + Vec::load(x + i);
+  for (; i + W <= n; i += W) a0 = a0 + load_v<kMem>(x + i);
   if (i < n) a1 = a1 + Vec::load_n(x + i, static_cast<int>(n - i));
   return hsum((a0 + a1) + (a2 + a3));
 }
 
+template <bool kMem = false>
 float row_dot(const float* x, const float* y, int64_t n) {
   Vec a0 = Vec::zero(), a1 = a0, a2 = a0, a3 = a0;
   int64_t i = 0;
   for (; i + 4 * W <= n; i += 4 * W) {
-    a0 = fma(Vec::load(x + i), Vec::load(y + i), a0);
-    a1 = fma(Vec::load(x + i + W), Vec::load(y + i + W), a1);
-    a2 = fma(Vec::load(x + i + 2 * W), Vec::load(y + i + 2 * W), a2);
-    a3 = fma(Vec::load(x + i + 3 * W), Vec::load(y + i + 3 * W), a3);
+    a0 = fma(load_v<kMem>(x + i), load_v<kMem>(y + i), a0);
+    a1 = fma(load_v<kMem>(x + i + W), load_v<kMem>(y + i + W), a1);
+    a2 = fma(load_v<kMem>(x + i + 2 * W), load_v<kMem>(y + i + 2 * W), a2);
+    a3 = fma(load_v<kMem>(x + i + 3 * W), load_v<kMem>(y + i + 3 * W), a3);
   }
-  for (; i + W <= n; i += W) a0 = fma(Vec::load(x + i), Vec::load(y + i), a0);
+  for (; i + W <= n; i += W) a0 = fma(load_v<kMem>(x + i), load_v<kMem>(y + i), a0);
   if (i < n) {
     const int r = static_cast<int>(n - i);
     a1 = fma(Vec::load_n(x + i, r), Vec::load_n(y + i, r), a1);
@@ -585,7 +593,7 @@ float softmax_backward_row(const float* g, const float* p, float* out, int64_t n
 void softmax_backward(const float* dy, const float* y, float* dx, int64_t rows, int64_t n) {
   const bool stream = stream_output(rows * n * 4) && !in_place(dx, dy);
   parallel_for(0, rows, row_grain(n), [&](int64_t rb, int64_t re) {
-    float dot = row_dot(dy + rb * n, y + rb * n, n);
+    float dot = row_dot<true>(dy + rb * n, y + rb * n, n);
     for (int64_t m = rb; m < re; ++m) {
       const int64_t o = m * n;
       const float *g = dy + o, *p = y + o;
@@ -595,7 +603,7 @@ void softmax_backward(const float* dy, const float* y, float* dx, int64_t rows, 
         const Vec dv = Vec::set1(dot);
         emit(stream, out, n,
              [&](int64_t i, int r) { return load_r(p + i, r) * (load_r(g + i, r) - dv); });
-        if (m + 1 < re) dot = row_dot(g + n, p + n, n);
+        if (m + 1 < re) dot = row_dot<true>(g + n, p + n, n);
       } else if (stream) {
         dot = softmax_backward_row<true>(g, p, out, n, dot, g + n, p + n);
       } else {
@@ -612,7 +620,7 @@ void log_softmax_backward(const float* dy, const float* y, float* dx, int64_t ro
       rows, n,
       [&](int64_t m) {
         const int64_t o = m * n;
-        const Vec s = Vec::set1(row_sum(dy + o, n));
+        const Vec s = Vec::set1(row_sum<true>(dy + o, n));
         map2(
             dy + o, y + o, dx + o, n, [&](Vec g, Vec ly) { return g - exp_nonpos(ly) * s; },
             stream);
@@ -664,7 +672,8 @@ void row_mean_m2(const float* x, int64_t n, bool from_memory, double& mean, doub
   const int64_t chunk = n <= kStatsChunk || !from_memory ? n : kStatsChunk / 4;
   for (int64_t c = 0; c < n; c += chunk) {
     const int64_t len = std::min(chunk, n - c);
-    const float mc = static_cast<float>(static_cast<double>(row_sum(x + c, len)) / len);
+    const float sum = from_memory ? row_sum<true>(x + c, len) : row_sum<false>(x + c, len);
+    const float mc = static_cast<float>(static_cast<double>(sum) / len);
     const double qc = centred_sq_sum(x + c, len, mc);
     const int64_t total = count + len;
     const double d = static_cast<double>(mc) - mu;
@@ -764,7 +773,8 @@ void layer_norm(const float* x, const float* w, const float* b, float* y, float*
         const float* xr = x + m * n;
         const Vec mv = Vec::set1(mean[m]), rv = Vec::set1(rstd[m]);
         return [=](int64_t i, int r) {
-          return fma((load_r(xr + i, r) - mv) * rv, load_r(w + i, r), load_r(b + i, r));
+          return fma(((r == W ? Vec::load_mem(xr + i) : Vec::load_n(xr + i, r)) - mv) * rv,
+                     load_r(w + i, r), load_r(b + i, r));
         };
       });
 }
@@ -805,13 +815,13 @@ void norm_backward_block(const float* dy, const float* x, const float* w, const 
       }
     };
     for (; i + 2 * W <= n; i += 2 * W) {
-      step(Vec::load(dyr + i), Vec::load(xr + i), Vec::load(w + i), pdw + i,
+      step(Vec::load_mem(dyr + i), Vec::load_mem(xr + i), Vec::load(w + i), pdw + i,
            kCentred ? pdb + i : nullptr, W, 0);
-      step(Vec::load(dyr + i + W), Vec::load(xr + i + W), Vec::load(w + i + W), pdw + i + W,
+      step(Vec::load_mem(dyr + i + W), Vec::load_mem(xr + i + W), Vec::load(w + i + W), pdw + i + W,
            kCentred ? pdb + i + W : nullptr, W, 1);
     }
     if (i + W <= n) {
-      step(Vec::load(dyr + i), Vec::load(xr + i), Vec::load(w + i), pdw + i,
+      step(Vec::load_mem(dyr + i), Vec::load_mem(xr + i), Vec::load(w + i), pdw + i,
            kCentred ? pdb + i : nullptr, W, 0);
       i += W;
     }
@@ -936,9 +946,9 @@ void norm_backward_block_long(const float* dy, const float* x, const float* w, c
       int64_t i = 0;
       for (; i + 2 * W <= n; i += 2 * W) {
         for (int h = 0; h < 2; ++h) {
-          const Vec gw = Vec::load(dyr + i + h * W) * Vec::load(w + i + h * W);
+          const Vec gw = Vec::load_mem(dyr + i + h * W) * Vec::load(w + i + h * W);
           if constexpr (kCentred) s1[h] = s1[h] + gw;
-          s2[h] = fma(gw, (Vec::load(xr + i + h * W) - mv) * rv, s2[h]);
+          s2[h] = fma(gw, (Vec::load_mem(xr + i + h * W) - mv) * rv, s2[h]);
         }
       }
       for (; i < n; i += W) {
@@ -1016,15 +1026,18 @@ void rms_norm(const float* x, const float* w, float* y, float* rstd, int64_t row
               double eps) {
   norm_forward_rows(
       rows, n, 2, x, y,
-      [&](int64_t m, bool) {
+      [&](int64_t m, bool from_memory) {
         const float* xr = x + m * n;
-        const double ms = static_cast<double>(row_dot(xr, xr, n)) / n;
+        const float ss = from_memory ? row_dot<true>(xr, xr, n) : row_dot<false>(xr, xr, n);
+        const double ms = static_cast<double>(ss) / n;
         rstd[m] = static_cast<float>(1.0 / std::sqrt(ms + eps));
       },
       [&](int64_t m) {
         const float* xr = x + m * n;
         const Vec rv = Vec::set1(rstd[m]);
-        return [=](int64_t i, int r) { return load_r(xr + i, r) * rv * load_r(w + i, r); };
+        return [=](int64_t i, int r) {
+          return (r == W ? Vec::load_mem(xr + i) : Vec::load_n(xr + i, r)) * rv * load_r(w + i, r);
+        };
       });
 }
 
@@ -1096,7 +1109,7 @@ void cross_entropy_backward(const float* dloss, const float* x, const int64_t* t
 Vec load_grad(const void* g, DType gdt, int64_t i, int r) {
   if (gdt == DType::kF32) {
     const float* gf = static_cast<const float*>(g) + i;
-    return r == W ? Vec::load(gf) : Vec::load_n(gf, r);
+    return r == W ? Vec::load_mem(gf) : Vec::load_n(gf, r);
   }
   const uint16_t* gh = static_cast<const uint16_t*>(g) + i;
   if (r == W) return gdt == DType::kBF16 ? Vec::load_bf16(gh) : Vec::load_f16(gh);
@@ -1136,7 +1149,7 @@ void adamw_range(float* w, const void* g, DType gdt, float* m, float* v, void* w
     const Vec gi = load_grad(g, gdt, i, r) * gs;
     Vec mi, vi, wi;
     if (r == W) {
-      mi = Vec::load(m + i), vi = Vec::load(v + i), wi = Vec::load(w + i);
+      mi = Vec::load_mem(m + i), vi = Vec::load_mem(v + i), wi = Vec::load_mem(w + i);
     } else {
       mi = Vec::load_n(m + i, r), vi = Vec::load_n(v + i, r), wi = Vec::load_n(w + i, r);
     }

@@ -14,6 +14,8 @@ struct Vec {
   __m256 v;
 
   static Vec load(const float* p) { return {_mm256_loadu_ps(p)}; }
+  // Data arriving from memory (see simd_avx512.h); the same as load here.
+  static Vec load_mem(const float* p) { return load(p); }
   // The first n (< kWidth) lanes from p, `fill` in the others; never reads past p + n.
   static Vec load_n(const float* p, int n, float fill = 0.0f) {
     const __m256i m = mask(n);

@@ -20,6 +20,8 @@ struct Vec {
     for (int i = 0; i < kWidth; ++i) r.v[i] = p[i];
     return r;
   }
+  // Data arriving from memory (see simd_avx512.h); the same as load here.
+  static Vec load_mem(const float* p) { return load(p); }
   static Vec load_n(const float* p, int n, float fill = 0.0f) {
     Vec r;
     for (int i = 0; i < kWidth; ++i) r.v[i] = i < n ? p[i] : fill;
