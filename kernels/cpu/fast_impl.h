@@ -489,11 +489,15 @@ void softmax(const float* x, float* y, int64_t rows, int64_t n) {
   });
 }
 
+// Whether two rows of n floats take at most a quarter of L1 (1024 floats here): where the
+// pipelined row kernels' choice between reading the next row in the current row's loop and one
+// row at a time turns.
+bool two_rows_in_quarter_l1(int64_t n) { return 2 * n * 4 * 4 <= l1_data_cache_bytes(); }
+
 // Rows [rb, re) of a streaming log_softmax, pipelined as softmax_fused_rows: row m's output
-// (x - lse, from x's row m in cache) is written in the loop over row m + 1. Only where two rows
-// of x take at most a quarter of L1 (1024 floats here): one thread, rows of 512 and 768 33-34 ->
-// 39-43 GB/s, 1024 +3-5%, 1536 the same, 2048 and 4096 10-13% slower than one row at a time.
-bool log_softmax_pipelines(int64_t n) { return 2 * n * 4 * 4 <= l1_data_cache_bytes(); }
+// (x - lse, from x's row m in cache) is written in the loop over row m + 1. Only for short rows
+// (two_rows_in_quarter_l1): one thread, rows of 512 and 768 33-34 -> 39-43 GB/s, 1024 +3-5%, 1536
+// the same, 2048 and 4096 10-13% slower than one row at a time.
 void log_softmax_fused_rows(const float* x, float* y, int64_t rb, int64_t re, int64_t n) {
   const int64_t nb = online_blocks(n);
   float lse_prev = 0.0f;
@@ -525,7 +529,7 @@ void log_softmax_fused_rows(const float* x, float* y, int64_t rb, int64_t re, in
 void log_softmax(const float* x, float* y, int64_t rows, int64_t n) {
   const bool stream = stream_output(rows * n * 4);
   const bool aligned = rows_aligned(y, n);
-  if (stream && aligned && log_softmax_pipelines(n)) {
+  if (stream && aligned && two_rows_in_quarter_l1(n)) {
     parallel_for(0, rows, row_grain(n), [&](int64_t b, int64_t e) {
       log_softmax_fused_rows(x, y, b, e, n);
       Vec::fence();
@@ -589,7 +593,10 @@ float softmax_backward_row(const float* g, const float* p, float* out, int64_t n
 // and emit one after the other instead, and so does dx written over dy (in_place, above): there
 // the stores hit lines just loaded, and the look-ahead's loads of row m + 1 would follow stores
 // to row m at the same page offset whenever a row is a multiple of 4 KiB (8192 x 2048, one
-// thread: 35 GB/s pipelined, 39-40 one row after the other).
+// thread: 35 GB/s pipelined, 39-40 one row after the other). So do short rows
+// (two_rows_in_quarter_l1), since the dot reads with load_mem: one thread, streaming, one row at
+// a time against the look-ahead at 512 / 768 / 1024 floats +21 / +11 / +9%, at 1536 -4%, at 2048
+// -10%.
 void softmax_backward(const float* dy, const float* y, float* dx, int64_t rows, int64_t n) {
   const bool stream = stream_output(rows * n * 4) && !in_place(dx, dy);
   parallel_for(0, rows, row_grain(n), [&](int64_t rb, int64_t re) {
@@ -599,7 +606,7 @@ void softmax_backward(const float* dy, const float* y, float* dx, int64_t rows, 
       const float *g = dy + o, *p = y + o;
       float* out = dx + o;
       const bool aligned = reinterpret_cast<uintptr_t>(out) % (W * sizeof(float)) == 0;
-      if (m + 1 == re || (stream && !aligned) || in_place(dx, dy)) {
+      if (m + 1 == re || (stream && !aligned) || in_place(dx, dy) || two_rows_in_quarter_l1(n)) {
         const Vec dv = Vec::set1(dot);
         emit(stream, out, n,
              [&](int64_t i, int r) { return load_r(p + i, r) * (load_r(g + i, r) - dv); });

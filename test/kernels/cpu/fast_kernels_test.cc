@@ -720,9 +720,10 @@ TEST_CASE("fast kernels give bitwise the same results at any thread count") {
 }
 
 // softmax_backward reads row m + 1 while writing row m, and takes that path only where the
-// output rows are 64-byte aligned under streaming stores; Buf's storage is not, so this test
-// makes its own aligned rows (N a multiple of 16) and checks both store paths, every ISA, against
-// a double-precision reference, bitwise equal at 1 and 3 threads.
+// output rows are 64-byte aligned under streaming stores and longer than a quarter of L1 takes
+// for two (N 2048 here; 64 and 768 go one row at a time); Buf's storage is not aligned, so this
+// test makes its own aligned rows (N a multiple of 16) and checks both store paths, every ISA,
+// against a double-precision reference, bitwise equal at 1 and 3 threads.
 TEST_CASE("softmax_backward on 64-byte aligned rows matches f64 at any thread count") {
   MAMMOTH_STREAM_SECTIONS();
   const int before = num_threads();
