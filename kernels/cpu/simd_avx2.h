@@ -129,8 +129,28 @@ inline __m256 exp_impl(__m256 x) {
 }
 inline Vec exp(Vec x) { return {exp_impl<false>(x.v)}; }
 inline Vec exp_nonpos(Vec x) { return {exp_impl<true>(x.v)}; }
-// e^d for d <= 88, and e^(x - m) (softmax numerators; simd_avx512.h has a cheaper form).
-inline Vec exp_near(Vec d) { return exp_nonpos(d); }
+// e^d for d <= 88 near 0 (d = x - m, a softmax numerator: exp_diff), cheaper than
+// exp_nonpos(d), as simd_avx512.h's exp_near: t = d log2 e, f = t - floor(t) in [0, 1), 2^f by
+// the same degree-5 polynomial, then 2^floor(t) built in the exponent bits. t is held at -127 or
+// above, where 2^floor(t) = 2^-127 comes out as the bits of +0: e^d below 2^-126 (d < -87.3,
+// -inf included) is 0, as exp_nonpos gives it. NaN stays NaN (max returns its second operand, t).
+// Thirteen operations against exp_nonpos's sixteen; within (6 + 2|d|) * 2^-24 relative, as
+// avx512's.
+inline Vec exp_near(Vec d) {
+  const __m256 t = _mm256_max_ps(_mm256_set1_ps(-127.0f),
+                                 _mm256_mul_ps(d.v, _mm256_set1_ps(1.44269504088896341f)));
+  const __m256 fl = _mm256_floor_ps(t);
+  const __m256 f = _mm256_sub_ps(t, fl);
+  __m256 p = _mm256_set1_ps(1.8671316793188453e-3f);
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.017026983201504e-3f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.579991638660431e-2f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4016444385051727e-1f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931512951850891e-1f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+  const __m256i e =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fl), _mm256_set1_epi32(127)), 23);
+  return {_mm256_mul_ps(p, _mm256_castsi256_ps(e))};
+}
 inline Vec exp_diff(Vec x, Vec m) { return exp_near(x - m); }
 // max of a and b as int32 bit patterns (see simd_avx512.h).
 inline Vec max_bits(Vec a, Vec b) {
