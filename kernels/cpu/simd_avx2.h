@@ -134,7 +134,7 @@ inline Vec exp_nonpos(Vec x) { return {exp_impl<true>(x.v)}; }
 // the same degree-5 polynomial, then 2^floor(t) built in the exponent bits. t is held at -127 or
 // above, where 2^floor(t) = 2^-127 comes out as the bits of +0: e^d below 2^-126 (d < -87.3,
 // -inf included) is 0, as exp_nonpos gives it. NaN stays NaN (max returns its second operand, t).
-// Thirteen operations against exp_nonpos's sixteen; within (6 + 2|d|) * 2^-24 relative, as
+// Thirteen operations against exp_nonpos's seventeen; within (6 + 2|d|) * 2^-24 relative, as
 // avx512's.
 inline Vec exp_near(Vec d) {
   const __m256 t = _mm256_max_ps(_mm256_set1_ps(-127.0f),
