@@ -623,6 +623,11 @@ void softmax_backward(const float* dy, const float* y, float* dx, int64_t rows, 
   });
 }
 
+// The backwards that take the probabilities again from log-probabilities (log_softmax's e^y,
+// cross_entropy's e^(x - lse): exponents <= 0) use exp_near, as the forwards' numerators do: its
+// relative error (6 + 2|d|) * 2^-24 gives a probability e^d within 6 * 2^-24 absolute, and it
+// costs 8 operations against exp_nonpos's 12 (17 on AVX2). One thread, three rounds: AVX-512
+// log_softmax backward in place +10%, cross_entropy backward +13%; AVX2 +25-34% and +50%.
 void log_softmax_backward(const float* dy, const float* y, float* dx, int64_t rows, int64_t n) {
   const bool stream = stream_output(rows * n * 4) && !in_place(dx, dy);
   for_rows(
@@ -631,8 +636,7 @@ void log_softmax_backward(const float* dy, const float* y, float* dx, int64_t ro
         const int64_t o = m * n;
         const Vec s = Vec::set1(row_sum<true>(dy + o, n));
         map2(
-            dy + o, y + o, dx + o, n, [&](Vec g, Vec ly) { return g - exp_nonpos(ly) * s; },
-            stream);
+            dy + o, y + o, dx + o, n, [&](Vec g, Vec ly) { return g - exp_near(ly) * s; }, stream);
       },
       stream);
 }
@@ -1085,7 +1089,8 @@ void cross_entropy(const float* x, const int64_t* target, float* loss, float* ls
   });
 }
 
-// dlogits = dloss * (softmax - (1-s) * onehot - s / V)
+// dlogits = dloss * (softmax - (1-s) * onehot - s / V); softmax by exp_near (see
+// log_softmax_backward).
 void cross_entropy_backward(const float* dloss, const float* x, const int64_t* target,
                             const float* lse, float* dx, int64_t rows, int64_t V,
                             int64_t ignore_index, double smoothing) {
@@ -1104,7 +1109,7 @@ void cross_entropy_backward(const float* dloss, const float* x, const int64_t* t
         const Vec gv = Vec::set1(g), l = Vec::set1(lse[m]);
         const Vec smooth = Vec::set1(static_cast<float>(smoothing / V));
         map1(
-            x + m * V, dr, V, [&](Vec v) { return gv * (exp_nonpos(v - l) - smooth); }, stream);
+            x + m * V, dr, V, [&](Vec v) { return gv * (exp_near(v - l) - smooth); }, stream);
         dr[t] -= g * static_cast<float>(1 - smoothing);
       },
       stream);
