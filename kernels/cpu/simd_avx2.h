@@ -6,6 +6,9 @@
 
 #include <cstdint>
 #include <cstring>
+#include <utility>
+
+#include "kernels/cpu/simd_exp_poly.h"
 
 namespace mammoth::kernels::cpu::avx2 {
 
@@ -86,6 +89,19 @@ inline float hmax(Vec a) {
   return _mm_cvtss_f32(q);
 }
 
+// p(x) by Horner's rule over the coefficients c, highest degree first (simd_exp_poly.h); the
+// fold writes out the same straight-line fmas a hand-written chain would.
+template <int N, int... I>
+inline __m256 horner(__m256 x, const float (&c)[N], std::integer_sequence<int, I...>) {
+  __m256 p = _mm256_set1_ps(c[0]);
+  ((p = _mm256_fmadd_ps(p, x, _mm256_set1_ps(c[I + 1]))), ...);
+  return p;
+}
+template <int N>
+inline __m256 horner(__m256 x, const float (&c)[N]) {
+  return horner(x, c, std::make_integer_sequence<int, N - 1>{});
+}
+
 // e^x = 2^n e^r as in simd_avx512.h (Cody-Waite reduction, degree-6 minimax polynomial on
 // |r| <= ln2/2, within 1.5 * 2^-24 relative). 2^n is built in the exponent bits, valid for
 // normal results only, so underflow (incl. -inf) is set to 0 and overflow to inf afterwards;
@@ -96,17 +112,11 @@ inline __m256 exp_impl(__m256 x) {
   const __m256 lo = _mm256_set1_ps(-87.33654f), hi = _mm256_set1_ps(88.72283f);
   __m256 xc = _mm256_max_ps(lo, x);
   if constexpr (!kNonPos) xc = _mm256_min_ps(hi, xc);
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(kLog2e)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.3843653723597527e-3f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.37415549904108e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.166800156235695e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666431725025177e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.999999403953552e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), xc);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
+  const __m256 p = horner(r, kExpPoly);
   const __m256i ni = _mm256_cvtps_epi32(n);
   const __m256i bias = _mm256_set1_epi32(127);
   __m256 y;
@@ -137,16 +147,11 @@ inline Vec exp_nonpos(Vec x) { return {exp_impl<true>(x.v)}; }
 // Thirteen operations against exp_nonpos's seventeen; within (6 + 2|d|) * 2^-24 relative, as
 // avx512's.
 inline Vec exp_near(Vec d) {
-  const __m256 t = _mm256_max_ps(_mm256_set1_ps(-127.0f),
-                                 _mm256_mul_ps(d.v, _mm256_set1_ps(1.44269504088896341f)));
+  const __m256 t =
+      _mm256_max_ps(_mm256_set1_ps(-127.0f), _mm256_mul_ps(d.v, _mm256_set1_ps(kLog2e)));
   const __m256 fl = _mm256_floor_ps(t);
   const __m256 f = _mm256_sub_ps(t, fl);
-  __m256 p = _mm256_set1_ps(1.8671316793188453e-3f);
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.017026983201504e-3f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.579991638660431e-2f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4016444385051727e-1f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931512951850891e-1f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+  const __m256 p = horner(f, kExp2FracPoly);
   const __m256i e =
       _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fl), _mm256_set1_epi32(127)), 23);
   return {_mm256_mul_ps(p, _mm256_castsi256_ps(e))};

@@ -6,6 +6,9 @@
 
 #include <cstdint>
 #include <cstring>
+#include <utility>
+
+#include "kernels/cpu/simd_exp_poly.h"
 
 namespace mammoth::kernels::cpu::avx512 {
 
@@ -84,6 +87,19 @@ inline float hsum(Vec a) {
 }
 inline float hmax(Vec a) { return _mm512_reduce_max_ps(a.v); }
 
+// p(x) by Horner's rule over the coefficients c, highest degree first (simd_exp_poly.h); the
+// fold writes out the same straight-line fmas a hand-written chain would.
+template <int N, int... I>
+inline __m512 horner(__m512 x, const float (&c)[N], std::integer_sequence<int, I...>) {
+  __m512 p = _mm512_set1_ps(c[0]);
+  ((p = _mm512_fmadd_ps(p, x, _mm512_set1_ps(c[I + 1]))), ...);
+  return p;
+}
+template <int N>
+inline __m512 horner(__m512 x, const float (&c)[N]) {
+  return horner(x, c, std::make_integer_sequence<int, N - 1>{});
+}
+
 // e^x = 2^n e^r: n = round(x log2 e), r = x - n ln 2 in two parts (Cody-Waite, so r is exact to
 // ~2^-35 for every float x), e^r by a degree-6 minimax polynomial on |r| <= ln2/2 in Horner form
 // (its own error ~2e-9). Within 1.5 * 2^-24 relative of e^x over the normal range (tested);
@@ -94,17 +110,11 @@ template <bool kNonPos>
 inline __m512 exp_impl(__m512 x) {
   __m512 xc = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);  // e^-104 underflows to 0 anyway
   if constexpr (!kNonPos) xc = _mm512_min_ps(_mm512_set1_ps(88.8f), xc);
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(kLog2e)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.3843653723597527e-3f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.37415549904108e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.166800156235695e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666431725025177e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.999999403953552e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), xc);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
+  const __m512 p = horner(r, kExpPoly);
   return _mm512_scalef_ps(p, n);
 }
 inline Vec exp(Vec x) { return {exp_impl<false>(x.v)}; }
@@ -122,14 +132,9 @@ inline Vec exp_nonpos(Vec x) { return {exp_impl<true>(x.v)}; }
 // e^(x - m) is already negligible beside the row's maximum; within (6 + 2|x - m|) * 2^-24
 // relative for x - m >= -87 (tested through softmax).
 inline Vec exp_near(Vec d) {
-  const __m512 t = _mm512_mul_ps(d.v, _mm512_set1_ps(1.44269504088896341f));
+  const __m512 t = _mm512_mul_ps(d.v, _mm512_set1_ps(kLog2e));
   const __m512 f = _mm512_reduce_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  __m512 p = _mm512_set1_ps(1.8671316793188453e-3f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.017026983201504e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.579991638660431e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4016444385051727e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931512951850891e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  const __m512 p = horner(f, kExp2FracPoly);
   return {_mm512_scalef_ps(p, t)};
 }
 inline Vec exp_diff(Vec x, Vec m) { return exp_near(x - m); }
