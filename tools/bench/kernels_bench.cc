@@ -306,9 +306,14 @@ struct Bench {
   bool wanted(const std::string& name) const {
     return opt.filter.empty() || name.find(opt.filter) != std::string::npos;
   }
+  // Row `name` or its in-place twin (name + "_inplace", in_place_row): a --filter naming the
+  // twin alone still needs the group's buffers and the forward that prepares its inputs.
+  bool wanted_or_twin(const std::string& name) const {
+    return wanted(name) || wanted(name + "_inplace");
+  }
   bool any_wanted(std::initializer_list<const char*> names) const {
     for (const char* n : names) {
-      if (wanted(n)) return true;
+      if (wanted_or_twin(n)) return true;
     }
     return false;
   }
@@ -321,7 +326,7 @@ struct Bench {
   // not --filter selected the forward row too (zeros would make a degenerate row: rstd 0, all of
   // dx 0).
   void prepare(const std::string& name, const std::function<void()>& f) {
-    if (wanted(name) || wanted(name + "_inplace")) f();
+    if (wanted_or_twin(name)) f();
   }
   // A memory-bound kernel moving `bytes` per call. The triad (both store kinds) runs
   // interleaved with the kernel; its best here is a candidate for the section's anchor.
@@ -391,10 +396,7 @@ struct Bench {
     const int64_t M = opt.row_m > 0 ? opt.row_m : opt.quick ? 2048 : 8192;
     const int64_t N = opt.row_n > 0 ? opt.row_n : 2048, n = M * N;
     const std::string shape = std::to_string(M) + "x" + std::to_string(N);
-    if (!any_wanted({"softmax", "softmax_backward", "softmax_backward_inplace", "log_softmax",
-                     "log_softmax_backward", "log_softmax_backward_inplace"})) {
-      return;
-    }
+    if (!any_wanted({"softmax", "softmax_backward", "log_softmax", "log_softmax_backward"})) return;
     FloatBuf x(n), y(n), dy(n), dx(n);
     fill(x, -4, 4, 20);
     fill(dy, -1, 1, 21);
@@ -434,10 +436,7 @@ struct Bench {
   void norm_rows(int64_t M, int64_t N) {
     const int64_t n = M * N;
     const std::string shape = std::to_string(M) + "x" + std::to_string(N);
-    if (!any_wanted({"layer_norm", "layer_norm_backward", "layer_norm_backward_inplace", "rms_norm",
-                     "rms_norm_backward", "rms_norm_backward_inplace"})) {
-      return;
-    }
+    if (!any_wanted({"layer_norm", "layer_norm_backward", "rms_norm", "rms_norm_backward"})) return;
     FloatBuf x(n), y(n), dy(n), dx(n), w(N), b(N), dw(N), db(N), mean(M), rstd(M);
     fill(x, -2, 3, 30);
     fill(dy, -1, 1, 31);
@@ -485,10 +484,7 @@ struct Bench {
   void cross_entropy_rows() {
     const int64_t M = opt.quick ? 64 : 256, V = 50257, n = M * V;
     const std::string shape = std::to_string(M) + "x" + std::to_string(V);
-    if (!any_wanted(
-            {"cross_entropy", "cross_entropy_backward", "cross_entropy_backward_inplace"})) {
-      return;
-    }
+    if (!any_wanted({"cross_entropy", "cross_entropy_backward"})) return;
     FloatBuf x(n), dx(n), loss(M), lse(M), dloss(M, 1.0f / M);
     std::vector<int64_t> target(M);
     for (int64_t i = 0; i < M; ++i) target[i] = (i * 7919) % V;
