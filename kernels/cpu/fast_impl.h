@@ -882,6 +882,7 @@ void norm_backward_cols(const float* dy, const float* x, const float* w, const N
                         float* dx, float* pdw, float* pdb, int64_t g0, int64_t g1, int64_t n,
                         int64_t j) {
   Vec wv[kColVecs], aw[kColVecs], ab[kColVecs];
+#pragma GCC unroll 16
   for (int v = 0; v < kColVecs; ++v) {
     wv[v] = Vec::load(w + j + v * W);
     aw[v] = Vec::zero();
@@ -894,6 +895,7 @@ void norm_backward_cols(const float* dy, const float* x, const float* w, const N
     const float* g = dy + m * n + j;
     const float* xr = x + m * n + j;
     float* out = dx + m * n + j;
+#pragma GCC unroll 16
     for (int v = 0; v < kColVecs; ++v) {
       const Vec gv = Vec::load(g + v * W);
       const Vec xhat = (Vec::load(xr + v * W) - mv) * rv;
@@ -907,6 +909,7 @@ void norm_backward_cols(const float* dy, const float* x, const float* w, const N
       if (kCentred) ab[v] = ab[v] + gv;
     }
   }
+#pragma GCC unroll 16
   for (int v = 0; v < kColVecs; ++v) {
     (Vec::load(pdw + j + v * W) + aw[v]).store(pdw + j + v * W);
     if (kCentred) (Vec::load(pdb + j + v * W) + ab[v]).store(pdb + j + v * W);
@@ -954,23 +957,28 @@ void norm_backward_block_long(const float* dy, const float* x, const float* w, c
       const float* xr = x + m * n;
       const float mu = kCentred ? mean[m] : 0.0f;
       const Vec mv = Vec::set1(mu), rv = Vec::set1(rstd[m]);
-      Vec s1[2] = {Vec::zero(), Vec::zero()}, s2[2] = {Vec::zero(), Vec::zero()};
+      // Two accumulators each (even and odd vectors), in named registers: GCC kept them as arrays
+      // on the stack when indexed in a loop, and every vector waited on a store and a reload.
+      Vec s1a = Vec::zero(), s1b = s1a, s2a = s1a, s2b = s1a;
       int64_t i = 0;
       for (; i + 2 * W <= n; i += 2 * W) {
-        for (int h = 0; h < 2; ++h) {
-          const Vec gw = Vec::load_mem(dyr + i + h * W) * Vec::load(w + i + h * W);
-          if constexpr (kCentred) s1[h] = s1[h] + gw;
-          s2[h] = fma(gw, (Vec::load_mem(xr + i + h * W) - mv) * rv, s2[h]);
+        const Vec gwa = Vec::load_mem(dyr + i) * Vec::load(w + i);
+        const Vec gwb = Vec::load_mem(dyr + i + W) * Vec::load(w + i + W);
+        if constexpr (kCentred) {
+          s1a = s1a + gwa;
+          s1b = s1b + gwb;
         }
+        s2a = fma(gwa, (Vec::load_mem(xr + i) - mv) * rv, s2a);
+        s2b = fma(gwb, (Vec::load_mem(xr + i + W) - mv) * rv, s2b);
       }
       for (; i < n; i += W) {
         const int r = static_cast<int>(std::min<int64_t>(W, n - i));
         const Vec gw = load_r(dyr + i, r) * load_r(w + i, r);
-        if constexpr (kCentred) s1[0] = s1[0] + gw;
-        s2[1] = fma(gw, (load_r(xr + i, r) - mv) * rv, s2[1]);
+        if constexpr (kCentred) s1a = s1a + gw;
+        s2b = fma(gw, (load_r(xr + i, r) - mv) * rv, s2b);
       }
-      k[m - g0] = {mu, rstd[m], kCentred ? hsum(s1[0] + s1[1]) / static_cast<float>(n) : 0.0f,
-                   hsum(s2[0] + s2[1]) / static_cast<float>(n)};
+      k[m - g0] = {mu, rstd[m], kCentred ? hsum(s1a + s1b) / static_cast<float>(n) : 0.0f,
+                   hsum(s2a + s2b) / static_cast<float>(n)};
     }
     for (int64_t j = 0; j < full; j += kCols) {
       if (stream && aligned) {
