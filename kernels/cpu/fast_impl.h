@@ -668,35 +668,49 @@ float centred_sq_sum(const float* x, int64_t n, float mu) {
   return hsum((a0 + a1) + (a2 + a3));
 }
 
-// A row's mean and sum of squared deviations (M2). Rows up to kStatsChunk floats, and rows
-// already in cache (from_memory false): a sum, then the squared deviations from its mean, the
-// second pass from cache. Longer rows read from memory are read once: chunks of kStatsChunk / 4
-// floats, each summed and centred on its own mean while in L1, merged in order by Chan's formula
-// (in double); the accuracy of the two-pass form without its second pass over a row that no
-// longer stays in L1 (layer_norm at 10923 x 1536, one thread: 29.6-33.5 -> 36.8-37.8 GB/s; at 768
-// the chunks cost ~5%, so short rows keep the plain form). From cache the chunks cost more than
-// the second pass: grouped long rows (norm_forward_rows) at 3072 x 4096 ran 22.8-25.3 GB/s
-// chunked, 27.9-29.0 in two passes.
-constexpr int64_t kStatsChunk = 1024;
+// A row's mean and sum of squared deviations (M2), in one read of the row: the sums of d = x - s
+// and of d^2 about its first element s, in float (eight accumulators each side, so neither
+// latency chain sets the pace), then M2 = S2 - S1^2 / n in double. The shift bounds the
+// cancellation: S2 / M2 = 1 + (s - mean)^2 n / M2, and s is one of the row's own elements, so
+// the ratio is at most n + 1 and is below kShiftedLimit unless s lies more than ~4 standard
+// deviations from the mean (rows of Gaussian data: 1 in 15000). Such rows take the exact two
+// passes again (a sum, then the squared deviations from its mean; the row is in cache by then),
+// so M2 keeps the two-pass form's accuracy: within ~kShiftedLimit times the float sums' rounding.
+// Against the two passes it replaced (chunks of 256 floats merged by Chan's formula past 1024):
+// one thread, layer_norm at 16384 x 768 40.6 -> 46.9 GB/s, 7864 x 1600 28.8 -> 33.7.
+constexpr double kShiftedLimit = 16.0;
 
-void row_mean_m2(const float* x, int64_t n, bool from_memory, double& mean, double& m2) {
-  double mu = 0.0, q = 0.0;
-  int64_t count = 0;
-  const int64_t chunk = n <= kStatsChunk || !from_memory ? n : kStatsChunk / 4;
-  for (int64_t c = 0; c < n; c += chunk) {
-    const int64_t len = std::min(chunk, n - c);
-    const float sum = from_memory ? row_sum<true>(x + c, len) : row_sum<false>(x + c, len);
-    const float mc = static_cast<float>(static_cast<double>(sum) / len);
-    const double qc = centred_sq_sum(x + c, len, mc);
-    const int64_t total = count + len;
-    const double d = static_cast<double>(mc) - mu;
-    mu += d * static_cast<double>(len) / static_cast<double>(total);
-    q += qc +
-         d * d * static_cast<double>(count) * static_cast<double>(len) / static_cast<double>(total);
-    count = total;
+template <bool kMem>
+void row_mean_m2(const float* x, int64_t n, double& mean, double& m2) {
+  const float s = x[0];
+  const Vec sv = Vec::set1(s);
+  Vec a[4], q[4];
+  for (int k = 0; k < 4; ++k) a[k] = q[k] = Vec::zero();
+  int64_t i = 0;
+  for (; i + 4 * W <= n; i += 4 * W) {
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) {
+      const Vec d = load_v<kMem>(x + i + k * W) - sv;
+      a[k] = a[k] + d;
+      q[k] = fma(d, d, q[k]);
+    }
   }
-  mean = mu;
-  m2 = q;
+  for (; i < n; i += W) {
+    const int r = static_cast<int>(std::min<int64_t>(W, n - i));
+    const Vec d = Vec::load_n(x + i, r, s) - sv;  // padding lanes contribute exactly 0
+    a[0] = a[0] + d;
+    q[0] = fma(d, d, q[0]);
+  }
+  const double s1 = hsum((a[0] + a[1]) + (a[2] + a[3]));
+  const double s2 = hsum((q[0] + q[1]) + (q[2] + q[3]));
+  const double dn = static_cast<double>(n);
+  m2 = std::max(0.0, s2 - s1 * s1 / dn);
+  mean = s + s1 / dn;
+  if (s2 > kShiftedLimit * m2) {
+    const float mu = static_cast<float>(static_cast<double>(row_sum<false>(x, n)) / dn);
+    mean = mu;
+    m2 = centred_sq_sum(x, n, mu);
+  }
 }
 
 // Long norm rows. A norm's output pass reads its row again together with the weight vectors
@@ -778,7 +792,11 @@ void layer_norm(const float* x, const float* w, const float* b, float* y, float*
       rows, n, 3, x, y,
       [&](int64_t m, bool from_memory) {
         double mu, m2;
-        row_mean_m2(x + m * n, n, from_memory, mu, m2);
+        if (from_memory) {
+          row_mean_m2<true>(x + m * n, n, mu, m2);
+        } else {
+          row_mean_m2<false>(x + m * n, n, mu, m2);
+        }
         mean[m] = static_cast<float>(mu);
         rstd[m] = static_cast<float>(1.0 / std::sqrt(m2 / static_cast<double>(n) + eps));
       },

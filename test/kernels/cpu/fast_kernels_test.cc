@@ -531,23 +531,54 @@ TEST_CASE("fast layer_norm and rms_norm match the f64 reference on long rows") {
   }
 }
 
-// The chunked statistics merge chunk means: rows far from zero (mean 300, spread 1) must come out
-// as well as with the two-pass form. Short rows (two passes), rows read from memory in chunks
-// (merged: past 1024 floats, short of the grouped long rows, fast_impl.h row_mean_m2) and grouped
-// long rows (two passes from cache).
+// layer_norm's statistics are sums about each row's first element (fast_impl.h, row_mean_m2):
+// rows far from zero (mean 300, spread 1) must come out as well as with a two-pass form. Short
+// rows read from memory, rows past the former chunked threshold (1024) and grouped long rows
+// (statistics from cache), on every ISA.
 TEST_CASE("layer_norm's statistics stay accurate on rows with a large mean") {
   std::mt19937 rng(10);
-  const int64_t chunked = std::min<int64_t>(1500, l1_data_cache_bytes() / 16 - 1);
-  for (int64_t N : {int64_t{769}, chunked, int64_t{5003}}) {
-    INFO("N " << N);
-    NormParams p;
-    p.eps = 1e-5;
-    const int64_t M = 3;
-    Buf x({M, N}), w({N}), b({N}), y({M, N}), mean({M}), rstd({M});
-    x.random(rng, 299, 301);
-    w.random(rng);
-    b.random(rng);
-    check_f32_vs_f64(Kernel::layer_norm, {&x, &w, &b}, {&y, &mean, &rstd}, &p);
+  const int64_t mid = std::min<int64_t>(1500, l1_data_cache_bytes() / 16 - 1);
+  for (SimdIsa isa : isas()) {
+    IsaGuard guard(isa);
+    for (int64_t N : {int64_t{769}, mid, int64_t{5003}}) {
+      INFO("isa " << simd_isa_name(isa) << " N " << N);
+      NormParams p;
+      p.eps = 1e-5;
+      const int64_t M = 3;
+      Buf x({M, N}), w({N}), b({N}), y({M, N}), mean({M}), rstd({M});
+      x.random(rng, 299, 301);
+      w.random(rng);
+      b.random(rng);
+      check_f32_vs_f64(Kernel::layer_norm, {&x, &w, &b}, {&y, &mean, &rstd}, &p);
+    }
+  }
+}
+
+// A row whose first element lies far from the rest: the sums about it cancel (their M2 is
+// S2 - S1^2 / n with S2 / M2 near n), so row_mean_m2 must take the exact two passes. rstd is
+// checked to 4e-6 relative, far tighter than the general test's 2e-4: the shifted sums alone miss
+// by ~1e-4 at these widths.
+TEST_CASE("layer_norm's statistics stay exact when a row starts with an outlier") {
+  std::mt19937 rng(12);
+  for (SimdIsa isa : isas()) {
+    IsaGuard guard(isa);
+    for (int64_t N : {int64_t{769}, long_norm_rows()[1]}) {
+      INFO("isa " << simd_isa_name(isa) << " N " << N);
+      NormParams p;
+      p.eps = 0;
+      const int64_t M = 17;  // past a group of long rows
+      Buf x({M, N}), w({N}), b({N}), y({M, N}), mean({M}), rstd({M});
+      x.random(rng, -1, 1);
+      for (int64_t m = 0; m < M; ++m) x.d[static_cast<size_t>(m * N)] = 3000.0 + 10.0 * m;
+      w.random(rng);
+      b.random(rng);
+      check_f32_vs_f64(Kernel::layer_norm, {&x, &w, &b}, {&y, &mean, &rstd}, &p);
+      for (int64_t m = 0; m < M; ++m) {
+        const double want = rstd.d[static_cast<size_t>(m)];
+        INFO("row " << m << " rstd " << rstd.f[static_cast<size_t>(m)] << " want " << want);
+        CHECK(std::abs(rstd.f[static_cast<size_t>(m)] - want) <= 4e-6 * want);
+      }
+    }
   }
 }
 
