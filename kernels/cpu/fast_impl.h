@@ -713,22 +713,26 @@ void row_mean_m2(const float* x, int64_t n, double& mean, double& m2) {
   }
 }
 
-// Long norm rows. A norm's output pass reads its row again together with the weight vectors
-// (`arrays` rows of n floats in all, the row included). Where those take 3/4 of L1 or more they
-// no longer stay there between the passes, and the next row's arrival evicts what the output pass
-// needs (layer_norm at 8192 x 2048: 0.44-0.5x of the triad, against 0.9-1.0 at 768). Such rows
-// go in groups of kNormGroup: each row's statistics first, then the group's output kNormCols
-// columns at a time across its rows, so a block of the weights stays in L1 while the rows come
-// back from L2. While a group's output goes out, the next group's rows are prefetched, evenly
-// over the output blocks, so memory reads them during the writes instead of after them: one
-// thread at 3072 x 4096, layer_norm 25.7-27.3 -> 28.0-28.8 GB/s, rms_norm 27.2-28.4 -> 29.8-30.5
-// (three rounds, same binary). Prefetching faster than the output's pace (the next group within
-// the first half of the output) or slower was no better; prefetching into L1 (t0) was worse.
+// Long norm rows. A norm's second pass reads its row again together with the weight vectors and
+// partials (`arrays` rows of n floats in all, the row included). Where those take 2/3 of L1 or
+// more they no longer stay there between the passes, and the next row's arrival evicts what the
+// second pass needs (layer_norm at 8192 x 2048: 0.44-0.5x of the triad, against 0.9-1.0 at 768).
+// Such rows go in groups of kNormGroup: each row's statistics first, then the group's output
+// kNormCols columns at a time across its rows, so a block of the weights stays in L1 while the
+// rows come back from L2. While a group's output goes out, the next group's rows are prefetched,
+// evenly over the output blocks, so memory reads them during the writes instead of after them:
+// one thread at 3072 x 4096, layer_norm 25.7-27.3 -> 28.0-28.8 GB/s, rms_norm 27.2-28.4 ->
+// 29.8-30.5 (three rounds, same binary). Prefetching faster than the output's pace (the next group
+// within the first half of the output) or slower was no better; prefetching into L1 (t0) was
+// worse. The threshold was 3/4 of L1 until session 20: the per-row forms fall off before that
+// (layer_norm forward at 2032 floats 20-21 GB/s per row, 27-29 grouped; its backward at 1200
+// 22-25, 26-31), and rms_norm backward, which had counted two arrays while its grouped form ran
+// with its sums on the stack (see norm_backward_cols), now counts its four (2048: 25 -> 29-30).
 constexpr int64_t kNormGroup = 16;
 constexpr int64_t kNormCols = 512;
 
 bool norm_rows_long(int64_t n, int arrays) {
-  return int64_t{4} * arrays * n * static_cast<int64_t>(sizeof(float)) >= 3 * l1_data_cache_bytes();
+  return int64_t{3} * arrays * n * static_cast<int64_t>(sizeof(float)) >= 2 * l1_data_cache_bytes();
 }
 
 // Rows [g0, g1) of a norm's output, column block by column block: out(m) is row m's output and
@@ -1029,10 +1033,8 @@ void norm_backward(const float* dy, const float* x, const float* w, const float*
   // buffer db sits 2 KiB past dw modulo 4 KiB: at the same page offset (n = 1024, say), every
   // load of db[i] after the store of dw[i] met 4 KiB aliasing (3-5% slower).
   const int64_t db_off = kCentred ? n + ((512 - n % 1024) % 1024 + 1024) % 1024 : 0;
-  // layer_norm: x, dy, w and both partials. rms_norm's per-row form holds up to longer rows (no
-  // centring, one partial; bench, one thread: the grouped form lost 3-6% at 1536 and 2048 and won
-  // 8% at 4096), so it counts two arrays: the grouped form from 3/4 of L1 in x and dy alone.
-  const bool long_rows = norm_rows_long(n, kCentred ? 5 : 2);
+  // x, dy, w and the partials: dw and db (layer_norm), dw (rms_norm).
+  const bool long_rows = norm_rows_long(n, kCentred ? 5 : 4);
   parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
     float* lw = thread_scratch<float>(ScratchSlot::kNormBlock, db_off + n);
     float* lb = kCentred ? lw + db_off : nullptr;
