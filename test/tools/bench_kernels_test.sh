@@ -30,8 +30,9 @@ for row in softmax_backward log_softmax_backward layer_norm_backward rms_norm_ba
   echo "$line" | grep -q '"unit":"GB/s"' || fail "$row: not in GB/s: $line"
 done
 if grep -q '"name":"softmax",' "$json"; then fail "--filter _backward ran the forward row"; fi
-# The norms run at two widths (768, and 4096 for long rows) unless --row-shape names one.
-for shape in 4096x768 1024x4096; do
+# The norms run at the zoo's widths (768, 1024, 1600 and 4096 for long rows) unless --row-shape
+# names one.
+for shape in 4096x768 3072x1024 2048x1600 1024x4096; do
   grep -q "\"name\":\"layer_norm_backward\",\"shape\":\"$shape\"" "$json" ||
     fail "no layer_norm_backward row at $shape"
 done

@@ -426,11 +426,15 @@ struct Bench {
     });
   }
 
-  // The norms at GPT-2 small's width (768) and, unless --row-shape gives one shape, at LLaMA-7B's
-  // (4096), where a row and its weight vectors no longer stay in L1 between passes.
+  // The norms at the model zoo's widths, unless --row-shape gives one shape: GPT-2 small's (768),
+  // GPT-2 medium's, BERT-large's and ViT-L's (1024), GPT-2 XL's (1600, where layer_norm backward
+  // takes its grouped long-row form) and LLaMA-7B's (4096, where a row and its weight vectors no
+  // longer stay in L1 between passes).
   void norm_rows() {
     if (opt.row_m > 0) return norm_rows(opt.row_m, opt.row_n);
     norm_rows(opt.quick ? 4096 : 16384, 768);
+    norm_rows(opt.quick ? 3072 : 12288, 1024);
+    norm_rows(opt.quick ? 2048 : 7864, 1600);
     norm_rows(opt.quick ? 1024 : 3072, 4096);
   }
   void norm_rows(int64_t M, int64_t N) {
