@@ -885,7 +885,10 @@ void norm_backward_block(const float* dy, const float* x, const float* w, const 
 // the 32 registers) ran 2-5% faster than four, and sixteen no faster (bench, one thread,
 // 1536-4096). AVX2 with two vectors (64 bytes of a row) ran layer_norm backward at 8.9-10.2
 // GB/s at 2048 and 4096; with sixteen, its w and sums partly on the stack, 22.1-27.2, level with
-// AVX-512 (one thread, --isa avx2, session 19).
+// AVX-512 (one thread, --isa avx2, session 19). Those were measured with every block's vectors
+// on the stack: GCC left the v loops rolled and the arrays in memory until session 20 unrolled
+// them (AVX-512 layer_norm backward 1280-4096 +8-20%; AVX2, whose 16 registers cannot hold them
+// anyway, unchanged).
 // Groups of at most kNormBackGroup rows, and at most kNormBackGroupBytes of x and dy (half of a
 // 1 MiB L2), from which the second pass reads them back: on rows of 16384 and 32768 floats,
 // groups of 32 rows (4-8 MB) ran layer_norm backward at 18-19 and 14-15 GB/s, byte-bounded ones
