@@ -770,7 +770,16 @@ void norm_forward_rows(int64_t rows, int64_t n, int arrays, const float* x, floa
         [&](int64_t m) {
           stats(m, true);
           const auto f = row(m);
-          emit(stream, y + m * n, n, f);
+          if (m + 1 == rows) return emit(stream, y + m * n, n, f);
+          // The next row is prefetched (into L2) along the output, a line per vector, so that
+          // memory reads it while this row's output goes out: one thread, three rounds,
+          // layer_norm at 1280 36.3-38.7 -> 39.3-40.7 GB/s, 1600 31.7-33.3 -> 33.7-34.6, 1792
+          // 25.1-27.0 -> 30.2-30.3; 768 and rms_norm unchanged (session 20).
+          const float* next = x + (m + 1) * n;
+          emit(stream, y + m * n, n, [&](int64_t i, int r) {
+            __builtin_prefetch(next + i, 0, 1);  // prefetcht2 on x86
+            return f(i, r);
+          });
         },
         stream);
     return;
