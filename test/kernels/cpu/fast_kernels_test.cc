@@ -554,11 +554,11 @@ TEST_CASE("layer_norm's statistics stay accurate on rows with a large mean") {
   }
 }
 
-// A row whose first element lies far from the rest: the sums about it cancel (their M2 is
-// S2 - S1^2 / n with S2 / M2 near n), so row_mean_m2 must take the exact two passes. rstd is
-// checked to 4e-6 relative, far tighter than the general test's 2e-4: the shifted sums alone miss
-// by ~1e-4 at these widths.
-TEST_CASE("layer_norm's statistics stay exact when a row starts with an outlier") {
+// Rows that start with a run of outliers: the sums about the first vector's mean cancel (their
+// M2 is S2 - S1^2 / n with S2 / M2 near 50-200 here), so row_mean_m2 must take the exact two
+// passes. rstd is checked to 4e-6 relative, far tighter than the general test's 2e-4: the shifted
+// sums alone miss by ~1e-4 at these widths.
+TEST_CASE("layer_norm's statistics stay exact when a row starts with outliers") {
   std::mt19937 rng(12);
   for (SimdIsa isa : isas()) {
     IsaGuard guard(isa);
@@ -569,7 +569,10 @@ TEST_CASE("layer_norm's statistics stay exact when a row starts with an outlier"
       const int64_t M = 17;  // past a group of long rows
       Buf x({M, N}), w({N}), b({N}), y({M, N}), mean({M}), rstd({M});
       x.random(rng, -1, 1);
-      for (int64_t m = 0; m < M; ++m) x.d[static_cast<size_t>(m * N)] = 3000.0 + 10.0 * m;
+      for (int64_t m = 0; m < M; ++m) {
+        for (int64_t k = 0; k < 16; ++k)
+          x.d[static_cast<size_t>(m * N + k)] = 3000.0 + 10.0 * m + k;
+      }
       w.random(rng);
       b.random(rng);
       check_f32_vs_f64(Kernel::layer_norm, {&x, &w, &b}, {&y, &mean, &rstd}, &p);
