@@ -7,7 +7,11 @@
 //
 // Debian's OpenBLAS 0.3.21 does not know Zen 4; unless OPENBLAS_CORETYPE is already set, the
 // binary sets it to SkylakeX (the AVX-512 kernels) and re-executes itself, because OpenBLAS
-// reads it when the library is loaded.
+// reads it when the library is loaded. It sets OPENBLAS_THREAD_TIMEOUT=4 the same way: by
+// default OpenBLAS's worker threads spin for about 2^28 cycles after each call, on the core that
+// our next timed run (alternating with OpenBLAS's) needs. With two threads on two cores that
+// took ours from ~200 to 131-150 GFLOP/s on one or two shapes of most runs (0.68-0.81 of the
+// anchor), while OpenBLAS's own rate is the same either way (192-200 GFLOP/s, session 20).
 //
 // Usage: gemm_bench [--json FILE] [--reps N] [--quick] [--filter NAME] [--threads N]
 //                   [--isa avx512|avx2|portable]
@@ -139,10 +143,12 @@ uint16_t to_bf16(float f) {
 namespace mammoth::tools {
 
 int run_gemm_bench(const std::vector<std::string>& args_in) {
-  // OpenBLAS picks its kernels when it is loaded, so the setting needs a fresh process: re-exec
-  // this one with the same command line.
-  if (std::getenv("OPENBLAS_CORETYPE") == nullptr) {
-    setenv("OPENBLAS_CORETYPE", "SkylakeX", 1);
+  // OpenBLAS reads its settings when it is loaded, so they need a fresh process: re-exec this
+  // one with the same command line.
+  if (std::getenv("OPENBLAS_CORETYPE") == nullptr ||
+      std::getenv("OPENBLAS_THREAD_TIMEOUT") == nullptr) {
+    setenv("OPENBLAS_CORETYPE", "SkylakeX", 0);
+    setenv("OPENBLAS_THREAD_TIMEOUT", "4", 0);
     std::ifstream cmdline("/proc/self/cmdline", std::ios::binary);
     std::vector<std::string> words;
     for (std::string w; std::getline(cmdline, w, '\0');) words.push_back(w);
@@ -150,7 +156,7 @@ int run_gemm_bench(const std::vector<std::string>& args_in) {
     for (std::string& w : words) exec_argv.push_back(w.data());
     exec_argv.push_back(nullptr);
     execv("/proc/self/exe", exec_argv.data());
-    std::perror("[gemm_bench] re-exec with OPENBLAS_CORETYPE failed; continuing");
+    std::perror("[gemm_bench] re-exec with the OpenBLAS settings failed; continuing");
   }
   std::vector<std::string> arg_store{"gemm_bench"};
   arg_store.insert(arg_store.end(), args_in.begin(), args_in.end());
@@ -191,9 +197,12 @@ int run_gemm_bench(const std::vector<std::string>& args_in) {
   const char* env_core = std::getenv("OPENBLAS_CORETYPE");
   const char* env_l2 = std::getenv("OPENBLAS_L2_SIZE");
   const char* env_nt = std::getenv("OPENBLAS_NUM_THREADS");
-  std::printf("OPENBLAS_CORETYPE=%s OPENBLAS_L2_SIZE=%s OPENBLAS_NUM_THREADS=%s\n",
-              env_core ? env_core : "(unset)", env_l2 ? env_l2 : "(unset)",
-              env_nt ? env_nt : "(unset)");
+  const char* env_to = std::getenv("OPENBLAS_THREAD_TIMEOUT");
+  std::printf(
+      "OPENBLAS_CORETYPE=%s OPENBLAS_L2_SIZE=%s OPENBLAS_NUM_THREADS=%s "
+      "OPENBLAS_THREAD_TIMEOUT=%s\n",
+      env_core ? env_core : "(unset)", env_l2 ? env_l2 : "(unset)", env_nt ? env_nt : "(unset)",
+      env_to ? env_to : "(unset)");
   std::printf("OpenBLAS core: %s; config: %s\n", openblas_get_corename(), openblas_get_config());
   std::printf("Mammoth gemm ISA: %s\n", kc::gemm_isa_name(kc::active_gemm_isa()));
   double peak = 0;
