@@ -708,7 +708,8 @@ void row_mean_m2(const float* x, int64_t n, double& mean, double& m2) {
   const double s1 = hsum((a[0] + a[1]) + (a[2] + a[3]));
   const double s2 = hsum((q[0] + q[1]) + (q[2] + q[3]));
   const double dn = static_cast<double>(n);
-  m2 = std::max(0.0, s2 - s1 * s1 / dn);
+  m2 = s2 - s1 * s1 / dn;
+  if (m2 < 0.0) m2 = 0.0;  // rounding; a NaN stays NaN (std::max would make it 0)
   mean = s + s1 / dn;
   if (s2 > kShiftedLimit * m2) {
     const float mu = static_cast<float>(static_cast<double>(row_sum<false>(x, n)) / dn);

@@ -585,6 +585,40 @@ TEST_CASE("layer_norm's statistics stay exact when a row starts with outliers") 
   }
 }
 
+// A NaN in a row makes that row's mean, rstd and output NaN, as in the f64 reference, wherever it
+// sits (in the first vector, whose mean the statistics shift by, or later), and leaves the other
+// rows alone. Short rows and grouped long ones, every ISA.
+TEST_CASE("layer_norm: a NaN makes its row's statistics and output NaN") {
+  std::mt19937 rng(13);
+  for (SimdIsa isa : isas()) {
+    IsaGuard guard(isa);
+    for (int64_t N : {int64_t{769}, long_norm_rows()[1]}) {
+      INFO("isa " << simd_isa_name(isa) << " N " << N);
+      NormParams p;
+      const int64_t M = 3;
+      Buf x({M, N}), w({N}), b({N}), y({M, N}), mean({M}), rstd({M});
+      x.random(rng);
+      w.random(rng);
+      b.random(rng);
+      x.d[static_cast<size_t>(0 * N + 2)] = std::nan("");    // first vector
+      x.d[static_cast<size_t>(2 * N + 700)] = std::nan("");  // later
+      std::vector<TensorArg> in = {x.arg(DType::kF32), w.arg(DType::kF32), b.arg(DType::kF32)};
+      std::vector<TensorArg> out = {y.arg(DType::kF32), mean.arg(DType::kF32),
+                                    rstd.arg(DType::kF32)};
+      launch(Kernel::layer_norm, DeviceType::kCPU, DType::kF32, in, out, &p);
+      for (int64_t m : {int64_t{0}, int64_t{2}}) {
+        INFO("row " << m);
+        CHECK(std::isnan(mean.f[static_cast<size_t>(m)]));
+        CHECK(std::isnan(rstd.f[static_cast<size_t>(m)]));
+        CHECK(std::isnan(y.f[static_cast<size_t>(m * N + 5)]));
+      }
+      CHECK(std::isfinite(mean.f[1]));
+      CHECK(std::isfinite(rstd.f[1]));
+      for (int64_t j = 0; j < N; ++j) REQUIRE(std::isfinite(y.f[static_cast<size_t>(N + j)]));
+    }
+  }
+}
+
 // Past 256 blocks of 64 rows, the weight gradients' row blocks grow (79 rows at 20011) so the
 // partials stay small; dw and db (layer_norm) and dw (rms_norm) must still be whole column sums.
 TEST_CASE("norm backward's weight gradients are right with more than 256 row blocks") {
