@@ -1,7 +1,7 @@
 #!/bin/bash
 # `mammoth bench kernels --quick`: runs with only the backward rows selected, says which memory
 # and store paths it measured, and writes a JSON row with a positive figure and anchor for
-# every backward row (the norms' at both widths), its in-place twin (dx over dy) where the engine
+# every backward row (the norms' at each of their widths), its in-place twin (dx over dy) where the engine
 # uses one, and none for the forward rows --filter left out; an in-place row selected alone by
 # its whole name runs.
 set -uo pipefail

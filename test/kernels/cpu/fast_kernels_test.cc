@@ -506,11 +506,10 @@ TEST_CASE("fast layer_norm and rms_norm match the f64 reference, forward and bac
 }
 
 // Rows long enough that the norms take their long-row paths (fast_impl.h, norm_rows_long: the row
-// and the arrays read with it take 3/4 of L1 or more), sized from this machine's L1 so the paths
-// are reached on any: layer_norm forward's three arrays (and its backward's five), rms_norm's
-// two (forward and backward); both also past the chunked statistics' threshold (1024). The
-// second leaves a column tail of several vectors and a partial one beyond norm backward's blocks
-// of 128 columns.
+// and the arrays read with it take 2/3 of L1 or more), sized from this machine's L1 so the paths
+// are reached on any: the first for layer_norm forward's three arrays, its backward's five and
+// rms_norm backward's four, the second for rms_norm forward's two as well. The second leaves a
+// column tail of several vectors and a partial one beyond norm backward's blocks of 128 columns.
 std::vector<int64_t> long_norm_rows() {
   const int64_t l1 = l1_data_cache_bytes();
   return {3 * l1 / 48 + 5, 3 * l1 / 32 + 101};
@@ -531,8 +530,9 @@ TEST_CASE("fast layer_norm and rms_norm match the f64 reference on long rows") {
   }
 }
 
-// layer_norm's statistics are sums about each row's first element (fast_impl.h, row_mean_m2):
-// rows far from zero (mean 300, spread 1) must come out as well as with a two-pass form. Short
+// layer_norm's statistics are sums about the mean of each row's first vector (fast_impl.h,
+// row_mean_m2): rows far from zero (mean 300, spread 1) must come out as well as with a two-pass
+// form. Short
 // rows read from memory, rows past the former chunked threshold (1024) and grouped long rows
 // (statistics from cache), on every ISA.
 TEST_CASE("layer_norm's statistics stay accurate on rows with a large mean") {
