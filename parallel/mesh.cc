@@ -74,8 +74,54 @@ std::string MeshShape::str() const {
   return s.str();
 }
 
+namespace {
+
+// What launchers other than Open MPI's mpirun leave in each process's environment. A size
+// above 1, or a rank above 0, shows that several processes were started.
+struct LauncherVar {
+  const char* name;
+  bool is_size;  // else a rank
+  const char* launcher;
+};
+constexpr LauncherVar kLauncherVars[] = {
+    {"PMI_SIZE", true, "a PMI launcher (MPICH / Intel MPI mpiexec, hydra)"},
+    {"PMI_RANK", false, "a PMI launcher (MPICH / Intel MPI mpiexec, hydra)"},
+    {"PMIX_RANK", false, "a PMIx launcher (prterun, srun --mpi=pmix)"},
+    {"SLURM_STEP_NUM_TASKS", true, "Slurm (srun)"},
+    {"SLURM_NTASKS", true, "Slurm"},
+    {"SLURM_PROCID", false, "Slurm (srun)"},
+    {"MV2_COMM_WORLD_SIZE", true, "MVAPICH"},
+    {"MPI_LOCALNRANKS", true, "MPICH's hydra"},
+    {"FLUX_JOB_SIZE", true, "Flux"},
+};
+
+// The first variable that shows several processes, as "NAME=VALUE, set by LAUNCHER"; empty if
+// none.
+std::string several_processes_evidence() {
+  for (const LauncherVar& v : kLauncherVars) {
+    const char* text = std::getenv(v.name);
+    if (text == nullptr || *text == '\0') continue;
+    const int x = env_int(v.name);
+    if (v.is_size ? x > 1 : x > 0) {
+      return std::string(v.name) + "=" + text + ", set by " + v.launcher;
+    }
+  }
+  return "";
+}
+
+bool launcher_present() {
+  for (const LauncherVar& v : kLauncherVars) {
+    const char* text = std::getenv(v.name);
+    if (text != nullptr && *text != '\0') return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 ProcessInfo process_info() {
   ProcessInfo info;
+  // Open MPI's mpirun: its environment says everything without starting MPI.
   const int rank = env_int("OMPI_COMM_WORLD_RANK");
   const int size = env_int("OMPI_COMM_WORLD_SIZE");
   const int local = env_int("OMPI_COMM_WORLD_LOCAL_RANK");
@@ -87,21 +133,29 @@ ProcessInfo process_info() {
     info.local_rank = local >= 0 ? local : 0;
     return info;
   }
+  // Any other launcher: MPI itself says how many processes it joined. MPI starts only when
+  // MPI is running already or a launcher's variables are set, so a plain run stays MPI-free.
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
-  if (initialized && !finalized) {
-    const MpiRuntime& rt = mpi_runtime();
-    info.rank = rt.world_rank();
-    info.world_size = rt.world_size();
-    // Processes sharing memory are this host's; this rank's place among them is its local rank.
-    MPI_Comm node = MPI_COMM_NULL;
-    mpi_check(
-        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, info.rank, MPI_INFO_NULL, &node),
-        "MPI_Comm_split_type");
-    mpi_check(MPI_Comm_rank(node, &info.local_rank), "MPI_Comm_rank");
-    mpi_check(MPI_Comm_free(&node), "MPI_Comm_free");
-  }
+  if (finalized || (!initialized && !launcher_present())) return info;
+  const MpiRuntime& rt = mpi_runtime();
+  info.rank = rt.world_rank();
+  info.world_size = rt.world_size();
+  const std::string evidence = several_processes_evidence();
+  MAMMOTH_CHECK(info.world_size > 1 || evidence.empty())
+      << "[process_info] the environment shows several processes were started (" << evidence
+      << ") but MPI joined this one into a world of 1: the launcher does not speak to the MPI "
+         "this binary was built with (Open MPI). Launch with Open MPI's mpirun (or srun "
+         "--mpi=pmix with a Slurm built for Open MPI); for one process in a batch allocation, "
+         "unset that variable";
+  // Processes sharing memory are this host's; this rank's place among them is its local rank.
+  MPI_Comm node = MPI_COMM_NULL;
+  mpi_check(
+      MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, info.rank, MPI_INFO_NULL, &node),
+      "MPI_Comm_split_type");
+  mpi_check(MPI_Comm_rank(node, &info.local_rank), "MPI_Comm_rank");
+  mpi_check(MPI_Comm_free(&node), "MPI_Comm_free");
   return info;
 }
 

@@ -65,9 +65,13 @@ struct MeshOptions {
   Device device = Device::cpu();
 };
 
-// This process's place in the job, from Open MPI's environment (OMPI_COMM_WORLD_RANK,
-// OMPI_COMM_WORLD_LOCAL_RANK, OMPI_COMM_WORLD_SIZE) without initialising MPI; from MPI itself
-// when those are absent but MPI is running; else a single process (0, 0, 1).
+// This process's place in the job. Open MPI's mpirun: from its environment
+// (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_LOCAL_RANK, OMPI_COMM_WORLD_SIZE) without initialising
+// MPI. Any other launcher (its variables: PMI_*, PMIX_RANK, SLURM_*, MV2_*, FLUX_JOB_SIZE), or
+// MPI already running: MPI is initialised and says; when those variables show several
+// processes but MPI joined this one into a world of 1 (a launcher of another MPI), this throws
+// naming the variable, since each process would otherwise train alone. Else a single process
+// (0, 0, 1) and MPI is not started.
 struct ProcessInfo {
   int rank = 0;
   int local_rank = 0;

@@ -193,9 +193,8 @@ int run_train(const std::vector<std::string>& args) {
       << "[train] --amp must be fp32, bf16 or fp16, got '" << amp << "'";
   set_num_threads(absl::GetFlag(FLAGS_threads));
 
-  // Processes: mpirun's world = dp x pp x tp x sp.
-  const char* env_world = std::getenv("OMPI_COMM_WORLD_SIZE");
-  const int launched = env_world ? std::max(1, std::atoi(env_world)) : 1;
+  // Processes: the launcher's world = dp x pp x tp x sp.
+  const int launched = parallel::process_info().world_size;
   const int tp_size = absl::GetFlag(FLAGS_tp), sp_size = absl::GetFlag(FLAGS_sp);
   const int pp_size = absl::GetFlag(FLAGS_pp);
   MAMMOTH_CHECK(pp_size >= 1) << "[train] --pp must be >= 1, got " << pp_size;

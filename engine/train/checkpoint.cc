@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -474,6 +476,45 @@ json::Value load_checkpoint_pieces(const std::string& dir, const std::vector<Che
     }
   }
   return state;
+}
+
+SaveDirLock::SaveDirLock(const std::string& save_dir) {
+  std::error_code ec;
+  fs::create_directories(save_dir, ec);
+  MAMMOTH_CHECK(!ec) << "[train] cannot create --save-dir " << save_dir << ": " << ec.message();
+  const std::string path = save_dir + "/.lock";
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  MAMMOTH_CHECK(fd_ >= 0) << "[train] cannot open " << path << ": " << std::strerror(errno);
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char holder[512] = {};
+    const ssize_t n = ::pread(fd_, holder, sizeof(holder) - 1, 0);
+    std::string who = n > 0 ? std::string(holder, static_cast<size_t>(n)) : "";
+    while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
+    ::close(fd_);
+    fd_ = -1;
+    MAMMOTH_CHECK(err != EWOULDBLOCK)
+        << "[train] --save-dir " << save_dir << " is in use by another job ("
+        << (who.empty() ? "holder unknown" : who)
+        << "): two jobs writing one checkpoint directory would overwrite each other's steps. "
+           "Wait for it to end, or give this job another --save-dir";
+    MAMMOTH_THROW() << "[train] cannot lock " << path << ": " << std::strerror(err);
+  }
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  const std::time_t now = std::time(nullptr);
+  char when[64] = {};
+  std::strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S UTC", std::gmtime(&now));
+  const std::string me = "pid " + std::to_string(::getpid()) + " on " + host + ", since " + when;
+  // Best effort: the lock itself is the flock; the text only names the holder.
+  if (::ftruncate(fd_, 0) == 0 && ::pwrite(fd_, me.data(), me.size(), 0) < 0) {
+    std::fprintf(stderr, "[train] warning: cannot write %s: %s\n", path.c_str(),
+                 std::strerror(errno));
+  }
+}
+
+SaveDirLock::~SaveDirLock() {
+  if (fd_ >= 0) ::close(fd_);
 }
 
 }  // namespace mammoth::engine::train

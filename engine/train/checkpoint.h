@@ -88,4 +88,20 @@ std::string commit_sharded_checkpoint(const std::string& save_dir, int64_t step,
 json::Value load_checkpoint_pieces(const std::string& dir, const std::vector<CheckpointPiece>& into,
                                    bool whole = false);
 
+// An exclusive claim on a --save-dir for the life of a job: a second job that would write
+// checkpoints into the same directory is refused instead of interleaving its steps with ours.
+// It is an flock(2) on SAVE_DIR/.lock, which the kernel drops when the holder exits or dies,
+// so a crashed job never leaves it stuck; the file names the holder (pid, host, start time)
+// for the refusal's message. Throws naming the directory and the holder when it is taken.
+class SaveDirLock {
+ public:
+  explicit SaveDirLock(const std::string& save_dir);
+  ~SaveDirLock();
+  SaveDirLock(const SaveDirLock&) = delete;
+  SaveDirLock& operator=(const SaveDirLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 }  // namespace mammoth::engine::train

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 
 #include "engine/amp/amp.h"
 #include "engine/autograd.h"
@@ -109,6 +110,9 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
   MAMMOTH_CHECK(o.seq_len > 0) << "[train] --seq-len must be > 0, got " << o.seq_len;
   MAMMOTH_CHECK(o.grad_accum > 0) << "[train] --grad-accum must be > 0, got " << o.grad_accum;
   MAMMOTH_CHECK(!o.resume || !o.save_dir.empty()) << "[train] --resume needs --save-dir";
+  // One job per checkpoint directory; rank 0 claims it for the whole job.
+  std::optional<SaveDirLock> save_dir_lock;
+  if (!o.save_dir.empty() && o.world_rank == 0) save_dir_lock.emplace(o.save_dir);
   const amp::Precision precision = amp::parse_precision(o.amp);
   const bool scaling = precision == amp::Precision::kF16;
   amp::LossScalerOptions so;

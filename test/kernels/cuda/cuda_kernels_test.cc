@@ -29,6 +29,7 @@
 #include "memory/cuda/cuda_check.h"
 #include "memory/cuda/device.h"
 #include "memory/cuda/pinned_allocator.h"
+#include "test/testing/catch_args.h"
 
 namespace mammoth::kernels {
 namespace {
@@ -867,7 +868,8 @@ int main(int argc, char** argv) {
   if (r.find(kernels::Kernel::add, DeviceType::kCUDA, DType::kF32) == nullptr) {
     kernels::cuda::register_kernels(r);  // the registry was built without MAMMOTH_WITH_CUDA
   }
-  const int rc = Catch::Session().run(argc, argv);
+  std::vector<char*> args = testing::catch_args(argc, argv);
+  const int rc = Catch::Session().run(static_cast<int>(args.size()), args.data());
   if (argc > 1) return rc;
   std::vector<std::string> missing;
   for (int k = 0; k < kernels::kKernelCount; ++k) {
