@@ -360,10 +360,13 @@ ModelConfig config_from_hf_json(const json::Value& hf, const std::string& what) 
       if (rs->is_object()) {
         for (const char* k : {"rope_type", "type"})
           if (const json::Value* t = rs->find(k); kind.empty() && t && t->is_string())
-            kind = " '" + t->as_string() + "'";
+            kind = t->as_string();
       }
-      MAMMOTH_THROW() << "[config_from_hf_json] " << what << ": rope_scaling" << kind
-                      << " is not supported (plain rotary embeddings with rope_theta only)";
+      // "default" is transformers' name for plain rotary embeddings (no scaling).
+      MAMMOTH_CHECK(kind == "default")
+          << "[config_from_hf_json] " << what << ": rope_scaling"
+          << (kind.empty() ? "" : " '" + kind + "'")
+          << " is not supported (plain rotary embeddings with rope_theta only)";
     }
     if (int64_t hd = get_int(hf, "head_dim", c.d_model / c.n_head); hd != c.d_model / c.n_head) {
       MAMMOTH_THROW() << "[config_from_hf_json] " << what << ": head_dim " << hd

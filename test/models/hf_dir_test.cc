@@ -222,6 +222,26 @@ TEST_CASE("GPT-2 with tie_word_embeddings false loads and uses lm_head.weight") 
              Catch::Contains("missing 'lm_head.weight'"));
 }
 
+TEST_CASE("LLaMA follows tie_word_embeddings both ways") {
+  testing::TestDir t;
+  for (const bool tied : {true, false}) {
+    INFO(tied);
+    ModelConfig c = resolve_config("llama-tiny");
+    c.tie_embeddings = tied;
+    auto a = build_model(c, 6);
+    const std::string dir = t.file(tied ? "tied" : "untied");
+    save_pretrained(*a, dir);
+    CHECK(json::parse_file(dir + "/config.json").at("tie_word_embeddings").as_bool() == tied);
+    CHECK((io::SafetensorsFile::open(dir + "/model.safetensors").find("lm_head.weight") ==
+           nullptr) == tied);
+    auto b = create_language_model(dir);
+    CHECK(b->config().tie_embeddings == tied);
+    engine::NoGradGuard ng;
+    const Tensor ids = ids_for(*b);
+    CHECK(dynamic_cast<LanguageModel&>(*a).loss(ids).item() == b->loss(ids).item());
+  }
+}
+
 ModelConfig parse(const std::string& text) { return config_from_hf_json(json::parse(text), "cfg"); }
 
 TEST_CASE("config.json keys that change the computation are honoured or refused by name") {
@@ -261,6 +281,9 @@ TEST_CASE("config.json keys that change the computation are honoured or refused 
   CHECK(l.tie_embeddings);
   CHECK_THROWS_WITH(llama_with(R"("rope_scaling": {"rope_type": "llama3", "factor": 8.0})"),
                     Catch::Contains("rope_scaling 'llama3'"));
+  CHECK_THROWS_WITH(llama_with(R"("rope_scaling": {"type": "linear", "factor": 2.0})"),
+                    Catch::Contains("rope_scaling 'linear'"));
+  CHECK_NOTHROW(llama_with(R"("rope_scaling": {"rope_type": "default"})"));
   CHECK_THROWS_WITH(llama_with(R"("hidden_act": "gelu")"), Catch::Contains("hidden_act 'gelu'"));
   CHECK_THROWS_WITH(llama_with(R"("sliding_window": 4096)"), Catch::Contains("'sliding_window'"));
   CHECK_THROWS_WITH(llama_with(R"("attention_bias": true)"), Catch::Contains("attention_bias"));
