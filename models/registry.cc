@@ -556,12 +556,16 @@ std::shared_ptr<Model> create_model(const std::string& name_or_dir, const ModelO
   const ModelConfig config = apply_options(resolve_config(name_or_dir), options);
   std::shared_ptr<Model> m = build_model(config, options.seed);
   if (!options.load_weights) return m;
+  MAMMOTH_CHECK(!options.fresh_init || options.weights.empty())
+      << "[create_model] " << name_or_dir << ": fresh_init (--fresh-init) and weights ("
+      << options.weights << ") exclude each other";
   std::string path = options.weights;
   if (path.empty() && !options.fresh_init && !is_registered(name_or_dir))
     path = find_weights(name_or_dir);
   std::string source;
   if (path.empty()) {
     source = "fresh initialisation (seed " + std::to_string(options.seed) + ")";
+    if (!is_registered(name_or_dir)) source += "; the directory's weights are not read";
   } else {
     const WeightFiles files = WeightFiles::open(path);
     load_weights(*m, files);

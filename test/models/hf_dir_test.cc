@@ -141,6 +141,8 @@ TEST_CASE("a directory without weights is an error unless fresh_init asks for in
   auto pa = a->named_parameters(), pb = b->named_parameters();
   REQUIRE(pa.size() == pb.size());
   for (size_t i = 0; i < pa.size(); ++i) CHECK(engine::max_abs(pa[i].second - pb[i].second) == 0);
+  CHECK_THROWS_WITH(create_model(t.file("m"), {.fresh_init = true, .weights = "x.safetensors"}),
+                    Catch::Contains("exclude each other"));
   // load_weights = false: the caller loads; nothing is read or required here.
   CHECK_NOTHROW(create_model(t.file("m"), {.load_weights = false}));
 }
