@@ -6,7 +6,7 @@
 // (model.safetensors.index.json + the shards it names). A registered name is freshly
 // initialised; a directory without weights is an error unless fresh initialisation is asked for
 // (ModelOptions::fresh_init), so that random weights are never trained or evaluated by mistake.
-// create_model says on stderr where the weights came from ("[model] weights: ...").
+// create_model says on stderr where the weights came from ("[model] NAME: weights: ...").
 //
 // Every config.json key is either honoured, known not to change the computation (token ids,
 // architectures, torch_dtype, ...), or refused by name: a config the family cannot reproduce
@@ -44,7 +44,7 @@ struct ModelOptions {
   // Load this file (.safetensors) or sharded index (.json) instead of the directory's weights;
   // also for a registered name.
   std::string weights;
-  bool announce = true;  // print "[model] weights: ..." on stderr
+  bool announce = true;  // print "[model] NAME: weights: ..." on stderr
 };
 
 // Where a directory's weights are: DIR/model.safetensors, else DIR/model.safetensors.index.json.

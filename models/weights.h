@@ -45,9 +45,11 @@ struct LoadReport {
 class WeightFiles {
  public:
   // `path`: a .safetensors file, or an index (a .json file with "weight_map") whose shard names
-  // are relative to its directory. A shard that does not exist, or a tensor the index and the
-  // shards disagree on, is recorded in problems() (reported with the load's other problems); a
-  // malformed index or shard file throws.
+  // are relative to its directory. A shard that does not exist, or a tensor found in two shards,
+  // is recorded in problems() (reported with the load's other problems); a malformed index or
+  // shard file throws. A tensor the index lists but no shard holds is missing only if the model
+  // needs it (the message then names the shard the index gave); one a shard holds without the
+  // index listing it loads like any other.
   static WeightFiles open(const std::string& path);
   // Borrows `file`, which must outlive the result.
   static WeightFiles borrow(const io::SafetensorsFile& file);
@@ -64,8 +66,7 @@ class WeightFiles {
   std::string file_of(const std::string& name) const;
   // Every tensor of every opened file, with its file (as file_of names it).
   std::vector<std::pair<const io::TensorView*, std::string>> tensors() const;
-  // The index's own problems: missing shard files, tensors mapped to a shard that lacks them,
-  // tensors in a shard that the index does not list or maps elsewhere.
+  // The index's own problems: missing shard files, tensors in two shards.
   const std::vector<std::string>& problems() const { return problems_; }
   // For logs: "DIR/model.safetensors (148 tensors)" or
   // "DIR/model.safetensors.index.json (2 shards, 148 tensors)".
