@@ -45,7 +45,7 @@ int64_t count_parameters(const ModelConfig& c) {
   int64_t n = c.n_layer * block_params(c);
   switch (c.family) {
     case Family::kGpt2:
-      n += V * d + c.max_seq * d + 2 * d;  // wte, wpe, ln_f
+      n += V * d + c.max_seq * d + 2 * d + (c.tie_embeddings ? 0 : V * d);  // wte, wpe, ln_f, head
       break;
     case Family::kLlama:
       n += V * d + d + (c.tie_embeddings ? 0 : V * d);  // embed, norm, lm_head

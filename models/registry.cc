@@ -1,7 +1,10 @@
 #include "models/registry.h"
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
+#include <set>
 #include <sstream>
 
 #include "base/error.h"
@@ -123,13 +126,137 @@ double get_double(const json::Value& hf, const char* key, double fallback) {
   return v == nullptr || v->is_null() ? fallback : v->as_double();
 }
 
-void check_activation(const json::Value& hf, const char* key, const std::string& expected,
-                      const std::string& what) {
+bool get_bool(const json::Value& hf, const char* key, bool fallback) {
+  const json::Value* v = hf.find(key);
+  return v == nullptr || v->is_null() ? fallback : v->as_bool();
+}
+
+// `key` may be absent or null, or one of `same` (spellings of the one computation implemented).
+void check_activation(const json::Value& hf, const char* key,
+                      std::initializer_list<const char*> same, const std::string& what) {
   const json::Value* v = hf.find(key);
   if (v == nullptr || v->is_null()) return;
-  MAMMOTH_CHECK(v->as_string() == expected)
-      << "[config_from_hf_json] " << what << ": " << key << " '" << v->as_string()
-      << "' is not supported (this family implements '" << expected << "')";
+  std::string known;
+  for (const char* s : same) {
+    if (v->as_string() == s) return;
+    known += (known.empty() ? "'" : "' or '") + std::string(s);
+  }
+  MAMMOTH_THROW() << "[config_from_hf_json] " << what << ": " << key << " '" << v->as_string()
+                  << "' is not supported (this family implements " << known << "')";
+}
+
+// A key that is honoured only at the value that means "the computation we implement".
+void require_bool(const json::Value& hf, const char* key, bool only, const std::string& what) {
+  const json::Value* v = hf.find(key);
+  MAMMOTH_CHECK(v == nullptr || v->is_null() || v->as_bool() == only)
+      << "[config_from_hf_json] " << what << ": " << key << "=" << (only ? "false" : "true")
+      << " is not supported";
+}
+
+// Keys of every family that do not change what the model computes from its weights: names,
+// token ids, label names, generation defaults, the file's dtype, caching and output switches,
+// and the initialiser's scale (it shapes fresh weights only; loaded weights do not depend on it).
+const std::set<std::string>& inert_keys() {
+  static const std::set<std::string> k = {"_attn_implementation",
+                                          "_attn_implementation_autoset",
+                                          "_commit_hash",
+                                          "_name_or_path",
+                                          "architectures",
+                                          "bad_words_ids",
+                                          "begin_suppress_tokens",
+                                          "bos_token_id",
+                                          "chunk_size_feed_forward",
+                                          "decoder_start_token_id",
+                                          "diversity_penalty",
+                                          "do_sample",
+                                          "early_stopping",
+                                          "encoder_no_repeat_ngram_size",
+                                          "eos_token_id",
+                                          "exponential_decay_length_penalty",
+                                          "finetuning_task",
+                                          "forced_bos_token_id",
+                                          "forced_eos_token_id",
+                                          "gradient_checkpointing",
+                                          "id2label",
+                                          "initializer_range",
+                                          "label2id",
+                                          "length_penalty",
+                                          "max_length",
+                                          "min_length",
+                                          "model_type",
+                                          "no_repeat_ngram_size",
+                                          "num_beam_groups",
+                                          "num_beams",
+                                          "num_return_sequences",
+                                          "output_attentions",
+                                          "output_hidden_states",
+                                          "output_scores",
+                                          "pad_token_id",
+                                          "prefix",
+                                          "remove_invalid_values",
+                                          "repetition_penalty",
+                                          "return_dict",
+                                          "return_dict_in_generate",
+                                          "sep_token_id",
+                                          "suppress_tokens",
+                                          "task_specific_params",
+                                          "temperature",
+                                          "tf_legacy_loss",
+                                          "tie_encoder_decoder",
+                                          "tokenizer_class",
+                                          "top_k",
+                                          "top_p",
+                                          "torch_dtype",
+                                          "torchscript",
+                                          "transformers_version",
+                                          "typical_p",
+                                          "use_bfloat16",
+                                          "use_cache"};
+  return k;
+}
+
+// Refuses, by name, every key that is neither in `known` (what the family reads or accepts)
+// nor inert: an unknown key may change the computation, and ignoring it would be silent.
+void check_keys(const json::Value& hf, const std::set<std::string>& known, const std::string& type,
+                const std::string& what) {
+  std::string unknown;
+  for (const json::Value& m : hf) {
+    if (known.count(m.key()) || inert_keys().count(m.key())) continue;
+    unknown += (unknown.empty() ? "'" : ", '") + m.key() + "'";
+  }
+  MAMMOTH_CHECK(unknown.empty())
+      << "[config_from_hf_json] " << what << ": config.json key(s) " << unknown
+      << " not supported for model_type '" << type
+      << "' (they may change the computation, so they are refused rather than ignored)";
+}
+
+// Keys every family accepts at the value that changes nothing.
+void check_common(const json::Value& hf, bool encoder, const std::string& what) {
+  require_bool(hf, "is_encoder_decoder", false, what);
+  require_bool(hf, "add_cross_attention", false, what);
+  if (encoder) require_bool(hf, "is_decoder", false, what);  // a causal mask for BERT
+  if (const json::Value* v = hf.find("pruned_heads"); v != nullptr && !v->is_null()) {
+    MAMMOTH_CHECK(v->empty()) << "[config_from_hf_json] " << what
+                              << ": pruned_heads is not supported (every head is kept)";
+  }
+  if (const json::Value* v = hf.find("cross_attention_hidden_size"); v && !v->is_null()) {
+    MAMMOTH_THROW() << "[config_from_hf_json] " << what
+                    << ": cross_attention_hidden_size is not supported";
+  }
+  if (const json::Value* v = hf.find("problem_type"); encoder && v != nullptr && !v->is_null()) {
+    MAMMOTH_CHECK(v->as_string() == "single_label_classification")
+        << "[config_from_hf_json] " << what << ": problem_type '" << v->as_string()
+        << "' is not supported (the classifier's loss is single-label cross-entropy)";
+  }
+}
+
+const std::set<std::string> kCommonConditional = {
+    "is_encoder_decoder",          "add_cross_attention", "is_decoder", "pruned_heads",
+    "cross_attention_hidden_size", "problem_type",        "num_labels"};
+
+std::set<std::string> with_common(std::set<std::string> keys) {
+  keys.insert(kCommonConditional.begin(), kCommonConditional.end());
+  return keys;
 }
 
 int64_t num_labels_of(const json::Value& hf, int64_t fallback) {
@@ -158,6 +285,33 @@ ModelConfig config_from_hf_json(const json::Value& hf, const std::string& what) 
   ModelConfig c;
   c.name = what;
   if (type == "gpt2") {
+    // summary_*: GPT2DoubleHeadsModel's multiple-choice head, which GPT2LMHeadModel lacks;
+    // n_ctx: an old alias transformers no longer reads; reorder_and_upcast_attn: f32 scores
+    // (the same computation, ours are f32 already).
+    check_keys(hf,
+               with_common({"vocab_size",
+                            "n_positions",
+                            "n_ctx",
+                            "n_embd",
+                            "n_layer",
+                            "n_head",
+                            "n_inner",
+                            "layer_norm_epsilon",
+                            "resid_pdrop",
+                            "embd_pdrop",
+                            "attn_pdrop",
+                            "activation_function",
+                            "tie_word_embeddings",
+                            "scale_attn_weights",
+                            "scale_attn_by_inverse_layer_idx",
+                            "reorder_and_upcast_attn",
+                            "summary_type",
+                            "summary_use_proj",
+                            "summary_activation",
+                            "summary_proj_to_labels",
+                            "summary_first_dropout"}),
+               type, what);
+    check_common(hf, false, what);
     c.family = Family::kGpt2;
     c.vocab_size = hf.at("vocab_size").as_int();
     c.max_seq = hf.at("n_positions").as_int();
@@ -168,9 +322,26 @@ ModelConfig config_from_hf_json(const json::Value& hf, const std::string& what) 
     c.norm_eps = get_double(hf, "layer_norm_epsilon", 1e-5);
     c.dropout = get_double(hf, "resid_pdrop", 0.1);
     c.attn_dropout = get_double(hf, "attn_pdrop", 0.1);
-    c.tie_embeddings = true;
-    check_activation(hf, "activation_function", "gelu_new", what);
+    // One dropout rate serves the embeddings, the residual branches and the MLP.
+    const double embd = get_double(hf, "embd_pdrop", 0.1);
+    MAMMOTH_CHECK(embd == c.dropout)
+        << "[config_from_hf_json] " << what << ": embd_pdrop " << embd << " != resid_pdrop "
+        << c.dropout << " is not supported (one rate for embeddings and residuals)";
+    c.tie_embeddings = get_bool(hf, "tie_word_embeddings", true);
+    check_activation(hf, "activation_function", {"gelu_new", "gelu_pytorch_tanh"}, what);
+    require_bool(hf, "scale_attn_weights", true, what);
+    require_bool(hf, "scale_attn_by_inverse_layer_idx", false, what);
   } else if (type == "llama") {
+    // pretraining_tp: transformers then slices the projections into that many matmuls and sums
+    // them, the same computation in another order.
+    check_keys(hf,
+               with_common({"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                            "num_key_value_heads", "intermediate_size", "max_position_embeddings",
+                            "rms_norm_eps", "rope_theta", "rope_scaling", "attention_dropout",
+                            "tie_word_embeddings", "hidden_act", "head_dim", "attention_bias",
+                            "mlp_bias", "pretraining_tp"}),
+               type, what);
+    check_common(hf, false, what);
     c.family = Family::kLlama;
     c.vocab_size = hf.at("vocab_size").as_int();
     c.d_model = hf.at("hidden_size").as_int();
@@ -182,51 +353,75 @@ ModelConfig config_from_hf_json(const json::Value& hf, const std::string& what) 
     c.norm_eps = get_double(hf, "rms_norm_eps", 1e-6);
     c.rope_base = get_double(hf, "rope_theta", 10000.0);
     c.attn_dropout = get_double(hf, "attention_dropout", 0.0);
-    const json::Value* tie = hf.find("tie_word_embeddings");
-    c.tie_embeddings = tie != nullptr && !tie->is_null() && tie->as_bool();
-    check_activation(hf, "hidden_act", "silu", what);
+    c.tie_embeddings = get_bool(hf, "tie_word_embeddings", false);
+    check_activation(hf, "hidden_act", {"silu"}, what);
     if (const json::Value* rs = hf.find("rope_scaling"); rs != nullptr && !rs->is_null()) {
-      MAMMOTH_THROW() << "[config_from_hf_json] " << what
-                      << ": rope_scaling is not supported (plain rotary embeddings only)";
+      std::string kind;
+      if (rs->is_object()) {
+        for (const char* k : {"rope_type", "type"})
+          if (const json::Value* t = rs->find(k); kind.empty() && t && t->is_string())
+            kind = t->as_string();
+      }
+      // "default" is transformers' name for plain rotary embeddings (no scaling).
+      MAMMOTH_CHECK(kind == "default")
+          << "[config_from_hf_json] " << what << ": rope_scaling"
+          << (kind.empty() ? "" : " '" + kind + "'")
+          << " is not supported (plain rotary embeddings with rope_theta only)";
     }
     if (int64_t hd = get_int(hf, "head_dim", c.d_model / c.n_head); hd != c.d_model / c.n_head) {
       MAMMOTH_THROW() << "[config_from_hf_json] " << what << ": head_dim " << hd
                       << " != hidden_size / num_attention_heads is not supported";
     }
-    for (const char* key : {"attention_bias", "mlp_bias"}) {
-      const json::Value* b = hf.find(key);
-      MAMMOTH_CHECK(b == nullptr || b->is_null() || !b->as_bool())
-          << "[config_from_hf_json] " << what << ": " << key << "=true is not supported";
-    }
+    require_bool(hf, "attention_bias", false, what);
+    require_bool(hf, "mlp_bias", false, what);
   } else if (type == "bert" || type == "vit") {
-    c.family = type == "bert" ? Family::kBert : Family::kVit;
+    const bool bert = type == "bert";
+    // encoder_stride: ViTForMaskedImageModeling's decoder only.
+    const std::set<std::string> shared = {"hidden_size",         "num_hidden_layers",
+                                          "num_attention_heads", "intermediate_size",
+                                          "hidden_act",          "hidden_dropout_prob",
+                                          "layer_norm_eps",      "attention_probs_dropout_prob"};
+    std::set<std::string> keys =
+        bert ? std::set<std::string>{"vocab_size",         "max_position_embeddings",
+                                     "type_vocab_size",    "position_embedding_type",
+                                     "classifier_dropout", "tie_word_embeddings"}
+             : std::set<std::string>{"image_size", "patch_size",     "num_channels",
+                                     "qkv_bias",   "encoder_stride", "tie_word_embeddings"};
+    keys.insert(shared.begin(), shared.end());
+    check_keys(hf, with_common(keys), type, what);
+    check_common(hf, true, what);
+    c.family = bert ? Family::kBert : Family::kVit;
     c.d_model = hf.at("hidden_size").as_int();
     c.n_layer = hf.at("num_hidden_layers").as_int();
     c.n_head = c.n_kv_head = hf.at("num_attention_heads").as_int();
     c.d_ff = hf.at("intermediate_size").as_int();
     c.norm_eps = get_double(hf, "layer_norm_eps", 1e-12);
-    c.dropout = get_double(hf, "hidden_dropout_prob", type == "bert" ? 0.1 : 0.0);
-    c.attn_dropout = get_double(hf, "attention_probs_dropout_prob", type == "bert" ? 0.1 : 0.0);
-    check_activation(hf, "hidden_act", "gelu", what);
+    c.dropout = get_double(hf, "hidden_dropout_prob", bert ? 0.1 : 0.0);
+    c.attn_dropout = get_double(hf, "attention_probs_dropout_prob", bert ? 0.1 : 0.0);
+    check_activation(hf, "hidden_act", {"gelu", "gelu_python"}, what);
     c.num_labels = num_labels_of(hf, 2);
-    if (type == "bert") {
+    if (bert) {
       c.vocab_size = hf.at("vocab_size").as_int();
       c.max_seq = get_int(hf, "max_position_embeddings", 512);
       c.type_vocab_size = get_int(hf, "type_vocab_size", 2);
       c.tie_embeddings = true;
+      require_bool(hf, "tie_word_embeddings", true, what);  // the MLM decoder is tied
       if (const json::Value* pe = hf.find("position_embedding_type"); pe && !pe->is_null()) {
         MAMMOTH_CHECK(pe->as_string() == "absolute")
             << "[config_from_hf_json] " << what << ": position_embedding_type '" << pe->as_string()
             << "' is not supported";
       }
+      // The classifier's dropout is hidden_dropout_prob (transformers' default for null).
+      const double cd = get_double(hf, "classifier_dropout", c.dropout);
+      MAMMOTH_CHECK(cd == c.dropout)
+          << "[config_from_hf_json] " << what << ": classifier_dropout " << cd
+          << " != hidden_dropout_prob " << c.dropout << " is not supported";
     } else {
       c.image_size = get_int(hf, "image_size", 224);
       c.patch_size = get_int(hf, "patch_size", 16);
       c.num_channels = get_int(hf, "num_channels", 3);
-      c.tie_embeddings = false;
-      const json::Value* qkv = hf.find("qkv_bias");
-      MAMMOTH_CHECK(qkv == nullptr || qkv->is_null() || qkv->as_bool())
-          << "[config_from_hf_json] " << what << ": qkv_bias=false is not supported";
+      c.tie_embeddings = false;  // no LM head: tie_word_embeddings means nothing here
+      require_bool(hf, "qkv_bias", true, what);
     }
   } else {
     MAMMOTH_THROW() << "[config_from_hf_json] " << what << ": model_type '" << type
@@ -247,7 +442,7 @@ json::Value config_to_hf_json(const ModelConfig& c) {
       v.set("n_inner", c.d_ff).set("layer_norm_epsilon", c.norm_eps);
       v.set("resid_pdrop", c.dropout).set("embd_pdrop", c.dropout);
       v.set("attn_pdrop", c.attn_dropout).set("activation_function", "gelu_new");
-      v.set("tie_word_embeddings", true);
+      v.set("tie_word_embeddings", c.tie_embeddings);
       break;
     case Family::kLlama:
       v.set("architectures", json::Value::array().push_back("LlamaForCausalLM"));
@@ -337,14 +532,47 @@ std::shared_ptr<Model> build_model(const ModelConfig& config, uint64_t seed) {
   return m;
 }
 
+std::string find_weights(const std::string& dir) {
+  namespace fs = std::filesystem;
+  for (const char* name : {"model.safetensors", "model.safetensors.index.json"}) {
+    const fs::path p = fs::path(dir) / name;
+    if (fs::is_regular_file(p)) return p.string();
+  }
+  std::string others;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    const bool weights = n.ends_with(".safetensors") || n.ends_with(".bin") || n.ends_with(".pt") ||
+                         n.ends_with(".pth") || n.ends_with(".index.json");
+    if (weights) others += (others.empty() ? "" : ", ") + n;
+  }
+  MAMMOTH_THROW() << "[create_model] " << dir
+                  << " has no weights: neither model.safetensors nor model.safetensors.index.json"
+                  << (others.empty() ? "" : " (it holds " + others + ", which are not loaded)")
+                  << "; pass fresh_init (--fresh-init) to start from freshly initialised weights";
+}
+
 std::shared_ptr<Model> create_model(const std::string& name_or_dir, const ModelOptions& options) {
   const ModelConfig config = apply_options(resolve_config(name_or_dir), options);
   std::shared_ptr<Model> m = build_model(config, options.seed);
-  namespace fs = std::filesystem;
-  if (options.load_weights && fs::is_directory(name_or_dir) && !is_registered(name_or_dir)) {
-    const fs::path weights = fs::path(name_or_dir) / "model.safetensors";
-    if (fs::exists(weights)) load_weights(*m, weights.string());
+  if (!options.load_weights) return m;
+  MAMMOTH_CHECK(!options.fresh_init || options.weights.empty())
+      << "[create_model] " << name_or_dir << ": fresh_init (--fresh-init) and weights ("
+      << options.weights << ") exclude each other";
+  std::string path = options.weights;
+  if (path.empty() && !options.fresh_init && !is_registered(name_or_dir))
+    path = find_weights(name_or_dir);
+  std::string source;
+  if (path.empty()) {
+    source = "fresh initialisation (seed " + std::to_string(options.seed) + ")";
+    if (!is_registered(name_or_dir)) source += "; the directory's weights are not read";
+  } else {
+    const WeightFiles files = WeightFiles::open(path);
+    load_weights(*m, files);
+    source = files.describe();
   }
+  if (options.announce)
+    std::fprintf(stderr, "[model] %s: weights: %s\n", name_or_dir.c_str(), source.c_str());
   return m;
 }
 

@@ -2,7 +2,15 @@
 //
 // A model is named either by a registered config ("gpt2-tiny", "gpt2", "llama-7b", "bert-base",
 // "vit-base-patch16-224", ...) or by a directory in Hugging Face's layout: config.json (its
-// model_type picks the family) beside an optional model.safetensors.
+// model_type picks the family) beside its weights, model.safetensors or a sharded set
+// (model.safetensors.index.json + the shards it names). A registered name is freshly
+// initialised; a directory without weights is an error unless fresh initialisation is asked for
+// (ModelOptions::fresh_init), so that random weights are never trained or evaluated by mistake.
+// create_model says on stderr where the weights came from ("[model] NAME: weights: ...").
+//
+// Every config.json key is either honoured, known not to change the computation (token ids,
+// architectures, torch_dtype, ...), or refused by name: a config the family cannot reproduce
+// (rope_scaling, another activation, an unknown key) is an error, never silently ignored.
 //
 //   auto m = models::create_language_model("gpt2-tiny", {.vocab_size = 4096, .seed = 1});
 //   auto v = models::create_model("/data/vit-base-patch16-224");  // loads model.safetensors
@@ -28,8 +36,20 @@ struct ModelOptions {
   std::optional<int64_t> num_labels;  // BERT / ViT classification head
   std::optional<DType> dtype;         // parameter storage dtype
   uint64_t seed = 0;                  // init(seed) when no weights are loaded
-  bool load_weights = true;           // load DIR/model.safetensors when a directory has one
+  // false: create_model loads nothing and says nothing; the caller loads weights itself.
+  bool load_weights = true;
+  // Initialise from `seed` even for a directory (whose weights, if any, are not read). Without
+  // it a directory with neither model.safetensors nor model.safetensors.index.json is an error.
+  bool fresh_init = false;
+  // Load this file (.safetensors) or sharded index (.json) instead of the directory's weights;
+  // also for a registered name.
+  std::string weights;
+  bool announce = true;  // print "[model] NAME: weights: ..." on stderr
 };
+
+// Where a directory's weights are: DIR/model.safetensors, else DIR/model.safetensors.index.json.
+// Throws naming both (and any other weight files the directory holds) when it has neither.
+std::string find_weights(const std::string& dir);
 
 // Registered config names, in registration order.
 std::vector<std::string> registered_names();
@@ -48,8 +68,9 @@ json::Value config_to_hf_json(const ModelConfig& config);
 // A freshly initialised (init(seed)) model of `config`'s family.
 std::shared_ptr<Model> build_model(const ModelConfig& config, uint64_t seed = 0);
 
-// The model for a name or directory; a directory's model.safetensors is loaded when present
-// (and options.load_weights), otherwise parameters are initialised from options.seed.
+// The model for a name or directory. Weights: options.weights when set; else a registered name
+// or options.fresh_init initialises from options.seed; else the directory's weights
+// (find_weights), which must exist. Prints the source on stderr (options.announce).
 std::shared_ptr<Model> create_model(const std::string& name_or_dir,
                                     const ModelOptions& options = {});
 // As create_model, for causal/masked LMs (GPT-2, LLaMA, BERT); throws for ViT.

@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <set>
 #include <sstream>
 
+#include "base/json.h"
 #include "engine/autograd.h"
 #include "engine/ops.h"
 
@@ -42,6 +44,95 @@ bool hf_is_ignored(const HfLayout& layout, const std::string& name) {
   return false;
 }
 
+bool is_weight_index(const std::string& path) {
+  return path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0;
+}
+
+WeightFiles WeightFiles::borrow(const io::SafetensorsFile& file) {
+  WeightFiles w;
+  w.path_ = file.path();
+  w.files_.push_back(&file);
+  w.file_names_.push_back(file.path());
+  for (const io::TensorView& v : file.tensors()) w.by_name_[v.name] = 0;
+  return w;
+}
+
+WeightFiles WeightFiles::open(const std::string& path) {
+  namespace fs = std::filesystem;
+  MAMMOTH_CHECK(fs::is_regular_file(path)) << "[load_weights] " << path << " does not exist";
+  if (!is_weight_index(path)) {
+    auto file = std::make_unique<io::SafetensorsFile>(io::SafetensorsFile::open(path));
+    WeightFiles w = borrow(*file);
+    w.owned_.push_back(std::move(file));
+    return w;
+  }
+  WeightFiles w;
+  w.path_ = path;
+  w.sharded_ = true;
+  const json::Value index = json::parse_file(path);
+  const json::Value* map = index.is_object() ? index.find("weight_map") : nullptr;
+  MAMMOTH_CHECK(map != nullptr && map->is_object() && !map->empty())
+      << "[load_weights] " << path
+      << ": a sharded checkpoint's index needs a non-empty \"weight_map\" object (tensor name "
+         "-> shard file)";
+  std::map<std::string, int64_t> count;  // shard -> tensors the index maps to it
+  for (const json::Value& m : *map) {
+    MAMMOTH_CHECK(m.is_string() && !m.as_string().empty() && !fs::path(m.as_string()).is_absolute())
+        << "[load_weights] " << path << ": weight_map[\"" << m.key()
+        << "\"] must be a shard file name relative to the index, got " << json::dump(m);
+    const std::string& shard = m.as_string();
+    w.expected_[m.key()] = shard;
+    if (count[shard]++ == 0) w.shard_names_.push_back(shard);
+  }
+  const fs::path dir = fs::path(path).parent_path();
+  for (const std::string& shard : w.shard_names_) {
+    const fs::path p = dir / shard;
+    if (!fs::is_regular_file(p)) {
+      w.problems_.push_back("shard '" + p.string() + "' does not exist (the index maps " +
+                            std::to_string(count[shard]) + " tensors to it)");
+      continue;
+    }
+    w.owned_.push_back(std::make_unique<io::SafetensorsFile>(io::SafetensorsFile::open(p)));
+    w.files_.push_back(w.owned_.back().get());
+    w.file_names_.push_back(shard);
+    const size_t at = w.files_.size() - 1;
+    for (const io::TensorView& v : w.files_[at]->tensors()) {
+      auto [it, fresh] = w.by_name_.emplace(v.name, at);
+      if (!fresh) {
+        w.problems_.push_back("'" + v.name + "' is in two shards, '" + w.file_names_[it->second] +
+                              "' and '" + shard + "'");
+      }
+    }
+  }
+  return w;
+}
+
+const io::TensorView* WeightFiles::find(const std::string& name) const {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : files_[it->second]->find(name);
+}
+
+std::string WeightFiles::file_of(const std::string& name) const {
+  if (auto it = by_name_.find(name); it != by_name_.end()) return file_names_[it->second];
+  if (auto it = expected_.find(name); it != expected_.end()) return it->second;
+  return "";
+}
+
+std::vector<std::pair<const io::TensorView*, std::string>> WeightFiles::tensors() const {
+  std::vector<std::pair<const io::TensorView*, std::string>> out;
+  for (size_t i = 0; i < files_.size(); ++i)
+    for (const io::TensorView& v : files_[i]->tensors()) out.emplace_back(&v, file_names_[i]);
+  return out;
+}
+
+std::string WeightFiles::describe() const {
+  std::ostringstream s;
+  s << path_ << " (";
+  if (sharded_) s << num_files() << " shards, ";
+  s << num_tensors() << " tensors)";
+  return s.str();
+}
+
 namespace {
 
 struct Planned {
@@ -61,8 +152,18 @@ Tensor tensor_from_view(const io::TensorView& v) {
 
 LoadReport load_named(const engine::nn::NamedTensors& params, const HfLayout& layout,
                       const io::SafetensorsFile& file, const LoadOptions& options) {
+  return load_named(params, layout, WeightFiles::borrow(file), options);
+}
+
+LoadReport load_named(const engine::nn::NamedTensors& params, const HfLayout& layout,
+                      const WeightFiles& file, const LoadOptions& options) {
   std::map<std::string, Tensor> by_name(params.begin(), params.end());
-  std::vector<std::string> problems;
+  std::vector<std::string> problems = file.problems();
+  // Where a tensor is, in messages about a sharded checkpoint (the header names a single file).
+  auto where = [&file](const std::string& name) {
+    const std::string f = file.file_of(name);
+    return file.sharded() && !f.empty() ? " in " + f : std::string();
+  };
   std::vector<Planned> plan;
   std::set<std::string> used;
   LoadReport report;
@@ -82,9 +183,15 @@ LoadReport load_named(const engine::nn::NamedTensors& params, const HfLayout& la
       if (p.optional) {
         report.missing_optional.push_back(p.param);
       } else {
-        std::string tried;
-        for (const std::string& c : candidates) tried += (tried.empty() ? "'" : " or '") + c + "'";
-        problems.push_back("missing " + tried + " " + engine::shape_str(param.shape()));
+        std::string tried, shard;
+        for (const std::string& c : candidates) {
+          tried += (tried.empty() ? "'" : " or '") + c + "'";
+          if (shard.empty() && file.sharded()) shard = file.file_of(c);
+        }
+        Shape want = param.shape();
+        if (p.transposed && want.size() == 2) std::swap(want[0], want[1]);
+        problems.push_back("missing " + tried + " " + engine::shape_str(want) +
+                           (shard.empty() ? "" : " (the index maps it to " + shard + ")"));
       }
       continue;
     }
@@ -97,8 +204,9 @@ LoadReport load_named(const engine::nn::NamedTensors& params, const HfLayout& la
     }
     bool ok = true;
     if (view->shape != expected) {
-      problems.push_back("'" + view->name + "': shape " + engine::shape_str(view->shape) +
-                         ", expected " + engine::shape_str(expected) +
+      problems.push_back("'" + view->name + "'" + where(view->name) + ": shape " +
+                         engine::shape_str(view->shape) + ", expected " +
+                         engine::shape_str(expected) +
                          (p.transposed ? " (Conv1D layout [in, out])" : ""));
       ok = false;
     }
@@ -106,8 +214,8 @@ LoadReport load_named(const engine::nn::NamedTensors& params, const HfLayout& la
       const bool castable =
           options.allow_cast && is_floating(view->dtype) && is_floating(param.dtype());
       if (!castable) {
-        problems.push_back("'" + view->name + "': dtype " + dtype_name(view->dtype) +
-                           ", expected " + dtype_name(param.dtype()));
+        problems.push_back("'" + view->name + "'" + where(view->name) + ": dtype " +
+                           dtype_name(view->dtype) + ", expected " + dtype_name(param.dtype()));
         ok = false;
       }
     }
@@ -117,15 +225,15 @@ LoadReport load_named(const engine::nn::NamedTensors& params, const HfLayout& la
     MAMMOTH_CHECK(mapped_params.count(name))
         << "[load_weights] parameter '" << name << "' has no entry in the model's HF layout";
   }
-  for (const io::TensorView& v : file.tensors()) {
-    if (used.count(v.name)) continue;
-    if (hf_is_ignored(layout, v.name)) {
-      report.ignored.push_back(v.name);
+  for (const auto& [v, in_file] : file.tensors()) {
+    if (used.count(v->name)) continue;
+    if (hf_is_ignored(layout, v->name)) {
+      report.ignored.push_back(v->name);
     } else if (options.allow_unexpected) {
-      report.unexpected.push_back(v.name);
+      report.unexpected.push_back(v->name);
     } else {
-      problems.push_back("unexpected '" + v.name + "' " + engine::shape_str(v.shape) + " " +
-                         dtype_name(v.dtype));
+      problems.push_back("unexpected '" + v->name + "' " + engine::shape_str(v->shape) + " " +
+                         dtype_name(v->dtype) + (file.sharded() ? " in " + in_file : ""));
     }
   }
   if (!problems.empty()) {
@@ -153,8 +261,12 @@ LoadReport load_weights(const Model& model, const io::SafetensorsFile& file,
   return load_named(model.named_parameters(), model.hf_layout(), file, options);
 }
 
+LoadReport load_weights(const Model& model, const WeightFiles& files, const LoadOptions& options) {
+  return load_named(model.named_parameters(), model.hf_layout(), files, options);
+}
+
 LoadReport load_weights(const Model& model, const std::string& path, const LoadOptions& options) {
-  return load_weights(model, io::SafetensorsFile::open(path), options);
+  return load_weights(model, WeightFiles::open(path), options);
 }
 
 void save_named(const engine::nn::NamedTensors& params, const HfLayout& layout,

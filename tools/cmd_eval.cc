@@ -30,9 +30,11 @@ ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(int64_t, seq_len);
 ABSL_DECLARE_FLAG(int64_t, seed);
 ABSL_DECLARE_FLAG(std::string, device);
+ABSL_DECLARE_FLAG(bool, fresh_init);
 ABSL_FLAG(std::string, weights, "",
-          "eval/generate: safetensors file with Hugging Face names (default: the model "
-          "directory's model.safetensors, or fresh weights for a registered name)");
+          "eval/generate: safetensors file with Hugging Face names, or a sharded checkpoint's "
+          "index .json (default: the model directory's weights, or fresh weights for a "
+          "registered name)");
 ABSL_FLAG(std::string, tokens, "", "eval: llm.c token shard(s): file, directory or glob");
 ABSL_FLAG(int64_t, batch, 8, "eval: sequences per forward pass");
 ABSL_FLAG(int64_t, max_sequences, 0, "eval: evaluate at most this many sequences (0: all)");
@@ -59,9 +61,9 @@ std::shared_ptr<models::LanguageModel> load_language_model(const std::string& na
                                                            const std::string& weights,
                                                            const char* command) {
   models::ModelOptions options;
-  options.load_weights = weights.empty();
+  options.weights = weights;
+  options.fresh_init = absl::GetFlag(FLAGS_fresh_init);
   auto m = models::create_language_model(name, options);
-  if (!weights.empty()) models::load_weights(*m, weights);
   m->eval();
   place_on_device(*m, command);
   return m;
@@ -86,13 +88,12 @@ void check_vocab(const std::vector<int64_t>& ids, int64_t vocab, int64_t first_p
 // ViT: mean cross-entropy of the classifier over a labelled image shard.
 int eval_images(const std::string& path) {
   models::ModelOptions options;
-  options.load_weights = absl::GetFlag(FLAGS_weights).empty();
+  options.weights = absl::GetFlag(FLAGS_weights);
+  options.fresh_init = absl::GetFlag(FLAGS_fresh_init);
   auto model = std::dynamic_pointer_cast<models::Vit>(
       models::create_model(absl::GetFlag(FLAGS_model), options));
   MAMMOTH_CHECK(model != nullptr) << "[eval] --images needs a ViT --model, got "
                                   << absl::GetFlag(FLAGS_model);
-  if (!absl::GetFlag(FLAGS_weights).empty())
-    models::load_weights(*model, absl::GetFlag(FLAGS_weights));
   model->eval();
   place_on_device(*model, "eval");
   const Device device = models::module_device(*model);

@@ -47,6 +47,9 @@ ABSL_FLAG(double, weight_decay, 0.1, "AdamW weight decay (matrices only)");
 ABSL_FLAG(double, grad_clip, 1.0, "global gradient-norm clip (0: off)");
 ABSL_FLAG(double, dropout, 0.0, "dropout probability");
 ABSL_FLAG(int64_t, seed, 1337, "seed for initialisation, data order and dropout");
+ABSL_FLAG(bool, fresh_init, false,
+          "initialise a model directory's parameters from --seed instead of loading its weights "
+          "(without it, a directory with no weights is an error)");
 ABSL_FLAG(std::string, amp, "fp32",
           "compute precision: fp32, bf16 (autocast matmuls, fp32 master weights) or fp16 "
           "(autocast plus dynamic loss scaling)");
@@ -272,6 +275,7 @@ int run_train(const std::vector<std::string>& args) {
   if (vocab > 0) mo.vocab_size = vocab;
   mo.dropout = absl::GetFlag(FLAGS_dropout);
   mo.seed = static_cast<uint64_t>(absl::GetFlag(FLAGS_seed));
+  mo.fresh_init = absl::GetFlag(FLAGS_fresh_init);
   const std::string model_name = absl::GetFlag(FLAGS_model);
   std::shared_ptr<models::LanguageModel> model = models::create_language_model(model_name, mo);
   model->set_activation_checkpointing(absl::GetFlag(FLAGS_activation_checkpointing));

@@ -60,14 +60,21 @@ Tensor Gpt2Block::forward(const Tensor& x, KVCache* cache, int64_t layer) const 
 Gpt2::Gpt2(ModelConfig config) : config_(std::move(config)) {
   config_.validate();
   const ModelConfig& c = config_;
-  MAMMOTH_CHECK(c.tie_embeddings) << "[Gpt2] GPT-2 ties its LM head to wte; tie_embeddings=false "
-                                     "is not supported";
   wte = register_module("wte", std::make_shared<Embedding>(c.vocab_size, c.d_model, c.dtype));
   wpe = register_module("wpe", std::make_shared<Embedding>(c.max_seq, c.d_model, c.dtype));
   drop_ = register_module("drop", std::make_shared<Dropout>(c.dropout));
   h = register_module("h", std::make_shared<ModuleList<Gpt2Block>>());
   for (int64_t l = 0; l < c.n_layer; ++l) h->add(std::make_shared<Gpt2Block>(config_));
   ln_f = register_module("ln_f", std::make_shared<LayerNorm>(c.d_model, c.norm_eps, c.dtype));
+  if (!c.tie_embeddings) {
+    lm_head = register_module("lm_head",
+                              std::make_shared<Linear>(c.d_model, c.vocab_size, false, c.dtype));
+  }
+}
+
+Tensor Gpt2::head(const Tensor& x) const {
+  const Tensor h = ln_f->forward(x);
+  return lm_head ? lm_head->forward(h) : engine::linear(h, wte->weight);  // [B, T, V]
 }
 
 Tensor Gpt2::run(const Tensor& ids, KVCache* cache) {
@@ -92,7 +99,7 @@ Tensor Gpt2::run(const Tensor& ids, KVCache* cache) {
         [&block, layer](const Tensor& in) { return block.forward(in, nullptr, layer); }, x);
   }
   if (cache != nullptr) cache->length += T;
-  return engine::linear(ln_f->forward(x), wte->weight);  // tied head: [B, T, V]
+  return head(x);
 }
 
 Tensor Gpt2::forward(const Tensor& ids) { return run(ids, nullptr); }
@@ -118,31 +125,45 @@ Tensor Gpt2::pipeline_block(int64_t l, const Tensor& x, const Tensor&) {
 
 Tensor Gpt2::pipeline_loss(const Tensor& x, const Tensor& ids) {
   const int64_t T = ids.size(1);
-  Tensor logits = engine::linear(ln_f->forward(x), wte->weight);
+  Tensor logits = head(x);
   return engine::cross_entropy(logits.slice(1, 0, T - 1), ids.slice(1, 1, T));
 }
 
-LanguageModel::PipelinePart gpt2_pipeline_part(const std::string& name) {
+LanguageModel::PipelinePart gpt2_pipeline_part(const std::string& name, bool tied) {
   if (name.rfind("h.", 0) == 0) return {.block = std::stoll(name.substr(2, name.find('.', 2) - 2))};
-  if (name.rfind("wte.", 0) == 0) return {.embed = true, .head = true};  // tied head
+  if (name.rfind("wte.", 0) == 0) return {.embed = true, .head = tied};
   if (name.rfind("wpe.", 0) == 0) return {.embed = true};
-  if (name.rfind("ln_f.", 0) == 0) return {.head = true};
+  if (name.rfind("ln_f.", 0) == 0 || name.rfind("lm_head.", 0) == 0) return {.head = true};
   MAMMOTH_THROW() << "[gpt2_pipeline_part] parameter '" << name << "' belongs to no part";
 }
 
 LanguageModel::PipelinePart Gpt2::pipeline_part(const std::string& name) const {
-  return gpt2_pipeline_part(name);
+  return gpt2_pipeline_part(name, config_.tie_embeddings);
 }
 
 HfLayout Gpt2::hf_layout() const {
+  // Tied: GPT2Model's names ("h.0...", what transformers loads into either class). Untied: the
+  // head needs GPT2LMHeadModel's layout, "transformer.h.0..." beside "lm_head.weight"
+  // (transformers refuses a prefix-less file that holds lm_head.weight). Either spelling loads.
+  const bool tied = config_.tie_embeddings;
   HfLayout layout;
   for (const auto& [name, t] : named_parameters()) {
     // Conv1D modules: every 2-D weight inside the blocks (c_attn, c_proj, c_fc).
     const bool conv1d = name.rfind("h.", 0) == 0 && t.dim() == 2;
-    layout.params.push_back({name, name, conv1d, false});
+    const bool head = name.rfind("lm_head.", 0) == 0;
+    layout.params.push_back({name, tied || head ? name : "transformer." + name, conv1d, false});
   }
-  layout.prefix_aliases = {{"", "transformer."}};
-  layout.ignored = {"*.attn.bias", "*.attn.masked_bias", "lm_head.weight"};
+  if (tied) {
+    layout.prefix_aliases = {{"wte.", "transformer.wte."},
+                             {"wpe.", "transformer.wpe."},
+                             {"h.", "transformer.h."},
+                             {"ln_f.", "transformer.ln_f."}};
+  } else {
+    layout.prefix_aliases = {{"transformer.", ""}};
+  }
+  layout.ignored = {"*.attn.bias", "*.attn.masked_bias"};
+  // A tied head's copy in the file is the embedding again.
+  if (tied) layout.ignored.push_back("lm_head.weight");
   return layout;
 }
 

@@ -1,5 +1,6 @@
 // GPT-2 (Radford et al. 2019) as in Hugging Face's GPT2LMHeadModel: pre-LN blocks, learned
-// position embeddings, GELU (tanh approximation), LM head tied to the token embedding.
+// position embeddings, GELU (tanh approximation), LM head tied to the token embedding, or, with
+// tie_word_embeddings false, its own "lm_head.weight" [V, C] (an nn.Linear without bias).
 //
 // Parameter names are GPT2Model's ("wte.weight", "h.0.attn.c_attn.weight", "ln_f.bias").
 // Linear weights are kept as [out, in] like nn.Linear; HF's Conv1D stores [in, out], so the
@@ -66,14 +67,17 @@ class Gpt2 : public LanguageModel {
   std::shared_ptr<engine::nn::Embedding> wte, wpe;
   std::shared_ptr<ModuleList<Gpt2Block>> h;
   std::shared_ptr<engine::nn::LayerNorm> ln_f;
+  std::shared_ptr<engine::nn::Linear> lm_head;  // null when tied to wte
 
  private:
+  engine::Tensor head(const engine::Tensor& x) const;  // final hidden states -> logits
   engine::Tensor run(const engine::Tensor& ids, KVCache* cache);
   ModelConfig config_;
   std::shared_ptr<engine::nn::Dropout> drop_;
 };
 
-// Which part of GPT-2's forward uses parameter `name` (shared by its tp/sp form).
-LanguageModel::PipelinePart gpt2_pipeline_part(const std::string& name);
+// Which part of GPT-2's forward uses parameter `name` (shared by its tp/sp form); `tied`: the
+// head is wte.
+LanguageModel::PipelinePart gpt2_pipeline_part(const std::string& name, bool tied = true);
 
 }  // namespace mammoth::models

@@ -207,6 +207,10 @@ class TpGpt2 : public ShardedDecoder {
 std::shared_ptr<ShardedLanguageModel> gpt2_policy(const Model& model,
                                                   const parallel::DeviceMesh& mesh,
                                                   const ShardOptions& options) {
+  MAMMOTH_CHECK(model.config().tie_embeddings)
+      << "[gpt2_policy] " << model.config().name
+      << ": an untied GPT-2 head (tie_word_embeddings false, lm_head.weight) has no "
+         "tensor-parallel form yet; train it without --tp/--sp";
   return adopt(std::make_shared<TpGpt2>(model.config(), mesh, options), model);
 }
 

@@ -5,6 +5,9 @@
 //
 //   parity_check DIR [f32|f64] [tolerance]
 //
+// It also writes the loaded model back with save_pretrained to DIR/mammoth_<dtype>, which
+// hf_check.py opens with transformers (when installed).
+//
 // Error per tensor: max |ours - torch| / max |torch|, relative to the tensor's scale so that
 // near-zero entries do not dominate. A gradient that is zero in exact arithmetic (attention key
 // biases: softmax ignores a constant added to every score; the float64 reference is ~1e-17
@@ -62,6 +65,7 @@ int run(int argc, char** argv) {
   set_num_threads(1);
   std::shared_ptr<Model> model = create_model(dir, {.dtype = dtype});
   model->eval();  // no dropout (the reference has none either)
+  save_pretrained(*model, dir + "/mammoth_" + dt);
   const io::SafetensorsFile exp = io::SafetensorsFile::open(dir + "/expected.safetensors");
 
   std::map<std::string, Tensor> outputs;

@@ -10,7 +10,10 @@ in Hugging Face's layout that Mammoth loads:
   DIR/model.safetensors    the weights (float32, HF names)
   DIR/expected.safetensors inputs ("input.*"), "logits", "loss" and "grad.<hf name>" (float64)
 
-usage: reference.py --family gpt2|llama|bert|vit --out DIR [--seed N]
+usage: reference.py --family gpt2|gpt2_untied|llama|bert|vit --out DIR [--seed N]
+
+gpt2_untied is GPT-2 with tie_word_embeddings false: its own lm_head.weight [V, C], and the file
+in GPT2LMHeadModel's names ("transformer.h.0...", "lm_head.weight") as transformers writes it.
 """
 import argparse
 import json
@@ -136,10 +139,23 @@ def gpt2_forward(p, c, inputs):
         m = layer_norm(x, p[h + "ln_2.weight"], p[h + "ln_2.bias"], eps)
         x = x + conv1d(gelu_tanh(conv1d(m, h + "mlp.c_fc")), h + "mlp.c_proj")
     x = layer_norm(x, p["ln_f.weight"], p["ln_f.bias"], eps)
-    logits = x @ p["wte.weight"].T
+    # GPT2LMHeadModel: lm_head (nn.Linear, no bias), tied to wte unless tie_word_embeddings false
+    logits = x @ (p["wte.weight"] if c.get("tie_word_embeddings", True) else p["lm_head.weight"]).T
     V = logits.shape[-1]
     loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, V), ids[:, 1:].reshape(-1))
     return logits, loss
+
+
+def gpt2_untied_config():
+    return dict(gpt2_config(), tie_word_embeddings=False)
+
+
+def gpt2_untied_shapes(c):
+    return dict(gpt2_shapes(c), **{"lm_head.weight": (c["vocab_size"], c["n_embd"])})
+
+
+def gpt2_untied_file_name(name):  # GPT2LMHeadModel's state dict: the body under "transformer."
+    return name if name.startswith("lm_head.") else "transformer." + name
 
 # ---------------------------------------------------------------- LLaMA
 
@@ -356,6 +372,7 @@ def make_inputs(family, c, g):
 
 
 FAMILIES = {"gpt2": (gpt2_config, gpt2_shapes, gpt2_forward),
+            "gpt2_untied": (gpt2_untied_config, gpt2_untied_shapes, gpt2_forward),
             "llama": (llama_config, llama_shapes, llama_forward),
             "bert": (bert_config, bert_shapes, bert_forward),
             "vit": (vit_config, vit_shapes, vit_forward)}
@@ -386,8 +403,10 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "config.json"), "w") as f:
         json.dump(c, f, indent=2)
+    file_name = gpt2_untied_file_name if args.family == "gpt2_untied" else (lambda n: n)
     save_safetensors(os.path.join(args.out, "model.safetensors"),
-                     {n: t.detach().float() for n, t in params.items()}, {"format": "pt"})
+                     {file_name(n): t.detach().float() for n, t in params.items()},
+                     {"format": "pt"})
     expected = {"input." + k: v for k, v in inputs.items()}
     if isinstance(out, tuple):
         expected["logits"], expected["class_logits"] = out[0].detach(), out[1].detach()
@@ -395,7 +414,7 @@ def main():
         expected["logits"] = out.detach()
     expected["loss"] = loss.detach().reshape(())
     for n, t in params.items():
-        expected["grad." + n] = t.grad
+        expected["grad." + file_name(n)] = t.grad
     save_safetensors(os.path.join(args.out, "expected.safetensors"), expected)
     print(f"{args.family}: {len(params)} tensors, loss {loss.item():.6f} -> {args.out}")
 
