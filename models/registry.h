@@ -29,6 +29,8 @@ struct ModelOptions {
   std::optional<DType> dtype;         // parameter storage dtype
   uint64_t seed = 0;                  // init(seed) when no weights are loaded
   bool load_weights = true;           // load DIR/model.safetensors when a directory has one
+  // Replaces the config's special tokens (e.g. a vocabulary extended by [MASK]).
+  std::optional<SpecialTokenIds> special_tokens;
 };
 
 // Registered config names, in registration order.
