@@ -85,8 +85,9 @@ ABSL_FLAG(bool, activation_checkpointing, false,
 ABSL_DECLARE_FLAG(int64_t, mask_token);
 ABSL_DECLARE_FLAG(double, mask_prob);
 ABSL_FLAG(std::string, dump_batches, "",
-          "debugging: append every training micro-batch the model is fed (input ids and targets) "
-          "as a JSON line to this file, FILE.rankR for rank R of a multi-process run");
+          "debugging: write every training micro-batch the model is fed (input ids, targets, "
+          "mesh coordinates) as one JSON line to this file (FILE.rankR for rank R of a "
+          "multi-process run), replacing it");
 ABSL_DECLARE_FLAG(int, pp);
 ABSL_DECLARE_FLAG(std::string, pp_schedule);
 ABSL_DECLARE_FLAG(int, virtual_stages);
