@@ -4,7 +4,8 @@
 # 10 chosen positions, labels -100 elsewhere, the label at a chosen position the original token
 # at that position (not the next one), and the inputs there [MASK] / random / unchanged in
 # 80/10/10 proportion (binomial tolerances); and that the same seed gives the same global batch
-# under dp 1/2/4, gradient accumulation, tp 2, sp 2 (ring) and dp 2 x tp 2.
+# under dp 1/2/4, gradient accumulation, tp 2, sp 2 (ring), dp 2 x tp 2 and a resumed run, and
+# the same loss curve (every window has 10 predictions, so micro-batch means weigh equally).
 set -euo pipefail
 mammoth="$1"
 mpirun="$2"
@@ -28,30 +29,34 @@ for name, n in [("data", 40000), ("small", 4000)]:
 PY
 
 common=(--model bert-tiny --seq-len 64 --log-every 100 --eval-every 0 --lr 1e-3 --warmup 1
-  --threads 1)
+  --schedule constant --threads 1)  # constant: a 5-step run schedules as the 9-step one
 # Statistics: 10 steps of 32 windows.
 "$mammoth" train "${common[@]}" --data "$work/data.bin" --steps 10 --micro-batch 32 \
   --dump-batches "$work/stats"
 # Layouts: 9 steps of a global batch of 8 windows.
 layout=("${common[@]}" --data "$work/small.bin" --steps 9)
-"$mammoth" train "${layout[@]}" --micro-batch 8 --dump-batches "$work/single"
+"$mammoth" train "${layout[@]}" --micro-batch 8 --dump-batches "$work/single" \
+  --metrics "$work/single.jsonl"
 # Resumed at step 5 (the masks hold no state: the window, its epoch and the seed give them).
 "$mammoth" train "${layout[@]}" --steps 5 --micro-batch 8 --save-dir "$work/ckpt" \
   --dump-batches "$work/resumed_a"
 "$mammoth" train "${layout[@]}" --micro-batch 8 --save-dir "$work/ckpt" --resume \
-  --dump-batches "$work/resumed_b"
-"$mammoth" train "${layout[@]}" --micro-batch 2 --grad-accum 4 --dump-batches "$work/accum4"
-bash "$mpirun" -np 2 "$mammoth" train "${layout[@]}" --micro-batch 4 --dump-batches "$work/dp2"
-bash "$mpirun" -np 4 "$mammoth" train "${layout[@]}" --micro-batch 2 --dump-batches "$work/dp4"
+  --dump-batches "$work/resumed_b" --metrics "$work/resumed.jsonl"
+"$mammoth" train "${layout[@]}" --micro-batch 2 --grad-accum 4 --dump-batches "$work/accum4" \
+  --metrics "$work/accum4.jsonl"
+bash "$mpirun" -np 2 "$mammoth" train "${layout[@]}" --micro-batch 4 --dump-batches "$work/dp2" \
+  --metrics "$work/dp2.jsonl"
+bash "$mpirun" -np 4 "$mammoth" train "${layout[@]}" --micro-batch 2 --dump-batches "$work/dp4" \
+  --metrics "$work/dp4.jsonl"
 bash "$mpirun" -np 2 "$mammoth" train "${layout[@]}" --micro-batch 8 --tp 2 \
-  --dump-batches "$work/tp2"
+  --dump-batches "$work/tp2" --metrics "$work/tp2.jsonl"
 bash "$mpirun" -np 2 "$mammoth" train "${layout[@]}" --micro-batch 8 --sp 2 --sp-mode ring \
-  --dump-batches "$work/sp2"
+  --dump-batches "$work/sp2" --metrics "$work/sp2.jsonl"
 bash "$mpirun" -np 4 "$mammoth" train "${layout[@]}" --micro-batch 4 --tp 2 \
-  --dump-batches "$work/dp2tp2"
+  --dump-batches "$work/dp2tp2" --metrics "$work/dp2tp2.jsonl"
 
-"$py" - "$work" <<'PY'
-import glob, json, math, struct, sys
+PYTHONPATH="$(dirname "$0")/../testing" "$py" - "$work" <<'PY'
+import curves, glob, json, math, struct, sys
 work = sys.argv[1]
 T, IGNORE, MASK, SPECIAL, VOCAB = 64, -100, 4, {0, 1, 2, 3, 4}, 512
 with open(f"{work}/data.bin", "rb") as f:
@@ -119,9 +124,13 @@ assert all(len(b) == 8 for b in single)
 for name, accum in [("accum4", 4), ("dp2", 1), ("dp4", 1), ("tp2", 1), ("sp2", 1), ("dp2tp2", 1)]:
     assert global_batches(name, accum) == single, f"{name} is fed other batches than one process"
     print(f"{name}: the single-process batches")
+    if name != "accum4":
+        curves.Runs(work).matches(name, "single", tol=1e-4)
+curves.Runs(work).matches("accum4", "single", tol=1e-5)
 resumed = global_batches("resumed_a", steps=5) + global_batches("resumed_b", steps=STEPS - 5)
 assert resumed == single, "a resumed run is fed other batches"
 print("resumed at step 5: the single-process batches")
+curves.Runs(work).matches("resumed", "single", tol=1e-6, steps=[6, 7, 8, 9])
 # Epoch 1 masks anew: a window read in both epochs (same tokens) is masked differently.
 rows = [r for b in single for r in b]
 first = {}
