@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "base/dtype.h"
 
@@ -17,6 +18,23 @@ enum class Family { kGpt2, kLlama, kBert, kVit };
 // "gpt2", "llama", "bert", "vit" (Hugging Face's model_type values).
 const char* family_name(Family f);
 Family family_from_name(const std::string& name);  // throws naming the value
+
+// A tokenizer's special token ids (-1: none): Hugging Face's pad/unk/cls/sep/mask_token_id.
+struct SpecialTokenIds {
+  int64_t pad = -1;
+  int64_t unk = -1;
+  int64_t cls = -1;
+  int64_t sep = -1;
+  int64_t mask = -1;
+  // The ids that are set (>= 0), in the order pad, unk, cls, sep, mask.
+  std::vector<int64_t> ids() const {
+    std::vector<int64_t> out;
+    for (int64_t id : {pad, unk, cls, sep, mask})
+      if (id >= 0) out.push_back(id);
+    return out;
+  }
+  bool operator==(const SpecialTokenIds&) const = default;
+};
 
 struct ModelConfig {
   std::string name;  // registry name or the directory it came from
@@ -35,6 +53,9 @@ struct ModelConfig {
   double attn_dropout = 0.0;  // dropout on attention probabilities
   // BERT only.
   int64_t type_vocab_size = 0;  // token-type (segment) embeddings
+  // The tokenizer's special tokens. Masked-LM training and evaluation
+  // (engine/data/masking.h) replace with special_tokens.mask and never choose any of them.
+  SpecialTokenIds special_tokens;
   // BERT / ViT classification head (0: no head).
   int64_t num_labels = 0;
   // ViT only.

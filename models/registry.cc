@@ -6,6 +6,7 @@
 #include <initializer_list>
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include "base/error.h"
 #include "models/bert/bert.h"
@@ -54,8 +55,9 @@ ModelConfig llama(const std::string& name, int64_t vocab, int64_t layers, int64_
 }
 
 ModelConfig bert(const std::string& name, int64_t vocab, int64_t layers, int64_t heads, int64_t d,
-                 int64_t seq, double dropout) {
+                 int64_t seq, double dropout, SpecialTokenIds special) {
   ModelConfig c;
+  c.special_tokens = special;
   c.name = name;
   c.family = Family::kBert;
   c.vocab_size = vocab;
@@ -90,6 +92,9 @@ ModelConfig vit(const std::string& name, int64_t image, int64_t patch, int64_t l
   return c;
 }
 
+constexpr SpecialTokenIds kBertUncased = {
+    .pad = 0, .unk = 100, .cls = 101, .sep = 102, .mask = 103};
+
 const std::vector<ModelConfig>& registry() {
   static const std::vector<ModelConfig> r = {
       // The default model of `mammoth train` on a laptop's CPU: ~0.9M parameters.
@@ -104,9 +109,14 @@ const std::vector<ModelConfig>& registry() {
       llama("llama-70b", 32000, 80, 64, 8, 8192, 28672, 4096, 1e-5, 10000.0),
       llama("llama3-8b", 128256, 32, 32, 8, 4096, 14336, 8192, 1e-5, 500000.0),
       llama("llama3-70b", 128256, 80, 64, 8, 8192, 28672, 8192, 1e-5, 500000.0),
-      bert("bert-tiny", 512, 2, 4, 64, 128, 0.0),
-      bert("bert-base", 30522, 12, 12, 768, 512, 0.1),
-      bert("bert-large", 30522, 24, 16, 1024, 512, 0.1),
+      // A small WordPiece vocabulary trained with BERT's special tokens first (what Hugging
+      // Face `tokenizers` gives): [PAD] 0, [UNK] 1, [CLS] 2, [SEP] 3, [MASK] 4. In the ids of
+      // `mammoth data`'s byte-level BPE these are the control bytes 0x00-0x04, absent from text.
+      bert("bert-tiny", 512, 2, 4, 64, 128, 0.0,
+           {.pad = 0, .unk = 1, .cls = 2, .sep = 3, .mask = 4}),
+      // bert-base-uncased's vocabulary: [PAD] 0, [UNK] 100, [CLS] 101, [SEP] 102, [MASK] 103.
+      bert("bert-base", 30522, 12, 12, 768, 512, 0.1, kBertUncased),
+      bert("bert-large", 30522, 24, 16, 1024, 512, 0.1, kBertUncased),
       vit("vit-tiny", 32, 8, 2, 4, 64, 10),
       vit("vit-base-patch16-224", 224, 16, 12, 12, 768, 1000),
       vit("vit-large-patch16-224", 224, 16, 24, 16, 1024, 1000),
@@ -166,6 +176,7 @@ const std::set<std::string>& inert_keys() {
                                           "begin_suppress_tokens",
                                           "bos_token_id",
                                           "chunk_size_feed_forward",
+                                          "cls_token_id",
                                           "decoder_start_token_id",
                                           "diversity_penalty",
                                           "do_sample",
@@ -181,6 +192,7 @@ const std::set<std::string>& inert_keys() {
                                           "initializer_range",
                                           "label2id",
                                           "length_penalty",
+                                          "mask_token_id",
                                           "max_length",
                                           "min_length",
                                           "model_type",
@@ -210,6 +222,7 @@ const std::set<std::string>& inert_keys() {
                                           "torchscript",
                                           "transformers_version",
                                           "typical_p",
+                                          "unk_token_id",
                                           "use_bfloat16",
                                           "use_cache"};
   return k;
@@ -263,6 +276,39 @@ int64_t num_labels_of(const json::Value& hf, int64_t fallback) {
   if (const json::Value* v = hf.find("id2label"); v != nullptr && v->is_object())
     return static_cast<int64_t>(v->size());
   return get_int(hf, "num_labels", fallback);
+}
+
+// BERT's special tokens by their spelling in the directory's tokenizer (tokenizer.json's
+// added_tokens, else WordPiece's vocab.txt, one token per line), for the ids config.json does
+// not give.
+void special_tokens_from_tokenizer(const std::filesystem::path& dir, SpecialTokenIds* st) {
+  const std::pair<const char*, int64_t*> names[] = {{"[PAD]", &st->pad},
+                                                    {"[UNK]", &st->unk},
+                                                    {"[CLS]", &st->cls},
+                                                    {"[SEP]", &st->sep},
+                                                    {"[MASK]", &st->mask}};
+  auto found = [&](const std::string& token, int64_t id) {
+    for (const auto& [name, field] : names)
+      if (token == name && *field < 0) *field = id;
+  };
+  const std::filesystem::path tokenizer = dir / "tokenizer.json", vocab = dir / "vocab.txt";
+  if (std::filesystem::exists(tokenizer)) {
+    const json::Value t = json::parse_file(tokenizer.string());
+    if (const json::Value* added = t.find("added_tokens"); added != nullptr && added->is_array()) {
+      for (const json::Value& a : *added) {
+        const json::Value* id = a.find("id");
+        const json::Value* content = a.find("content");
+        if (id != nullptr && content != nullptr) found(content->as_string(), id->as_int());
+      }
+    }
+  } else if (std::filesystem::exists(vocab)) {
+    std::ifstream in(vocab);
+    std::string line;
+    for (int64_t id = 0; std::getline(in, line); ++id) {
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      found(line, id);
+    }
+  }
 }
 
 }  // namespace
@@ -406,6 +452,11 @@ ModelConfig config_from_hf_json(const json::Value& hf, const std::string& what) 
       c.type_vocab_size = get_int(hf, "type_vocab_size", 2);
       c.tie_embeddings = true;
       require_bool(hf, "tie_word_embeddings", true, what);  // the MLM decoder is tied
+      c.special_tokens = {.pad = get_int(hf, "pad_token_id", -1),
+                          .unk = get_int(hf, "unk_token_id", -1),
+                          .cls = get_int(hf, "cls_token_id", -1),
+                          .sep = get_int(hf, "sep_token_id", -1),
+                          .mask = get_int(hf, "mask_token_id", -1)};
       if (const json::Value* pe = hf.find("position_embedding_type"); pe && !pe->is_null()) {
         MAMMOTH_CHECK(pe->as_string() == "absolute")
             << "[config_from_hf_json] " << what << ": position_embedding_type '" << pe->as_string()
@@ -472,6 +523,16 @@ json::Value config_to_hf_json(const ModelConfig& c) {
         v.set("vocab_size", c.vocab_size).set("max_position_embeddings", c.max_seq);
         v.set("type_vocab_size", c.type_vocab_size);
         v.set("position_embedding_type", "absolute");
+        // pad_token_id is BertConfig's own; the others are kept by PretrainedConfig as extra
+        // attributes, so the masked-LM rule's tokens travel with the model directory.
+        const SpecialTokenIds& st = c.special_tokens;
+        const std::pair<const char*, int64_t> special[] = {{"pad_token_id", st.pad},
+                                                           {"unk_token_id", st.unk},
+                                                           {"cls_token_id", st.cls},
+                                                           {"sep_token_id", st.sep},
+                                                           {"mask_token_id", st.mask}};
+        for (const auto& [key, id] : special)
+          if (id >= 0) v.set(key, id);
       } else {
         v.set("image_size", c.image_size).set("patch_size", c.patch_size);
         v.set("num_channels", c.num_channels).set("qkv_bias", true);
@@ -493,7 +554,10 @@ ModelConfig resolve_config(const std::string& name_or_dir) {
     const std::string path = (fs::path(name_or_dir) / "config.json").string();
     MAMMOTH_CHECK(fs::exists(path)) << "[models] directory '" << name_or_dir
                                     << "' has no config.json (Hugging Face layout expected)";
-    return config_from_hf_json(json::parse_file(path), name_or_dir);
+    ModelConfig c = config_from_hf_json(json::parse_file(path), name_or_dir);
+    if (c.family == Family::kBert && c.special_tokens.mask < 0)
+      special_tokens_from_tokenizer(name_or_dir, &c.special_tokens);
+    return c;
   }
   std::ostringstream known;
   for (const ModelConfig& c : registry()) known << " " << c.name;
@@ -508,6 +572,7 @@ ModelConfig apply_options(ModelConfig c, const ModelOptions& o) {
   if (o.dropout) c.dropout = c.attn_dropout = *o.dropout;
   if (o.num_labels) c.num_labels = *o.num_labels;
   if (o.dtype) c.dtype = *o.dtype;
+  if (o.special_tokens) c.special_tokens = *o.special_tokens;
   c.validate();
   return c;
 }

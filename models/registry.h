@@ -45,6 +45,8 @@ struct ModelOptions {
   // also for a registered name.
   std::string weights;
   bool announce = true;  // print "[model] NAME: weights: ..." on stderr
+  // Replaces the config's special tokens (e.g. a vocabulary extended by [MASK]).
+  std::optional<SpecialTokenIds> special_tokens;
 };
 
 // Where a directory's weights are: DIR/model.safetensors, else DIR/model.safetensors.index.json.

@@ -3,7 +3,9 @@
 // The tokens are cut into consecutive, non-overlapping sequences of --seq-len T (a trailing
 // remainder is dropped); in each, tokens 2..T are predicted from those before them, and the
 // loss is averaged over all n_seq * (T - 1) predictions. Prints one JSON line
-// {"loss": L, "tokens": N} where N is that number of predictions.
+// {"loss": L, "tokens": N} where N is that number of predictions. BERT: the masked-LM loss over
+// the positions `mammoth train`'s rule chooses (engine/data/masking.h), sequence s masked as
+// training's validation masks window s of the same file with the same --seed.
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -13,9 +15,9 @@
 #include "absl/flags/flag.h"
 #include "base/error.h"
 #include "base/json.h"
-#include "base/philox.h"
 #include "engine/autograd.h"
 #include "engine/data/image_shard.h"
+#include "engine/data/masking.h"
 #include "engine/data/token_shard.h"
 #include "engine/ops.h"
 #include "engine/train/device.h"
@@ -40,9 +42,18 @@ ABSL_FLAG(int64_t, batch, 8, "eval: sequences per forward pass");
 ABSL_FLAG(int64_t, max_sequences, 0, "eval: evaluate at most this many sequences (0: all)");
 ABSL_FLAG(std::string, images, "",
           "eval (ViT): labelled image shard (mammoth data --synthetic-images)");
-ABSL_FLAG(int64_t, mask_token, 103,
-          "eval (BERT): id of the [MASK] token (103 in bert-base-uncased)");
-ABSL_FLAG(double, mask_prob, 0.15, "eval (BERT): fraction of positions masked, seeded by --seed");
+ABSL_FLAG(int64_t, mask_token, -1,
+          "train/eval (BERT): id of the [MASK] token; -1: the model's (config.json "
+          "mask_token_id, else [MASK] in the directory's tokenizer.json or vocab.txt; bert-tiny "
+          "4, bert-base/-large 103; on train's embedded corpus the id appended to the BPE)");
+ABSL_FLAG(double, mask_prob, 0.15,
+          "train/eval (BERT): masked-LM rule: in each sequence of T tokens round(mask-prob x T) "
+          "of its non-special positions (at least 1) are chosen by Philox draws keyed on "
+          "(--seed, sequence index, epoch, position), so every dp/tp/sp layout and resumed "
+          "run sees the same masks (new ones each epoch; eval and validation: epoch 0); a chosen "
+          "position becomes [MASK] 80%, a random non-special token "
+          "10%, unchanged 10%; the loss covers the chosen positions only, against the original "
+          "token there; the model's special tokens are never chosen");
 
 namespace mammoth::tools {
 
@@ -67,6 +78,24 @@ std::shared_ptr<models::LanguageModel> load_language_model(const std::string& na
   m->eval();
   place_on_device(*m, command);
   return m;
+}
+
+// Shared by eval and train: the masked-LM rule for model config `c` (mask token, vocabulary,
+// special tokens) and --mask-token / --mask-prob. The seed is the caller's.
+data::MaskingOptions masked_lm_options(const models::ModelConfig& c, const char* command) {
+  data::MaskingOptions o;
+  o.vocab_size = c.vocab_size;
+  o.special_tokens = c.special_tokens.ids();
+  o.mask_token = absl::GetFlag(FLAGS_mask_token) >= 0 ? absl::GetFlag(FLAGS_mask_token)
+                                                      : c.special_tokens.mask;
+  MAMMOTH_CHECK(o.mask_token >= 0)
+      << "[" << command << "] model '" << c.name
+      << "' defines no [MASK] token (no mask_token_id in config.json, no [MASK] in its "
+         "tokenizer.json or vocab.txt), so masked-LM batches cannot be built: pass --mask-token ID";
+  o.mask_prob = absl::GetFlag(FLAGS_mask_prob);
+  MAMMOTH_CHECK(o.mask_prob > 0 && o.mask_prob <= 1)
+      << "[" << command << "] --mask-prob must be in (0, 1], got " << o.mask_prob;
+  return o;
 }
 
 namespace {
@@ -130,41 +159,36 @@ int eval_images(const std::string& path) {
   return 0;
 }
 
-// BERT: masked-LM cross-entropy. Each position of each sequence is masked with probability
-// --mask-prob from Philox(--seed) (replaced by --mask-token and predicted), so the figure is
-// reproducible and independent of --batch.
+// BERT: masked-LM cross-entropy over the positions the training rule chooses: sequence s is
+// masked as `mammoth train` masks window s of the same file in its validation batches
+// (data::MaskingRule, --seed, epoch 0), so the figure is reproducible and independent of
+// --batch.
 int eval_masked_lm(const models::LanguageModel& model_ref, const data::TokenDataset& data,
                    int64_t T, int64_t n_seq) {
   auto& model = const_cast<models::LanguageModel&>(model_ref);
   const models::ModelConfig& c = model.config();
-  const int64_t mask = absl::GetFlag(FLAGS_mask_token);
-  MAMMOTH_CHECK(mask >= 0 && mask < c.vocab_size)
-      << "[eval] --mask-token " << mask << " is outside the vocabulary of " << c.vocab_size;
-  const double p = absl::GetFlag(FLAGS_mask_prob);
-  MAMMOTH_CHECK(p > 0 && p < 1) << "[eval] --mask-prob must be in (0, 1), got " << p;
-  const uint64_t seed = static_cast<uint64_t>(absl::GetFlag(FLAGS_seed));
+  data::MaskingOptions mo = masked_lm_options(c, "eval");
+  mo.seed = static_cast<uint64_t>(absl::GetFlag(FLAGS_seed));
+  const data::MaskingRule rule(mo);
   const int64_t B = absl::GetFlag(FLAGS_batch);
   const Device device = models::module_device(model);
   engine::NoGradGuard ng;
   double total = 0;
   int64_t masked_total = 0;
-  std::vector<int32_t> buf;
+  std::vector<int32_t> buf, labels;
   for (int64_t s = 0; s < n_seq; s += B) {
     const int64_t b = std::min(B, n_seq - s);
     buf.resize(static_cast<size_t>(b * T));
+    labels.resize(buf.size());
     data.read(s * T, b * T, buf.data());
-    std::vector<int64_t> ids(buf.begin(), buf.end()), targets(ids.size(), -100);
-    check_vocab(ids, c.vocab_size, s * T);
+    check_vocab(std::vector<int64_t>(buf.begin(), buf.end()), c.vocab_size, s * T);
     int64_t masked = 0;
-    for (size_t i = 0; i < ids.size(); ++i) {
-      const uint64_t position = static_cast<uint64_t>(s * T) + i;
-      if (philox_uniform(philox_element(seed, 0, position)) < p) {
-        targets[i] = ids[i];
-        ids[i] = mask;
-        ++masked;
-      }
+    for (int64_t r = 0; r < b; ++r) {
+      masked += rule.apply(static_cast<uint64_t>(s + r), /*epoch=*/0, buf.data() + r * T,
+                           labels.data() + r * T, T);
     }
     if (masked == 0) continue;
+    const std::vector<int64_t> ids(buf.begin(), buf.end()), targets(labels.begin(), labels.end());
     total += model
                  .loss(engine::Tensor::from_ints(ids, {b, T}).to(device),
                        engine::Tensor::from_ints(targets, {b, T}).to(device))
@@ -172,7 +196,8 @@ int eval_masked_lm(const models::LanguageModel& model_ref, const data::TokenData
              static_cast<double>(masked);
     masked_total += masked;
   }
-  MAMMOTH_CHECK(masked_total > 0) << "[eval] no position was masked; raise --mask-prob";
+  MAMMOTH_CHECK(masked_total > 0)
+      << "[eval] no position was chosen for masking (every token is a special token)";
   print_result(total, masked_total, "tokens");
   return 0;
 }

@@ -1,19 +1,25 @@
 // `mammoth train`: trains a model-zoo language model on llm.c token shards, or, with no
-// --data, on the embedded default corpus (tokenized once and cached).
+// --data, on the embedded default corpus (tokenized once and cached). GPT-2 and LLaMA learn
+// next-token prediction; the BERT family learns masked-LM (engine/data/masking.h: --mask-prob,
+// --mask-token), the same rule `mammoth eval` scores.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "base/error.h"
+#include "base/json.h"
 #include "base/thread_pool.h"
 #include "engine/data/bpe.h"
 #include "engine/data/build_shards.h"
+#include "engine/data/masking.h"
 #include "engine/data/token_shard.h"
 #include "engine/offload/offload.h"
 #include "engine/ops.h"
@@ -79,6 +85,12 @@ ABSL_FLAG(int, vocab_size, 1024,
 ABSL_FLAG(double, peak_gflops, 0, "machine peak GFLOP/s for MFU (0: not reported)");
 ABSL_FLAG(bool, activation_checkpointing, false,
           "keep only each transformer block's input and recompute the block in backward");
+ABSL_DECLARE_FLAG(int64_t, mask_token);
+ABSL_DECLARE_FLAG(double, mask_prob);
+ABSL_FLAG(std::string, dump_batches, "",
+          "debugging: write every training micro-batch the model is fed (input ids, targets, "
+          "mesh coordinates) as one JSON line to this file (FILE.rankR for rank R of a "
+          "multi-process run), replacing it");
 ABSL_DECLARE_FLAG(int, pp);
 ABSL_DECLARE_FLAG(std::string, pp_schedule);
 ABSL_DECLARE_FLAG(int, virtual_stages);
@@ -111,6 +123,10 @@ ABSL_FLAG(double, comm_timeout, 600.0,
           "seconds a collective may take before the job is aborted naming it (<= 0: no limit)");
 
 namespace mammoth::tools {
+
+// Defined in cmd_eval.cc: BERT's masked-LM rule from the model config and --mask-token/-prob.
+data::MaskingOptions masked_lm_options(const models::ModelConfig& c, const char* command);
+
 namespace {
 
 // Checkpoints of a tensor/sequence-parallel run see the single-process model through this:
@@ -273,10 +289,17 @@ int run_train(const std::vector<std::string>& args) {
 
   models::ModelOptions mo;
   if (vocab > 0) mo.vocab_size = vocab;
+  const std::string model_name = absl::GetFlag(FLAGS_model);
+  const bool masked_lm = models::resolve_config(model_name).family == models::Family::kBert;
+  if (vocab > 0 && masked_lm) {
+    // The embedded corpus's byte-level BPE has no [MASK]: the model's vocabulary is the BPE's
+    // plus one id for it, and <|endoftext|> (the BPE's last id) separates documents as [SEP].
+    mo.vocab_size = vocab + 1;
+    mo.special_tokens = models::SpecialTokenIds{.sep = vocab - 1, .mask = vocab};
+  }
   mo.dropout = absl::GetFlag(FLAGS_dropout);
   mo.seed = static_cast<uint64_t>(absl::GetFlag(FLAGS_seed));
   mo.fresh_init = absl::GetFlag(FLAGS_fresh_init);
-  const std::string model_name = absl::GetFlag(FLAGS_model);
   std::shared_ptr<models::LanguageModel> model = models::create_language_model(model_name, mo);
   model->set_activation_checkpointing(absl::GetFlag(FLAGS_activation_checkpointing));
   // Built and initialised on the host (the same weights on every device), then moved.
@@ -325,6 +348,10 @@ int run_train(const std::vector<std::string>& args) {
                       12.0 * static_cast<double>(cfg.n_layer * cfg.d_model * o.seq_len);
   o.peak_flops = absl::GetFlag(FLAGS_peak_gflops) * 1e9;
   o.device = device.device;
+  if (masked_lm) {
+    o.objective = "masked_lm";
+    o.masking = masked_lm_options(cfg, "train");
+  }
 
   // Tensor/sequence parallelism: the model's sharded form (its family's policy) trains instead.
   std::shared_ptr<models::ShardedLanguageModel> sharded;
@@ -547,9 +574,32 @@ int run_train(const std::vector<std::string>& args) {
   json::Value config = json::Value::object();
   config.set("model", json::Value(model_name));
   config.set("model_config", models::config_to_hf_json(cfg));
+  // --dump-batches: what the model is fed, as the tests of the masking rule read it.
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> dump(nullptr, std::fclose);
+  if (!absl::GetFlag(FLAGS_dump_batches).empty()) {
+    const std::string path = absl::GetFlag(FLAGS_dump_batches) +
+                             (mesh ? ".rank" + std::to_string(mesh->rank()) : std::string());
+    dump.reset(std::fopen(path.c_str(), "w"));
+    MAMMOTH_CHECK(dump != nullptr) << "[train] --dump-batches: cannot write " << path;
+  }
   const engine::train::TrainResult r = engine::train::train(
       *trained,
-      [&](const engine::Tensor& in, const engine::Tensor& tg) { return trained->loss(in, tg); },
+      [&](const engine::Tensor& in, const engine::Tensor& tg) {
+        if (dump && trained->is_training()) {
+          json::Value line = json::Value::object();
+          for (const auto& [key, t] : {std::pair{"input", &in}, std::pair{"target", &tg}}) {
+            json::Value ids = json::Value::array();
+            for (int64_t id : t->to(Device::cpu()).to_int_vector()) ids.push_back(json::Value(id));
+            line.set(key, std::move(ids));
+          }
+          line.set("shape", json::Value::array().push_back(in.size(0)).push_back(in.size(1)));
+          for (parallel::Axis a : parallel::kAllAxes)
+            line.set(parallel::axis_name(a), json::Value(mesh ? mesh->coord(a) : 0));
+          std::fprintf(dump.get(), "%s\n", json::dump(line).c_str());
+          std::fflush(dump.get());
+        }
+        return trained->loss(in, tg);
+      },
       train_data, val_data, o, config);
   if (lead && !r.losses.empty()) {
     std::fprintf(stderr, "[train] done: steps %lld..%lld, loss %.4f -> %.4f",

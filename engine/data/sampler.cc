@@ -94,6 +94,15 @@ std::vector<int64_t> WindowSampler::batch_indices(int64_t step, int64_t global_b
   return train_share(step * global_batch, global_batch, dp_rank, dp_size);
 }
 
+std::vector<int64_t> WindowSampler::batch_epochs(int64_t step, int64_t global_batch, int dp_rank,
+                                                 int dp_size) const {
+  MAMMOTH_CHECK(step >= 0) << "[sampler] negative step " << step;
+  const int64_t n = per_rank(global_batch, dp_rank, dp_size);
+  std::vector<int64_t> out(n);
+  for (int64_t k = 0; k < n; ++k) out[k] = (step * global_batch + dp_rank * n + k) / num_train_;
+  return out;
+}
+
 std::vector<int64_t> WindowSampler::next_batch(int64_t global_batch, int dp_rank, int dp_size) {
   const int64_t position = state_.epoch * num_train_ + state_.offset;
   std::vector<int64_t> out = train_share(position, global_batch, dp_rank, dp_size);

@@ -44,6 +44,10 @@ class WindowSampler {
   // multiple of dp_size). Stateless: any step, in any order.
   std::vector<int64_t> batch_indices(int64_t step, int64_t global_batch, int dp_rank = 0,
                                      int dp_size = 1);
+  // The epoch in which each window of batch_indices(step, ...) is read (a batch may straddle
+  // two), for what is keyed on it (masked-LM's dynamic masks).
+  std::vector<int64_t> batch_epochs(int64_t step, int64_t global_batch, int dp_rank = 0,
+                                    int dp_size = 1) const;
   // The training window at stream position p (p = epoch * num_train_windows() + offset).
   int64_t train_window_at(int64_t position);
   // The order of the training windows in `epoch`.

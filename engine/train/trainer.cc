@@ -44,13 +44,21 @@ class SignalScope {
   void (*prev_term_)(int);
 };
 
-// Input and target ids [B, T] of the given windows, on `device`.
+// Input and target ids [B, T] of the given windows, on `device`: next-token targets, or with
+// `mlm` the windows' tokens masked by the rule and their labels. The masks are keyed by each
+// window's index in `d` and the epoch it is read in (`epochs`; empty: epoch 0, as evaluation
+// reads), so every layout and every resumed run masks a window alike.
 std::pair<Tensor, Tensor> make_batch(const data::TokenDataset& d, const data::WindowSampler& s,
-                                     const std::vector<int64_t>& windows, Device device) {
+                                     const std::vector<int64_t>& windows, Device device,
+                                     const data::MaskingRule* mlm,
+                                     const std::vector<int64_t>& epochs = {}) {
   const int64_t B = static_cast<int64_t>(windows.size()), T = s.seq_len();
   std::vector<int32_t> in(static_cast<size_t>(B * T)), tg(static_cast<size_t>(B * T));
   for (int64_t b = 0; b < B; ++b) {
     data::read_window(d, s, windows[b], in.data() + b * T, tg.data() + b * T);
+    if (!mlm) continue;
+    const uint64_t epoch = epochs.empty() ? 0 : static_cast<uint64_t>(epochs[b]);
+    mlm->apply(static_cast<uint64_t>(windows[b]), epoch, in.data() + b * T, tg.data() + b * T, T);
   }
   auto to_tensor = [&](std::vector<int32_t>& v) {
     Tensor t = Tensor::from_blob(v.data(), {B, T}, DType::kI32, Device::cpu(), nullptr);
@@ -69,7 +77,7 @@ std::string format_duration(double seconds) {
 
 // Fields whose change makes a checkpoint's continuation meaningless.
 void check_resume_compatible(const json::Value& saved, const json::Value& now) {
-  for (const char* key : {"model", "global_batch", "seq_len", "seed"}) {
+  for (const char* key : {"model", "global_batch", "seq_len", "seed", "objective"}) {
     const json::Value* a = saved.find(key);
     const json::Value* b = now.find(key);
     if (a == nullptr || b == nullptr) continue;
@@ -87,6 +95,11 @@ json::Value options_to_json(const TrainOptions& o) {
   v.set("micro_batch", json::Value(o.micro_batch));
   v.set("seq_len", json::Value(o.seq_len));
   v.set("grad_accum", json::Value(o.grad_accum));
+  v.set("objective", json::Value(o.objective));
+  if (o.objective == "masked_lm") {
+    v.set("mask_token", json::Value(o.masking.mask_token));
+    v.set("mask_prob", json::Value(o.masking.mask_prob));
+  }
   v.set("lr", json::Value(o.lr));
   v.set("min_lr_ratio", json::Value(o.min_lr_ratio));
   v.set("warmup", json::Value(o.warmup));
@@ -119,6 +132,18 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
   so.init_scale = o.init_loss_scale;
   so.growth_interval = o.loss_scale_growth_interval;
   amp::DynamicLossScaler scaler(so);
+  MAMMOTH_CHECK(o.objective == "next_token" || o.objective == "masked_lm")
+      << "[train] objective must be next_token or masked_lm, got '" << o.objective << "'";
+  std::unique_ptr<data::MaskingRule> mlm;
+  if (o.objective == "masked_lm") {
+    MAMMOTH_CHECK(!o.pipeline_step)
+        << "[train] the masked-LM objective has no pipeline-parallel form (a stage carries a "
+           "window as seq_len + 1 tokens of next-token data; BERT has no pipeline stages): "
+           "use --pp 1";
+    data::MaskingOptions mo = o.masking;
+    mo.seed = o.seed;
+    mlm = std::make_unique<data::MaskingRule>(mo);
+  }
   const bool own_val = val.size() > 0;
   data::WindowSampler sampler(data.size(), o.seq_len, o.seed, own_val ? 0.0 : o.val_fraction);
   MAMMOTH_CHECK(sampler.num_train_windows() > 0)
@@ -233,7 +258,7 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
   sched.min_lr_ratio = o.min_lr_ratio;
 
   json::Value run_config = config.is_object() ? config : json::Value::object();
-  for (const auto& key : {"micro_batch", "seq_len", "grad_accum", "seed"}) {
+  for (const auto& key : {"micro_batch", "seq_len", "grad_accum", "seed", "objective"}) {
     run_config.set(key, options_to_json(o).at(key));
   }
   run_config.set("dp", json::Value(world));
@@ -353,7 +378,7 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
     double total = 0;
     amp::AutocastGuard autocast(precision);
     for (int64_t k = 0; k < o.eval_batches; ++k) {
-      auto [in, tg] = make_batch(val_data, val_sampler, val_windows(k), o.device);
+      auto [in, tg] = make_batch(val_data, val_sampler, val_windows(k), o.device, mlm.get());
       total += loss_fn(in, tg).item();
     }
     model.train();
@@ -373,6 +398,9 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
     opt.set_lr(lr);
     // This rank's contiguous share of the step's global batch.
     const std::vector<int64_t> windows = sampler.batch_indices(step, global_batch, rank, world);
+    // The epoch each window is read in: masked-LM draws new masks every epoch.
+    const std::vector<int64_t> epochs =
+        mlm ? sampler.batch_epochs(step, global_batch, rank, world) : std::vector<int64_t>();
     double step_loss = 0;
     const double loss_scale = scaling ? scaler.scale() : 1.0;
     {
@@ -383,7 +411,11 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
       for (int64_t m = 0; m < o.grad_accum; ++m) {
         const std::vector<int64_t> part(windows.begin() + m * o.micro_batch,
                                         windows.begin() + (m + 1) * o.micro_batch);
-        auto [in, tg] = make_batch(data, sampler, part, o.device);
+        const std::vector<int64_t> part_epochs =
+            mlm ? std::vector<int64_t>(epochs.begin() + m * o.micro_batch,
+                                       epochs.begin() + (m + 1) * o.micro_batch)
+                : std::vector<int64_t>();
+        auto [in, tg] = make_batch(data, sampler, part, o.device, mlm.get(), part_epochs);
         if (o.pipeline_step) {
           // The window as one row of seq_len + 1 tokens: the input plus its last target.
           pipeline_batches.push_back(concat({in, tg.slice(1, o.seq_len - 1, o.seq_len)}, 1));

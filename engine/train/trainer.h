@@ -4,7 +4,8 @@
 // with exact resume, and a checkpoint on SIGINT/SIGTERM.
 //
 // The loop knows nothing about model families: it trains any Module through a loss function
-// of (input ids [B, T], target ids [B, T]) over llm.c token data read by a WindowSampler.
+// of (input ids [B, T], target ids [B, T]) over llm.c token data read by a WindowSampler, with
+// next-token targets or, for masked LMs, engine/data/masking.h's inputs and labels.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "base/json.h"
+#include "engine/data/masking.h"
 #include "engine/data/token_shard.h"
 #include "engine/nn/module.h"
 #include "engine/optim/optim.h"
@@ -27,6 +29,14 @@ struct TrainOptions {
   int64_t micro_batch = 8;
   int64_t seq_len = 64;
   int64_t grad_accum = 1;
+  // What the batches ask of the model: "next_token" (input = a window's first seq_len tokens,
+  // targets = the next token at each position) or "masked_lm" (BERT: the window's first
+  // seq_len tokens masked by data::MaskingRule(masking), keyed by the window's index and the
+  // epoch it is read in, masking.seed = seed; targets = the original token at the chosen
+  // positions, -100 elsewhere).
+  // Validation batches follow the same objective.
+  std::string objective = "next_token";
+  data::MaskingOptions masking;  // masked_lm: mask token, vocabulary, special tokens, fractions
   double lr = 1e-3;
   double min_lr_ratio = 0.1;
   int64_t warmup = 20;

@@ -103,3 +103,41 @@ TEST_CASE("save_pretrained then create_model(dir) reproduces the model") {
 
 }  // namespace
 }  // namespace mammoth::models
+
+namespace mammoth::models {
+namespace {
+
+TEST_CASE("BERT's special tokens: registered ids, config.json round trip, tokenizer files") {
+  const ModelConfig tiny = resolve_config("bert-tiny"), base = resolve_config("bert-base");
+  CHECK(tiny.special_tokens == SpecialTokenIds{.pad = 0, .unk = 1, .cls = 2, .sep = 3, .mask = 4});
+  CHECK(base.special_tokens ==
+        SpecialTokenIds{.pad = 0, .unk = 100, .cls = 101, .sep = 102, .mask = 103});
+  CHECK(base.special_tokens.ids() == std::vector<int64_t>{0, 100, 101, 102, 103});
+  CHECK(resolve_config("gpt2-tiny").special_tokens.ids().empty());
+  // config.json carries them (BertConfig's pad_token_id, the rest as extra attributes).
+  const json::Value hf = config_to_hf_json(base);
+  CHECK(hf.at("mask_token_id").as_int() == 103);
+  CHECK(config_from_hf_json(hf, "x").special_tokens == base.special_tokens);
+  // Options replace them (train's embedded corpus appends [MASK] to its BPE).
+  const ModelConfig extended = apply_options(
+      tiny, {.vocab_size = 101, .special_tokens = SpecialTokenIds{.sep = 99, .mask = 100}});
+  CHECK(extended.special_tokens.ids() == std::vector<int64_t>{99, 100});
+  // A directory whose config.json names no [MASK]: tokenizer.json's added tokens name it, or
+  // else WordPiece's vocab.txt.
+  json::Value plain = config_to_hf_json(tiny);
+  for (const char* key : {"unk_token_id", "cls_token_id", "sep_token_id", "mask_token_id"})
+    plain.set(key, json::Value());
+  const std::string a = temp_dir("bert_tokenizer_json"), b = temp_dir("bert_vocab_txt"),
+                    c = temp_dir("bert_no_mask");
+  for (const std::string& dir : {a, b, c}) std::ofstream(dir + "/config.json") << json::dump(plain);
+  std::ofstream(a + "/tokenizer.json")
+      << R"({"added_tokens": [{"id": 7, "content": "[MASK]"}, {"id": 6, "content": "[CLS]"}]})";
+  std::ofstream(b + "/vocab.txt") << "[PAD]\n[UNK]\nhello\n[SEP]\n[MASK]\n";
+  CHECK(resolve_config(a).special_tokens == SpecialTokenIds{.pad = 0, .cls = 6, .mask = 7});
+  CHECK(resolve_config(b).special_tokens ==
+        SpecialTokenIds{.pad = 0, .unk = 1, .sep = 3, .mask = 4});
+  CHECK(resolve_config(c).special_tokens == SpecialTokenIds{.pad = 0});
+}
+
+}  // namespace
+}  // namespace mammoth::models

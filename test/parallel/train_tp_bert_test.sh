@@ -1,8 +1,9 @@
 #!/bin/bash
 # `mammoth train --model bert-tiny` with tensor and sequence parallelism (BERT's sharding
 # policy: bidirectional attention, padded keys hidden): tp=2, tp=2 + split_gather and sp=2 ring
-# give the single-process loss curve and gradient norms (the pooler and classifier, unused by
-# the loss, keep no gradient either way).
+# give the single-process masked-LM loss curve and gradient norms (every rank masks the batch
+# alike, engine/data/masking.h; the pooler and classifier, unused by the loss, keep no gradient
+# either way). The embedded corpus's BPE vocabulary gains [MASK] as its last id.
 set -euo pipefail
 mammoth="$1"
 mpirun="$2"

@@ -96,6 +96,16 @@ TEST_CASE("dp shares partition the global batch, across epoch boundaries") {
     CHECK(part == s.epoch_order(e));
     CHECK(std::set<int64_t>(part.begin(), part.end()).size() == 10);
   }
+  // The epoch of each window read, also for dp shares: stream position / 10.
+  for (int64_t step = 0; step < 10; ++step) {
+    std::vector<int64_t> joined;
+    for (int r = 0; r < 2; ++r) {
+      const auto part = s.batch_epochs(step, global, r, 2);
+      joined.insert(joined.end(), part.begin(), part.end());
+    }
+    for (int64_t k = 0; k < global; ++k) CHECK(joined[k] == (step * global + k) / 10);
+    CHECK(joined == s.batch_epochs(step, global));
+  }
   CHECK_THROWS_AS(s.batch_indices(0, 5, 0, 2), Error);  // 5 is not a multiple of 2
   CHECK_THROWS_AS(s.batch_indices(0, 4, 2, 2), Error);
 }

@@ -140,7 +140,8 @@ TEST_CASE("only the last K checkpoints are kept, and latest points to the newest
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(o.save_dir)) names.push_back(e.path().filename());
   std::sort(names.begin(), names.end());
-  CHECK(names == std::vector<std::string>{"latest", "step_00000004", "step_00000005"});
+  // .lock: the job's claim on the directory (SaveDirLock), left behind unlocked.
+  CHECK(names == std::vector<std::string>{".lock", "latest", "step_00000004", "step_00000005"});
   CHECK(*engine::train::latest_checkpoint(o.save_dir) == o.save_dir + "/step_00000005");
 }
 
