@@ -8,7 +8,8 @@
 #    `apt-get update` runs only when something is missing.
 # 2. A Python virtual environment at $MAMMOTH_VENV (default ~/.cache/mammoth/venv) made from
 #    Debian's /usr/bin/python3 with --system-site-packages, so it sees torch and numpy, plus the
-#    PyPI clients the tests open our files with: safetensors, tokenizers, tensorboard.
+#    PyPI clients the tests open our files with: safetensors, tokenizers, tensorboard,
+#    transformers.
 #
 # Idempotent, and quick when everything is present. Runs as root, or as a user with sudo.
 # The CUDA toolkit is not installed here: the build uses /usr/local/cuda when it exists.
@@ -30,7 +31,10 @@ PACKAGES=(
   python3-venv
   clang-format
 )
-PY_MODULES=(safetensors tokenizers tensorboard)
+PY_MODULES=(safetensors tokenizers tensorboard transformers)
+# What pip installs for each module above. transformers 4.44.2 is the newest that runs on
+# Debian's torch 1.13; it pins tokenizers < 0.20 (pip resolves that).
+declare -A PY_SPEC=([transformers]="transformers==4.44.2")
 
 MAMMOTH_VENV="${MAMMOTH_VENV:-$HOME/.cache/mammoth/venv}"
 
@@ -86,8 +90,10 @@ read -r -a missing_py <<<"$(find_missing_modules "${PY_MODULES[@]}")"
 if [[ ${#missing_py[@]} -eq 0 ]]; then
   say "Python modules: ${PY_MODULES[*]} present"
 else
-  say "pip install ${missing_py[*]}"
-  "$venv_python" -m pip install -q --disable-pip-version-check "${missing_py[@]}"
+  specs=()
+  for m in "${missing_py[@]}"; do specs+=("${PY_SPEC[$m]:-$m}"); done
+  say "pip install ${specs[*]}"
+  "$venv_python" -m pip install -q --disable-pip-version-check "${specs[@]}"
 fi
 read -r -a missing_sys <<<"$(find_missing_modules torch numpy)"
 if [[ ${#missing_sys[@]} -ne 0 ]]; then

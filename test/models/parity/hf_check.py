@@ -1,4 +1,4 @@
-"""transformers' side of the parity test, run when transformers is installed (it is optional).
+"""transformers' side of the parity test (tools/setup.sh installs transformers in the venv).
 
 Loads model directories with transformers' own from_pretrained (AutoModelForCausalLM), runs the
 inputs reference.py recorded, and compares logits and loss with its float64 values: so the plain

@@ -2,7 +2,7 @@
 # Model parity: for each family, PyTorch (reference.py, plain torch, HF names) writes random
 # weights, inputs and its logits/loss/gradients; parity_check loads them into Mammoth and
 # compares, in float32 (1e-4 relative) and float64 (1e-9 relative).
-# Where transformers is installed, hf_check.py also loads both directories with it.
+# hf_check.py also loads both directories with transformers (tools/setup.sh installs it).
 #   parity_test.sh PYTHON_SH REFERENCE_PY PARITY_CHECK HF_CHECK_PY [family...]
 set -euo pipefail
 python_sh="$1"
@@ -26,14 +26,10 @@ for family in "${families[@]}"; do
   # transformers' own loader on the reference's directory and on the one Mammoth wrote back.
   case "$family" in
     gpt2 | gpt2_untied | llama)
-      if "$python_sh" -c "import transformers" 2>/dev/null; then
-        echo "== $family transformers"
-        if ! "$python_sh" "$hf_check" "$out/$family" "$out/$family" "$out/$family/mammoth_f32"; then
-          echo "FAILED: $family transformers"
-          status=1
-        fi
-      else
-        echo "== $family transformers: not installed, skipped"
+      echo "== $family transformers"
+      if ! "$python_sh" "$hf_check" "$out/$family" "$out/$family" "$out/$family/mammoth_f32"; then
+        echo "FAILED: $family transformers (tools/setup.sh installs transformers in the venv)"
+        status=1
       fi
       ;;
   esac
