@@ -152,7 +152,14 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
       if (dp) dp->set_grad_sync(nullptr);
     }
   } grad_sync_reset{sync_in_dp ? dp : nullptr};
-  const bool sync_after = o.after_backward && !sync_in_dp;
+  // Otherwise after the backward: after_backward, or sync_grad over every parameter.
+  std::function<void()> after_backward = o.after_backward;
+  if (!after_backward && o.sync_grad) {
+    after_backward = [&o, &params] {
+      for (const auto& [name, p] : params) o.sync_grad(name, p);
+    };
+  }
+  const bool sync_after = after_backward && !sync_in_dp;
   OffloadRuntime* offload = o.offload;
   MAMMOTH_CHECK(offload == nullptr || dp == nullptr || dp == offload->data_parallel())
       << "[train] --offload with data parallelism (--dp " << world
@@ -414,7 +421,7 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
     // Model-parallel gradient sums (sequence-partial, replicated heads) come before the dp
     // reduction, which under ZeRO >= 1 leaves the parameters without their own gradients.
     if (sync_after) {
-      o.after_backward();
+      after_backward();
       if (dp) dp->begin_backward(true);  // reduces every bucket in finish_backward
     }
     if (dp) {

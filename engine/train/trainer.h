@@ -65,7 +65,8 @@ struct TrainOptions {
   std::function<void()> after_backward;
   // The same sums one parameter at a time (sync_grad(name, param)). When given, and dp can run
   // it on each gradient bucket just before reducing it (DataParallelRuntime::set_grad_sync),
-  // it replaces after_backward, and the dp reduction overlaps the backward again.
+  // it replaces after_backward, and the dp reduction overlaps the backward again (without
+  // after_backward, it then runs over every parameter after the backward).
   DataParallelRuntime::GradSync sync_grad;
   std::function<double()> grad_norm;
   // Called once on every rank after the first step of this call with the allocator's peak of

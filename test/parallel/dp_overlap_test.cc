@@ -3,7 +3,8 @@
 // bucket's collective posted before the last gradient of the step is final. Under tp/sp the
 // model-parallel gradient sums run per bucket just before its reduction
 // (TrainOptions::sync_grad); that path must give bit for bit the losses and parameters of the
-// path that sums everything after the backward (after_backward) and reduces afterwards.
+// path that sums everything after the backward (after_backward) and reduces afterwards, and
+// without dp the loop runs sync_grad over every parameter after the backward.
 // Run under mpirun with 4 ranks.
 #include <catch2/catch.hpp>
 #include <memory>
@@ -51,9 +52,12 @@ std::shared_ptr<models::LanguageModel> make_model() {
   return models::create_language_model("gpt2-tiny", mo);
 }
 
-// Trains on `shape` (dp alone when tp = sp = 1) with the model-parallel sums per bucket
-// (`per_bucket`) or after the backward.
-Result train(const parallel::MeshShape& shape, models::SpMode sp_mode, int zero, bool per_bucket) {
+// How the model-parallel sums are given to the loop: after_backward alone, both (the loop
+// runs them per bucket when dp can), or sync_grad alone.
+enum class Sums { kAfterBackward, kBoth, kSyncGradOnly };
+
+// Trains on `shape` (dp alone when tp = sp = 1; no DataParallel when dp = 1).
+Result train(const parallel::MeshShape& shape, models::SpMode sp_mode, int zero, Sums sums) {
   testing::TestDir dir;
   const auto data = data::TokenDataset::open(testing::write_tiny_tokens(dir));
   parallel::DeviceMesh mesh(parallel::mpi_world(), shape);
@@ -64,23 +68,27 @@ Result train(const parallel::MeshShape& shape, models::SpMode sp_mode, int zero,
   if (shape.tp * shape.sp > 1) {
     sharded = models::apply_policy(*model, mesh, {.sp_mode = sp_mode});
     trained = sharded.get();
-    o.after_backward = [&] { sharded->sync_grads(); };
-    if (per_bucket) {
+    if (sums != Sums::kSyncGradOnly) o.after_backward = [&] { sharded->sync_grads(); };
+    if (sums != Sums::kAfterBackward) {
       o.sync_grad = [&](const std::string& n, const Tensor& t) { sharded->sync_grad(n, t); };
     }
   }
-  parallel::DataParallel dp(trained->named_parameters(), mesh.group(parallel::Axis::kDp),
-                            {.zero_stage = zero, .bucket_mb = 0.05});
-  dp.broadcast_parameters();
-  dp.set_tracing(true);
-  o.dp = &dp;
+  std::unique_ptr<parallel::DataParallel> dp;
+  if (shape.dp > 1) {
+    dp = std::make_unique<parallel::DataParallel>(
+        trained->named_parameters(), mesh.group(parallel::Axis::kDp),
+        parallel::DataParallelOptions{.zero_stage = zero, .bucket_mb = 0.05});
+    dp->broadcast_parameters();
+    dp->set_tracing(true);
+    o.dp = dp.get();
+  }
   const engine::train::TrainResult r = engine::train::train(
       *trained, [&](const Tensor& in, const Tensor& tg) { return trained->loss(in, tg); }, data,
       data::TokenDataset(), o, json::Value::object());
   Result out;
   out.losses = r.losses;
   for (const auto& [name, p] : trained->named_parameters()) out.params.push_back(p.to_vector());
-  out.trace = dp.trace();
+  if (dp) out.trace = dp->trace();
   return out;
 }
 
@@ -104,7 +112,7 @@ void check_overlap(const std::vector<Ev>& trace) {
 TEST_CASE("dp alone: reductions start during the loop's backward") {
   for (int zero : {0, 2}) {
     DYNAMIC_SECTION("zero " << zero) {
-      const Result r = train({.dp = 4}, models::SpMode::kNone, zero, true);
+      const Result r = train({.dp = 4}, models::SpMode::kNone, zero, Sums::kBoth);
       check_overlap(r.trace);
     }
   }
@@ -124,8 +132,8 @@ TEST_CASE("dp x tp / dp x sp: reductions start during the loop's backward, same 
   for (const Layout& l : layouts) {
     for (int zero : {0, 2}) {
       DYNAMIC_SECTION(l.name << " zero " << zero) {
-        const Result overlapped = train(l.shape, l.mode, zero, true);
-        const Result after = train(l.shape, l.mode, zero, false);
+        const Result overlapped = train(l.shape, l.mode, zero, Sums::kBoth);
+        const Result after = train(l.shape, l.mode, zero, Sums::kAfterBackward);
         check_overlap(overlapped.trace);
         // Summed after the backward, dp reduces only once the backward is over: no gradient
         // became final while it was synchronising.
@@ -137,4 +145,12 @@ TEST_CASE("dp x tp / dp x sp: reductions start during the loop's backward, same 
       }
     }
   }
+}
+
+TEST_CASE("without dp, sync_grad alone runs after the backward") {
+  // The loop's fallback: no dp runtime to run the sums per bucket, no after_backward given.
+  const Result sync_only = train({.tp = 4}, models::SpMode::kSplitGather, 0, Sums::kSyncGradOnly);
+  const Result after = train({.tp = 4}, models::SpMode::kSplitGather, 0, Sums::kAfterBackward);
+  CHECK(sync_only.losses == after.losses);
+  CHECK(sync_only.params == after.params);
 }
