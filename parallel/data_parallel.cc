@@ -20,12 +20,19 @@ DataParallel::DataParallel(const engine::nn::NamedTensors& params, Communicator&
   MAMMOTH_CHECK(options.bucket_mb > 0)
       << "[data_parallel] --bucket-mb must be > 0, got " << options.bucket_mb;
   const int n = dp.size();
-  const int64_t bucket_bytes = static_cast<int64_t>(options.bucket_mb * 1024 * 1024);
+  DType dtype = params_.empty() ? DType::kF32 : params_[0].second.dtype();
+  int64_t bucket_bytes = static_cast<int64_t>(options.bucket_mb * 1024 * 1024);
+  if (options.zero_stage >= 2) {
+    // What stays full-size (buckets in flight, gathered) must be small next to the shards.
+    int64_t total = 0;
+    for (const auto& [name, p] : params_) total += p.numel();
+    bucket_bytes = std::min(bucket_bytes,
+                            total * static_cast<int64_t>(dtype_size(dtype)) / kMinShardedBuckets);
+  }
   bucket_of_.assign(params_.size(), -1);
   // Reverse registration order: the last layers' gradients are ready first.
   Bucket current;
   int64_t current_elems = 0;
-  DType dtype = params_.empty() ? DType::kF32 : params_[0].second.dtype();
   if (!params_.empty()) device_ = params_[0].second.device();
   auto close = [&] {
     if (current.params.empty()) return;
@@ -43,7 +50,9 @@ DataParallel::DataParallel(const engine::nn::NamedTensors& params, Communicator&
     current.params.push_back(i);
     current.offsets.push_back(current_elems);
     current_elems += p.numel();
-    if (current_elems * static_cast<int64_t>(dtype_size(dtype)) >= bucket_bytes) close();
+    if (current_elems * static_cast<int64_t>(dtype_size(dtype)) >=
+        std::max<int64_t>(bucket_bytes, 1))
+      close();
   }
   close();
   // Move each bucket's parameters into its flat buffer; the model's tensors become views.
@@ -65,7 +74,11 @@ DataParallel::DataParallel(const engine::nn::NamedTensors& params, Communicator&
       impl->storage = bk.flat_params.storage();
       impl->offset = bk.offsets[k];
       impl->strides = engine::contiguous_strides(impl->shape);
-      engine::set_grad_ready_hook(p, [this, b] { on_grad_ready(static_cast<int>(b)); });
+      engine::set_grad_ready_hook(p, [this, i, b] {
+        if (!sync_) return;
+        record(DpTraceEvent::kGradReady, i);
+        on_grad_ready(static_cast<int>(b));
+      });
     }
   }
   if (options.zero_stage == 3) {
@@ -215,6 +228,8 @@ void DataParallel::begin_backward(bool sync) {
   sync_ = sync;
   if (!sync) return;
   next_launch_ = 0;
+  next_complete_ = 0;
+  trace_.clear();
   for (Bucket& b : buckets_) {
     b.ready = 0;
     b.launched = false;
@@ -229,12 +244,19 @@ Tensor DataParallel::shard_of(const Tensor& flat) const {
 
 void DataParallel::launch(Bucket& b) {
   const bool stage2 = options_.zero_stage >= 2;
-  if (stage2) b.flat_grads = Tensor::empty({b.padded}, b.shard_grads.dtype(), device_);
+  if (stage2) {
+    // Bounded full-size memory: this bucket's buffer waits for the oldest in flight.
+    const int index = static_cast<int>(&b - buckets_.data());
+    while (index - next_complete_ >= kMaxInFlight) complete_oldest();
+    b.flat_grads = Tensor::empty({b.padded}, b.shard_grads.dtype(), device_);
+  }
   const int64_t used = b.offsets.back() + params_[b.params.back()].second.numel();
   engine::fill_(b.flat_grads.slice(0, used, b.padded), 0.0);  // the padding
-  // Gradients into the flat buffer; a parameter without a gradient contributes zeros.
+  // Gradients into the flat buffer; a parameter without a gradient contributes zeros. The
+  // parameter's own gradient is spent then (stage 0 gets views of the reduced buffer back).
   for (size_t k = 0; k < b.params.size(); ++k) {
-    const Tensor& p = params_[b.params[k]].second;
+    const auto& [name, p] = params_[b.params[k]];
+    if (grad_sync_ && p.grad().defined()) grad_sync_(name, p);
     Tensor dst = b.flat_grads.slice(0, b.offsets[k], b.offsets[k] + p.numel());
     const Tensor g = p.grad();
     if (g.defined()) {
@@ -242,11 +264,21 @@ void DataParallel::launch(Bucket& b) {
     } else {
       engine::fill_(dst, 0.0);
     }
-    if (stage2) p.zero_grad();  // only the shard is kept
+    p.zero_grad();
   }
   b.work = stage2 ? dp_.ireduce_scatter(b.flat_grads, b.shard_grads, ReduceOp::kAvg)
                   : dp_.iall_reduce(b.flat_grads, b.flat_grads, ReduceOp::kAvg);
   b.launched = true;
+  record(DpTraceEvent::kPost, static_cast<int>(&b - buckets_.data()));
+}
+
+// Stages 2, 3: waits for the oldest reduction in flight and frees its full-size buffer.
+void DataParallel::complete_oldest() {
+  Bucket& b = buckets_[next_complete_];
+  b.work->wait();
+  b.flat_grads = Tensor();
+  record(DpTraceEvent::kComplete, next_complete_);
+  ++next_complete_;
 }
 
 // Buckets are launched strictly in index order so every rank posts the same collectives in
@@ -258,14 +290,16 @@ void DataParallel::launch_ready() {
     launch(b);
     ++next_launch_;
   }
-  // Give MPI a chance to progress the reductions in flight.
-  for (Bucket& b : buckets_) {
-    if (b.work) b.work->test();
+  // Give MPI a chance to progress the reductions in flight; under stages 2, 3 free the
+  // buffers of those that are done (in order).
+  for (int i = next_complete_; i < next_launch_; ++i) {
+    Bucket& b = buckets_[i];
+    const bool done = b.work->test();
+    if (options_.zero_stage >= 2 && done && i == next_complete_) complete_oldest();
   }
 }
 
 void DataParallel::on_grad_ready(int bucket) {
-  if (!sync_) return;
   ++buckets_[bucket].ready;
   launch_ready();
 }
@@ -276,9 +310,13 @@ void DataParallel::finish_backward() {
   for (; next_launch_ < static_cast<int>(buckets_.size()); ++next_launch_) {
     launch(buckets_[next_launch_]);
   }
-  for (Bucket& b : buckets_) {
-    b.work->wait();
-    if (options_.zero_stage >= 2) b.flat_grads = Tensor();  // free the full-size buffer
+  if (options_.zero_stage >= 2) {
+    while (next_complete_ < static_cast<int>(buckets_.size())) complete_oldest();
+  } else {
+    for (size_t i = 0; i < buckets_.size(); ++i) {
+      buckets_[i].work->wait();
+      record(DpTraceEvent::kComplete, static_cast<int>(i));
+    }
   }
   if (options_.zero_stage == 0) {
     for (Bucket& b : buckets_) {
@@ -287,9 +325,6 @@ void DataParallel::finish_backward() {
         p.set_grad(b.flat_grads.slice(0, b.offsets[k], b.offsets[k] + p.numel()).view(p.shape()));
       }
     }
-  } else {
-    // The optimizer steps on the shard views below; the local sums are spent.
-    for (const auto& [name, p] : params_) p.zero_grad();
   }
   if (options_.zero_stage >= 1) {
     for (size_t i = 0; i < opt_params_.size(); ++i) {
@@ -335,6 +370,13 @@ void DataParallel::after_step() {
     return;
   }
   for (Bucket& b : buckets_) dp_.all_gather(shard_of(b.flat_params), b.flat_params);
+}
+
+int64_t DataParallel::largest_bucket_bytes() const {
+  int64_t largest = 0;
+  for (const Bucket& b : buckets_) largest = std::max(largest, b.padded);
+  return largest *
+         (params_.empty() ? 4 : static_cast<int64_t>(dtype_size(params_[0].second.dtype())));
 }
 
 DataParallel::MemoryReport DataParallel::memory(int states) const {

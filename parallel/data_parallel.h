@@ -4,18 +4,33 @@
 // order backward produces their gradients) and each bucket's parameters are moved into one
 // flat buffer, so the model's tensors become views of it. During the backward of the last
 // micro-batch of a step, a bucket is reduced as soon as all its gradients are final
-// (gradient-ready hooks): its gradients are copied into a flat gradient buffer and an
-// asynchronous all-reduce (stage 0, 1) or reduce-scatter (stage 2) is started while backward
-// continues. Earlier micro-batches accumulate locally with no communication.
+// (gradient-ready hooks): its gradients are copied into a flat gradient buffer, the
+// parameters' own gradients are dropped, and an asynchronous all-reduce (stage 0, 1) or
+// reduce-scatter (stage 2, 3) is started while backward continues. Earlier micro-batches
+// accumulate locally with no communication.
 //
 //   stage 0: every rank keeps full gradients and optimizer states (plain DP).
 //   stage 1: gradients are all-reduced; each rank updates only its shard of every bucket, so
 //            optimizer states are 1/N; the updated shards are all-gathered after the step.
-//   stage 2: as stage 1, but gradients are reduce-scattered: each rank holds only its shard.
+//   stage 2: as stage 1, but gradients are reduce-scattered: each rank keeps only its shard.
+//            A bucket's full-size gradient buffer lives only while its reduce-scatter runs,
+//            and at most kMaxInFlight of them at once (posting another waits for the oldest),
+//            so a rank's gradient memory is its shards plus two buckets plus the gradients of
+//            buckets not yet complete.
 //   stage 3: as stage 2, and the parameters live as shards too: a bucket's full buffer is
 //            all-gathered when a kernel first touches it (the Storage residency hook, called
 //            by every kernel launch) and at most kResidentBuckets stay gathered (least
 //            recently used evicted; all dropped after the optimizer step).
+//
+// Under stages 2 and 3 a bucket is at most 1/kMinShardedBuckets of the model (below
+// `bucket_mb` for small models): the buckets in flight and gathered are the part of a rank's
+// memory that sharding does not divide, so one bucket holding the whole model would leave
+// nothing saved.
+//
+// Overlap is observable: with set_tracing(true) every synchronised backward records, in order,
+// each parameter's gradient becoming final, each bucket's collective being posted and each
+// being complete (trace()), which tests read to prove that communication starts before the
+// backward has finished.
 //
 // Rank r's shard of a bucket of P (padded to a multiple of N) elements is [r P/N, (r+1) P/N).
 // The optimizer is built over optimizer_params(): the full parameters (stage 0) or views of the
@@ -36,6 +51,18 @@ namespace mammoth::parallel {
 struct DataParallelOptions {
   int zero_stage = 0;
   double bucket_mb = 25.0;
+};
+
+// One event of a synchronised backward (DataParallel::trace()).
+struct DpTraceEvent {
+  enum Kind {
+    kGradReady,  // index: the parameter (in the order given) whose gradient became final
+    kPost,       // index: the bucket whose collective was posted
+    kComplete,   // index: the bucket whose collective was found complete
+  };
+  Kind kind;
+  int index;
+  bool operator==(const DpTraceEvent&) const = default;
 };
 
 class DataParallel final : public engine::train::DataParallelRuntime {
@@ -73,6 +100,21 @@ class DataParallel final : public engine::train::DataParallelRuntime {
   // Full buckets stage 3 keeps gathered at once (a kernel reads at most two parameter buckets: a
   // weight and a bias).
   static constexpr int kResidentBuckets = 2;
+  // Stages 2, 3: full-size gradient buffers alive at once (reductions in flight).
+  static constexpr int kMaxInFlight = 2;
+  // Stages 2, 3: the fewest buckets a model is cut into (when it has that many parameters).
+  static constexpr int kMinShardedBuckets = 16;
+  // Before a bucket's gradients are copied for its reduction: `sync(param)` is called for each
+  // of its parameters that has a gradient, in bucket order, the same on every rank (a
+  // model-parallel sum of sequence-partial gradients over tp/sp, which would otherwise have to
+  // wait for the whole backward). It may replace the parameter's gradient.
+  bool set_grad_sync(GradSync sync) override {
+    grad_sync_ = std::move(sync);
+    return true;
+  }
+  // Records the events of every synchronised backward (cleared when one begins).
+  void set_tracing(bool on) { tracing_ = on; }
+  const std::vector<DpTraceEvent>& trace() const { return trace_; }
   int dp_rank() const override { return dp_.rank(); }
   int dp_size() const override { return dp_.size(); }
   double average(double value) override;
@@ -92,6 +134,7 @@ class DataParallel final : public engine::train::DataParallelRuntime {
   };
   MemoryReport memory(int optimizer_states_per_param = 2) const;
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
+  int64_t largest_bucket_bytes() const;
 
  private:
   struct Bucket {
@@ -99,8 +142,8 @@ class DataParallel final : public engine::train::DataParallelRuntime {
     std::vector<int64_t> offsets;  // element offset of each param in the bucket
     int64_t padded = 0;            // elements, a multiple of the dp size
     engine::Tensor flat_params;    // [padded]; the parameters are views of it
-    engine::Tensor flat_grads;     // [padded]; under stage 2 only while its reduction runs
-    engine::Tensor shard_grads;    // stage 2: [padded / N], this rank's averaged shard
+    engine::Tensor flat_grads;     // [padded]; under stages 2, 3 only while its reduction runs
+    engine::Tensor shard_grads;    // stages 2, 3: [padded / N], this rank's averaged shard
     engine::Tensor shard_params;   // stage 3: [padded / N], this rank's parameters (home)
     bool resident = true;          // stage 3: flat_params holds gathered data
     uint64_t last_use = 0;
@@ -115,6 +158,10 @@ class DataParallel final : public engine::train::DataParallelRuntime {
   void unpin_all(bool refresh_shards);
   void launch_ready();
   void launch(Bucket& b);
+  void complete_oldest();
+  void record(DpTraceEvent::Kind kind, int index) {
+    if (tracing_) trace_.push_back({kind, index});
+  }
   engine::Tensor shard_of(const engine::Tensor& flat) const;
 
   engine::nn::NamedTensors params_;
@@ -126,6 +173,7 @@ class DataParallel final : public engine::train::DataParallelRuntime {
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_;  // per param
   int next_launch_ = 0;
+  int next_complete_ = 0;  // stages 2, 3: the oldest bucket whose buffer may still be alive
   bool sync_ = false;
   bool pinned_ = false;
   uint64_t use_clock_ = 0;
@@ -135,6 +183,9 @@ class DataParallel final : public engine::train::DataParallelRuntime {
   std::vector<int64_t> opt_offset_;  // per optimizer param: its first element in that param
   // Per optimizer param under stages 1/2: (bucket, start within the bucket).
   std::vector<std::pair<int, int64_t>> opt_where_;
+  GradSync grad_sync_;
+  bool tracing_ = false;
+  std::vector<DpTraceEvent> trace_;
 };
 
 }  // namespace mammoth::parallel

@@ -30,7 +30,8 @@ const std::map<std::string, Bench>& benches() {
        {"collective bus bandwidth vs raw MPI (run under mpirun, >= 2 ranks)",
         [](const std::vector<std::string>& a) { return run_comm_bench(a); }}},
       {"dp",
-       {"data-parallel tokens/s, N ranks x 1 thread vs 1 rank x N threads (under mpirun)",
+       {"data-parallel step, N ranks x 1 thread vs 1 rank alone and vs no communication "
+        "(under mpirun)",
         run_dp_bench}},
       {"gemm",
        {"fp32/bf16 GEMM GFLOP/s vs OpenBLAS sgemm on GPT-2 training shapes", run_gemm_bench}},

@@ -365,6 +365,9 @@ int run_train(const std::vector<std::string>& args) {
     policy_shards = std::make_unique<PolicyShards>(*sharded, *model, *mesh);
     o.model_shards = policy_shards.get();
     o.after_backward = [&sharded] { sharded->sync_grads(); };
+    o.sync_grad = [&sharded](const std::string& n, const engine::Tensor& t) {
+      sharded->sync_grad(n, t);
+    };
   }
   // Pipeline parallelism: this rank runs its stages of the schedule over the step's
   // gradient-accumulation micro-batches, and updates only its stages' parameters.
@@ -569,6 +572,15 @@ int run_train(const std::vector<std::string>& args) {
         offload && dp_size > 1
             ? "offload: sharded by chunk over dp"
             : ("ZeRO stage " + std::to_string(absl::GetFlag(FLAGS_zero))).c_str());
+    // The formula above counts the persistent state; what the rank really reached (activations,
+    // buffers in flight, gathered ZeRO-3 buckets included) is the allocator's peak.
+    const double formula_mib = static_cast<double>(m.params + m.grads + m.optimizer) / 1048576.0;
+    o.report_peak_memory = [formula_mib](int64_t peak) {
+      std::fprintf(stderr,
+                   "[train] per rank: measured peak %.1f MiB (allocator, first step; the formula "
+                   "above sums to %.1f MiB without activations)\n",
+                   static_cast<double>(peak) / 1048576.0, formula_mib);
+    };
   }
 
   json::Value config = json::Value::object();

@@ -3,6 +3,7 @@
 // one runs a single process.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,15 @@ class DataParallelRuntime {
   virtual void begin_backward(bool sync) = 0;
   // After the synchronised backward: optimizer_params() hold averaged gradients.
   virtual void finish_backward() = 0;
+  // A model-parallel gradient sum per parameter (tp/sp: sequence-partial gradients), for the
+  // runtime to run on each parameter of a gradient bucket just before that bucket is reduced,
+  // so that the reduction still overlaps the backward. Returns false when the runtime cannot
+  // (then the loop runs the whole sum after backward and reduces afterwards).
+  using GradSync = std::function<void(const std::string& name, const Tensor& param)>;
+  virtual bool set_grad_sync(GradSync sync) {
+    (void)sync;
+    return false;
+  }
   // The tensors this rank's optimizer updates, and which take weight decay.
   virtual const nn::NamedTensors& optimizer_params() const = 0;
   virtual bool decays(const std::string& optimizer_param_name) const = 0;

@@ -172,6 +172,23 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
   // What this rank trains: its pipeline stages' parameters, or the whole model.
   const nn::NamedTensors params =
       o.optimizer_params ? *o.optimizer_params : model.named_parameters();
+  // Model-parallel gradient sums run inside dp's bucket launches when dp can run them there,
+  // so that the reduction overlaps the backward; otherwise after the whole backward.
+  const bool sync_in_dp = dp != nullptr && o.sync_grad && dp->set_grad_sync(o.sync_grad);
+  struct GradSyncReset {
+    DataParallelRuntime* dp;
+    ~GradSyncReset() {
+      if (dp) dp->set_grad_sync(nullptr);
+    }
+  } grad_sync_reset{sync_in_dp ? dp : nullptr};
+  // Otherwise after the backward: after_backward, or sync_grad over every parameter.
+  std::function<void()> after_backward = o.after_backward;
+  if (!after_backward && o.sync_grad) {
+    after_backward = [&o, &params] {
+      for (const auto& [name, p] : params) o.sync_grad(name, p);
+    };
+  }
+  const bool sync_after = after_backward && !sync_in_dp;
   OffloadRuntime* offload = o.offload;
   MAMMOTH_CHECK(offload == nullptr || dp == nullptr || dp == offload->data_parallel())
       << "[train] --offload with data parallelism (--dp " << world
@@ -423,7 +440,7 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
         }
         // No communication before the last micro-batch; none during backward at all when the
         // gradients must be synchronised within the replica first (after_backward).
-        if (dp) dp->begin_backward(m == o.grad_accum - 1 && !o.after_backward);
+        if (dp) dp->begin_backward(m == o.grad_accum - 1 && !sync_after);
         Tensor loss = loss_fn(in, tg);
         step_loss += loss.item() / static_cast<double>(o.grad_accum);
         const double factor = loss_scale / static_cast<double>(o.grad_accum);
@@ -439,8 +456,8 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
     }
     // Model-parallel gradient sums (sequence-partial, replicated heads) come before the dp
     // reduction, which under ZeRO >= 1 leaves the parameters without their own gradients.
-    if (o.after_backward) {
-      o.after_backward();
+    if (sync_after) {
+      after_backward();
       if (dp) dp->begin_backward(true);  // reduces every bucket in finish_backward
     }
     if (dp) {
@@ -492,6 +509,7 @@ TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDat
     }
     // The peak of the device the model trains on (the CPU's, or the CUDA caching allocator's).
     const int64_t peak = memory::allocator_for(o.device).stats().peak_bytes;
+    if (step == start_step + 1 && o.report_peak_memory) o.report_peak_memory(peak);
     const double mfu =
         o.flops_per_token > 0 && o.peak_flops > 0 ? o.flops_per_token * tok_s / o.peak_flops : 0;
     if (metrics.is_open()) {

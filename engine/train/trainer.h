@@ -69,11 +69,20 @@ struct TrainOptions {
   // Model parallelism inside each dp rank (tensor/sequence parallel forms of the model):
   // `after_backward` runs after the last micro-batch's backward and before dp's reduction,
   // which then waits for it (no overlap with the backward) (e.g. summing
-  // sequence-partial gradients), `grad_norm` replaces the local gradient norm (sharded
-  // parameters summed over their group), and only the rank with `logging_rank` set logs,
+  // sequence-partial gradients; see sync_grad), `grad_norm` replaces the local gradient norm
+  // (sharded parameters summed over their group), and only the rank with `logging_rank` set logs,
   // writes metrics and checkpoints.
   std::function<void()> after_backward;
+  // The same sums one parameter at a time (sync_grad(name, param)). When given, and dp can run
+  // it on each gradient bucket just before reducing it (DataParallelRuntime::set_grad_sync),
+  // it replaces after_backward, and the dp reduction overlaps the backward again (without
+  // after_backward, it then runs over every parameter after the backward).
+  DataParallelRuntime::GradSync sync_grad;
   std::function<double()> grad_norm;
+  // Called once on every rank after the first step of this call with the allocator's peak of
+  // that step (bytes live at its height: parameters, gradients, optimizer states, activations
+  // and buffers in flight), measured on the model's device.
+  std::function<void(int64_t peak_bytes)> report_peak_memory;
   bool logging_rank = true;
   // Pipeline parallelism: runs forward and backward of all of a step's micro-batches (ids
   // [micro_batch, seq_len + 1] each: input and next-token targets in one window) and returns the

@@ -176,37 +176,39 @@ engine::nn::NamedTensors ShardLayout::full_parameters() const {
 }
 
 void ShardLayout::sync_grads() const {
+  for (const auto& [name, t] : self_.named_parameters()) sync_grad(name, t);
+}
+
+void ShardLayout::sync_grad(const std::string& name, const Tensor& t) const {
   const bool split_gather = options_.sp_mode == SpMode::kSplitGather;
   parallel::Communicator& tp = mesh_.group(parallel::Axis::kTp);
   parallel::Communicator& sp = mesh_.group(parallel::Axis::kSp);
-  for (const auto& [name, t] : self_.named_parameters()) {
-    Tensor g = t.grad();
-    // A parameter the loss does not use (BERT's pooler under the MLM loss) has no gradient on
-    // any rank (the graph is the same on all): nothing to sum, and the optimizer skips it as it
-    // does on one device.
-    if (!g.defined()) continue;
-    bool changed = false;
-    if (const ReplicatedHeads* r = replicated_heads(name)) {
-      // Each copy's gradient covers only its rank's query heads: sum the copies of each head
-      // (placed in a full-size buffer, all-reduced over tp) and keep this rank's head.
-      const int64_t head = tp.rank() / (tp.size() / r->heads);
-      engine::Shape shape = g.shape();
-      shape[0] = r->heads * r->head_rows;
-      Tensor all = Tensor::zeros(shape, g.dtype(), g.device());
-      engine::copy_(all.slice(0, head * r->head_rows, (head + 1) * r->head_rows), g);
-      all = parallel::comm_ops::all_reduce(all, tp);
-      g = all.slice(0, head * r->head_rows, (head + 1) * r->head_rows).contiguous();
-      changed = true;
-    } else if (split_gather && tp.size() > 1 && !spec(name).sharded()) {
-      g = parallel::comm_ops::all_reduce(g, tp);
-      changed = true;
-    }
-    if (sp.size() > 1) {
-      g = parallel::comm_ops::all_reduce(g, sp);
-      changed = true;
-    }
-    if (changed) t.set_grad(g);
+  Tensor g = t.grad();
+  // A parameter the loss does not use (BERT's pooler under the MLM loss) has no gradient on
+  // any rank (the graph is the same on all): nothing to sum, and the optimizer skips it as it
+  // does on one device.
+  if (!g.defined()) return;
+  bool changed = false;
+  if (const ReplicatedHeads* r = replicated_heads(name)) {
+    // Each copy's gradient covers only its rank's query heads: sum the copies of each head
+    // (placed in a full-size buffer, all-reduced over tp) and keep this rank's head.
+    const int64_t head = tp.rank() / (tp.size() / r->heads);
+    engine::Shape shape = g.shape();
+    shape[0] = r->heads * r->head_rows;
+    Tensor all = Tensor::zeros(shape, g.dtype(), g.device());
+    engine::copy_(all.slice(0, head * r->head_rows, (head + 1) * r->head_rows), g);
+    all = parallel::comm_ops::all_reduce(all, tp);
+    g = all.slice(0, head * r->head_rows, (head + 1) * r->head_rows).contiguous();
+    changed = true;
+  } else if (split_gather && tp.size() > 1 && !spec(name).sharded()) {
+    g = parallel::comm_ops::all_reduce(g, tp);
+    changed = true;
   }
+  if (sp.size() > 1) {
+    g = parallel::comm_ops::all_reduce(g, sp);
+    changed = true;
+  }
+  if (changed) t.set_grad(g);
 }
 
 ShardLayout::SeqPlan ShardLayout::plan_sequence(int64_t T) const {

@@ -98,6 +98,11 @@ class ShardLayout {
   // over sp). Collective; call on every rank before the dp reduction and the optimizer.
   // Parameters without a gradient (unused by the loss) are left without one.
   void sync_grads() const;
+  // The same for one parameter `t` named `name` (of this model): what data parallelism runs
+  // on each parameter of a gradient bucket just before reducing it, so that the sums and the
+  // dp reduction overlap the backward (DataParallel::set_grad_sync). Collective over the
+  // groups above: every rank of them must call it for the same parameters in the same order.
+  void sync_grad(const std::string& name, const engine::Tensor& t) const;
   // Whether this tp rank counts `name`'s gradient in a global norm (summed over tp afterwards):
   // sharded parameters on every rank, a replicated KV head on the first rank holding it, other
   // replicated parameters on tp rank 0.
