@@ -6,11 +6,20 @@
 #
 # Runs tools/setup.sh, then `bazel test` with the venv's Python as $MAMMOTH_PYTHON and the
 # shared disk cache (in .bazelrc). Tests tagged "gpu" are built but not run (CI has no GPU;
-# tools/gpu_check.sh runs them on a lent one) and are counted separately. The last line is
+# tools/gpu_check.sh runs them on a lent one) and are counted separately.
+#
+# Then the AVX2 pass: the tests tagged "isa" (the parity and training tests) run again with
+# --test_env=MAMMOTH_ISA=avx2, so the kernels' AVX2 family (what an AVX2-only CPU runs) is
+# held to the same tolerances as the CPU's best (kernels/cpu/isa_env.h). Bazel keeps those
+# results apart from the first pass's; they count as "//pkg:name [avx2]". The pass needs a CPU
+# with AVX2, FMA and F16C (it is left out, and says so, without them); MAMMOTH_TEST_AVX2=0
+# leaves it out too.
+#
+# The last line is
 #   N passed, M failed
-# counted per test target from Bazel's summary; a test that did not build or did not report
-# counts as failed, and so does a failure to build a non-test target (once). The exit status is
-# non-zero when M > 0.
+# counted per test target (and per pass) from Bazel's summary; a test that did not build or did
+# not report counts as failed, and so does a failure to build a non-test target (once per
+# pass). The exit status is non-zero when M > 0.
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -68,39 +77,79 @@ bazel test "${patterns[@]}" \
 bazel_rc=${PIPESTATUS[0]}
 elapsed=$((SECONDS - start))
 
-# Per-target results from the summary, e.g. "//base:foo_test   (cached) PASSED in 0.1s".
-sed -E -n 's/^(\/\/[^ ]+)[[:space:]]+(\(cached\) )?(PASSED|FLAKY|FAILED TO BUILD|FAILED|TIMEOUT|NO STATUS|INCOMPLETE|REMOTE FAILURE|SKIPPED)( .*)?$/\1 \3/p' \
-  "$log_dir/bazel.log" | tr ' ' '\t' | sort -u -k1,1 >"$log_dir/results"
-
 passed=0
 failed=0
 skipped=0
 failed_names=()
-while IFS= read -r target; do
-  [[ -n "$target" ]] || continue
-  status="$(awk -F'\t' -v t="$target" '$1 == t { print $2; exit }' "$log_dir/results")"
-  case "$status" in
-    PASSED | FLAKY) passed=$((passed + 1)) ;;
-    SKIPPED) skipped=$((skipped + 1)) ;;
-    "")
-      failed=$((failed + 1))
-      failed_names+=("$target (no result: did not build or was not analysed)")
-      ;;
-    *)
-      failed=$((failed + 1))
-      failed_names+=("$target ($status)")
-      ;;
-  esac
-done <<<"$expected"
 
-# Exit 1 with every test passing means something other than a test failed to build.
-if [[ $bazel_rc -ne 0 && $bazel_rc -ne 3 && $failed -eq 0 ]]; then
-  failed=$((failed + 1))
-  failed_names+=("bazel exited with status $bazel_rc (a package failed to load or a target failed to build; see above)")
+# count LOG EXPECTED RC SUFFIX: adds one pass's per-target results to the totals. The summary
+# lines read e.g. "//base:foo_test   (cached) PASSED in 0.1s".
+count() {
+  local log="$1" expected="$2" rc="$3" suffix="$4" target status pass_failed=0
+  sed -E -n 's/^(\/\/[^ ]+)[[:space:]]+(\(cached\) )?(PASSED|FLAKY|FAILED TO BUILD|FAILED|TIMEOUT|NO STATUS|INCOMPLETE|REMOTE FAILURE|SKIPPED)( .*)?$/\1 \3/p' \
+    "$log" | tr ' ' '\t' | sort -u -k1,1 >"$log_dir/results"
+  while IFS= read -r target; do
+    [[ -n "$target" ]] || continue
+    status="$(awk -F'\t' -v t="$target" '$1 == t { print $2; exit }' "$log_dir/results")"
+    case "$status" in
+      PASSED | FLAKY) passed=$((passed + 1)) ;;
+      SKIPPED) skipped=$((skipped + 1)) ;;
+      "")
+        pass_failed=$((pass_failed + 1))
+        failed_names+=("$target$suffix (no result: did not build or was not analysed)")
+        ;;
+      *)
+        pass_failed=$((pass_failed + 1))
+        failed_names+=("$target$suffix ($status)")
+        ;;
+    esac
+  done <<<"$expected"
+  # Exit 1 with every test passing means something other than a test failed to build.
+  if [[ $rc -ne 0 && $rc -ne 3 && $pass_failed -eq 0 ]]; then
+    pass_failed=1
+    failed_names+=("bazel${suffix:+$suffix pass} exited with status $rc (a package failed to load or a target failed to build; see above)")
+  fi
+  failed=$((failed + pass_failed))
+}
+
+count "$log_dir/bazel.log" "$expected" "$bazel_rc" ""
+
+# The AVX2 pass over the "isa" tests (see the top). The tests are named explicitly, so only
+# they build and run; results and timing come from their own log.
+isa_tests="$(comm -12 <(echo "$expected") <(query "attr(tags, $(tag_re isa), tests($universe))") |
+  sed '/^$/d')"
+num_isa="$(echo "$isa_tests" | sed '/^$/d' | wc -l)"
+cpu_flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2) "
+avx2_note=""
+avx2_elapsed=0
+if [[ $num_isa -eq 0 ]]; then
+  avx2_note="no tests tagged isa in ${patterns[*]}"
+elif [[ "${MAMMOTH_TEST_AVX2:-1}" == "0" ]]; then
+  avx2_note="MAMMOTH_TEST_AVX2=0: $num_isa tests tagged isa not run with MAMMOTH_ISA=avx2"
+elif [[ "$cpu_flags" != *" avx2 "* || "$cpu_flags" != *" fma "* || "$cpu_flags" != *" f16c "* ]]; then
+  avx2_note="this CPU lacks AVX2, FMA or F16C: $num_isa tests tagged isa not run with MAMMOTH_ISA=avx2"
+else
+  echo
+  echo "[test] AVX2 pass: $num_isa tests tagged isa again with MAMMOTH_ISA=avx2"
+  avx2_start=$SECONDS
+  # shellcheck disable=SC2046 # one target per word
+  bazel test $(echo "$isa_tests") \
+    --keep_going \
+    --test_tag_filters=-gpu \
+    --test_env=MAMMOTH_PYTHON="$MAMMOTH_PYTHON" \
+    --test_env=MAMMOTH_ISA=avx2 \
+    --test_summary=short \
+    "${progress[@]}" \
+    "${bazel_args[@]}" 2>&1 | tee "$log_dir/bazel_avx2.log"
+  avx2_rc=${PIPESTATUS[0]}
+  avx2_elapsed=$((SECONDS - avx2_start))
+  count "$log_dir/bazel_avx2.log" "$isa_tests" "$avx2_rc" " [avx2]"
+  avx2_note="$num_isa tests tagged isa ran again with MAMMOTH_ISA=avx2 in ${avx2_elapsed}s (exit status $avx2_rc)"
 fi
 
 echo
 echo "[test] bazel test took ${elapsed}s (exit status $bazel_rc)"
+echo "[test] AVX2 pass: $avx2_note"
 if [[ -s "$log_dir/query.err" ]] && grep -q ERROR "$log_dir/query.err"; then
   echo "[test] bazel query reported errors:"
   grep ERROR "$log_dir/query.err" | head -20

@@ -6,23 +6,34 @@
 #include "base/error.h"
 #include "engine/autograd.h"
 #include "engine/ops.h"
+#include "kernels/cpu/simd.h"
 #ifdef MAMMOTH_WITH_CUDA
 #include "memory/cuda/device.h"
 #endif
 
 namespace mammoth::engine::train {
 
+namespace {
+
+// The CPU, with the kernels' instruction set (and MAMMOTH_ISA when it chose it) after the
+// reason: "--device cpu; CPU kernels avx2 (MAMMOTH_ISA=avx2)". A bad MAMMOTH_ISA throws here.
+DeviceChoice cpu_choice(const std::string& why) {
+  return {Device::cpu(), why + "; CPU kernels " + kernels::cpu::kernel_isa_summary()};
+}
+
+}  // namespace
+
 DeviceChoice choose_device(const std::string& flag, const char* command) {
   MAMMOTH_CHECK(flag == "auto" || flag == "cpu" || flag == "cuda")
       << "[" << command << "] --device must be auto, cpu or cuda, got '" << flag << "'";
-  if (flag == "cpu") return {Device::cpu(), "--device cpu"};
+  if (flag == "cpu") return cpu_choice("--device cpu");
 #ifdef MAMMOTH_WITH_CUDA
   std::string reason;
   if (!memory::cuda::cuda_available(&reason)) {
     MAMMOTH_CHECK(flag != "cuda") << "[" << command
                                   << "] --device cuda: no usable CUDA device: " << reason
                                   << " (--device auto or cpu trains on the CPU)";
-    return {Device::cpu(), "auto: no CUDA device (" + reason + ")"};
+    return cpu_choice("auto: no CUDA device (" + reason + ")");
   }
   const Device d = memory::cuda::select_device();
   return {d, (flag == "auto" ? std::string("auto: ") : std::string("--device cuda: ")) +
@@ -33,7 +44,7 @@ DeviceChoice choose_device(const std::string& flag, const char* command) {
   MAMMOTH_CHECK(flag != "cuda") << "[" << command
                                 << "] --device cuda: this build has no CUDA backend (built "
                                    "without the CUDA toolkit or with --config=cpu)";
-  return {Device::cpu(), "auto: this build has no CUDA backend"};
+  return cpu_choice("auto: this build has no CUDA backend");
 #endif
 }
 

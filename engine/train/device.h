@@ -18,7 +18,8 @@ namespace mammoth::engine::train {
 struct DeviceChoice {
   Device device;
   // How it was chosen, for the job's start-up line: "auto: CUDA device 0 of 8 (local rank 0)",
-  // "auto: no CUDA device (<reason>)", "--device cpu".
+  // "auto: no CUDA device (<reason>); CPU kernels avx512 (best on this CPU)",
+  // "--device cpu; CPU kernels avx2 (MAMMOTH_ISA=avx2)" (kernels/cpu/isa_env.h).
   std::string why;
 };
 

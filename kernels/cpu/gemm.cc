@@ -10,6 +10,7 @@
 #include "base/error.h"
 #include "base/thread_pool.h"
 #include "kernels/cpu/gemm_internal.h"
+#include "kernels/cpu/isa_env.h"
 
 namespace mammoth::kernels::cpu {
 namespace internal {
@@ -89,6 +90,35 @@ GemmIsa best_isa() {
 #else
   return GemmIsa::kPortable;
 #endif
+}
+
+// What kAuto means: MAMMOTH_ISA's family when it is set (isa_env.h), else the best one.
+GemmIsa default_isa() {
+  static const GemmIsa isa = [] {
+    GemmIsa want = GemmIsa::kAuto;
+    switch (isa_request_from_env()) {
+      case IsaRequest::kAuto:
+        return best_isa();
+      case IsaRequest::kAvx512:
+        want = GemmIsa::kAvx512;
+        break;
+      case IsaRequest::kAvx2:
+        want = GemmIsa::kAvx2;
+        break;
+      case IsaRequest::kPortable:
+        want = GemmIsa::kPortable;
+        break;
+    }
+    const GemmIsa best = best_isa();
+    MAMMOTH_CHECK(gemm_isa_supported(want))
+        << "[" << kIsaEnvVar << "] " << kIsaEnvVar << "=" << gemm_isa_name(want)
+        << ", but this CPU cannot run the " << gemm_isa_name(want) << " GEMM kernels (they need "
+        << (want == GemmIsa::kAvx512 ? "AVX-512 F, BW, VL, DQ and FMA" : "AVX2 and FMA")
+        << "); the best it runs is " << gemm_isa_name(best) << ": set " << kIsaEnvVar << " to "
+        << (best == GemmIsa::kAvx2 ? "avx2, portable" : "portable") << " or auto";
+    return want;
+  }();
+  return isa;
 }
 
 const GemmKernels& kernels_for(GemmIsa isa) {
@@ -201,7 +231,7 @@ void set_gemm_isa(GemmIsa isa) {
 
 GemmIsa active_gemm_isa() {
   const GemmIsa forced = g_forced_isa.load();
-  return forced == GemmIsa::kAuto ? best_isa() : forced;
+  return forced == GemmIsa::kAuto ? default_isa() : forced;
 }
 
 const char* gemm_isa_name(GemmIsa isa) {

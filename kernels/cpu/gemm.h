@@ -11,7 +11,8 @@
 // op(B) into NR-column panels (the packing absorbs the four transpose combinations, so each
 // ISA needs one register-blocked micro-kernel), with cache blocking sized for Zen 4. Each ISA
 // lives in its own translation unit compiled with its own -m flags; the best one the CPU
-// supports is picked at run time, and tests may force any path with set_gemm_isa. Work is
+// supports is picked at run time, unless MAMMOTH_ISA names another (isa_env.h), and tests may
+// force any path with set_gemm_isa. Work is
 // split over the base thread pool (parallel_for) into independent row or column slabs.
 #pragma once
 
@@ -21,10 +22,12 @@ namespace mammoth::kernels::cpu {
 
 enum class GemmIsa { kAuto, kAvx512, kAvx2, kPortable };
 
-// Forces a micro-kernel family (tests, benchmarks). kAuto picks the best the CPU supports.
+// Forces a micro-kernel family (tests, benchmarks). kAuto returns to the default: the family
+// MAMMOTH_ISA names when it is set (isa_env.h), else the best the CPU supports.
 // Throws mammoth::Error if the CPU lacks the requested ISA.
 void set_gemm_isa(GemmIsa isa);
-// The family sgemm uses now (never kAuto).
+// The family sgemm uses now (never kAuto). Throws mammoth::Error, naming the variable, while
+// nothing is forced and MAMMOTH_ISA is unknown or names a family this CPU cannot run.
 GemmIsa active_gemm_isa();
 const char* gemm_isa_name(GemmIsa isa);
 // True if this CPU can run the given family (kAuto and kPortable are always supported).

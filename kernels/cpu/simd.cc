@@ -11,6 +11,8 @@
 
 #include "base/error.h"
 #include "kernels/cpu/fast.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/isa_env.h"
 
 namespace mammoth::kernels::cpu {
 namespace {
@@ -36,6 +38,35 @@ SimdIsa best_isa() {
 #endif
 }
 
+// What kAuto means: MAMMOTH_ISA's family when it is set (isa_env.h), else the best one.
+SimdIsa default_isa() {
+  static const SimdIsa isa = [] {
+    SimdIsa want = SimdIsa::kAuto;
+    switch (isa_request_from_env()) {
+      case IsaRequest::kAuto:
+        return best_isa();
+      case IsaRequest::kAvx512:
+        want = SimdIsa::kAvx512;
+        break;
+      case IsaRequest::kAvx2:
+        want = SimdIsa::kAvx2;
+        break;
+      case IsaRequest::kPortable:
+        want = SimdIsa::kPortable;
+        break;
+    }
+    const SimdIsa best = best_isa();
+    MAMMOTH_CHECK(simd_isa_supported(want))
+        << "[" << kIsaEnvVar << "] " << kIsaEnvVar << "=" << simd_isa_name(want)
+        << ", but this CPU cannot run the " << simd_isa_name(want) << " fused kernels (they need "
+        << (want == SimdIsa::kAvx512 ? "AVX-512 F and FMA" : "AVX2, FMA and F16C")
+        << "); the best it runs is " << simd_isa_name(best) << ": set " << kIsaEnvVar << " to "
+        << (best == SimdIsa::kAvx2 ? "avx2, portable" : "portable") << " or auto";
+    return want;
+  }();
+  return isa;
+}
+
 }  // namespace
 
 bool simd_isa_supported(SimdIsa isa) {
@@ -59,7 +90,31 @@ void set_simd_isa(SimdIsa isa) {
 
 SimdIsa active_simd_isa() {
   const SimdIsa f = g_forced.load();
-  return f == SimdIsa::kAuto ? best_isa() : f;
+  return f == SimdIsa::kAuto ? default_isa() : f;
+}
+
+void check_isa_setting() {
+  active_simd_isa();
+  active_gemm_isa();
+}
+
+std::string kernel_isa_summary() {
+  const SimdIsa simd = active_simd_isa();
+  const GemmIsa gemm = active_gemm_isa();
+  std::string text = simd_isa_name(simd);
+  if (text != gemm_isa_name(gemm)) text = "fused " + text + ", gemm " + gemm_isa_name(gemm);
+  // What the default would be: MAMMOTH_ISA's family, else each one's best.
+  const IsaRequest request = isa_request_from_env();
+  const GemmIsa gemm_best = gemm_isa_supported(GemmIsa::kAvx512) ? GemmIsa::kAvx512
+                            : gemm_isa_supported(GemmIsa::kAvx2) ? GemmIsa::kAvx2
+                                                                 : GemmIsa::kPortable;
+  const bool defaults = g_forced.load() == SimdIsa::kAuto && simd == default_isa() &&
+                        (request == IsaRequest::kAuto
+                             ? gemm == gemm_best
+                             : std::string(gemm_isa_name(gemm)) == isa_request_name(request));
+  if (!defaults) return text + " (forced)";
+  if (request == IsaRequest::kAuto) return text + " (best on this CPU)";
+  return text + " (" + kIsaEnvVar + "=" + isa_request_name(request) + ")";
 }
 
 const char* simd_isa_name(SimdIsa isa) {

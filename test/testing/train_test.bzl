@@ -1,10 +1,11 @@
 """train_sh_test: a shell test of `mammoth train` runs (single and multi-process).
 
 The script NAME.sh gets the mammoth binary as $1 and test/testing/mpirun.sh as $2, and finds
-test/testing/curves.py (the loss-curve checks) at "$(dirname "$0")/../testing".
+test/testing/curves.py (the loss-curve checks) at "$(dirname "$0")/../testing". Tag one "isa"
+(tags = ["isa"]) and tools/test.sh runs it a second time with MAMMOTH_ISA=avx2.
 """
 
-def train_sh_test(name, size = "large", data = [], **kwargs):
+def train_sh_test(name, size = "large", data = [], tags = [], **kwargs):
     native.sh_test(
         name = name,
         size = size,
@@ -18,5 +19,6 @@ def train_sh_test(name, size = "large", data = [], **kwargs):
             "//test/testing:mpirun.sh",
             "//tools:mammoth",
         ] + data,
+        tags = tags,
         **kwargs
     )

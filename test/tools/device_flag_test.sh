@@ -42,14 +42,15 @@ if [[ $cuda -eq 1 ]]; then
     fail "--device auto did not pick the usable CUDA device"
 else
   grep -q "^\[train\] device: cpu (auto: no CUDA device (..*))" "$tmp/auto.log" ||
-    grep -q "^\[train\] device: cpu (auto: this build has no CUDA backend)" "$tmp/auto.log" ||
+    grep -q "^\[train\] device: cpu (auto: this build has no CUDA backend; CPU kernels ..*)" "$tmp/auto.log" ||
     fail "--device auto did not report falling back to the CPU with the reason"
 fi
 grep -q "^step     2/2" "$tmp/auto.log" || fail "--device auto did not train 2 steps"
 
 # --device cpu
 "$mammoth" "${train[@]}" --device cpu >"$tmp/cpu.log" 2>&1 || { cat "$tmp/cpu.log"; fail "--device cpu"; }
-grep -q "^\[train\] device: cpu (--device cpu)" "$tmp/cpu.log" || fail "--device cpu not reported"
+grep -q "^\[train\] device: cpu (--device cpu; CPU kernels [a-z0-9]* (..*))" "$tmp/cpu.log" ||
+  fail "--device cpu not reported with the CPU kernels' ISA"
 # The same run on the same device: the same losses as auto's when auto chose the CPU.
 if [[ $cuda -eq 0 ]]; then
   diff <(grep -o "loss [0-9.]*" "$tmp/auto.log") <(grep -o "loss [0-9.]*" "$tmp/cpu.log") ||

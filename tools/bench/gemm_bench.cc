@@ -6,8 +6,14 @@
 // rows as a JSON array, one object per row: {name, shape, threads, ours, anchor, unit, ratio}.
 //
 // Debian's OpenBLAS 0.3.21 does not know Zen 4; unless OPENBLAS_CORETYPE is already set, the
-// binary sets it to SkylakeX (the AVX-512 kernels) and re-executes itself, because OpenBLAS
-// reads it when the library is loaded. It sets OPENBLAS_THREAD_TIMEOUT=4 the same way: by
+// binary sets it to the core that matches this CPU and re-executes itself, because OpenBLAS
+// reads it when the library is loaded: SkylakeX (the AVX-512 kernels) where the CPU has
+// AVX-512 F, BW, VL, DQ and CD, Haswell (AVX2 + FMA) where it has those, else nothing (OpenBLAS
+// picks; forcing SkylakeX on an AVX2-only CPU killed OpenBLAS with an illegal instruction).
+// A core the user set is kept, with a warning when this CPU cannot run it. The settings lines
+// say which core was chosen and why, and which Mammoth GEMM ISA runs (--isa, else MAMMOTH_ISA,
+// else the best this CPU runs: kernels/cpu/isa_env.h). It sets OPENBLAS_THREAD_TIMEOUT=4 the
+// same way: by
 // default OpenBLAS's worker threads spin for about 2^28 cycles after each call, on the core that
 // our next timed run (alternating with OpenBLAS's) needs. With two threads on two cores that
 // took ours from ~200 to 131-150 GFLOP/s on one or two shapes of most runs (0.68-0.81 of the
@@ -18,6 +24,7 @@
 #include "tools/bench/gemm_bench.h"
 
 #include <cblas.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -35,6 +42,7 @@
 
 #include "base/thread_pool.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/isa_env.h"
 
 extern "C" char* openblas_get_corename();
 extern "C" char* openblas_get_config();
@@ -131,6 +139,36 @@ double fma_peak_gflops(bool zmm) {
   return 2.0 * lanes * 12 * iters / seconds_since(start) / 1e9;
 }
 
+// The OpenBLAS core for this CPU's instruction sets (nullptr: leave it to OpenBLAS), and why.
+struct OpenblasCore {
+  const char* core;
+  const char* why;
+};
+
+OpenblasCore openblas_core_for_cpu() {
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("fma")) {
+    return {"SkylakeX", "the CPU has AVX-512 F, BW, VL, DQ, CD and FMA"};
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    return {"Haswell", "the CPU has AVX2 and FMA but not all of AVX-512 F, BW, VL, DQ and CD"};
+  }
+  return {nullptr, "the CPU has no AVX2 + FMA: OpenBLAS chooses"};
+}
+
+// Which cores need what: a core the user forces that this CPU cannot run dies of SIGILL.
+// (OpenBLAS compares the names without case.)
+bool cpu_runs_openblas_core(const char* core) {
+  const OpenblasCore best = openblas_core_for_cpu();
+  for (const char* avx512 : {"SkylakeX", "Cooperlake", "SapphireRapids"}) {
+    if (!strcasecmp(core, avx512))
+      return best.core != nullptr && !std::strcmp(best.core, "SkylakeX");
+  }
+  if (!strcasecmp(core, "Haswell") || !strcasecmp(core, "Zen")) return best.core != nullptr;
+  return true;  // older cores (Sandybridge, Nehalem, ...) or names we do not judge
+}
+
 uint16_t to_bf16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, sizeof(u));
@@ -144,10 +182,11 @@ namespace mammoth::tools {
 
 int run_gemm_bench(const std::vector<std::string>& args_in) {
   // OpenBLAS reads its settings when it is loaded, so they need a fresh process: re-exec this
-  // one with the same command line.
-  if (std::getenv("OPENBLAS_CORETYPE") == nullptr ||
+  // one with the same command line (once: afterwards both are set, or there is no core to set).
+  const OpenblasCore cpu_core = openblas_core_for_cpu();
+  if ((std::getenv("OPENBLAS_CORETYPE") == nullptr && cpu_core.core != nullptr) ||
       std::getenv("OPENBLAS_THREAD_TIMEOUT") == nullptr) {
-    setenv("OPENBLAS_CORETYPE", "SkylakeX", 0);
+    if (cpu_core.core != nullptr) setenv("OPENBLAS_CORETYPE", cpu_core.core, 0);
     setenv("OPENBLAS_THREAD_TIMEOUT", "4", 0);
     std::ifstream cmdline("/proc/self/cmdline", std::ios::binary);
     std::vector<std::string> words;
@@ -169,6 +208,7 @@ int run_gemm_bench(const std::vector<std::string>& args_in) {
   bool quick = false;
   std::string filter;    // run only shapes whose name contains this
   int only_threads = 0;  // 0: 1 thread and all threads
+  std::string isa_flag;  // --isa, when given
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) {
       json_path = argv[++i];
@@ -179,11 +219,28 @@ int run_gemm_bench(const std::vector<std::string>& args_in) {
     } else if (!std::strcmp(argv[i], "--filter") && i + 1 < argc) {
       filter = argv[++i];
     } else if (!std::strcmp(argv[i], "--isa") && i + 1 < argc) {
-      const std::string isa = argv[++i];
-      kc::set_gemm_isa(isa == "avx512"     ? kc::GemmIsa::kAvx512
-                       : isa == "avx2"     ? kc::GemmIsa::kAvx2
-                       : isa == "portable" ? kc::GemmIsa::kPortable
-                                           : kc::GemmIsa::kAuto);
+      isa_flag = argv[++i];
+      const kc::GemmIsa isa = isa_flag == "avx512"     ? kc::GemmIsa::kAvx512
+                              : isa_flag == "avx2"     ? kc::GemmIsa::kAvx2
+                              : isa_flag == "portable" ? kc::GemmIsa::kPortable
+                                                       : kc::GemmIsa::kAuto;
+      if (isa == kc::GemmIsa::kAuto) {
+        std::fprintf(stderr, "[gemm_bench] unknown --isa '%s': use avx512, avx2 or portable\n",
+                     isa_flag.c_str());
+        return 2;
+      }
+      // A clear refusal rather than an illegal instruction in the first timed run.
+      if (!kc::gemm_isa_supported(isa)) {
+        std::fprintf(stderr,
+                     "[gemm_bench] --isa %s: this CPU cannot run the %s GEMM kernels (%s); "
+                     "it runs %s\n",
+                     isa_flag.c_str(), isa_flag.c_str(),
+                     isa == kc::GemmIsa::kAvx512 ? "they need AVX-512 F, BW, VL, DQ and FMA"
+                                                 : "they need AVX2 and FMA",
+                     kc::gemm_isa_supported(kc::GemmIsa::kAvx2) ? "avx2 and portable" : "portable");
+        return 2;
+      }
+      kc::set_gemm_isa(isa);
     } else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) {
       only_threads = std::atoi(argv[++i]);
     } else {
@@ -203,8 +260,36 @@ int run_gemm_bench(const std::vector<std::string>& args_in) {
       "OPENBLAS_THREAD_TIMEOUT=%s\n",
       env_core ? env_core : "(unset)", env_l2 ? env_l2 : "(unset)", env_nt ? env_nt : "(unset)",
       env_to ? env_to : "(unset)");
+  if (env_core == nullptr) {
+    std::printf("OpenBLAS core choice: OpenBLAS's own (%s)\n", cpu_core.why);
+  } else if (cpu_core.core != nullptr && !strcasecmp(env_core, cpu_core.core)) {
+    std::printf("OpenBLAS core choice: %s for this CPU (%s)\n", env_core, cpu_core.why);
+  } else {
+    std::printf("OpenBLAS core choice: %s from OPENBLAS_CORETYPE, kept (this CPU's: %s; %s)\n",
+                env_core, cpu_core.core ? cpu_core.core : "OpenBLAS's own", cpu_core.why);
+    if (!cpu_runs_openblas_core(env_core)) {
+      std::printf(
+          "warning: OPENBLAS_CORETYPE=%s needs instructions this CPU lacks; OpenBLAS may die of "
+          "an illegal instruction (unset it to let the bench choose)\n",
+          env_core);
+    }
+  }
+  std::fflush(stdout);
   std::printf("OpenBLAS core: %s; config: %s\n", openblas_get_corename(), openblas_get_config());
-  std::printf("Mammoth gemm ISA: %s\n", kc::gemm_isa_name(kc::active_gemm_isa()));
+  {
+    // Where the ISA came from; a bad MAMMOTH_ISA is a clear error here, before any timing.
+    std::string source;
+    if (!isa_flag.empty()) {
+      source = "--isa " + isa_flag;
+    } else {
+      const kc::IsaRequest request = kc::isa_request_from_env();
+      source = request == kc::IsaRequest::kAuto
+                   ? std::string("best on this CPU")
+                   : std::string(kc::kIsaEnvVar) + "=" + kc::isa_request_name(request);
+    }
+    const char* isa = kc::gemm_isa_name(kc::active_gemm_isa());
+    std::printf("Mammoth gemm ISA: %s (%s)\n", isa, source.c_str());
+  }
   double peak = 0;
   if (__builtin_cpu_supports("fma")) {
     // Best of a few short runs: a busy machine only ever lowers the number.

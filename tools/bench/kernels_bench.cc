@@ -48,6 +48,7 @@
 #include "base/json.h"
 #include "base/thread_pool.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/isa_env.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/params.h"
 #include "kernels/registry.h"
@@ -783,14 +784,20 @@ int run_kernels_bench(const std::vector<std::string>& args) {
       MAMMOTH_THROW() << "[bench kernels] unknown flag '" << a << "'";
     }
   }
-  if (opt.isa == "avx512") {
-    kc::set_simd_isa(kc::SimdIsa::kAvx512);
-  } else if (opt.isa == "avx2") {
-    kc::set_simd_isa(kc::SimdIsa::kAvx2);
-  } else if (opt.isa == "portable") {
-    kc::set_simd_isa(kc::SimdIsa::kPortable);
-  } else {
-    MAMMOTH_CHECK(opt.isa.empty()) << "[bench kernels] unknown --isa '" << opt.isa << "'";
+  if (!opt.isa.empty()) {
+    const kc::SimdIsa isa = opt.isa == "avx512"     ? kc::SimdIsa::kAvx512
+                            : opt.isa == "avx2"     ? kc::SimdIsa::kAvx2
+                            : opt.isa == "portable" ? kc::SimdIsa::kPortable
+                                                    : kc::SimdIsa::kAuto;
+    MAMMOTH_CHECK(isa != kc::SimdIsa::kAuto)
+        << "[bench kernels] unknown --isa '" << opt.isa << "': use avx512, avx2 or portable";
+    // A clear refusal rather than an illegal instruction in the first kernel.
+    MAMMOTH_CHECK(kc::simd_isa_supported(isa))
+        << "[bench kernels] --isa " << opt.isa << ": this CPU cannot run the " << opt.isa
+        << " fused kernels (" << (isa == kc::SimdIsa::kAvx512 ? "AVX-512 F" : "AVX2, FMA, F16C")
+        << " missing); it runs "
+        << (kc::simd_isa_supported(kc::SimdIsa::kAvx2) ? "avx2 and portable" : "portable");
+    kc::set_simd_isa(isa);
   }
   const int64_t triad_n = opt.quick ? (int64_t{1} << 23) : (int64_t{1} << 24);
   Triad triad(triad_n);
@@ -803,9 +810,16 @@ int run_kernels_bench(const std::vector<std::string>& args) {
     thread_counts = {1};
     if (all > 1) thread_counts.push_back(all);
   }
-  std::printf("mammoth bench kernels: fused kernels %s, sgemm %s; best of %d runs\n",
+  // Who chose: --isa (the fused kernels only), else MAMMOTH_ISA (both), else the CPU's best.
+  const kc::IsaRequest isa_env = kc::isa_request_from_env();
+  const std::string isa_source =
+      !opt.isa.empty() ? "--isa " + opt.isa + " for the fused kernels"
+      : isa_env == kc::IsaRequest::kAuto
+          ? std::string("best on this CPU")
+          : std::string(kc::kIsaEnvVar) + "=" + kc::isa_request_name(isa_env);
+  std::printf("mammoth bench kernels: fused kernels %s, sgemm %s (%s); best of %d runs\n",
               kc::simd_isa_name(kc::active_simd_isa()), kc::gemm_isa_name(kc::active_gemm_isa()),
-              opt.reps);
+              isa_source.c_str(), opt.reps);
   std::printf(
       "STREAM triad anchor: %lld floats per array, AVX2 loads, best of plain and "
       "streaming stores, sampled between every kernel's runs; each row's anchor: the best triad "

@@ -8,7 +8,8 @@ AdamW step, zero_grad: the same work Mammoth's step does.
 PyTorch is set up at its best on this CPU, as the issue asks: Debian's torch runs f32 matmuls
 on the system BLAS (checked and printed: OpenBLAS, not the reference BLAS), OpenBLAS 0.3.21
 needs OPENBLAS_CORETYPE=SkylakeX to use AVX-512 on CPUs it does not know (set here by
-re-executing before torch loads), and torch's thread count is set explicitly.
+re-executing before torch loads, only where the CPU has AVX-512 F/BW/VL/DQ/CD; Haswell where it
+has AVX2 + FMA; a value the user set is kept), and torch's thread count is set explicitly.
 
 usage: train_bench.py --n-layer 12 --n-head 12 --d-model 768 --vocab 50257 --max-seq 1024
                       --batch 4 --seq 64 --threads 2 --steps 5 --warmup 2 --amp fp32|bf16
@@ -21,16 +22,28 @@ import sys
 import time
 
 
-def cpu_has(flag):
+def cpu_has(*flags):
     try:
         with open("/proc/cpuinfo") as f:
-            return any(flag in line.split() for line in f if line.startswith("flags"))
+            for line in f:
+                if line.startswith("flags"):
+                    return set(flags) <= set(line.split())
     except OSError:
-        return False
+        pass
+    return False
 
 
-if "OPENBLAS_CORETYPE" not in os.environ and cpu_has("avx512f"):
-    os.environ["OPENBLAS_CORETYPE"] = "SkylakeX"
+def openblas_core():
+    """The OpenBLAS core matching this CPU (as tools/bench/gemm_bench.cc picks it), or None."""
+    if cpu_has("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd", "fma"):
+        return "SkylakeX"
+    if cpu_has("avx2", "fma"):
+        return "Haswell"
+    return None
+
+
+if "OPENBLAS_CORETYPE" not in os.environ and openblas_core():
+    os.environ["OPENBLAS_CORETYPE"] = openblas_core()
     os.execv(sys.executable, [sys.executable] + sys.argv)
 
 import torch  # noqa: E402
