@@ -99,6 +99,10 @@ put("indexed_dataset", "i64", indexed([[1 << 40, 2]], [0, 1], code=5, item=8, fm
 put("indexed_dataset", "u8_empty_seq", indexed([[], [255]], [0, 1, 2], code=1, item=1, fmt="B"))
 put("indexed_dataset", "f32", indexed([[1.5]], [0, 1], code=7, item=4, fmt="f"))
 put("indexed_dataset", "no_sequences", indexed([], [0]))
+# A sequence pointer near INT64_MAX: ptr + len overflowed and wrapped into the file (fixed).
+put("indexed_dataset", "ptr_overflow",
+    struct.pack("<H", 4) + b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, 1, 1, 2)
+    + struct.pack("<iq2q", 1, (1 << 63) - 1, 0, 1) + b"abcd")
 
 # ---- image_shard
 def images(labels, c, h, w, k, pixels=None):
@@ -113,6 +117,8 @@ put("image_shard", "two_rgb_2x2", images([0, 2], 3, 2, 2, 3))
 put("image_shard", "gray_4x4", images([1], 1, 4, 4, 2))
 put("image_shard", "empty", images([], 1, 1, 1, 1))
 put("image_shard", "bad_label", images([5], 1, 1, 1, 2))
+# An image whose 2^22 x 2^21 x 2^21 pixels wrapped to 0 bytes (fixed).
+put("image_shard", "size_wrap", images([0], 1 << 22, 1 << 21, 1 << 21, 2, pixels=b""))
 
 # ---- bpe: vocab.json "\n--merges--\n" merges.txt "\n--text--\n" text
 def byte_alphabet():
