@@ -38,8 +38,8 @@ ImageShard ImageShard::open(const std::string& path) {
   // header cannot wrap around to the file's size and pass.
   uint64_t pixel_bytes = 0, expected = 0;
   const bool fits =
-      !__builtin_mul_overflow(static_cast<uint64_t>(in.channels),
-                              static_cast<uint64_t>(in.height), &pixel_bytes) &&
+      !__builtin_mul_overflow(static_cast<uint64_t>(in.channels), static_cast<uint64_t>(in.height),
+                              &pixel_bytes) &&
       !__builtin_mul_overflow(pixel_bytes, static_cast<uint64_t>(in.width), &pixel_bytes) &&
       !__builtin_mul_overflow(pixel_bytes, static_cast<uint64_t>(in.count), &pixel_bytes) &&
       !__builtin_add_overflow(header_bytes + static_cast<uint64_t>(in.count) * sizeof(int32_t),

@@ -70,11 +70,12 @@ TEST_CASE("bad image shards are clear errors") {
 }
 
 TEST_CASE("an image shard header whose sizes overflow 64 bits is refused") {
-  // Found by test/fuzz/image_shard_fuzz.cc: 2^22 * 2^21 * 2^21 pixels per image wrap to 0, so
-  // a 1028-byte file (header and one label) used to match the size its header described.
+  // test/fuzz/image_shard_fuzz.cc found count * C*H*W overflowing int64 (UBSan). With
+  // 2^22 * 2^21 * 2^21 pixels per image the product wraps to 0, so a 1028-byte file (header
+  // and one label) used to match the size its header described and open.
   TestDir dir;
-  int32_t header[257] = {data::kImageShardMagic, data::kImageShardVersion, 1, 1 << 22, 1 << 21,
-                         1 << 21, 2};
+  int32_t header[257] = {
+      data::kImageShardMagic, data::kImageShardVersion, 1, 1 << 22, 1 << 21, 1 << 21, 2};
   header[256] = 0;  // the one label
   const std::string path =
       dir.write("wrap.bin", std::string(reinterpret_cast<const char*>(header), sizeof(header)));
