@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 
 #include "base/error.h"
 #include "base/philox.h"
@@ -33,11 +34,20 @@ ImageShard ImageShard::open(const std::string& path) {
       << "[image_shard] " << path << ": invalid header (count " << in.count << ", channels "
       << in.channels << ", " << in.height << "x" << in.width << ", classes " << in.num_classes
       << ")";
-  const size_t expected = header_bytes + static_cast<size_t>(in.count) * sizeof(int32_t) +
-                          static_cast<size_t>(in.count * in.pixels_per_image());
-  MAMMOTH_CHECK(s.file_.size() == expected)
+  // Four int32 fields multiply past 2^64: compute the size with overflow checks, so a corrupt
+  // header cannot wrap around to the file's size and pass.
+  uint64_t pixel_bytes = 0, expected = 0;
+  const bool fits =
+      !__builtin_mul_overflow(static_cast<uint64_t>(in.channels), static_cast<uint64_t>(in.height),
+                              &pixel_bytes) &&
+      !__builtin_mul_overflow(pixel_bytes, static_cast<uint64_t>(in.width), &pixel_bytes) &&
+      !__builtin_mul_overflow(pixel_bytes, static_cast<uint64_t>(in.count), &pixel_bytes) &&
+      !__builtin_add_overflow(header_bytes + static_cast<uint64_t>(in.count) * sizeof(int32_t),
+                              pixel_bytes, &expected);
+  MAMMOTH_CHECK(fits && s.file_.size() == expected)
       << "[image_shard] " << path << " is " << s.file_.size() << " bytes but its header describes "
-      << expected << " (truncated or not an image shard)";
+      << (fits ? std::to_string(expected) : std::string("more than 2^64"))
+      << " (truncated or not an image shard)";
   s.labels_ = reinterpret_cast<const int32_t*>(s.file_.data() + header_bytes);
   s.pixels_ = s.file_.data() + header_bytes + in.count * sizeof(int32_t);
   for (int64_t i = 0; i < in.count; ++i) {

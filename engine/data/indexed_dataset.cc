@@ -136,10 +136,12 @@ IndexedDataset IndexedDataset::open(const std::string& prefix) {
   for (int64_t i = 0; i < d.num_sequences_; ++i) {
     const int64_t len = load<int32_t>(d.lengths_, i);
     const int64_t ptr = load<int64_t>(d.pointers_, i);
-    MAMMOTH_CHECK(len >= 0 && ptr >= 0 && ptr % item == 0 && ptr + len * item <= bin_bytes)
+    // ptr + len * item would overflow for a pointer near INT64_MAX and wrap inside the file.
+    const bool past_end = ptr > bin_bytes || (ptr >= 0 && len * item > bin_bytes - ptr);
+    MAMMOTH_CHECK(len >= 0 && ptr >= 0 && ptr % item == 0 && !past_end)
         << "[indexed_dataset] sequence " << i << " (" << len << " elements at byte " << ptr
         << ") lies outside '" << bin_path << "' (" << bin_bytes << " bytes"
-        << (ptr + len * item > bin_bytes ? ", truncated?" : "") << ")";
+        << (past_end ? ", truncated?" : "") << ")";
     d.total_elements_ += len;
   }
   int64_t prev = 0;

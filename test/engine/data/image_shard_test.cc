@@ -68,3 +68,16 @@ TEST_CASE("bad image shards are clear errors") {
                     Catch::Contains("missing.bin"));
   CHECK_THROWS_AS(data::write_image_shard(path, {2, 1, 1, 1, 2}, {0}, {1, 2}), Error);
 }
+
+TEST_CASE("an image shard header whose sizes overflow 64 bits is refused") {
+  // test/fuzz/image_shard_fuzz.cc found count * C*H*W overflowing int64 (UBSan). With
+  // 2^22 * 2^21 * 2^21 pixels per image the product wraps to 0, so a 1028-byte file (header
+  // and one label) used to match the size its header described and open.
+  TestDir dir;
+  int32_t header[257] = {
+      data::kImageShardMagic, data::kImageShardVersion, 1, 1 << 22, 1 << 21, 1 << 21, 2};
+  header[256] = 0;  // the one label
+  const std::string path =
+      dir.write("wrap.bin", std::string(reinterpret_cast<const char*>(header), sizeof(header)));
+  CHECK_THROWS_WITH(data::ImageShard::open(path), Catch::Contains("more than 2^64"));
+}

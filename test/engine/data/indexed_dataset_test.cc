@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <limits>
 
 #include "base/error.h"
 #include "test/testing/test_dir.h"
@@ -99,6 +100,22 @@ TEST_CASE("bad indexed datasets are errors naming the file") {
   CHECK_THROWS_WITH(IndexedDataset::open(make("tbin", idx, bin.substr(0, bin.size() - 2))),
                     Catch::Contains("tbin.bin"));
   CHECK_THROWS_AS(IndexedDataset::open(make("tiny", idx.substr(0, 20), bin)), Error);
+}
+
+TEST_CASE("a sequence pointer near INT64_MAX is refused, not wrapped into the file") {
+  // Found while fuzzing (test/fuzz/indexed_dataset_fuzz.cc): ptr + len * item overflowed, went
+  // negative and passed the bounds check, so get() read at bin + 2^63 - 1.
+  TestDir dir;
+  const std::string prefix = dir.file("wrap");
+  IndexedDatasetWriter w(prefix, IndexedDType::kU8);
+  w.add_document({1});
+  w.finalize();
+  std::string idx = testing::read_bytes(prefix + ".idx");
+  const int64_t ptr = std::numeric_limits<int64_t>::max();  // 1 element of 1 byte from here
+  std::memcpy(&idx[kIndexHeaderBytes + 4], &ptr, 8);
+  dir.write("wrap.idx", idx);
+  CHECK_THROWS_WITH(IndexedDataset::open(prefix),
+                    Catch::Contains("sequence 0") && Catch::Contains("wrap.bin"));
 }
 
 }  // namespace

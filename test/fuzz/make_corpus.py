@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""Writes the seed corpora in test/fuzz/corpus/<target>/: small valid files and edge cases.
+
+Run from the repository root: python3 test/fuzz/make_corpus.py (deterministic; the output is
+committed, so this only needs rerunning when a format or a seed changes).
+"""
+import json
+import os
+import struct
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
+
+
+def put(target, name, data):
+    d = os.path.join(ROOT, target)
+    os.makedirs(d, exist_ok=True)
+    if isinstance(data, str):
+        data = data.encode()
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data)
+
+
+# ---- safetensors
+def st(header, data=b"", pad=True):
+    h = header if isinstance(header, bytes) else json.dumps(header, separators=(",", ":")).encode()
+    if pad:
+        h += b" " * ((8 - len(h) % 8) % 8)
+    return struct.pack("<Q", len(h)) + h + data
+
+
+put("safetensors", "empty", st({}))
+put("safetensors", "f32_2x3", st({"w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]}},
+                                 bytes(range(24))))
+put("safetensors", "meta_two", st({"__metadata__": {"format": "pt"},
+                                   "a": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]},
+                                   "b": {"dtype": "I64", "shape": [], "data_offsets": [4, 12]}},
+                                  bytes(12)))
+put("safetensors", "zero_size", st({"z": {"dtype": "F16", "shape": [0, 4], "data_offsets": [0, 0]},
+                                    "u": {"dtype": "U8", "shape": [3], "data_offsets": [0, 3]}},
+                                   b"abc"))
+put("safetensors", "meta_null", st({"__metadata__": None}))
+put("safetensors", "gap", st({"x": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}},
+                             bytes(8)))
+put("safetensors", "huge_shape", st({"x": {"dtype": "F64", "shape": [4294967296, 4294967296],
+                                           "data_offsets": [0, 0]}}))
+put("safetensors", "short_len", b"\x10\x00\x00")
+
+# ---- json (configs, tokenizer files, checkpoint index/manifest/state)
+put("json", "config", json.dumps({"n_layer": 12, "n_head": 12, "n_embd": 768, "dropout": 0.1,
+                                  "vocab_size": 50257, "bias": True, "act": "gelu_new",
+                                  "layer_norm_epsilon": 1e-05, "tie": None}, indent=2))
+put("json", "index", json.dumps({"format": "mammoth-sharded-checkpoint-1",
+                                 "layout": {"dp": 2, "zero": 1},
+                                 "tensors": {"wte.weight": {"dtype": "f32", "shape": [50257, 768]},
+                                             "h.0.ln_1.bias": {"dtype": "bf16", "shape": [768]}},
+                                 "shards": ["shard_00000.safetensors", "shard_00001.safetensors"]},
+                                indent=2))
+put("json", "manifest", json.dumps({"step": 100, "files": {
+    "model.safetensors": {"bytes": 497759232, "crc32c": 3735928559},
+    "state.json": {"bytes": 412, "crc32c": 1}}}))
+put("json", "state", json.dumps({"step": 100, "tokens": 409600, "rng": [1, 2, 3, 4],
+                                 "loss_scale": 65536.0, "lr": 6e-4, "data": {"pos": -1}}))
+put("json", "strings", '["a\\u00e9\\ud83d\\ude00\\n\\t\\"\\\\\\/", "\u00e9\u4e2d\U0001F600", ""]')
+put("json", "numbers", "[0, -0, 1.5, -2.25e-3, 1E+2, 9223372036854775807, -9223372036854775808,"
+                       " 9223372036854775808, 1e308, 5e-324, 123456789012345678901234567890]")
+put("json", "nested", "[" * 40 + "{}" + "]" * 40)
+put("json", "big_object", json.dumps({f"k{i}": i for i in range(20)}))
+put("json", "literals", ' {"t": true, "f": false, "n": null, "e": [], "o": {}} ')
+
+# ---- token_shard
+def shard(tokens, count=None, magic=20240520, version=1):
+    h = [0] * 256
+    h[0], h[1], h[2] = magic, version, len(tokens) if count is None else count
+    return struct.pack("<256i", *h) + struct.pack(f"<{len(tokens)}H", *tokens)
+
+
+put("token_shard", "ten", shard([50256, 15496, 995, 0, 1, 2, 3, 65535, 7, 8]))
+put("token_shard", "empty", shard([]))
+put("token_shard", "truncated", shard([1, 2, 3], count=4))
+put("token_shard", "bad_version", shard([1], version=2))
+
+# ---- indexed_dataset: u16 bin size, then .idx, then .bin
+def indexed(seqs, docs, code=8, item=2, fmt="H"):
+    binb = b""
+    ptrs = []
+    for s in seqs:
+        ptrs.append(len(binb))
+        binb += struct.pack(f"<{len(s)}{fmt}", *s)
+    idx = b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, code, len(seqs), len(docs))
+    idx += struct.pack(f"<{len(seqs)}i", *[len(s) for s in seqs])
+    idx += struct.pack(f"<{len(seqs)}q", *ptrs)
+    idx += struct.pack(f"<{len(docs)}q", *docs)
+    return struct.pack("<H", len(binb)) + idx + binb
+
+
+put("indexed_dataset", "u16_three", indexed([[1, 2, 3], [4], [5, 6]], [0, 2, 3]))
+put("indexed_dataset", "i32", indexed([[-1, 70000]], [0, 1], code=4, item=4, fmt="i"))
+put("indexed_dataset", "i64", indexed([[1 << 40, 2]], [0, 1], code=5, item=8, fmt="q"))
+put("indexed_dataset", "u8_empty_seq", indexed([[], [255]], [0, 1, 2], code=1, item=1, fmt="B"))
+put("indexed_dataset", "f32", indexed([[1.5]], [0, 1], code=7, item=4, fmt="f"))
+put("indexed_dataset", "no_sequences", indexed([], [0]))
+# A sequence pointer near INT64_MAX: ptr + len overflowed and wrapped into the file (fixed).
+put("indexed_dataset", "ptr_overflow",
+    struct.pack("<H", 4) + b"MMIDIDX\x00\x00" + struct.pack("<QBQQ", 1, 1, 1, 2)
+    + struct.pack("<iq2q", 1, (1 << 63) - 1, 0, 1) + b"abcd")
+
+# ---- image_shard
+def images(labels, c, h, w, k, pixels=None):
+    hd = [0] * 256
+    hd[:7] = [20241130, 1, len(labels), c, h, w, k]
+    n = len(labels) * c * h * w
+    px = bytes((i * 37) % 256 for i in range(n)) if pixels is None else pixels
+    return struct.pack("<256i", *hd) + struct.pack(f"<{len(labels)}i", *labels) + px
+
+
+put("image_shard", "two_rgb_2x2", images([0, 2], 3, 2, 2, 3))
+put("image_shard", "gray_4x4", images([1], 1, 4, 4, 2))
+put("image_shard", "empty", images([], 1, 1, 1, 1))
+put("image_shard", "bad_label", images([5], 1, 1, 1, 2))
+# An image whose 2^22 x 2^21 x 2^21 pixels wrapped to 0 bytes (fixed).
+put("image_shard", "size_wrap", images([0], 1 << 22, 1 << 21, 1 << 21, 2, pixels=b""))
+
+# ---- bpe: vocab.json "\n--merges--\n" merges.txt "\n--text--\n" text
+def byte_alphabet():
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+ALPHA = byte_alphabet()
+
+
+def bpe(merges, text, extra=()):
+    vocab = {ALPHA[b]: b for b in range(256)}
+    for left, right in merges:
+        vocab.setdefault(left + right, len(vocab))
+    for e in extra:
+        vocab.setdefault(e, len(vocab))
+    m = "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges)
+    return (json.dumps(vocab, ensure_ascii=False) + "\n--merges--\n" + m + "\n--text--\n" + text)
+
+
+put("bpe", "hello", bpe([("h", "e"), ("l", "l"), ("he", "ll"), ("hell", "o"), ("\u0120", "w"),
+                         ("\u0120w", "o")], "hello world, Hello wo! 123 it's\n\n  x",
+                        extra=["<|endoftext|>"]))
+put("bpe", "bytes_only", bpe([], "caf\u00e9 \U0001F600 \t\r\n"))
+put("bpe", "no_text", bpe([("a", "b")], "")[: -len("\n--text--\n")])
