@@ -4,7 +4,8 @@
 #   bash tools/setup.sh
 #
 # 1. Debian packages (apt): Bazel 4 (bazel-bootstrap), Open MPI, Abseil, Catch2, liburing,
-#    OpenBLAS, fio, PyTorch and NumPy for the reference checks, python3-venv, clang-format.
+#    OpenBLAS, fio, PyTorch and NumPy for the reference checks, python3-venv, clang-format,
+#    clang-16 with libFuzzer and its sanitizer runtimes (tools/fuzz.sh).
 #    `apt-get update` runs only when something is missing.
 # 2. A Python virtual environment at $MAMMOTH_VENV (default ~/.cache/mammoth/venv) made from
 #    Debian's /usr/bin/python3 with --system-site-packages, so it sees torch and numpy, plus the
@@ -30,6 +31,9 @@ PACKAGES=(
   python3-numpy
   python3-venv
   clang-format
+  clang-16
+  libfuzzer-16-dev
+  libclang-rt-16-dev
 )
 PY_MODULES=(safetensors tokenizers tensorboard transformers)
 # What pip installs for each module above. transformers 4.44.2 is the newest that runs on

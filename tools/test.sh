@@ -147,9 +147,41 @@ else
   avx2_note="$num_isa tests tagged isa ran again with MAMMOTH_ISA=avx2 in ${avx2_elapsed}s (exit status $avx2_rc)"
 fi
 
+# The fuzz pass: every libFuzzer target of tools/fuzz.sh (our file parsers under ASan + UBSan,
+# built by clang outside Bazel) for a bounded time, each counted as "fuzz:<target>". Only with
+# the whole suite; MAMMOTH_TEST_FUZZ=0 leaves it out, MAMMOTH_FUZZ_SECONDS sets the time each.
+fuzz_note="not run (a subset of the suite was asked for)"
+if [[ "${patterns[*]}" == "//..." ]]; then
+  if [[ "${MAMMOTH_TEST_FUZZ:-1}" == "0" ]]; then
+    fuzz_note="MAMMOTH_TEST_FUZZ=0: not run"
+  else
+    echo
+    echo "[test] fuzz pass: tools/fuzz.sh --seconds ${MAMMOTH_FUZZ_SECONDS:-15}"
+    fuzz_start=$SECONDS
+    bash tools/fuzz.sh --seconds "${MAMMOTH_FUZZ_SECONDS:-15}" 2>&1 | tee "$log_dir/fuzz.log"
+    fuzz_rc=${PIPESTATUS[0]}
+    fuzz_count=0
+    while read -r _ target rest; do
+      fuzz_count=$((fuzz_count + 1))
+      if [[ "$rest" == *"  ok" ]]; then
+        passed=$((passed + 1))
+      else
+        failed=$((failed + 1))
+        failed_names+=("fuzz:$target (${rest##*  })")
+      fi
+    done < <(grep -E '^fuzz [a-z_]+ +execs ' "$log_dir/fuzz.log")
+    if [[ $fuzz_count -eq 0 ]]; then
+      failed=$((failed + 1))
+      failed_names+=("fuzz pass: tools/fuzz.sh ran no target (exit $fuzz_rc; see above)")
+    fi
+    fuzz_note="$fuzz_count targets in $((SECONDS - fuzz_start))s (exit status $fuzz_rc)"
+  fi
+fi
+
 echo
 echo "[test] bazel test took ${elapsed}s (exit status $bazel_rc)"
 echo "[test] AVX2 pass: $avx2_note"
+echo "[test] fuzz pass: $fuzz_note"
 if [[ -s "$log_dir/query.err" ]] && grep -q ERROR "$log_dir/query.err"; then
   echo "[test] bazel query reported errors:"
   grep ERROR "$log_dir/query.err" | head -20
