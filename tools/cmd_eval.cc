@@ -26,6 +26,7 @@
 #include "models/vit/vit.h"
 #include "models/weights.h"
 #include "tools/command.h"
+#include "tools/masked_lm.h"
 
 // Shared with `mammoth train` (defined in cmd_train.cc), so --seq-len defaults to train's.
 ABSL_DECLARE_FLAG(std::string, model);
@@ -80,8 +81,7 @@ std::shared_ptr<models::LanguageModel> load_language_model(const std::string& na
   return m;
 }
 
-// Shared by eval and train: the masked-LM rule for model config `c` (mask token, vocabulary,
-// special tokens) and --mask-token / --mask-prob. The seed is the caller's.
+// tools/masked_lm.h: mask token, vocabulary and special tokens from `c`, the flags on top.
 data::MaskingOptions masked_lm_options(const models::ModelConfig& c, const char* command) {
   data::MaskingOptions o;
   o.vocab_size = c.vocab_size;

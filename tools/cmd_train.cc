@@ -36,6 +36,7 @@
 #include "parallel/offload_group.h"
 #include "parallel/pipeline/schedule.h"
 #include "tools/command.h"
+#include "tools/masked_lm.h"
 
 ABSL_FLAG(std::string, model, "gpt2-tiny", "registered model name or Hugging Face model directory");
 ABSL_FLAG(std::string, data, "",
@@ -123,9 +124,6 @@ ABSL_FLAG(double, comm_timeout, 600.0,
           "seconds a collective may take before the job is aborted naming it (<= 0: no limit)");
 
 namespace mammoth::tools {
-
-// Defined in cmd_eval.cc: BERT's masked-LM rule from the model config and --mask-token/-prob.
-data::MaskingOptions masked_lm_options(const models::ModelConfig& c, const char* command);
 
 namespace {
 
