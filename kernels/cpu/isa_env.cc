@@ -37,4 +37,10 @@ const char* isa_request_name(IsaRequest request) {
   return "?";
 }
 
+std::string isa_request_source() {
+  const IsaRequest request = isa_request_from_env();
+  if (request == IsaRequest::kAuto) return "best on this CPU";
+  return std::string(kIsaEnvVar) + "=" + isa_request_name(request);
+}
+
 }  // namespace mammoth::kernels::cpu

@@ -32,4 +32,8 @@ IsaRequest isa_request_from_env();
 // "avx512", "avx2", "portable" or "auto".
 const char* isa_request_name(IsaRequest request);
 
+// Who picks the kernels' family when nothing forces it, for settings lines: "MAMMOTH_ISA=avx2",
+// or "best on this CPU" when MAMMOTH_ISA is auto or unset.
+std::string isa_request_source();
+
 }  // namespace mammoth::kernels::cpu

@@ -113,8 +113,7 @@ std::string kernel_isa_summary() {
                              ? gemm == gemm_best
                              : std::string(gemm_isa_name(gemm)) == isa_request_name(request));
   if (!defaults) return text + " (forced)";
-  if (request == IsaRequest::kAuto) return text + " (best on this CPU)";
-  return text + " (" + kIsaEnvVar + "=" + isa_request_name(request) + ")";
+  return text + " (" + isa_request_source() + ")";
 }
 
 const char* simd_isa_name(SimdIsa isa) {

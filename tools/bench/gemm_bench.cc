@@ -278,15 +278,7 @@ int run_gemm_bench(const std::vector<std::string>& args_in) {
   std::printf("OpenBLAS core: %s; config: %s\n", openblas_get_corename(), openblas_get_config());
   {
     // Where the ISA came from; a bad MAMMOTH_ISA is a clear error here, before any timing.
-    std::string source;
-    if (!isa_flag.empty()) {
-      source = "--isa " + isa_flag;
-    } else {
-      const kc::IsaRequest request = kc::isa_request_from_env();
-      source = request == kc::IsaRequest::kAuto
-                   ? std::string("best on this CPU")
-                   : std::string(kc::kIsaEnvVar) + "=" + kc::isa_request_name(request);
-    }
+    const std::string source = !isa_flag.empty() ? "--isa " + isa_flag : kc::isa_request_source();
     const char* isa = kc::gemm_isa_name(kc::active_gemm_isa());
     std::printf("Mammoth gemm ISA: %s (%s)\n", isa, source.c_str());
   }

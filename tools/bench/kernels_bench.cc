@@ -811,12 +811,8 @@ int run_kernels_bench(const std::vector<std::string>& args) {
     if (all > 1) thread_counts.push_back(all);
   }
   // Who chose: --isa (the fused kernels only), else MAMMOTH_ISA (both), else the CPU's best.
-  const kc::IsaRequest isa_env = kc::isa_request_from_env();
   const std::string isa_source =
-      !opt.isa.empty() ? "--isa " + opt.isa + " for the fused kernels"
-      : isa_env == kc::IsaRequest::kAuto
-          ? std::string("best on this CPU")
-          : std::string(kc::kIsaEnvVar) + "=" + kc::isa_request_name(isa_env);
+      !opt.isa.empty() ? "--isa " + opt.isa + " for the fused kernels" : kc::isa_request_source();
   std::printf("mammoth bench kernels: fused kernels %s, sgemm %s (%s); best of %d runs\n",
               kc::simd_isa_name(kc::active_simd_isa()), kc::gemm_isa_name(kc::active_gemm_isa()),
               isa_source.c_str(), opt.reps);
