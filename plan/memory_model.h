@@ -1,0 +1,41 @@
+// Memory per rank and tier that a ParallelPlan needs for a model: what the planner prunes
+// with, what `mammoth plan` and `mammoth analyze` show, and what every `train` run prints
+// beside the allocator's measured peak.
+//
+// Per pipeline stage (ranks of one stage are symmetric over dp, tp and sp), the bytes the
+// engine's allocator holds at the step's height on the model's device, split into what holds
+// them, and the host / NVMe bytes the chunked memory keeps off the device.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/json.h"
+#include "models/config.h"
+#include "plan/parallel_plan.h"
+
+namespace mammoth::plan {
+
+struct StageMemory {
+  int64_t params = 0;       // this rank's parameters (tp shard, pipeline stage, ZeRO-3 shard)
+  int64_t grads = 0;        // gradients (ZeRO-2/3: the shard plus buckets in flight)
+  int64_t optimizer = 0;    // AdamW states (+ fp32 masters), on the device
+  int64_t activations = 0;  // saved for backward at the peak (micro-batches in flight)
+  int64_t buffers = 0;      // communication buckets, gathered ZeRO-3 parameters, pipeline sends
+  int64_t temporaries = 0;  // the largest transient live at the peak (logits, attention)
+  int64_t device_peak = 0;  // what the allocator's peak should read
+  int64_t host = 0;         // chunks homed in (pinned) host memory
+  int64_t nvme = 0;         // chunks on NVMe
+};
+
+struct MemoryPrediction {
+  std::vector<StageMemory> stages;  // one per pipeline stage (pp entries)
+  int64_t device_peak() const;      // the largest stage's
+  json::Value to_json() const;
+  std::string explain() const;  // one line per stage: where the peak's bytes go
+};
+
+MemoryPrediction predict_memory(const models::ModelConfig& config, const ParallelPlan& plan);
+
+}  // namespace mammoth::plan
