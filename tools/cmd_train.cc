@@ -35,6 +35,7 @@
 #include "parallel/mesh.h"
 #include "parallel/offload_group.h"
 #include "parallel/pipeline/schedule.h"
+#include "plan/memory_model.h"
 #include "tools/command.h"
 #include "tools/masked_lm.h"
 
@@ -578,6 +579,48 @@ int run_train(const std::vector<std::string>& args) {
                    "[train] per rank: measured peak %.1f MiB (allocator, first step; the formula "
                    "above sums to %.1f MiB without activations)\n",
                    static_cast<double>(peak) / 1048576.0, formula_mib);
+    };
+  }
+  {
+    // Every rank: plan/memory_model's prediction for its pipeline stage against the
+    // allocator's peak of the first step (AdamW states and dp buckets are allocated before it,
+    // so it already holds them).
+    plan::ParallelPlan flags_plan;
+    flags_plan.dp = dp_size;
+    flags_plan.pp = pp_size;
+    flags_plan.tp = tp_size;
+    flags_plan.sp = sp_size;
+    flags_plan.sp_mode = absl::GetFlag(FLAGS_sp_mode);
+    flags_plan.pp_schedule = absl::GetFlag(FLAGS_pp_schedule);
+    flags_plan.virtual_stages = absl::GetFlag(FLAGS_virtual_stages);
+    flags_plan.pp_partition = absl::GetFlag(FLAGS_pp_partition);
+    if (pipeline) flags_plan.stage_cut = pipeline->partition();
+    flags_plan.micro_batch = o.micro_batch;
+    flags_plan.grad_accum = o.grad_accum;
+    flags_plan.seq_len = o.seq_len;
+    flags_plan.zero = absl::GetFlag(FLAGS_zero);
+    flags_plan.bucket_mb = absl::GetFlag(FLAGS_bucket_mb);
+    flags_plan.offload = absl::GetFlag(FLAGS_offload);
+    flags_plan.device_mem = oo.device_mem;
+    flags_plan.auto_device_mem = oo.auto_device_size;
+    flags_plan.host_mem = oo.host_mem;
+    flags_plan.chunk_mb = absl::GetFlag(FLAGS_chunk_mb);
+    flags_plan.recompute_blocks = absl::GetFlag(FLAGS_activation_checkpointing) ? -1 : 0;
+    flags_plan.amp = amp;
+    flags_plan.device = device.device.is_cuda() ? "cuda" : "cpu";
+    const int rank = mesh ? mesh->rank() : 0;
+    const int stage = mesh ? mesh->coord(parallel::Axis::kPp) : 0;
+    const int64_t predicted =
+        plan::predict_memory(cfg, flags_plan).stages[static_cast<size_t>(stage)].device_peak;
+    o.report_peak_memory = [lead_report = o.report_peak_memory, rank, predicted](int64_t peak) {
+      if (lead_report) lead_report(peak);
+      std::fprintf(stderr,
+                   "[train] rank %d memory: predicted peak %lld bytes, measured peak %lld bytes "
+                   "(error %+.1f%%)\n",
+                   rank, static_cast<long long>(predicted), static_cast<long long>(peak),
+                   peak > 0
+                       ? 100.0 * static_cast<double>(predicted - peak) / static_cast<double>(peak)
+                       : 0.0);
     };
   }
 
