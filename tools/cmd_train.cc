@@ -2,9 +2,11 @@
 // --data, on the embedded default corpus (tokenized once and cached). GPT-2 and LLaMA learn
 // next-token prediction; the BERT family learns masked-LM (engine/data/masking.h: --mask-prob,
 // --mask-token), the same rule `mammoth eval` scores.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -26,6 +28,7 @@
 #include "engine/optim/optim.h"
 #include "engine/train/device.h"
 #include "engine/train/trainer.h"
+#include "memory/allocator.h"
 #include "models/gpt2/gpt2.h"
 #include "models/pipeline/pipeline.h"
 #include "models/policies/policy.h"
@@ -581,10 +584,27 @@ int run_train(const std::vector<std::string>& args) {
                    static_cast<double>(peak) / 1048576.0, formula_mib);
     };
   }
+  // Every rank: plan/memory_model's prediction for its pipeline stage against the allocator's
+  // peak, printed as train() returns. Measured: the larger of the first step's peak and the
+  // last one's (the allocator's peak since that step began); the first step alone would miss
+  // what it makes lazily and keeps (offload's dp comm buffers), which later steps start with.
+  struct PeakMemoryReport {
+    int rank = 0;
+    int64_t predicted = 0, first_step = 0;
+    Device device = Device::cpu();
+    ~PeakMemoryReport() {
+      if (std::uncaught_exceptions() > 0 || first_step == 0) return;
+      const int64_t peak = std::max(first_step, memory::allocator_for(device).stats().peak_bytes);
+      std::fprintf(stderr,
+                   "[train] rank %d memory: predicted peak %lld bytes, measured peak %lld bytes "
+                   "(error %+.1f%%)\n",
+                   rank, static_cast<long long>(predicted), static_cast<long long>(peak),
+                   100.0 * static_cast<double>(predicted - peak) / static_cast<double>(peak));
+    }
+  };
+  // Destroyed before dp and offload are (their teardown allocates): declared after them.
+  PeakMemoryReport peak_report;
   {
-    // Every rank: plan/memory_model's prediction for its pipeline stage against the
-    // allocator's peak of the first step (AdamW states and dp buckets are allocated before it,
-    // so it already holds them).
     plan::ParallelPlan flags_plan;
     flags_plan.dp = dp_size;
     flags_plan.pp = pp_size;
@@ -608,19 +628,15 @@ int run_train(const std::vector<std::string>& args) {
     flags_plan.recompute_blocks = absl::GetFlag(FLAGS_activation_checkpointing) ? -1 : 0;
     flags_plan.amp = amp;
     flags_plan.device = device.device.is_cuda() ? "cuda" : "cpu";
-    const int rank = mesh ? mesh->rank() : 0;
     const int stage = mesh ? mesh->coord(parallel::Axis::kPp) : 0;
-    const int64_t predicted =
+    peak_report.rank = mesh ? mesh->rank() : 0;
+    peak_report.device = device.device;
+    peak_report.predicted =
         plan::predict_memory(cfg, flags_plan).stages[static_cast<size_t>(stage)].device_peak;
-    o.report_peak_memory = [lead_report = o.report_peak_memory, rank, predicted](int64_t peak) {
+    o.report_peak_memory = [lead_report = o.report_peak_memory,
+                            report = &peak_report](int64_t peak) {
       if (lead_report) lead_report(peak);
-      std::fprintf(stderr,
-                   "[train] rank %d memory: predicted peak %lld bytes, measured peak %lld bytes "
-                   "(error %+.1f%%)\n",
-                   rank, static_cast<long long>(predicted), static_cast<long long>(peak),
-                   peak > 0
-                       ? 100.0 * static_cast<double>(predicted - peak) / static_cast<double>(peak)
-                       : 0.0);
+      report->first_step = peak;
     };
   }
 

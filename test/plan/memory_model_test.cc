@@ -51,7 +51,8 @@ TEST_CASE("memory_model: a one-block GPT-2 checked by hand") {
   // (ln_f 16 + the tied table 16 x 8); the block's saved tensors are live with the incoming
   // gradient (NC), the MLP's d_ff-wide input gradient (N F) and c_proj's weight gradient (C F).
   CHECK(s.activations == block);
-  CHECK(s.temporaries - 16 * 1024 - 2 * 1 * 1 * 9 * 8 == NC + 8 * 32 * 4 + 8 * 32 * 4);
+  // Beside a fixed 4 KiB of small tensors: the batch's ids and targets and the position ids.
+  CHECK(s.temporaries - 4 * 1024 - 2 * 8 * 8 - 8 * 8 == NC + 8 * 32 * 4 + 8 * 32 * 4);
   CHECK(s.grads == (16 + 16 * 8) * 4);
   CHECK(s.device_peak == s.params + s.grads + s.optimizer + s.activations + s.buffers +
                              s.temporaries + s.model_copy);
@@ -90,9 +91,10 @@ TEST_CASE("memory_model: tp halves the matrices, not the norms") {
 }
 
 TEST_CASE("memory_model: recompute lowers activations") {
+  // Batches whose activations outweigh the gradients (the peak is then in backward's start).
   for (const char* name : {"gpt2-tiny", "llama-tiny", "gpt2-medium"}) {
     const models::ModelConfig c = models::resolve_config(name);
-    ParallelPlan p = plan_of(4, 64);
+    ParallelPlan p = plan_of(16, c.max_seq);
     const StageMemory plain = predict_memory(c, p).stages[0];
     p.recompute_blocks = -1;
     const StageMemory rc = predict_memory(c, p).stages[0];

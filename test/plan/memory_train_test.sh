@@ -42,7 +42,8 @@ cell() {
     return 0
   fi
   local lines
-  lines="$(grep -E '^\[train\] rank [0-9]+ memory: predicted peak' "$log" || true)"
+  # Other ranks' output may share the line (mpirun forwards each rank's stderr as it comes).
+  lines="$(grep -aoE '\[train\] rank [0-9]+ memory: predicted peak [0-9]+ bytes, measured peak [0-9]+ bytes' "$log" || true)"
   local got
   got="$(printf '%s\n' "$lines" | grep -c . || true)"
   if [[ "$got" != "$np" ]]; then
