@@ -185,6 +185,10 @@ Acts activations(const ModelConfig& c, const ParallelPlan& p, int64_t e) {
   // In a block's backward: the incoming gradient, the MLP's d_ff-wide input gradient from its
   // second linear and that linear's weight gradient, before the saved tensors it frees.
   a.block_bwd = Ns * C * e + N * Fl * e + C * Fl * e;
+  // LLaMA: next, mul's backward makes both operands' gradients while down_proj's input
+  // gradient (mul's output gradient) is live and down_proj's saved input is gone.
+  if (c.family == Family::kLlama)
+    a.block_bwd = Ns * C * e + std::max(2 * N * Fl, N * Fl + C * Fl) * e;
   a.boundary = Ns * C * e;
   const bool vocab_parallel = tp > 1 || p.sp_mode != "none";
   // Vocab-parallel embedding (tp): the masked lookup is multiplied by its keep mask, and mul
@@ -361,11 +365,11 @@ MemoryPrediction predict_memory(const ModelConfig& c, const ParallelPlan& p) {
       // ZeRO-2/3: each launch allocates the bucket's full-size buffer, at most kMaxInFlight.
       if (p.zero >= 2) dp_in_flight = kMaxInFlight * bucket_typical;
       if (p.zero == 3) {
-        // make_resident allocates a bucket before evicting beyond kResidentBuckets; a tied
-        // table is a bucket of its own, used at both ends of the model.
-        const int64_t gathered = std::min<int64_t>(n_buckets, kResidentBuckets + 1);
-        dp_gathered = ps.tied > 0 && (first || last) ? ps.tied + (gathered - 1) * bucket_typical
-                                                     : gathered * bucket_typical;
+        // kResidentBuckets stay gathered; at the ends of the model (where the peak is) one of
+        // them holds the vocabulary table or head, a bucket of its own as it passes the size.
+        const int64_t gathered = std::min<int64_t>(n_buckets, kResidentBuckets);
+        dp_gathered = (first || last ? std::max(bucket_typical, ps.largest) : bucket_typical) +
+                      (gathered - 1) * bucket_typical;
       }
     }
     if (offload) {
