@@ -304,9 +304,6 @@ MemoryPrediction predict_memory(const ModelConfig& c, const ParallelPlan& p) {
   const bool model_parallel = p.tp * p.sp > 1 || p.sp_mode != "none";
   const bool offload = p.offloaded();
   const int v = std::max(1, p.virtual_stages);
-  // Recompute: BERT's single-process forward has no checkpointed blocks (models/bert), its
-  // tensor-parallel form does (models/policies/bert_policy.cc).
-  const bool can_recompute = c.family != Family::kBert || model_parallel;
   // The trained form on one tp rank, whole (every stage): `mammoth train` builds the whole
   // model on every pipeline rank and trains its stages' parameters only.
   const int64_t trained_all = c.n_layer * ps.block_shard + ps.embed + ps.head + ps.tied;
@@ -315,19 +312,21 @@ MemoryPrediction predict_memory(const ModelConfig& c, const ParallelPlan& p) {
   for (int s = 0; s < p.pp; ++s) {
     StageMemory m;
     // This rank's blocks and parts (virtual stages s, s + pp, ...).
-    int64_t blocks = 0;
+    // Recompute covers the model's first recompute_blocks layers (models/model.h recomputes()),
+    // wherever the stage cut puts them.
+    const int64_t rc_end = p.recompute_blocks < 0 ? c.n_layer : p.recompute_blocks;
+    int64_t blocks = 0, recomputed = 0;
     bool first = false, last = false;
     for (int k = 0; k < v; ++k) {
       const int vs = s + k * p.pp;
-      blocks += cut[static_cast<size_t>(vs) + 1] - cut[static_cast<size_t>(vs)];
+      const int64_t lo = cut[static_cast<size_t>(vs)], hi = cut[static_cast<size_t>(vs) + 1];
+      blocks += hi - lo;
+      recomputed += std::max<int64_t>(0, std::min(hi, rc_end) - lo);
       first = first || vs == 0;
       last = last || vs == p.pp * v - 1;
     }
     const int64_t stage_params = blocks * ps.block_shard + (first ? ps.embed : 0) +
                                  (last ? ps.head : 0) + (first || last ? ps.tied : 0);
-    const int64_t recomputed =
-        !can_recompute ? 0
-                       : (p.recompute_blocks < 0 ? blocks : std::min(blocks, p.recompute_blocks));
 
     // ---- parameters, gradients, optimizer, buffers: persistent and transient ----
     // Under tp/sp `mammoth train` keeps the single-process model (the policy's checkpoint map

@@ -83,6 +83,8 @@ cell llama_mb2 1 "${l[@]}" --micro-batch 2
 cell llama_mb4_recompute 1 "${l[@]}" --micro-batch 4 "${ac[@]}"
 cell bert_mb2 1 "${b[@]}" --micro-batch 2
 cell bert_mb4 1 "${b[@]}" --micro-batch 4
+cell bert_mb4_recompute 1 "${b[@]}" --micro-batch 4 "${ac[@]}"
+cell gpt2_mb4_recompute_first2 1 "${g[@]}" --micro-batch 4 --recompute-blocks 2
 cell gpt2_mb2_offload_host 1 "${g[@]}" --micro-batch 2 --offload host
 cell gpt2_mb3_offload_nvme 1 "${g[@]}" --micro-batch 3 --offload nvme --nvme-dir "$work/nvme"
 cell llama_mb4_offload_host_recompute 1 "${l[@]}" --micro-batch 4 --offload host "${ac[@]}"
@@ -121,6 +123,8 @@ cell gpt2_dp4_zero3 4 "${g[@]}" --micro-batch 2 --zero 3
 cell gpt2_dp2_tp2_zero1 4 "${g[@]}" --micro-batch 2 --tp 2 --zero 1
 cell gpt2_dp2_pp2_zero1 4 "${g[@]}" --micro-batch 2 --grad-accum 2 --pp 2 --zero 1
 cell gpt2_pp4_1f1b 4 "${g[@]}" --micro-batch 1 --grad-accum 4 --pp 4
+cell gpt2_pp4_1f1b_recompute_first1 4 "${g[@]}" --micro-batch 2 --grad-accum 4 --pp 4 \
+  --recompute-blocks 1
 cell gpt2_tp4 4 "${g[@]}" --micro-batch 2 --tp 4
 cell gpt2_pp2_tp2 4 "${g[@]}" --micro-batch 2 --grad-accum 2 --pp 2 --tp 2
 cell llama_dp2_tp2_zero2 4 "${l[@]}" --micro-batch 2 --tp 2 --zero 2
