@@ -330,8 +330,10 @@ MemoryPrediction predict_memory(const ModelConfig& c, const ParallelPlan& p) {
 
     // ---- parameters, gradients, optimizer, buffers: persistent and transient ----
     // Under tp/sp `mammoth train` keeps the single-process model (the policy's checkpoint map
-    // reads its names and shapes, tools/cmd_train.cc PolicyShards) beside its sharded form.
-    m.model_copy = model_parallel ? P * e : 0;
+    // reads its names and shapes, runtime/runtime.cc PolicyShards) beside its sharded form, and
+    // every pipeline rank builds the whole (trained form of the) model, training only its
+    // stages' parameters: the other stages' are held too.
+    m.model_copy = ((model_parallel ? P : 0) + trained_all - stage_params) * e;
     const bool dp_on = p.dp > 1 && !offload;
     // DataParallel buckets (parallel/data_parallel.cc): filled in reverse registration order,
     // closed when they reach bucket_mb (ZeRO-2/3: at most 1/16 of the stage's bytes), each
@@ -346,16 +348,16 @@ MemoryPrediction predict_memory(const ModelConfig& c, const ParallelPlan& p) {
     const int64_t padded = stage_params + n_buckets * (p.dp - 1);
     const int64_t shard = ceil_div(padded, p.dp);
 
-    int64_t params = (trained_all - stage_params) + stage_params;  // whole model, every rank
-    int64_t opt = stage_params * opt_bytes_per / e;                // in elements of e
-    int64_t grad_persist = 0;                                      // dp flat gradient buffers
+    int64_t params = stage_params;
+    int64_t opt = stage_params * opt_bytes_per / e;  // in elements of e
+    int64_t grad_persist = 0;                        // dp flat gradient buffers
     // The most gradient bytes autograd holds at once (beyond a tied table's): all of them
     // unless something takes them as they are made.
     int64_t grad_unit_max = stage_params;
     // ZeRO-2/3 full-size buckets at the peak: gradient buffers in flight, gathered parameters.
     int64_t dp_in_flight = 0, dp_gathered = 0;
     if (dp_on) {
-      params = trained_all - stage_params + (p.zero == 3 ? shard : padded);
+      params = p.zero == 3 ? shard : padded;
       opt = (p.zero >= 1 ? shard : padded) * opt_bytes_per / e;
       grad_persist = p.zero >= 2 ? shard : padded;
       // Parameters' own gradients wait for their bucket to launch (all of them with one
@@ -410,6 +412,10 @@ MemoryPrediction predict_memory(const ModelConfig& c, const ParallelPlan& p) {
     auto made = [&](int64_t k) {
       return tied_grad + std::min(head_grad + k * block_grad, grad_unit_max);
     };
+    // In the head's backward its weight gradient is live whole before any hook takes it (an
+    // untied head's table is larger than a block's parameters).
+    const int64_t head_made =
+        tied_grad + (offload ? head_grad : std::min(head_grad, grad_unit_max));
     const int64_t stage_grad = stage_params * e;
 
     // ---- activations at each moment ----
@@ -455,8 +461,8 @@ MemoryPrediction predict_memory(const ModelConfig& c, const ParallelPlan& p) {
       const int64_t acts =
           n * per_mb - (last && p.pp > 1 && p.pp_schedule != "gpipe" ? (n - 1) * a.head : 0);
       if (last) {
-        consider(acts, base, a.head_fwd, dp_gathered);                     // loss computed
-        consider(acts, std::max(base, made(0)), a.head_bwd, dp_gathered);  // head backward
+        consider(acts, base, a.head_fwd, dp_gathered);                       // loss computed
+        consider(acts, std::max(base, head_made), a.head_bwd, dp_gathered);  // head backward
       }
       if (blocks > 0) {
         // First and last block of this stage's backward (blocks done: 0 and blocks - 1).

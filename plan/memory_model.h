@@ -24,8 +24,10 @@ struct StageMemory {
   int64_t activations = 0;  // saved for backward at the peak (micro-batches in flight)
   int64_t buffers = 0;      // communication buckets, gathered ZeRO-3 parameters, pipeline sends
   int64_t temporaries = 0;  // the largest transient live at the peak (logits, attention)
-  // The single-process model `mammoth train` keeps beside a tp/sp rank's sharded form (its
-  // checkpoint map reads it); a runtime cost, not the plan's: a planner may leave it out.
+  // Parameters `mammoth train` holds beyond the plan's share: the single-process model kept
+  // beside a tp/sp rank's sharded form (its checkpoint map reads it) and, on a pipeline rank,
+  // the other stages' parameters (every rank builds the whole model). A cost of today's
+  // runtime, not of the plan: a planner may leave it out (device_peak - model_copy).
   int64_t model_copy = 0;
   int64_t device_peak = 0;    // what the allocator's peak should read (the sum of the above)
   int64_t chunks_device = 0;  // offload: device bytes the chunk manager holds itself, outside
