@@ -412,10 +412,9 @@ MemoryPrediction predict_memory(const ModelConfig& c, const ParallelPlan& p) {
     auto made = [&](int64_t k) {
       return tied_grad + std::min(head_grad + k * block_grad, grad_unit_max);
     };
-    // In the head's backward its weight gradient is live whole before any hook takes it (an
-    // untied head's table is larger than a block's parameters).
-    const int64_t head_made =
-        tied_grad + (offload ? head_grad : std::min(head_grad, grad_unit_max));
+    // In the head's backward its weight gradients are live whole, before a hook or a bucket
+    // takes them (an untied head's table is larger than a bucket or a block's parameters).
+    const int64_t head_made = tied_grad + head_grad;
     const int64_t stage_grad = stage_params * e;
 
     // ---- activations at each moment ----
