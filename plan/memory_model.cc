@@ -217,8 +217,10 @@ Acts activations(const ModelConfig& c, const ParallelPlan& p, int64_t e) {
     // slice): the full logits are a temporary beside the saved copy.
     a.head_fwd = std::max(a.head_fwd, logits);
   }
-  // The head's weight gradient is the first gradient made (counted with the gradients).
-  a.head_bwd = N * C * e + (vocab_parallel ? 2 * logits : 0);
+  // The head's backward: its input gradient (its weight gradient is the first gradient made,
+  // counted with the gradients); the vocab-parallel loss's gradient of the shifted logits
+  // (exp's and gather's, summed in place), its saved forward temporaries gone.
+  a.head_bwd = N * C * e + (vocab_parallel ? logits : 0);
   if (c.attn_dropout > 0) {
     // models::attend materialises scores, probabilities and the dropout mask per block.
     const int64_t sq = B * H * Tl * (ring ? Tl : T);
