@@ -159,10 +159,23 @@ Acts activations(const ModelConfig& c, const ParallelPlan& p, int64_t e) {
   // Attention's saved q, k, v and output, then the merged heads saved by the out projection.
   int64_t attn = (Cl + 2 * Ckv + Cl + Cl) * N * e + lse;
   if (ring) {
-    // Ring attention (parallel/sequence_parallel): every one of the sp steps runs attention on
-    // the K/V block that arrived, saving the block's contiguous k, v, its output and lse; the
-    // query is shared; the steps' outputs are merged by saved lse-weighted sums.
-    attn = (Cl + p.sp * (2 * Ckv + 2 * Cl) + Cl) * N * e + p.sp * 2 * lse;
+    // Ring attention (parallel/sequence_parallel.cc) on the zigzag layout: 2 sp chunks of
+    // c = T / 2sp positions, two per rank. Each (query chunk, key chunk) pair computed (causal:
+    // 2 sp + 1 of them on every rank; full attention: 4 sp) saves its exponentiated scores
+    // [B, H, c, c] (exp's output), e @ v and its division by the row sums; each merge of two
+    // partial outputs saves their weighted sum and its quotient (the chunk's last is the
+    // output, freed once the chunks are concatenated), and a few [B, H, c] row vectors. The
+    // K/V blocks every step received stay saved (the key-head copies under grouped queries),
+    // and so does the query's contiguous copy; the merged heads are the out projection's input.
+    const bool causal = c.family != Family::kBert;
+    const int64_t pairs = causal ? 2 * p.sp + 1 : 4 * p.sp;
+    const int64_t merges = pairs - 2;
+    const int64_t chunk = T / (2 * p.sp);
+    const int64_t o_chunk = B * H * chunk * c.head_dim() * e;
+    const int64_t row = B * H * chunk * 4;
+    const int64_t kv_width = Hkv * c.head_dim() == Cl ? Ckv : Cl;
+    attn = 2 * p.sp * N * kv_width * e + N * Cl * e + pairs * B * H * chunk * chunk * e +
+           (2 * pairs + 2 * merges - 2) * o_chunk + (2 * pairs + 4 * merges) * row + N * Cl * e;
   }
   switch (c.family) {
     case Family::kGpt2:

@@ -113,6 +113,11 @@ cell bert_tp2 2 "${b[@]}" --micro-batch 2 --tp 2
 cell gpt2_sp2_ulysses 2 "${g[@]}" --micro-batch 2 --sp 2 --sp-mode ulysses
 cell gpt2_sp2_ring 2 "${g[@]}" --micro-batch 2 --sp 2 --sp-mode ring
 cell llama_sp2_ulysses 2 "${l[@]}" --micro-batch 2 --sp 2 --sp-mode ulysses
+# Longer sequences, so that the activations (not the gradients) set the peak.
+cell gpt2_sp2_ulysses_seq64 2 "${g[@]}" --micro-batch 4 --seq-len 64 --sp 2 --sp-mode ulysses
+cell gpt2_sp2_ring_seq64 2 "${g[@]}" --micro-batch 4 --seq-len 64 --sp 2 --sp-mode ring
+cell bert_sp2_ring_seq64 2 "${b[@]}" --micro-batch 4 --seq-len 64 --sp 2 --sp-mode ring
+cell llama_sp2_ring_seq64 2 "${l[@]}" --micro-batch 4 --seq-len 64 --sp 2 --sp-mode ring
 cell gpt2_pp2_1f1b 2 "${g[@]}" --micro-batch 2 --grad-accum 4 --pp 2 --pp-schedule 1f1b
 cell gpt2_pp2_gpipe 2 "${g[@]}" --micro-batch 2 --grad-accum 4 --pp 2 --pp-schedule gpipe
 cell llama_pp2_1f1b_recompute 2 "${l[@]}" --micro-batch 1 --grad-accum 4 --pp 2 "${ac[@]}"
