@@ -501,6 +501,12 @@ MemoryPrediction predict_memory(const ModelConfig& c, const ParallelPlan& p) {
       const int64_t n = p.pp == 1 ? 1 : (p.pp_schedule == "gpipe" ? M - 1 : std::min(mb, M - 1));
       backward_moments(n, stage_grad);
     }
+    // After the step's backward the global norm squares each gradient it counts into a
+    // temporary (engine/optim grad_sq_sum), the largest a vocabulary table's (under ZeRO its
+    // shard segment); the gradients are the parameters' own unless dp or offload took them.
+    const int64_t largest = first || last ? ps.largest : ps.largest_block;
+    const int64_t norm_temp = (dp_on && p.zero >= 1 ? std::min(largest, shard) : largest) * e;
+    consider(0, dp_on || offload ? 0 : stage_grad, norm_temp, p.zero == 3 ? dp_gathered : 0);
 
     m.params = params;
     m.optimizer = opt;
