@@ -265,6 +265,12 @@ int64_t MemoryPrediction::device_peak() const {
   return m;
 }
 
+int64_t MemoryPrediction::planned_peak() const {
+  int64_t m = 0;
+  for (const StageMemory& s : stages) m = std::max(m, s.planned_peak());
+  return m;
+}
+
 json::Value MemoryPrediction::to_json() const {
   json::Value out = json::Value::array();
   for (const StageMemory& s : stages) {
@@ -281,7 +287,10 @@ json::Value MemoryPrediction::to_json() const {
                       .set("host", s.host)
                       .set("nvme", s.nvme));
   }
-  return json::Value::object().set("stages", std::move(out)).set("device_peak", device_peak());
+  return json::Value::object()
+      .set("stages", std::move(out))
+      .set("device_peak", device_peak())
+      .set("planned_peak", planned_peak());
 }
 
 std::string MemoryPrediction::explain() const {

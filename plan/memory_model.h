@@ -34,11 +34,15 @@ struct StageMemory {
                               // the allocator (parameters, gradients, states homed there)
   int64_t host = 0;           // chunks homed in (pinned) host memory
   int64_t nvme = 0;           // chunks on NVMe
+  // The peak a runtime that holds only the plan's share would reach (what a planner prunes
+  // and ranks with); with offload the device tier also holds chunks_device.
+  int64_t planned_peak() const { return device_peak - model_copy; }
 };
 
 struct MemoryPrediction {
   std::vector<StageMemory> stages;  // one per pipeline stage (pp entries)
   int64_t device_peak() const;      // the largest stage's
+  int64_t planned_peak() const;     // the largest stage's, without the runtime's model copy
   json::Value to_json() const;
   std::string explain() const;  // one line per stage: where the peak's bytes go
 };

@@ -187,6 +187,9 @@ TEST_CASE("memory_model: published sizes are a formula, not a run") {
     for (const StageMemory& s : m.stages) {
       CHECK(s.device_peak > 0);
       CHECK(s.optimizer < total * 6 / 128 / 8 * 1.5);
+      // Both layouts ran on 80 GB devices (with full recompute).
+      CHECK(s.planned_peak() < 80.0 * (1 << 30));
+      CHECK(s.planned_peak() > 0.1 * (1 << 30));
     }
   }
 }
