@@ -89,6 +89,10 @@ cell gpt2_mb2_offload_host 1 "${g[@]}" --micro-batch 2 --offload host
 cell gpt2_mb3_offload_nvme 1 "${g[@]}" --micro-batch 3 --offload nvme --nvme-dir "$work/nvme"
 cell llama_mb4_offload_host_recompute 1 "${l[@]}" --micro-batch 4 --offload host "${ac[@]}"
 cell bert_mb2_offload_host 1 "${b[@]}" --micro-batch 2 --offload host
+# Paged: parameters, gradients (and states) through a device budget smaller than the model.
+cell gpt2_mb2_offload_host_paged 1 "${g[@]}" --micro-batch 2 --offload host --device-mem 4M \
+  --chunk-mb 1
+cell llama_mb2_offload_none_paged 1 "${l[@]}" --micro-batch 2 --device-mem 2M --chunk-mb 0.25
 
 # Two processes: data parallelism under every ZeRO stage, offload over dp, tp, sp, pp.
 cell gpt2_dp2_zero0 2 "${g[@]}" --micro-batch 2 --zero 0
