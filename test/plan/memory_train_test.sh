@@ -79,6 +79,7 @@ cell gpt2_mb4 1 "${g[@]}" --micro-batch 4
 cell gpt2_mb2_recompute 1 "${g[@]}" --micro-batch 2 "${ac[@]}"
 cell gpt2_mb4_recompute 1 "${g[@]}" --micro-batch 4 "${ac[@]}"
 cell gpt2_mb2_accum2 1 "${g[@]}" --micro-batch 2 --grad-accum 2
+cell gpt2_mb4_bf16 1 "${g[@]}" --micro-batch 4 --amp bf16
 cell llama_mb2 1 "${l[@]}" --micro-batch 2
 cell llama_mb4_recompute 1 "${l[@]}" --micro-batch 4 "${ac[@]}"
 cell bert_mb2 1 "${b[@]}" --micro-batch 2
@@ -98,6 +99,7 @@ cell llama_mb2_offload_none_paged 1 "${l[@]}" --micro-batch 2 --device-mem 2M --
 cell gpt2_dp2_zero0 2 "${g[@]}" --micro-batch 2 --zero 0
 cell gpt2_dp2_zero1 2 "${g[@]}" --micro-batch 2 --zero 1
 cell gpt2_dp2_zero2 2 "${g[@]}" --micro-batch 2 --zero 2
+cell gpt2_dp2_zero2_fp16 2 "${g[@]}" --micro-batch 2 --zero 2 --amp fp16
 cell gpt2_dp2_zero3 2 "${g[@]}" --micro-batch 2 --zero 3
 cell gpt2_dp2_zero2_recompute 2 "${g[@]}" --micro-batch 4 --zero 2 "${ac[@]}"
 cell gpt2_dp2_zero1_bucket 2 "${g[@]}" --micro-batch 2 --zero 1 --bucket-mb 0.5
