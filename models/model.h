@@ -45,13 +45,19 @@ class Model : public engine::nn::Module {
   virtual const ModelConfig& config() const = 0;
   // Default: every parameter under its own name, none transposed.
   virtual HfLayout hf_layout() const;
-  // Activation checkpointing per transformer block while training (engine/nn/checkpoint.h):
-  // only each block's input is kept and the block is recomputed in backward.
-  void set_activation_checkpointing(bool on) { activation_checkpointing_ = on; }
-  bool activation_checkpointing() const { return activation_checkpointing_; }
+  // Activation checkpointing while training (engine/nn/checkpoint.h): the first `blocks`
+  // transformer blocks (-1: every block; 0: none) keep only their input and are recomputed in
+  // backward (Megatron's "block" recompute method: the first blocks, whose activations live
+  // longest under a pipeline schedule).
+  void set_recompute_blocks(int64_t blocks) { recompute_blocks_ = blocks; }
+  int64_t recompute_blocks() const { return recompute_blocks_; }
+  // Whether block `layer` is recomputed (while training).
+  bool recomputes(int64_t layer) const {
+    return is_training() && (recompute_blocks_ < 0 || layer < recompute_blocks_);
+  }
 
  protected:
-  bool activation_checkpointing_ = false;
+  int64_t recompute_blocks_ = 0;
 };
 
 // Runs one transformer block, through engine::nn::checkpoint when `recompute` is set (and a

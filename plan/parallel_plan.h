@@ -81,8 +81,9 @@ struct ParallelPlan {
 
 // What validate() checks a plan against; a field left at its default is not checked.
 struct PlanContext {
-  int world = 0;                                // processes launched (0: any)
-  const models::ModelConfig* model = nullptr;   // null: model rules not checked
+  int world = 0;                               // processes launched (0: any)
+  const models::ModelConfig* model = nullptr;  // null: model rules not checked
+  bool run = false;  // about to run here: what only a run needs (an NVMe directory) is checked
 };
 
 // The first rule the plan breaks, as the message users see ("" when it is valid).

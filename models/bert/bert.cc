@@ -157,7 +157,12 @@ Tensor Bert::encode(const Tensor& ids, const Tensor& token_type_ids,
   }
   Tensor x = bert->embeddings->forward(ids, types);
   const ModuleList<BertLayer>& layers = *bert->encoder->layer;
-  for (size_t l = 0; l < layers.size(); ++l) x = layers[l].forward(x, key_mask);
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const BertLayer& layer = layers[l];
+    x = run_block(
+        recomputes(static_cast<int64_t>(l)),
+        [&layer, key_mask](const Tensor& in) { return layer.forward(in, key_mask); }, x);
+  }
   return x;
 }
 

@@ -95,7 +95,7 @@ Tensor Gpt2::run(const Tensor& ids, KVCache* cache) {
       continue;
     }
     x = run_block(
-        activation_checkpointing_ && is_training(),
+        recomputes(layer),
         [&block, layer](const Tensor& in) { return block.forward(in, nullptr, layer); }, x);
   }
   if (cache != nullptr) cache->length += T;
@@ -119,8 +119,7 @@ Tensor Gpt2::pipeline_embed(const Tensor& ids) {
 Tensor Gpt2::pipeline_block(int64_t l, const Tensor& x, const Tensor&) {
   const Gpt2Block& block = (*h)[static_cast<size_t>(l)];
   return run_block(
-      activation_checkpointing_ && is_training(),
-      [&block, l](const Tensor& in) { return block.forward(in, nullptr, l); }, x);
+      recomputes(l), [&block, l](const Tensor& in) { return block.forward(in, nullptr, l); }, x);
 }
 
 Tensor Gpt2::pipeline_loss(const Tensor& x, const Tensor& ids) {

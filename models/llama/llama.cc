@@ -91,7 +91,7 @@ Tensor LlamaModel::forward(const Tensor& ids, KVCache* cache) const {
       continue;
     }
     x = run_block(
-        recompute_layers && is_training(),
+        recompute_blocks < 0 || index < recompute_blocks,
         [&layer, index](const Tensor& in) { return layer.forward(in, nullptr, index); }, x);
   }
   if (cache != nullptr) cache->length += ids.size(1);
@@ -109,7 +109,7 @@ Llama::Llama(ModelConfig config) : config_(std::move(config)) {
 }
 
 Tensor Llama::run(const Tensor& ids, KVCache* cache) {
-  model->recompute_layers = activation_checkpointing_;
+  model->recompute_blocks = is_training() ? recompute_blocks_ : 0;
   Tensor h = model->forward(ids, cache);
   return lm_head ? lm_head->forward(h) : engine::linear(h, model->embed_tokens->weight);
 }
@@ -130,8 +130,7 @@ Tensor Llama::pipeline_embed(const Tensor& ids) {
 Tensor Llama::pipeline_block(int64_t l, const Tensor& x, const Tensor&) {
   const LlamaDecoderLayer& layer = (*model->layers)[static_cast<size_t>(l)];
   return run_block(
-      activation_checkpointing_ && is_training(),
-      [&layer, l](const Tensor& in) { return layer.forward(in, nullptr, l); }, x);
+      recomputes(l), [&layer, l](const Tensor& in) { return layer.forward(in, nullptr, l); }, x);
 }
 
 Tensor Llama::pipeline_loss(const Tensor& x, const Tensor& ids) {

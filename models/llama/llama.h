@@ -47,7 +47,7 @@ class LlamaModel : public engine::nn::Module {
   explicit LlamaModel(const ModelConfig& c);
   // ids [B, T] -> final normed hidden states [B, T, C]
   engine::Tensor forward(const engine::Tensor& ids, KVCache* cache) const;
-  bool recompute_layers = false;  // activation checkpointing, set by Llama
+  int64_t recompute_blocks = 0;  // Model::recompute_blocks() while training, set by Llama
   std::shared_ptr<engine::nn::Embedding> embed_tokens;
   std::shared_ptr<ModuleList<LlamaDecoderLayer>> layers;
   std::shared_ptr<engine::nn::RMSNorm> norm;

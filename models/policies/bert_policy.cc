@@ -272,11 +272,11 @@ class TpBert : public ShardedLanguageModel {
           Tensor::from_vector(keep, {B, plan.layout->padded()}, DType::kBool).to(ids.device());
     }
     Tensor x = bert->embeddings->forward(ids_at(ids, sg ? plan.every : plan.local), plan.local);
-    const bool recompute = activation_checkpointing_ && is_training();
     for (size_t l = 0; l < bert->encoder->layer->size(); ++l) {
       const TpBertLayer* layer = &(*bert->encoder->layer)[l];
       x = run_block(
-          recompute, [layer, seq](const Tensor& in) { return layer->forward(in, seq); }, x);
+          recomputes(static_cast<int64_t>(l)),
+          [layer, seq](const Tensor& in) { return layer->forward(in, seq); }, x);
     }
     const DenseHolder& t = *predictions->transform;
     x = t.LayerNorm->forward(engine::gelu(t.dense->forward(x)));

@@ -166,8 +166,7 @@ class TpGpt2 : public ShardedDecoder {
     const SeqContext seq{options_.sp_mode, plan.layout, &mesh_.group(Axis::kSp)};
     const TpGpt2Block* block = &(*h)[static_cast<size_t>(l)];
     return run_block(
-        activation_checkpointing_ && is_training(),
-        [block, seq](const Tensor& in) { return block->forward(in, seq); }, x);
+        recomputes(l), [block, seq](const Tensor& in) { return block->forward(in, seq); }, x);
   }
   PipelinePart pipeline_part(const std::string& name) const override {
     return gpt2_pipeline_part(name);

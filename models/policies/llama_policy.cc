@@ -236,8 +236,7 @@ class TpLlama : public ShardedDecoder {
     const SeqContext seq = sequence_context(plan_sequence(ids.size(1)));
     const TpLlamaDecoderLayer* layer = &(*model->layers)[static_cast<size_t>(l)];
     return run_block(
-        activation_checkpointing_ && is_training(),
-        [layer, seq](const Tensor& in) { return layer->forward(in, seq); }, x);
+        recomputes(l), [layer, seq](const Tensor& in) { return layer->forward(in, seq); }, x);
   }
   PipelinePart pipeline_part(const std::string& name) const override {
     return llama_pipeline_part(name, config_.tie_embeddings);

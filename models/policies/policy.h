@@ -221,7 +221,7 @@ template <class Sharded>
 std::shared_ptr<Sharded> adopt(std::shared_ptr<Sharded> sharded, const Model& model) {
   sharded->load_from(model);
   sharded->train(model.is_training());
-  sharded->set_activation_checkpointing(model.activation_checkpointing());
+  sharded->set_recompute_blocks(model.recompute_blocks());
   return sharded;
 }
 

@@ -234,11 +234,11 @@ class TpVit : public ShardedVit {
       seq.key_mask = Tensor::from_vector(keep, {B, padded}, DType::kBool).to(pixels.device());
     }
     Tensor x = vit->embeddings->forward(pixels, *plan.layout, plan.part);
-    const bool recompute = activation_checkpointing_ && is_training();
     for (size_t l = 0; l < vit->encoder->layer->size(); ++l) {
       const TpVitLayer* layer = &(*vit->encoder->layer)[l];
       x = run_block(
-          recompute, [layer, seq](const Tensor& in) { return layer->forward(in, seq); }, x);
+          recomputes(static_cast<int64_t>(l)),
+          [layer, seq](const Tensor& in) { return layer->forward(in, seq); }, x);
     }
     x = vit->layernorm->forward(x);
     // The class token's row: at local index `at` on the rank holding position 0.

@@ -130,9 +130,9 @@ void parity(const Family& f, const parallel::MeshShape& shape, models::SpMode mo
 
   auto full = f.make_model();
   const models::ModelConfig& cfg = full->config();
-  full->set_activation_checkpointing(recompute);
+  full->set_recompute_blocks(recompute ? -1 : 0);
   auto sharded = f.shard(*full, mesh, {.sp_mode = mode});
-  REQUIRE(sharded->activation_checkpointing() == recompute);
+  REQUIRE(sharded->recompute_blocks() == (recompute ? -1 : 0));
   // Same names as the single-device model.
   std::set<std::string> names, full_names;
   for (auto& [n, t] : sharded->named_parameters()) names.insert(n);

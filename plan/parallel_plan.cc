@@ -1,0 +1,380 @@
+#include "plan/parallel_plan.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string_view>
+
+#include "base/error.h"
+
+namespace mammoth::plan {
+namespace {
+
+bool one_of(const std::string& v, const std::vector<std::string_view>& options) {
+  return std::find(options.begin(), options.end(), v) != options.end();
+}
+
+// "a, b or c".
+std::string join(const std::vector<std::string_view>& options) {
+  std::string s;
+  size_t i = 0;
+  for (std::string_view o : options) {
+    if (i > 0) s += i + 1 == options.size() ? " or " : ", ";
+    s += o;
+    ++i;
+  }
+  return s;
+}
+
+// Rules are written as `if (broken) return message;`, first broken rule wins; the messages name
+// train's flags (the plan file's keys are the same words with '_').
+class Checker {
+ public:
+  Checker(const ParallelPlan& p, const PlanContext& c) : p_(p), c_(c) {}
+
+  std::string run() {
+    if (const std::string e = fields(); !e.empty()) return e;
+    if (const std::string e = mesh(); !e.empty()) return e;
+    if (const std::string e = pipeline(); !e.empty()) return e;
+    if (const std::string e = memory(); !e.empty()) return e;
+    if (const std::string e = device(); !e.empty()) return e;
+    if (c_.model != nullptr) {
+      if (const std::string e = model(*c_.model); !e.empty()) return e;
+    }
+    return "";
+  }
+
+ private:
+  template <typename... T>
+  static std::string say(const T&... parts) {
+    std::ostringstream s;
+    (s << ... << parts);
+    return s.str();
+  }
+
+  // Each field on its own.
+  std::string fields() const {
+    if (p_.dp < 1 || p_.pp < 1 || p_.tp < 1 || p_.sp < 1) {
+      return say("--dp, --pp, --tp and --sp must be >= 1, got ", p_.dp, ", ", p_.pp, ", ", p_.tp,
+                 " and ", p_.sp);
+    }
+    static const std::vector<std::string_view> kSp = {"none", "split_gather", "ulysses", "ring"};
+    if (!one_of(p_.sp_mode, kSp))
+      return say("--sp-mode must be ", join(kSp), ", got '", p_.sp_mode, "'");
+    static const std::vector<std::string_view> kSchedules = {"gpipe", "1f1b", "interleaved", "zb"};
+    if (!one_of(p_.pp_schedule, kSchedules))
+      return say("--pp-schedule must be ", join(kSchedules), ", got '", p_.pp_schedule, "'");
+    if (!one_of(p_.pp_partition, {"balanced", "count"}))
+      return say("--pp-partition must be balanced or count, got '", p_.pp_partition, "'");
+    if (p_.virtual_stages < 1) return say("--virtual-stages must be >= 1, got ", p_.virtual_stages);
+    if (p_.micro_batch < 1) return say("--micro-batch must be > 0, got ", p_.micro_batch);
+    if (p_.grad_accum < 1) return say("--grad-accum must be > 0, got ", p_.grad_accum);
+    if (p_.seq_len < 1) return say("--seq-len must be > 0, got ", p_.seq_len);
+    if (p_.zero < 0 || p_.zero > 3) return say("--zero must be 0, 1, 2 or 3, got ", p_.zero);
+    if (!(p_.bucket_mb > 0)) return say("--bucket-mb must be > 0, got ", p_.bucket_mb);
+    static const std::vector<std::string_view> kOffload = {"none", "host", "nvme"};
+    if (!one_of(p_.offload, kOffload))
+      return say("--offload must be ", join(kOffload), ", got '", p_.offload, "'");
+    if (p_.device_mem < 0 || p_.auto_device_mem < 0 || p_.host_mem < 0)
+      return say("--device-mem and --host-mem must be >= 0");
+    if (p_.device_mem > 0 && p_.auto_device_mem > 0)
+      return say("--device-mem is either a size or auto:SIZE, not both");
+    if (!(p_.chunk_mb > 0 && p_.chunk_mb <= 65536))
+      return say("--chunk-mb must be in (0, 65536], got ", p_.chunk_mb);
+    if (p_.recompute_blocks < -1)
+      return say("recompute_blocks must be -1 (every block), 0 (none) or a block count, got ",
+                 p_.recompute_blocks);
+    static const std::vector<std::string_view> kAmp = {"fp32", "bf16", "fp16"};
+    if (!one_of(p_.amp, kAmp)) return say("--amp must be ", join(kAmp), ", got '", p_.amp, "'");
+    if (!one_of(p_.device, {"cpu", "cuda"}))
+      return say("device must be cpu or cuda, got '", p_.device, "'");
+    return "";
+  }
+
+  std::string mesh() const {
+    // The order names each axis at most once; an axis it leaves out must have size 1
+    // (parallel/mesh.h appends those, slowest).
+    std::set<std::string> seen;
+    std::string_view rest = p_.order;
+    while (!rest.empty()) {
+      const size_t dash = rest.find('-');
+      const std::string axis(rest.substr(0, dash));
+      if (!one_of(axis, {"dp", "pp", "tp", "sp"}))
+        return say("mesh order '", p_.order, "': unknown axis '", axis, "' (dp, pp, tp, sp)");
+      if (!seen.insert(axis).second)
+        return say("mesh order '", p_.order, "' names ", axis, " twice");
+      rest = dash == std::string_view::npos ? std::string_view() : rest.substr(dash + 1);
+    }
+    for (const auto& [axis, size] : {std::pair{"dp", p_.dp}, std::pair{"pp", p_.pp},
+                                     std::pair{"tp", p_.tp}, std::pair{"sp", p_.sp}}) {
+      if (size > 1 && seen.count(axis) == 0)
+        return say("mesh order '", p_.order, "' leaves out ", axis, " of size ", size);
+    }
+    if (c_.world > 0 && p_.world() != c_.world) {
+      return say("--dp ", p_.dp, " x --pp ", p_.pp, " x --tp ", p_.tp, " x --sp ", p_.sp, " = ",
+                 p_.world(), " but ", c_.world, " process(es) were started",
+                 c_.world == 1 ? " (launch with: mpirun -np " + std::to_string(p_.world()) +
+                                     " mammoth train ...)"
+                               : "");
+    }
+    if (p_.sp > 1 && p_.sp_mode != "ulysses" && p_.sp_mode != "ring")
+      return say("--sp ", p_.sp, " needs --sp-mode ulysses or ring (split_gather runs on tp)");
+    if (p_.sp_mode != "none" && p_.world() == 1)
+      return say("--sp-mode ", p_.sp_mode, " splits the sequence over several ranks: it needs ",
+                 p_.sp_mode == "split_gather" ? "--tp > 1" : "--sp > 1", " (mpirun -np N)");
+    if (p_.zero > 0 && p_.dp == 1)
+      return say("--zero ", p_.zero,
+                 " shards over data-parallel ranks: it needs --dp > 1 (launch with mpirun -np N)");
+    return "";
+  }
+
+  std::string pipeline() const {
+    if (p_.virtual_stages > 1 && p_.pp_schedule != "interleaved")
+      return say("--virtual-stages ", p_.virtual_stages, " needs --pp-schedule interleaved, not ",
+                 p_.pp_schedule);
+    if (p_.pp == 1 && p_.virtual_stages > 1)
+      return say("--virtual-stages ", p_.virtual_stages, " needs --pp > 1");
+    if (!p_.stage_cut.empty()) {
+      const size_t stages = static_cast<size_t>(p_.pp) * static_cast<size_t>(p_.virtual_stages);
+      if (p_.stage_cut.size() != stages + 1)
+        return say("stage_cut has ", p_.stage_cut.size(), " boundaries; pp ", p_.pp,
+                   " x virtual stages ", p_.virtual_stages, " needs ", stages + 1);
+      if (p_.stage_cut.front() != 0) return say("stage_cut must start at layer 0");
+      for (size_t i = 1; i < p_.stage_cut.size(); ++i) {
+        if (p_.stage_cut[i] <= p_.stage_cut[i - 1])
+          return say("stage_cut must increase strictly (stage ", i - 1, " is empty)");
+      }
+    }
+    return "";
+  }
+
+  std::string memory() const {
+    if (p_.offload == "nvme" && c_.run && p_.nvme_dir.empty())
+      return say("--offload nvme needs --nvme-dir");
+    if (p_.offloaded() && p_.world() > 1) {
+      if (p_.tp > 1 || p_.sp > 1 || p_.pp > 1 || p_.sp_mode != "none")
+        return say(
+            "--offload/--device-mem/--host-mem combine with data parallelism (--dp) only, "
+            "not with --tp ",
+            p_.tp, " / --sp ", p_.sp, " / --pp ", p_.pp, " / --sp-mode ", p_.sp_mode);
+      if (p_.zero != 0)
+        return say(
+            "--offload shards the AdamW states over dp by chunk itself (ZeRO-Offload); "
+            "--zero ",
+            p_.zero, " does not apply: leave it at 0");
+    }
+    return "";
+  }
+
+  std::string device() const {
+    if (p_.device != "cuda") return "";
+    if (p_.tp > 1 || p_.sp > 1 || p_.pp > 1 || p_.sp_mode != "none")
+      return say("--device cuda: tensor/sequence/pipeline parallelism (--tp ", p_.tp, " --sp ",
+                 p_.sp, " --pp ", p_.pp,
+                 ") is not wired to NCCL yet; only data parallelism (--dp, ZeRO 0-1) runs on CUDA "
+                 "(--device cpu runs them over MPI)");
+    if (p_.dp > 1 && p_.zero > 1)
+      return say("--device cuda with --dp: ZeRO ", p_.zero,
+                 " is not enabled on CUDA yet (--zero 0 or 1)");
+    if (p_.auto_device_mem > 0)
+      return say("--device-mem auto is not implemented on CUDA yet: give a size (--device-mem 8G)");
+    if (p_.offloaded() && p_.dp > 1)
+      return say(
+          "--device cuda: --offload/--device-mem/--host-mem with --dp (chunks reduced "
+          "over dp) is not implemented on CUDA yet; one process offloads on CUDA");
+    return "";
+  }
+
+  std::string model(const models::ModelConfig& m) const {
+    const std::string family = models::family_name(m.family);
+    const bool decoder = m.family == models::Family::kGpt2 || m.family == models::Family::kLlama;
+    if (m.family == models::Family::kVit)
+      return say("model family vit has no language-model objective for `mammoth train`");
+    if (p_.pp > 1) {
+      if (!decoder)
+        return say("--pp: model family ", family,
+                   " has no pipeline stages (the masked-LM objective has no pipeline form: a "
+                   "stage carries a window as seq_len + 1 tokens of next-token data); use --pp 1");
+      const int64_t stages = static_cast<int64_t>(p_.pp) * p_.virtual_stages;
+      if (m.n_layer < stages)
+        return say("--pp ", p_.pp, " x --virtual-stages ", p_.virtual_stages, " = ", stages,
+                   " stages but ", m.name, " has ", m.n_layer, " layers");
+      if (!p_.stage_cut.empty() && p_.stage_cut.back() != m.n_layer)
+        return say("stage_cut must end at the model's ", m.n_layer, " layers, not ",
+                   p_.stage_cut.back());
+    }
+    if (p_.recompute_blocks > m.n_layer)
+      return say("recompute_blocks ", p_.recompute_blocks, " exceeds the model's ", m.n_layer,
+                 " blocks");
+    // A pipeline stage carries each window as one row of seq_len + 1 tokens; a split sequence is
+    // padded to a multiple of its parts (twice as many chunks for ring's zigzag).
+    int64_t positions = p_.seq_len + (p_.pp > 1 ? 1 : 0);
+    const int parts = p_.sp_mode == "split_gather"                        ? p_.tp
+                      : (p_.sp_mode == "ulysses" || p_.sp_mode == "ring") ? p_.sp
+                                                                          : 1;
+    const int64_t chunks = p_.sp_mode == "ring" ? 2 * parts : parts;
+    positions = (positions + chunks - 1) / chunks * chunks;
+    if (positions > m.max_seq)
+      return say("--seq-len ", p_.seq_len, (p_.pp > 1 ? " (+1 with --pp)" : ""),
+                 (chunks > 1 ? " padded to a multiple of " + std::to_string(chunks) : ""), " = ",
+                 positions, " exceeds the model's ", m.max_seq, " positions");
+    if (p_.tp > 1) {
+      if (m.n_head % p_.tp != 0)
+        return say("--tp ", p_.tp, " does not divide ", m.name, "'s ", m.n_head,
+                   " attention heads");
+      if (m.d_ff % p_.tp != 0)
+        return say("--tp ", p_.tp, " does not divide ", m.name, "'s MLP width ", m.d_ff);
+      if (m.n_kv_head % p_.tp != 0 && p_.tp % m.n_kv_head != 0)
+        return say("--tp ", p_.tp, ": ", m.name, "'s ", m.n_kv_head,
+                   " key/value heads neither divide by it nor divide it (replicated heads)");
+      if (m.family == models::Family::kGpt2 && !m.tie_embeddings)
+        return say("--tp ", p_.tp,
+                   ": GPT-2 with an untied LM head has no tensor-parallel form yet (its policy "
+                   "shards the tied embedding as the head)");
+    }
+    if (p_.sp_mode == "ulysses" && (m.n_head / p_.tp) % p_.sp != 0)
+      return say("--sp-mode ulysses: ", m.n_head / p_.tp,
+                 " attention heads per tp rank do not "
+                 "divide by --sp ",
+                 p_.sp);
+    return "";
+  }
+
+  const ParallelPlan& p_;
+  const PlanContext& c_;
+};
+
+int64_t get_int(const json::Value& v) { return v.as_int(); }
+
+}  // namespace
+
+std::string check(const ParallelPlan& plan, const PlanContext& context) {
+  return Checker(plan, context).run();
+}
+
+void validate(const ParallelPlan& plan, const PlanContext& context) {
+  const std::string e = check(plan, context);
+  MAMMOTH_CHECK(e.empty()) << "[plan] " << e;
+}
+
+json::Value plan_to_json(const ParallelPlan& p) {
+  json::Value v = json::Value::object();
+  v.set("dp", p.dp).set("pp", p.pp).set("tp", p.tp).set("sp", p.sp);
+  v.set("order", p.order).set("sp_mode", p.sp_mode);
+  v.set("pp_schedule", p.pp_schedule).set("virtual_stages", p.virtual_stages);
+  v.set("pp_partition", p.pp_partition);
+  json::Value cut = json::Value::array();
+  for (int64_t c : p.stage_cut) cut.push_back(c);
+  v.set("stage_cut", std::move(cut));
+  v.set("micro_batch", p.micro_batch).set("grad_accum", p.grad_accum).set("seq_len", p.seq_len);
+  v.set("zero", p.zero).set("bucket_mb", p.bucket_mb);
+  v.set("offload", p.offload).set("device_mem", p.device_mem);
+  v.set("auto_device_mem", p.auto_device_mem).set("host_mem", p.host_mem);
+  v.set("chunk_mb", p.chunk_mb).set("nvme_dir", p.nvme_dir);
+  v.set("recompute_blocks", p.recompute_blocks);
+  v.set("amp", p.amp).set("device", p.device);
+  return v;
+}
+
+ParallelPlan plan_from_json(const json::Value& v) {
+  MAMMOTH_CHECK(v.is_object()) << "[plan] a plan is a JSON object, got "
+                               << json::type_name(v.type());
+  ParallelPlan p;
+  for (const json::Value& m : v) {
+    const std::string& k = m.key();
+    auto as_i = [&] { return static_cast<int>(get_int(m)); };
+    if (k == "dp")
+      p.dp = as_i();
+    else if (k == "pp")
+      p.pp = as_i();
+    else if (k == "tp")
+      p.tp = as_i();
+    else if (k == "sp")
+      p.sp = as_i();
+    else if (k == "order")
+      p.order = m.as_string();
+    else if (k == "sp_mode")
+      p.sp_mode = m.as_string();
+    else if (k == "pp_schedule")
+      p.pp_schedule = m.as_string();
+    else if (k == "virtual_stages")
+      p.virtual_stages = as_i();
+    else if (k == "pp_partition")
+      p.pp_partition = m.as_string();
+    else if (k == "stage_cut") {
+      MAMMOTH_CHECK(m.is_array()) << "[plan] stage_cut must be an array of layer indices";
+      p.stage_cut.clear();
+      for (const json::Value& c : m) p.stage_cut.push_back(c.as_int());
+    } else if (k == "micro_batch")
+      p.micro_batch = m.as_int();
+    else if (k == "grad_accum")
+      p.grad_accum = m.as_int();
+    else if (k == "seq_len")
+      p.seq_len = m.as_int();
+    else if (k == "zero")
+      p.zero = as_i();
+    else if (k == "bucket_mb")
+      p.bucket_mb = m.as_double();
+    else if (k == "offload")
+      p.offload = m.as_string();
+    else if (k == "device_mem")
+      p.device_mem = m.as_int();
+    else if (k == "auto_device_mem")
+      p.auto_device_mem = m.as_int();
+    else if (k == "host_mem")
+      p.host_mem = m.as_int();
+    else if (k == "chunk_mb")
+      p.chunk_mb = m.as_double();
+    else if (k == "nvme_dir")
+      p.nvme_dir = m.as_string();
+    else if (k == "recompute_blocks")
+      p.recompute_blocks = m.as_int();
+    else if (k == "amp")
+      p.amp = m.as_string();
+    else if (k == "device")
+      p.device = m.as_string();
+    else
+      MAMMOTH_THROW() << "[plan] unknown key '" << k << "' (the keys are those of plan_to_json: "
+                      << "dp, pp, tp, sp, order, sp_mode, pp_schedule, virtual_stages, "
+                         "pp_partition, stage_cut, micro_batch, grad_accum, seq_len, zero, "
+                         "bucket_mb, offload, device_mem, auto_device_mem, host_mem, chunk_mb, "
+                         "nvme_dir, recompute_blocks, amp, device)";
+  }
+  return p;
+}
+
+ParallelPlan load_plan(const std::string& path) {
+  const json::Value v = json::parse_file(path);
+  // "plan" may wrap it (the files `mammoth plan --json` writes carry predictions beside it).
+  if (v.is_object() && v.contains("plan")) return plan_from_json(v.at("plan"));
+  return plan_from_json(v);
+}
+
+void save_plan(const ParallelPlan& plan, const std::string& path) {
+  std::ofstream out(path);
+  out << json::dump(plan_to_json(plan), 2) << "\n";
+  out.close();
+  MAMMOTH_CHECK(out.good()) << "[plan] cannot write " << path;
+}
+
+std::string plan_summary(const ParallelPlan& p) {
+  std::ostringstream s;
+  s << "dp" << p.dp << " pp" << p.pp << " tp" << p.tp << " sp" << p.sp << " (" << p.order << ")";
+  if (p.sp_mode != "none") s << " sp-mode " << p.sp_mode;
+  if (p.pp > 1) {
+    s << " " << p.pp_schedule;
+    if (p.virtual_stages > 1) s << " v" << p.virtual_stages;
+  }
+  s << " mb" << p.micro_batch << "x" << p.grad_accum << " seq " << p.seq_len << " zero" << p.zero
+    << " offload " << p.offload;
+  if (p.recompute_blocks != 0)
+    s << " recompute "
+      << (p.recompute_blocks < 0 ? std::string("all") : std::to_string(p.recompute_blocks));
+  s << " " << p.amp;
+  if (p.device != "cpu") s << " " << p.device;
+  return s.str();
+}
+
+}  // namespace mammoth::plan

@@ -1,0 +1,306 @@
+#include "runtime/runtime.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <utility>
+
+#include "base/error.h"
+#include "engine/offload/offload.h"
+#include "engine/optim/optim.h"
+#include "models/pipeline/pipeline.h"
+#include "models/policies/policy.h"
+#include "parallel/comm/mpi_communicator.h"
+#include "parallel/data_parallel.h"
+#include "parallel/offload_group.h"
+#include "parallel/pipeline/partition.h"
+#include "parallel/pipeline/schedule.h"
+
+namespace mammoth::runtime {
+namespace {
+
+// Checkpoints of a tensor/sequence-parallel run see the single-process model through this:
+// each piece of a rank's shard is mapped onto the single-process tensor (ShardSpec's layout;
+// a replicated KV head is rows of the full projection), and one rank per distinct part writes.
+class PolicyShards final : public engine::train::ModelShardRuntime {
+ public:
+  PolicyShards(const models::ShardedLanguageModel& sharded, const models::Model& full,
+               const parallel::DeviceMesh& mesh)
+      : sharded_(sharded), full_(full.named_parameters()), mesh_(mesh) {
+    for (const auto& [name, t] : sharded.named_parameters()) local_shape_[name] = t.shape();
+    for (const auto& [name, t] : full_) full_shape_[name] = t.shape();
+  }
+  std::vector<FlatRun> single_process_runs(const std::string& param, int64_t lo,
+                                           int64_t hi) const override {
+    const engine::Shape& local = shape_in(local_shape_, param);
+    const int tp = mesh_.size(parallel::Axis::kTp), r = mesh_.coord(parallel::Axis::kTp);
+    const parallel::ShardSpec spec = sharded_.spec(param);
+    std::vector<FlatRun> runs;
+    if (spec.sharded()) {
+      for (const auto& run : parallel::shard_flat_runs(spec, local, r, tp, lo, hi)) {
+        runs.push_back({run.global, run.local, run.length});
+      }
+      return runs;
+    }
+    int64_t offset = 0;
+    if (!sharded_.holds_full(param)) {
+      // A replicated KV head: this rank holds head r / (tp / heads), rows of dim 0.
+      const int64_t rows = local[0], heads = shape_in(full_shape_, param)[0] / rows;
+      const int64_t head = r / (tp / heads);
+      offset = head * engine::shape_numel(local);
+    }
+    if (lo < hi) runs.push_back({offset + lo, lo, hi - lo});
+    return runs;
+  }
+  bool writes(const std::string& param) const override {
+    return mesh_.coord(parallel::Axis::kSp) == 0 && sharded_.grad_owner(param);
+  }
+  const engine::nn::NamedTensors& single_process_parameters() const override { return full_; }
+
+ private:
+  static const engine::Shape& shape_in(const std::map<std::string, engine::Shape>& shapes,
+                                       const std::string& param) {
+    auto it = shapes.find(param);
+    MAMMOTH_CHECK(it != shapes.end()) << "[train] no parameter '" << param << "'";
+    return it->second;
+  }
+  const models::ShardedLanguageModel& sharded_;
+  engine::nn::NamedTensors full_;
+  const parallel::DeviceMesh& mesh_;
+  std::map<std::string, engine::Shape> local_shape_, full_shape_;
+};
+
+}  // namespace
+
+// What assemble() builds; each is null when the plan does not use it.
+struct TrainingRuntime::Parts {
+  std::shared_ptr<models::ShardedLanguageModel> sharded;
+  std::unique_ptr<PolicyShards> policy_shards;
+  std::unique_ptr<models::LanguageModelPipeline> pipeline;
+  std::unique_ptr<parallel::DataParallel> dp;
+  std::unique_ptr<parallel::OffloadGroup> offload_group;
+  std::unique_ptr<engine::offload::Offload> offload;
+};
+
+TrainingRuntime::TrainingRuntime(const plan::ParallelPlan& plan, Device device,
+                                 double comm_timeout_s)
+    : plan_(plan), device_(device), parts_(std::make_unique<Parts>()) {
+  plan::validate(plan_, {.world = parallel::process_info().world_size, .run = true});
+  if (plan_.world() > 1) {
+    parallel::MeshOptions mo;
+    mo.order = plan_.order;
+    mo.comm.timeout_s = comm_timeout_s;
+    // On CUDA every axis gets an NCCL group (bootstrapped over its MPI group).
+    mo.device = device_;
+    mesh_ = std::make_unique<parallel::DeviceMesh>(
+        parallel::mpi_world(mo.comm),
+        parallel::MeshShape{.dp = plan_.dp, .pp = plan_.pp, .tp = plan_.tp, .sp = plan_.sp}, mo);
+  }
+}
+
+TrainingRuntime::~TrainingRuntime() = default;
+
+int TrainingRuntime::rank() const { return mesh_ ? mesh_->rank() : 0; }
+
+void TrainingRuntime::barrier() const {
+  if (mesh_) mesh_->world().barrier();
+}
+
+void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
+                               engine::train::TrainOptions& o) {
+  MAMMOTH_CHECK(model_ == nullptr) << "[runtime] assemble() runs once";
+  const models::ModelConfig& cfg = model->config();
+  plan::validate(plan_, {.model = &cfg});
+  model_ = std::move(model);
+  trained_ = model_.get();
+  model_->set_recompute_blocks(plan_.recompute_blocks);
+  Parts& p = *parts_;
+  const models::SpMode sp_mode = models::sp_mode_from_name(plan_.sp_mode);
+  o.micro_batch = plan_.micro_batch;
+  o.grad_accum = plan_.grad_accum;
+  o.seq_len = plan_.seq_len;
+  o.amp = plan_.amp;
+  o.device = device_;
+
+  // Tensor/sequence parallelism: the model's sharded form (its family's policy) trains instead.
+  if (plan_.tp * plan_.sp > 1 || sp_mode != models::SpMode::kNone) {
+    p.sharded = models::apply_policy(*model_, *mesh_, {.sp_mode = sp_mode});
+    trained_ = p.sharded.get();
+    p.policy_shards = std::make_unique<PolicyShards>(*p.sharded, *model_, *mesh_);
+    o.model_shards = p.policy_shards.get();
+    models::ShardedLanguageModel* sharded = p.sharded.get();
+    o.after_backward = [sharded] { sharded->sync_grads(); };
+    o.sync_grad = [sharded](const std::string& n, const engine::Tensor& t) {
+      sharded->sync_grad(n, t);
+    };
+  }
+
+  // Pipeline parallelism: this rank runs its stages of the schedule over the step's
+  // gradient-accumulation micro-batches, and updates only its stages' parameters.
+  if (plan_.pp > 1) {
+    namespace pl = parallel::pipeline;
+    std::shared_ptr<models::LanguageModel> staged =
+        p.sharded ? std::shared_ptr<models::LanguageModel>(p.sharded) : model_;
+    const pl::Schedule schedule =
+        pl::make_schedule(pl::schedule_kind_from_name(plan_.pp_schedule),
+                          {.stages = plan_.pp,
+                           .micro_batches = static_cast<int>(plan_.grad_accum),
+                           .virtual_stages = plan_.virtual_stages});
+    // A stage carries each window as one row of seq_len + 1 tokens. Balanced by FLOPs by
+    // default: the LM head alone costs several blocks.
+    pl::Partition partition(plan_.stage_cut.begin(), plan_.stage_cut.end());
+    if (partition.empty() && pl::partition_is_balanced(plan_.pp_partition)) {
+      partition = models::LanguageModelPipeline::balanced(cfg, plan_.seq_len + 1,
+                                                          schedule.num_virtual_stages());
+    }
+    p.pipeline = std::make_unique<models::LanguageModelPipeline>(
+        staged, schedule, mesh_->group(parallel::Axis::kPp), partition);
+    if (lead()) {
+      std::string cuts;
+      for (size_t s = 0; s + 1 < p.pipeline->partition().size(); ++s) {
+        cuts += (s ? ", " : "") + std::to_string(p.pipeline->partition()[s]) + "-" +
+                std::to_string(p.pipeline->partition()[s + 1] - 1);
+      }
+      std::fprintf(stderr, "[train] pipeline stages (%s): layers %s\n",
+                   plan_.stage_cut.empty() ? plan_.pp_partition.c_str() : "stage_cut",
+                   cuts.c_str());
+    }
+    models::LanguageModelPipeline* pipeline = p.pipeline.get();
+    o.pipeline_step = [pipeline](const std::vector<engine::Tensor>& batches, double scale) {
+      return pipeline->step(batches, scale);
+    };
+    o.optimizer_params = &p.pipeline->parameters();
+    if (o.eval_every > 0 && lead()) {
+      std::fprintf(stderr,
+                   "[train] --pp: periodic evaluation is off (stages hold only their "
+                   "own parameters' updates)\n");
+    }
+    o.eval_every = 0;
+  }
+
+  if (mesh_) {
+    o.logging_rank = lead();
+    // Every rank writes its shard of a sharded checkpoint.
+    o.world_rank = mesh_->rank();
+    o.world_size = mesh_->world_size();
+    parallel::DeviceMesh* mesh = mesh_.get();
+    o.world_barrier = [mesh] { mesh->world().barrier(); };
+    o.layout = json::Value::object();
+    o.layout.set("dp", json::Value(plan_.dp));
+    o.layout.set("pp", json::Value(plan_.pp));
+    o.layout.set("tp", json::Value(plan_.tp));
+    o.layout.set("sp", json::Value(plan_.sp));
+    o.layout.set("zero", json::Value(plan_.zero));
+    if (p.pipeline) {
+      // The tied wte lives on the first and the last stage; the first writes it.
+      models::LanguageModelPipeline* pipeline = p.pipeline.get();
+      o.writes_parameter = [pipeline](const std::string& name) {
+        return pipeline->counts_in_norm(name);
+      };
+    }
+  }
+
+  // Chunked memory. Under dp the offload runtime does the data parallelism itself, over its
+  // chunks (engine/offload/offload.h): parallel::DataParallel would move the same parameters
+  // into its own buckets.
+  if (plan_.offloaded() && mesh_) {
+    p.offload_group = std::make_unique<parallel::OffloadGroup>(mesh_->group(parallel::Axis::kDp));
+  }
+  if (mesh_ && plan_.dp > 1 && !plan_.offloaded()) {
+    // Under pp each stage's replicas reduce their stage's parameters.
+    p.dp = std::make_unique<parallel::DataParallel>(
+        p.pipeline ? p.pipeline->parameters() : trained_->named_parameters(),
+        mesh_->group(parallel::Axis::kDp),
+        parallel::DataParallelOptions{.zero_stage = plan_.zero, .bucket_mb = plan_.bucket_mb});
+    p.dp->broadcast_parameters();
+    o.dp = p.dp.get();
+  }
+
+  // The global gradient norm when the model is split: each rank sums the squares of the
+  // gradients it counts (tp: sharded ones, replicated ones on their owner; sp: sp rank 0; pp:
+  // a tied parameter on the first stage only), over its ZeRO shards and the dp group when dp
+  // shards, then over tp, sp and pp.
+  if (p.sharded || p.pipeline) {
+    Parts* parts = parts_.get();
+    parallel::DeviceMesh* mesh = mesh_.get();
+    o.grad_norm = [parts, mesh] {
+      const bool sp0 = mesh->coord(parallel::Axis::kSp) == 0;
+      auto counts = [&](const std::string& name) {
+        return (!parts->sharded || (sp0 && parts->sharded->grad_owner(name))) &&
+               (!parts->pipeline || parts->pipeline->counts_in_norm(name));
+      };
+      double sq = 0;
+      if (parts->dp) {
+        sq = parts->dp->grad_sq_sum(counts);
+      } else {
+        engine::nn::NamedTensors counted;
+        for (const auto& [name, t] :
+             parts->pipeline ? parts->pipeline->parameters() : parts->sharded->named_parameters()) {
+          if (counts(name)) counted.emplace_back(name, t);
+        }
+        sq = engine::optim::grad_sq_sum(counted);
+      }
+      if (parts->sharded) {
+        engine::Tensor t = engine::Tensor::from_vector({sq}, {1}, DType::kF64);
+        mesh->cpu_group(parallel::Axis::kTp).all_reduce(t, parallel::ReduceOp::kSum);
+        mesh->cpu_group(parallel::Axis::kSp).all_reduce(t, parallel::ReduceOp::kSum);
+        sq = t.item();
+      }
+      return parts->pipeline ? parts->pipeline->grad_norm(sq) : std::sqrt(sq);
+    };
+  }
+
+  if (plan_.offloaded()) {
+    engine::offload::OffloadOptions oo;
+    oo.mode = engine::offload::parse_mode(plan_.offload);
+    oo.device_mem = plan_.device_mem;
+    oo.auto_device_size = plan_.auto_device_mem;
+    oo.host_mem = plan_.host_mem;
+    oo.nvme_dir = plan_.nvme_dir;
+    oo.chunk_bytes = static_cast<int64_t>(plan_.chunk_mb * 1048576.0);
+    oo.group = p.offload_group.get();
+    // Chunks follow the order in which a forward pass first touches the parameters (one short
+    // sequence, no gradients), so they are needed one after the other.
+    models::LanguageModel* m = model_.get();
+    const int64_t t = std::min<int64_t>(plan_.seq_len, 8);
+    oo.use_order = engine::offload::first_use_order(m->named_parameters(), [m, t, this] {
+      const engine::Tensor ids = engine::Tensor::zeros({1, t}, DType::kI64, device_);
+      m->eval();
+      m->loss(ids, ids);
+      m->train();
+    });
+    p.offload = std::make_unique<engine::offload::Offload>(model_->named_parameters(), oo);
+    o.offload = p.offload.get();
+    o.dp = p.offload->data_parallel();
+    if (lead()) std::fprintf(stderr, "%s", p.offload->report().c_str());
+  }
+}
+
+TrainingRuntime::Memory TrainingRuntime::memory() const {
+  const Parts& p = *parts_;
+  const int64_t elem = static_cast<int64_t>(dtype_size(model_->config().dtype));
+  if (p.offload) {
+    const engine::offload::Offload::MemoryReport m = p.offload->memory();
+    return {m.params, m.grads, m.optimizer,
+            plan_.dp > 1 ? "offload: sharded by chunk over dp" : "offload " + plan_.offload};
+  }
+  const std::string how = "ZeRO stage " + std::to_string(plan_.zero);
+  if (p.dp) {
+    const parallel::DataParallel::MemoryReport m = p.dp->memory();
+    return {m.params, m.grads, m.optimizer, how};
+  }
+  int64_t n = 0;
+  if (p.pipeline) {
+    for (const auto& [name, t] : p.pipeline->parameters()) n += t.numel();
+  } else {
+    n = trained_->num_parameters();
+  }
+  return {n * elem, n * elem, 2 * n * elem, how};
+}
+
+std::string TrainingRuntime::offload_report() const {
+  return parts_->offload ? parts_->offload->report() : "";
+}
+
+}  // namespace mammoth::runtime

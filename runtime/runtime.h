@@ -1,0 +1,73 @@
+// The training runtime assembled from a ParallelPlan, in one place.
+//
+// `mammoth train` parses flags (or a plan file) into a plan; this turns the plan into the
+// parts that run it: the device mesh, the model's tensor/sequence-parallel form (its family's
+// policy), pipeline stages, data parallelism with ZeRO, or chunked offload with its own data
+// parallelism, and the layout fields of TrainOptions (who logs, how checkpoints are sharded,
+// the global gradient norm). The training loop (engine/train) then runs without knowing which
+// strategies are on.
+//
+// Adding a parallel strategy: a field in plan::ParallelPlan, its rules in plan::check(), and
+// its assembly here (ARCHITECTURE.md, "One plan").
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "base/device.h"
+#include "engine/train/trainer.h"
+#include "models/model.h"
+#include "parallel/mesh.h"
+#include "plan/parallel_plan.h"
+
+namespace mammoth::runtime {
+
+class TrainingRuntime {
+ public:
+  // Validates `plan` against the launched world (plan::validate: the one place combinations
+  // are refused) and makes the mesh when the plan has more than one rank. `device` is where
+  // this process computes (engine/train/device.h); collectives time out after comm_timeout_s.
+  TrainingRuntime(const plan::ParallelPlan& plan, Device device, double comm_timeout_s);
+  ~TrainingRuntime();
+  TrainingRuntime(const TrainingRuntime&) = delete;
+  TrainingRuntime& operator=(const TrainingRuntime&) = delete;
+
+  const plan::ParallelPlan& plan() const { return plan_; }
+  parallel::DeviceMesh* mesh() const { return mesh_.get(); }
+  int rank() const;
+  bool lead() const { return rank() == 0; }
+  void barrier() const;
+
+  // Builds everything that trains `model` under the plan (model-dependent rules are checked
+  // first) and fills the layout fields of `options`: dp, model_shards, after_backward /
+  // sync_grad, grad_norm, pipeline_step / optimizer_params, offload, logging_rank, world_rank /
+  // world_size / world_barrier, writes_parameter, layout. Prints the pipeline stages and the
+  // offload report on rank 0. Call once; `model` is kept alive by the runtime.
+  void assemble(std::shared_ptr<models::LanguageModel> model, engine::train::TrainOptions& options);
+
+  // The form that trains: the model, or its tensor/sequence-parallel shards.
+  models::LanguageModel& trained() const { return *trained_; }
+
+  // Persistent bytes on this rank (its tp shards or pipeline stages, divided further by ZeRO
+  // or offload) and how they are split, for the start-up line.
+  struct Memory {
+    int64_t params = 0;
+    int64_t grads = 0;
+    int64_t optimizer = 0;
+    std::string how;  // "ZeRO stage 1", "offload: sharded by chunk over dp"
+  };
+  Memory memory() const;
+  // The chunk-tier report of offload ("" without it).
+  std::string offload_report() const;
+
+ private:
+  struct Parts;
+  plan::ParallelPlan plan_;
+  Device device_;
+  std::unique_ptr<parallel::DeviceMesh> mesh_;
+  std::shared_ptr<models::LanguageModel> model_;
+  models::LanguageModel* trained_ = nullptr;
+  std::unique_ptr<Parts> parts_;
+};
+
+}  // namespace mammoth::runtime

@@ -1,0 +1,157 @@
+// plan/parallel_plan: JSON both ways, and every combination rule with the message users see.
+#include "plan/parallel_plan.h"
+
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+
+#include "base/error.h"
+#include "models/registry.h"
+
+namespace mammoth::plan {
+namespace {
+
+ParallelPlan with(const std::function<void(ParallelPlan&)>& change) {
+  ParallelPlan p;
+  change(p);
+  return p;
+}
+
+TEST_CASE("a default plan is valid, on its own and for every trainable family") {
+  CHECK(check(ParallelPlan{}) == "");
+  for (const char* name : {"gpt2-tiny", "llama-tiny", "bert-tiny"}) {
+    const models::ModelConfig m = models::resolve_config(name);
+    INFO(name);
+    CHECK(check(ParallelPlan{}, {.world = 1, .model = &m}) == "");
+  }
+}
+
+TEST_CASE("plans read back from JSON exactly, and unknown keys are refused by name") {
+  ParallelPlan p = with([](ParallelPlan& p) {
+    p.dp = 2, p.pp = 2, p.tp = 2, p.order = "tp-dp-pp-sp", p.sp_mode = "split_gather";
+    p.pp_schedule = "interleaved", p.virtual_stages = 2, p.stage_cut = {0, 1, 2, 3, 4};
+    p.micro_batch = 3, p.grad_accum = 4, p.seq_len = 48, p.zero = 1, p.bucket_mb = 4.5;
+    p.recompute_blocks = -1, p.amp = "bf16";
+  });
+  CHECK(plan_from_json(plan_to_json(p)) == p);
+  CHECK(plan_from_json(json::parse(R"({"tp": 2})")) == with([](ParallelPlan& p) { p.tp = 2; }));
+  CHECK_THROWS_WITH(plan_from_json(json::parse(R"({"tp": 2, "zero_stage": 1})")),
+                    Catch::Contains("unknown key 'zero_stage'"));
+  CHECK_THROWS_WITH(plan_from_json(json::parse(R"({"tp": "two"})")), Catch::Contains("tp"));
+  CHECK_THROWS_WITH(plan_from_json(json::parse("[1]")), Catch::Contains("JSON object"));
+
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string path =
+      (std::filesystem::path(tmp ? tmp : "/tmp") / "plan_roundtrip.json").string();
+  save_plan(p, path);
+  CHECK(load_plan(path) == p);
+}
+
+TEST_CASE("every combination rule names what is wrong") {
+  const models::ModelConfig gpt2 = models::resolve_config("gpt2-tiny");
+  const models::ModelConfig llama = models::resolve_config("llama-tiny");
+  const models::ModelConfig bert = models::resolve_config("bert-tiny");
+  struct Case {
+    ParallelPlan plan;
+    PlanContext context;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {with([](ParallelPlan& p) { p.tp = 0; }), {}, "must be >= 1"},
+      {with([](ParallelPlan& p) { p.sp_mode = "megatron"; }), {}, "--sp-mode must be"},
+      {with([](ParallelPlan& p) { p.pp_schedule = "1F1B"; }), {}, "--pp-schedule must be"},
+      {with([](ParallelPlan& p) { p.micro_batch = 0; }), {}, "--micro-batch must be > 0"},
+      {with([](ParallelPlan& p) { p.zero = 4; }), {}, "--zero must be 0, 1, 2 or 3"},
+      {with([](ParallelPlan& p) { p.offload = "disk"; }), {}, "--offload must be none, host"},
+      {with([](ParallelPlan& p) { p.amp = "fp8"; }), {}, "--amp must be fp32, bf16 or fp16"},
+      {with([](ParallelPlan& p) { p.chunk_mb = 0; }), {}, "--chunk-mb"},
+      {with([](ParallelPlan& p) { p.device_mem = 1, p.auto_device_mem = 2; }), {}, "not both"},
+      {with([](ParallelPlan& p) { p.order = "tp-xp"; }), {}, "unknown axis 'xp'"},
+      {with([](ParallelPlan& p) { p.order = "tp-tp"; }), {}, "names tp twice"},
+      {with([](ParallelPlan& p) { p.order = "tp-dp", p.pp = 2; }), {}, "leaves out pp"},
+      {with([](ParallelPlan& p) { p.dp = 2; }), {.world = 4}, "= 2 but 4 process(es)"},
+      {with([](ParallelPlan& p) { p.dp = 2; }), {.world = 1}, "mpirun -np 2"},
+      {with([](ParallelPlan& p) { p.sp = 2; }), {}, "needs --sp-mode ulysses or ring"},
+      {with([](ParallelPlan& p) { p.zero = 2; }), {}, "needs --dp > 1"},
+      {with([](ParallelPlan& p) { p.sp_mode = "ulysses"; }), {}, "splits the sequence"},
+      {with([](ParallelPlan& p) { p.pp = 2, p.virtual_stages = 2; }), {}, "needs --pp-schedule"},
+      {with([](ParallelPlan& p) { p.virtual_stages = 2, p.pp_schedule = "interleaved"; }),
+       {},
+       "needs --pp > 1"},
+      {with([](ParallelPlan& p) {
+         p.pp = 2, p.stage_cut = {0, 2};
+       }),
+       {},
+       "needs 3"},
+      {with([](ParallelPlan& p) {
+         p.pp = 2, p.stage_cut = {0, 0, 4};
+       }),
+       {},
+       "strictly"},
+      {with([](ParallelPlan& p) {
+         p.pp = 2, p.stage_cut = {0, 1, 3};
+       }),
+       {.model = &gpt2},
+       "must end at the model's 4 layers"},
+      {with([](ParallelPlan& p) { p.offload = "nvme"; }), {.run = true}, "needs --nvme-dir"},
+      {with([](ParallelPlan& p) { p.offload = "host", p.dp = 2, p.zero = 1; }), {}, "ZeRO-Offload"},
+      {with([](ParallelPlan& p) { p.offload = "host", p.tp = 2; }), {}, "data parallelism"},
+      {with([](ParallelPlan& p) { p.host_mem = 1 << 20, p.pp = 2; }), {}, "data parallelism"},
+      {with([](ParallelPlan& p) { p.device = "cuda", p.tp = 2; }), {}, "not wired to NCCL"},
+      {with([](ParallelPlan& p) { p.device = "cuda", p.dp = 2, p.zero = 2; }),
+       {},
+       "not enabled on CUDA"},
+      {with([](ParallelPlan& p) { p.device = "cuda", p.auto_device_mem = 1 << 30; }),
+       {},
+       "auto is not implemented on CUDA"},
+      {with([](ParallelPlan& p) { p.device = "cuda", p.dp = 2, p.offload = "host"; }),
+       {},
+       "not implemented on CUDA"},
+      {with([](ParallelPlan& p) { p.pp = 2; }), {.model = &bert}, "no pipeline stages"},
+      {with([](ParallelPlan& p) { p.pp = 8; }), {.model = &gpt2}, "8 stages but"},
+      {with([](ParallelPlan& p) { p.recompute_blocks = 5; }), {.model = &gpt2}, "exceeds"},
+      {with([](ParallelPlan& p) { p.seq_len = 128, p.pp = 2; }),
+       {.model = &gpt2},
+       "(+1 with --pp)"},
+      {with([](ParallelPlan& p) { p.seq_len = 127, p.sp = 3, p.sp_mode = "ring"; }),
+       {.model = &gpt2},
+       "padded to a multiple of 6 = 132"},
+      {with([](ParallelPlan& p) { p.tp = 3; }), {.model = &gpt2}, "attention heads"},
+      {with([](ParallelPlan& p) { p.tp = 8; }), {.model = &llama}, "attention heads"},
+      {with([](ParallelPlan& p) { p.sp = 8, p.sp_mode = "ulysses"; }),
+       {.model = &gpt2},
+       "do not divide by --sp 8"},
+      {with([](ParallelPlan& p) { p.recompute_blocks = -2; }), {}, "recompute_blocks"},
+  };
+  for (const Case& c : cases) {
+    INFO(plan_summary(c.plan) << " | expected: " << c.message);
+    const std::string got = check(c.plan, c.context);
+    CHECK_THAT(got, Catch::Contains(c.message));
+    if (!got.empty()) CHECK_THROWS_WITH(validate(c.plan, c.context), Catch::Contains(": [plan] "));
+  }
+
+  // Untied GPT-2 has no tensor-parallel form.
+  models::ModelConfig untied = gpt2;
+  untied.tie_embeddings = false;
+  CHECK_THAT(check(with([](ParallelPlan& p) { p.tp = 2; }), {.model = &untied}),
+             Catch::Contains("untied LM head"));
+  // The same plans are valid once the rule's condition is met.
+  CHECK(check(with([](ParallelPlan& p) { p.dp = 2, p.zero = 3; }), {.world = 2}) == "");
+  CHECK(check(with([](ParallelPlan& p) {
+                p.pp = 2, p.pp_schedule = "interleaved", p.virtual_stages = 2, p.grad_accum = 2;
+              }),
+              {.world = 2, .model = &gpt2}) == "");
+  CHECK(check(with([](ParallelPlan& p) { p.tp = 4; }), {.model = &llama}) == "");
+  CHECK(check(with([](ParallelPlan& p) { p.sp = 2, p.sp_mode = "ring", p.seq_len = 124; }),
+              {.model = &gpt2}) == "");
+}
+
+TEST_CASE("the summary line says the layout") {
+  CHECK(plan_summary(with([](ParallelPlan& p) {
+          p.dp = 2, p.tp = 2, p.micro_batch = 4, p.grad_accum = 2, p.zero = 1;
+        })) == "dp2 pp1 tp2 sp1 (tp-sp-dp-pp) mb4x2 seq 64 zero1 offload none fp32");
+}
+
+}  // namespace
+}  // namespace mammoth::plan
