@@ -147,17 +147,20 @@ double TimeModel::makespan(const std::string& schedule, int p, int m, int v, dou
     if (schedule == "zb") return m * work + (p - 1) * std::max(f + b - w, f);
     return (m + (p - 1.0) / v) * work;
   }
-  // The simulator's makespan is linear in the costs: cache it per cost ratio for f = 1.
-  const auto key =
-      std::make_tuple(schedule, p, m, v, std::llround(b / f * 1e4), std::llround(w / f * 1e4));
+  // The simulator's makespan is linear in the costs: cache it per cost ratio for f = 1, the
+  // ratios rounded to 1% (under 0.2% of a step), so that the cores of a search share
+  // simulations. Only a split schedule (zb) runs B and W apart; the others see B + W.
+  const bool split = schedule == "zb";
+  const auto key = std::make_tuple(schedule, p, m, v, std::llround((split ? b : b + w) / f * 100),
+                                   split ? std::llround(w / f * 100) : int64_t{0});
   auto it = schedules_.find(key);
   if (it == schedules_.end()) {
     const pl::Schedule s =
         pl::make_schedule(pl::schedule_kind_from_name(schedule),
                           {.stages = p, .micro_batches = m, .virtual_stages = v});
     const pl::CheckResult r =
-        pl::check_schedule(s, {1.0, static_cast<double>(std::get<4>(key)) * 1e-4,
-                               static_cast<double>(std::get<5>(key)) * 1e-4});
+        pl::check_schedule(s, {1.0, static_cast<double>(std::get<4>(key)) * 1e-2,
+                               static_cast<double>(std::get<5>(key)) * 1e-2});
     MAMMOTH_CHECK(r.ok) << "[time_model] schedule " << schedule << " p " << p << " m " << m << " v "
                         << v << ": " << r.error;
     it = schedules_.emplace(key, r.makespan).first;
@@ -166,24 +169,12 @@ double TimeModel::makespan(const std::string& schedule, int p, int m, int v, dou
 }
 
 double TimeModel::compute_lower_bound(const ParallelPlan& plan) {
-  // Same per-piece costs as predict(), averaged over the pp ranks: the bottleneck rank holds at
-  // least the average, and every other part of the step is non-negative.
-  const models::ModelAnalysis& a = analysis(plan.seq_len);
-  const Cluster& c = cluster_;
-  const double peak = c.peak_for(plan.amp) * c.matmul_efficiency;
-  const double tokens = static_cast<double>(plan.micro_batch * plan.seq_len);
-  const double shard = static_cast<double>(plan.tp) * plan.sp;
-  const double L = static_cast<double>(config_.n_layer);
-  const double rc =
-      plan.recompute_blocks < 0 ? 1.0 : std::min<double>(plan.recompute_blocks, L) / L;
-  const double gemm = a.block_flops_per_token_forward * tokens / shard / peak;
-  const double head = a.head_flops_per_token_forward * tokens / shard / peak;
-  // Memory-bound work is left out: a bound needs only to stay below the prediction.
-  const double per_mb = (L * gemm * (3 + rc) + 3 * head) / plan.pp;
-  return per_mb * static_cast<double>(plan.grad_accum);
+  return evaluate(plan, true).step_time;
 }
 
-TimePrediction TimeModel::predict(const ParallelPlan& plan) {
+TimePrediction TimeModel::predict(const ParallelPlan& plan) { return evaluate(plan, false); }
+
+TimePrediction TimeModel::evaluate(const ParallelPlan& plan, bool bound_only) {
   const models::ModelAnalysis& a = analysis(plan.seq_len);
   const Cluster& c = cluster_;
   const models::ModelConfig& cfg = config_;
@@ -263,6 +254,25 @@ TimePrediction TimeModel::predict(const ParallelPlan& plan) {
     head.w_compute = flops / peak;
   }
 
+  const Link& pp_link = group_link(plan, "pp", c);
+  const double p2p =
+      pp <= 1 ? 0.0
+      : options_.scatter_gather_p2p && !split_gather && tp > 1
+          ? send(act_bytes / tp, pp_link) + all_gather(act_bytes, tp, group_link(plan, "tp", c))
+          : send(split_gather ? act_bytes / tp : act_bytes, pp_link);
+  const int m = static_cast<int>(plan.grad_accum);
+  if (bound_only) {
+    // The average rank's work per micro-batch: the bottleneck rank, whatever the stage cut,
+    // holds at least that, the schedule only adds idle time, and dp, ZeRO, offload and the
+    // optimizer only add time.
+    auto sum = [](const Piece& x) {
+      return x.f_compute + x.b_compute + x.w_compute + x.f_comm + x.b_comm;
+    };
+    TimePrediction t;
+    t.step_time = m * ((L * sum(block) + sum(head)) / pp + 2 * p2p);
+    return t;
+  }
+
   // Stage layout: layers per rank, the head on the rank holding the last virtual stage.
   const int stages = pp * plan.virtual_stages;
   pl::Partition cut;
@@ -273,9 +283,17 @@ TimePrediction TimeModel::predict(const ParallelPlan& plan) {
   } else if (plan.pp_partition == "count") {
     cut = pl::partition_by_count(cfg.n_layer, stages);
   } else {
-    cut = pl::balanced_partition(
-        std::vector<double>(static_cast<size_t>(cfg.n_layer), a.block_flops_per_token_forward), 0.0,
-        a.head_flops_per_token_forward, stages);
+    const auto key = std::make_pair(plan.seq_len, stages);
+    auto it = partitions_.find(key);
+    if (it == partitions_.end()) {
+      it = partitions_
+               .emplace(key,
+                        pl::balanced_partition(std::vector<double>(static_cast<size_t>(cfg.n_layer),
+                                                                   a.block_flops_per_token_forward),
+                                               0.0, a.head_flops_per_token_forward, stages))
+               .first;
+    }
+    cut = it->second;
   }
   const int64_t params_all = a.params;
   models::ModelConfig no_blocks = cfg;
@@ -289,12 +307,6 @@ TimePrediction TimeModel::predict(const ParallelPlan& plan) {
 
   const double param_elem = static_cast<double>(dtype_size(cfg.dtype));
   const double grad_elem = param_elem;
-  const Link& pp_link = group_link(plan, "pp", c);
-  const double p2p =
-      pp <= 1 ? 0.0
-      : options_.scatter_gather_p2p && !split_gather && tp > 1
-          ? send(act_bytes / tp, pp_link) + all_gather(act_bytes, tp, group_link(plan, "tp", c))
-          : send(split_gather ? act_bytes / tp : act_bytes, pp_link);
   const Link& dp_link = group_link(plan, "dp", c);
 
   struct Rank {
@@ -341,7 +353,6 @@ TimePrediction TimeModel::predict(const ParallelPlan& plan) {
     max_params = std::max(max_params, r.params);
   }
   stage0_back = ranks[0].piece.b_compute + ranks[0].piece.w_compute;
-  const int m = static_cast<int>(plan.grad_accum);
   const double span = makespan(plan.pp_schedule, pp, m, plan.virtual_stages, f, bw, w);
 
   TimePrediction t;

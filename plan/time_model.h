@@ -35,6 +35,8 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "base/json.h"
 #include "models/analyze.h"
@@ -98,21 +100,24 @@ class TimeModel {
   TimeModel(const models::ModelConfig& config, const Cluster& cluster, TimeOptions options = {});
   // The plan must be valid (plan::check) for this model; seq_len comes from the plan.
   TimePrediction predict(const ParallelPlan& plan);
-  // A lower bound on predict(plan).step_time that ignores everything but the GEMMs and
-  // memory-bound operations of an ideally balanced pipeline: compute / world.
+  // A lower bound on predict(plan).step_time for every schedule, chunk count, stage cut, ZeRO
+  // stage and offload setting: the average pipeline rank's compute, tp/sp collectives and
+  // sends for every micro-batch, with no bubble, dp traffic or optimizer.
   double compute_lower_bound(const ParallelPlan& plan);
   const Cluster& cluster() const { return cluster_; }
   const models::ModelConfig& config() const { return config_; }
 
  private:
   const models::ModelAnalysis& analysis(int64_t seq_len);
+  TimePrediction evaluate(const ParallelPlan& plan, bool bound_only);
   double makespan(const std::string& schedule, int p, int m, int v, double f, double b, double w);
 
   models::ModelConfig config_;
   Cluster cluster_;
   TimeOptions options_;
   std::map<int64_t, models::ModelAnalysis> analyses_;
-  // (schedule, p, m, v, b/f and w/f in 1e-6 steps) -> makespan for f = 1.
+  std::map<std::pair<int64_t, int>, std::vector<int64_t>> partitions_;  // (seq, stages) -> cut
+  // (schedule, p, m, v, b/f and w/f in 1% steps) -> makespan for f = 1.
   std::map<std::tuple<std::string, int, int, int, int64_t, int64_t>, double> schedules_;
 };
 
