@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <sstream>
 #include <tuple>
 #include <utility>
@@ -80,7 +81,8 @@ json::Value SearchResult::to_json() const {
                          .set("invalid", invalid)
                          .set("over_memory", over_memory)
                          .set("evaluated", evaluated)
-                         .set("seconds", seconds));
+                         .set("seconds", seconds)
+                         .set("cpu_seconds", cpu_seconds));
 }
 
 std::string memory_misfit(const MemoryPrediction& memory, const Cluster& cluster) {
@@ -107,6 +109,7 @@ std::string memory_misfit(const MemoryPrediction& memory, const Cluster& cluster
 SearchResult search(const models::ModelConfig& config, const Cluster& cluster,
                     const SearchOptions& o) {
   const auto start = std::chrono::steady_clock::now();
+  const std::clock_t cpu_start = std::clock();
   MAMMOTH_CHECK(o.world >= 1) << "[plan] --world must be >= 1, got " << o.world;
   MAMMOTH_CHECK(o.world <= cluster.world())
       << "[plan] --world " << o.world << " exceeds cluster " << cluster.name << "'s "
@@ -271,6 +274,7 @@ SearchResult search(const models::ModelConfig& config, const Cluster& cluster,
   }
   result.plans = std::move(top);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result.cpu_seconds = static_cast<double>(std::clock() - cpu_start) / CLOCKS_PER_SEC;
   return result;
 }
 
@@ -346,15 +350,15 @@ std::string format_plans(const SearchResult& result, const Cluster& cluster) {
     if (!r.note.empty()) os << "  not runnable by `mammoth train` yet: " << r.note << "\n";
   }
   char buf[200];
-  std::snprintf(buf, sizeof buf,
-                "search: %lld cores (%lld refused, %lld over memory, %lld bounded out), %lld "
-                "plans considered, %lld invalid, %lld over memory, %lld predicted, %.3f s\n",
-                static_cast<long long>(result.cores), static_cast<long long>(result.cores_refused),
-                static_cast<long long>(result.cores_over_memory),
-                static_cast<long long>(result.cores_bounded),
-                static_cast<long long>(result.candidates), static_cast<long long>(result.invalid),
-                static_cast<long long>(result.over_memory),
-                static_cast<long long>(result.evaluated), result.seconds);
+  std::snprintf(
+      buf, sizeof buf,
+      "search: %lld cores (%lld refused, %lld over memory, %lld bounded out), %lld "
+      "plans considered, %lld invalid, %lld over memory, %lld predicted, %.3f s (%.3f s of CPU)\n",
+      static_cast<long long>(result.cores), static_cast<long long>(result.cores_refused),
+      static_cast<long long>(result.cores_over_memory),
+      static_cast<long long>(result.cores_bounded), static_cast<long long>(result.candidates),
+      static_cast<long long>(result.invalid), static_cast<long long>(result.over_memory),
+      static_cast<long long>(result.evaluated), result.seconds, result.cpu_seconds);
   os << buf;
   return os.str();
 }

@@ -70,6 +70,7 @@ struct SearchResult {
   int64_t over_memory = 0;        // refused by the memory model
   int64_t evaluated = 0;          // step time predicted
   double seconds = 0;             // wall time of the search
+  double cpu_seconds = 0;         // its processor time (one thread)
   json::Value to_json() const;
 };
 

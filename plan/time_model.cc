@@ -125,7 +125,14 @@ std::string TimePrediction::explain() const {
     os << (first ? " " : ", ") << name << " " << seconds(v) << " (" << percent(v, step_time) << ")";
     first = false;
   }
-  os << "\n  binds: " << binding;
+  // The binding part and the one after it: what to attack first, and what comes next.
+  std::vector<std::pair<double, const char*>> ranked;
+  for (const auto& [name, member] : kParts) ranked.push_back({parts.*member, name});
+  std::stable_sort(ranked.begin(), ranked.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  os << "\n  binds: " << binding << " (" << percent(ranked[0].first, step_time) << " of the step)";
+  if (ranked.size() > 1 && ranked[1].first > 0)
+    os << "; next: " << ranked[1].second << " (" << percent(ranked[1].first, step_time) << ")";
   return os.str();
 }
 

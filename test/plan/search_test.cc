@@ -17,6 +17,7 @@ namespace {
 
 json::Value without_timing(SearchResult r) {
   r.seconds = 0;
+  r.cpu_seconds = 0;
   return r.to_json();
 }
 
