@@ -40,7 +40,7 @@ constexpr int kOffloadCommBuffers = 4;  // host buffers averaging / broadcasting
 // ids, loss scalars, the gradient norm's partial sums, masks, MPI staging of scalars. Sized
 // from the step's token count in `small_tensors`; this is the fixed part (allocator-side
 // bookkeeping is none: the CPU allocator counts requested bytes, memory/allocator.cc).
-constexpr int64_t kFixedSmall = 16 * 1024;
+constexpr int64_t kFixedSmall = 4 * 1024;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -131,7 +131,7 @@ struct Acts {
   int64_t embed = 0;            // saved by the embedding (first stage)
   int64_t head = 0;             // saved by the head and the loss (last stage)
   int64_t head_fwd = 0;         // transient while the loss is computed
-  int64_t head_bwd = 0;         // transient in the head's backward (dx, the head's dW)
+  int64_t head_bwd = 0;         // transient in the head's backward (its input gradient)
   int64_t boundary = 0;         // one block's output (pipeline send, the gradient flowing)
 };
 
@@ -213,8 +213,8 @@ Acts activations(const ModelConfig& c, const ParallelPlan& p, int64_t e) {
     // slice): the full logits are a temporary beside the saved copy.
     a.head_fwd = std::max(a.head_fwd, logits);
   }
-  const int64_t head_w = (c.family == Family::kBert ? Vl : Vl) * C * e;
-  a.head_bwd = N * C * e + head_w + (vocab_parallel ? 2 * logits : 0);
+  // The head's weight gradient is the first gradient made (counted with the gradients).
+  a.head_bwd = N * C * e + (vocab_parallel ? 2 * logits : 0);
   if (c.attn_dropout > 0) {
     // models::attend materialises scores, probabilities and the dropout mask per block.
     const int64_t sq = B * H * Tl * (ring ? Tl : T);
@@ -337,7 +337,8 @@ MemoryPrediction predict_memory(const ModelConfig& c, const ParallelPlan& p) {
     if (p.zero >= 2) bucket = std::min(bucket, stage_params / kMinShardedBuckets);
     bucket = std::max<int64_t>(bucket, 1);
     // A bucket closes on the parameter that crosses the size: up to one parameter more.
-    const int64_t bucket_elems = std::min(stage_params, bucket + ps.largest_block);
+    // Buckets close on the parameter that reaches the size: a block matrix or more.
+    const int64_t bucket_typical = std::min(stage_params, std::max(bucket, ps.largest_block));
     const int64_t n_buckets = std::max<int64_t>(1, ceil_div(stage_params, bucket));
     const int64_t padded = stage_params + n_buckets * (p.dp - 1);
     const int64_t shard = ceil_div(padded, p.dp);
@@ -348,22 +349,23 @@ MemoryPrediction predict_memory(const ModelConfig& c, const ParallelPlan& p) {
     // The most gradient bytes autograd holds at once (beyond a tied table's): all of them
     // unless something takes them as they are made.
     int64_t grad_unit_max = stage_params;
-    int64_t dp_transient = 0;  // full-size buckets in flight / gathered at the peak
+    // ZeRO-2/3 full-size buckets at the peak: gradient buffers in flight, gathered parameters.
+    int64_t dp_in_flight = 0, dp_gathered = 0;
     if (dp_on) {
       params = trained_all - stage_params + (p.zero == 3 ? shard : padded);
       opt = (p.zero >= 1 ? shard : padded) * opt_bytes_per / e;
       grad_persist = p.zero >= 2 ? shard : padded;
-      if (p.zero >= 2) {
-        // The bucket being launched (its flat buffer beside its parameters' own gradients,
-        // copied then freed) and one more in flight.
-        dp_transient = kMaxInFlight * bucket_elems;
-        grad_unit_max = bucket_elems;
-      } else if (n_buckets > 1) {
-        grad_unit_max = bucket_elems;
-      }
+      // Parameters' own gradients wait for their bucket to launch (all of them with one
+      // bucket): the bucket being filled is one bucket's worth.
+      if (p.zero >= 2 || n_buckets > 1) grad_unit_max = bucket_typical;
+      // ZeRO-2/3: each launch allocates the bucket's full-size buffer, at most kMaxInFlight.
+      if (p.zero >= 2) dp_in_flight = kMaxInFlight * bucket_typical;
       if (p.zero == 3) {
-        // make_resident allocates a bucket before evicting beyond kResidentBuckets.
-        dp_transient += std::min<int64_t>(n_buckets, kResidentBuckets + 1) * bucket_elems;
+        // make_resident allocates a bucket before evicting beyond kResidentBuckets; a tied
+        // table is a bucket of its own, used at both ends of the model.
+        const int64_t gathered = std::min<int64_t>(n_buckets, kResidentBuckets + 1);
+        dp_gathered = ps.tied > 0 && (first || last) ? ps.tied + (gathered - 1) * bucket_typical
+                                                     : gathered * bucket_typical;
       }
     }
     if (offload) {
@@ -394,7 +396,8 @@ MemoryPrediction predict_memory(const ModelConfig& c, const ParallelPlan& p) {
     opt *= e;
     grad_persist *= e;
     grad_unit_max *= e;
-    dp_transient *= e;
+    dp_in_flight *= e;
+    dp_gathered *= e;
     const int64_t block_grad = ps.block_shard * e;
     // Gradients autograd has made and nothing has taken yet, after k blocks of backward. The
     // head's come first (the last stage); a tied table's gradient waits for the embedding's
@@ -404,75 +407,88 @@ MemoryPrediction predict_memory(const ModelConfig& c, const ParallelPlan& p) {
     auto made = [&](int64_t k) {
       return tied_grad + std::min(head_grad + k * block_grad, grad_unit_max);
     };
-    // Gradient accumulation (no pipeline): later micro-batches add into the gradients the
-    // first made, so those are live all along.
-    const bool accum = p.pp == 1 && p.grad_accum > 1 && !offload;
     const int64_t stage_grad = stage_params * e;
 
     // ---- activations at each moment ----
     const int64_t mb = in_flight(p, s);
+    const int64_t M = p.grad_accum;
     const int64_t per_mb = (blocks - recomputed) * a.block + recomputed * a.block_recompute +
                            (first ? a.embed : 0) + (last ? a.head : 0);
-    // The last stage runs each micro-batch's backward right after its forward (1f1b), so one
-    // set of logits is live; gpipe keeps every micro-batch's.
-    const int64_t acts =
-        mb * per_mb - (last && p.pp > 1 && p.pp_schedule != "gpipe" ? (mb - 1) * a.head : 0);
     // Pipeline transfers (parallel/pipeline/stage.cc): every tensor sent is held until the
     // step's last action, so a stage keeps every micro-batch's output it sent forward, and the
     // input gradients it sent back for the micro-batches whose backward ran (all but those
     // still in flight at the peak); receives are posted kLookahead actions ahead.
     if (p.pp > 1) {
       constexpr int kLookahead = 3;
-      m.buffers +=
-          ((last ? 0 : p.grad_accum) + (first ? 0 : p.grad_accum - mb) + kLookahead) * a.boundary;
+      m.buffers += ((last ? 0 : M) + (first ? 0 : M - mb) + kLookahead) * a.boundary;
     }
     // A recomputed block re-runs whole in its backward.
     const int64_t recompute_live = recomputed > 0 ? a.block : 0;
-    const int64_t base_grads = accum ? stage_grad : 0;
-    const int64_t later = p.pp > 1 && p.grad_accum > 1 ? stage_grad : 0;  // pipeline, 2nd mb on
+    // Saved bytes of the top k blocks (backward runs them first; recompute covers the first
+    // blocks, so the top ones keep everything).
+    auto top_saved = [&](int64_t k) {
+      const int64_t whole = std::min(k, blocks - recomputed);
+      return whole * a.block + (k - whole) * a.block_recompute;
+    };
+    const int64_t dropped_head = last ? a.head : 0;
+    // A tied table's embedding scatter is added into the head's gradient of it (a transient of
+    // its size); a first-only pipeline stage's embedding gradient is new at the end.
+    const int64_t embed_grad = first ? (ps.embed + (last ? 0 : ps.tied)) * e : 0;
 
-    int64_t act_peak = 0, grad_at_peak = 0, temp_at_peak = 0, best = -1;
-    auto consider = [&](int64_t act, int64_t grads, int64_t temp) {
-      if (act + grads + temp > best) {
-        best = act + grads + temp;
+    int64_t act_peak = 0, grad_at_peak = 0, temp_at_peak = 0, buf_at_peak = 0, best = -1;
+    auto consider = [&](int64_t act, int64_t grads, int64_t temp, int64_t buf) {
+      if (act + grads + temp + buf > best) {
+        best = act + grads + temp + buf;
         act_peak = act;
         grad_at_peak = grads;
         temp_at_peak = temp;
+        buf_at_peak = buf;
       }
     };
-    const int64_t g0 = std::max(base_grads, later);
-    if (last) {
-      consider(acts, g0, a.head_fwd);                     // loss computed
-      consider(acts, std::max(g0, made(0)), a.head_bwd);  // head backward
+    // One backward's moments with `n` micro-batches' activations live and `base` gradient
+    // bytes there from earlier micro-batches. On the last stage of a pipeline other than gpipe
+    // each micro-batch's backward follows its forward, so one set of logits is live.
+    auto backward_moments = [&](int64_t n, int64_t base) {
+      const int64_t acts =
+          n * per_mb - (last && p.pp > 1 && p.pp_schedule != "gpipe" ? (n - 1) * a.head : 0);
+      if (last) {
+        consider(acts, base, a.head_fwd, dp_gathered);                     // loss computed
+        consider(acts, std::max(base, made(0)), a.head_bwd, dp_gathered);  // head backward
+      }
+      if (blocks > 0) {
+        // First and last block of this stage's backward (blocks done: 0 and blocks - 1).
+        consider(acts - dropped_head, std::max(base, made(0)),
+                 a.block_bwd + (recomputed == blocks ? recompute_live : 0),
+                 dp_gathered + dp_in_flight / kMaxInFlight);
+        consider(std::max<int64_t>(acts - dropped_head - top_saved(blocks - 1), 0),
+                 std::max(base, made(blocks - 1)),
+                 a.block_bwd + (recomputed > 0 ? recompute_live : 0), dp_gathered + dp_in_flight);
+      }
+      // Backward end: every gradient.
+      const int64_t end_grads = std::max(
+          base, tied_grad + std::min(head_grad + blocks * block_grad + embed_grad, grad_unit_max));
+      consider(std::max<int64_t>(acts - dropped_head - top_saved(blocks), 0), end_grads,
+               first && last && ps.tied > 0 ? ps.tied * e : 0, dp_gathered + dp_in_flight);
+    };
+    // The first backward of the step, with no gradients yet (the micro-batches in flight:
+    // gpipe all, 1f1b pp - stage), then the next one, which adds into every gradient of the
+    // stage with one micro-batch fewer in flight (gpipe) or as many (1f1b's steady state).
+    backward_moments(p.pp > 1 ? mb : 1, 0);
+    if (M > 1 && !offload) {
+      const int64_t n = p.pp == 1 ? 1 : (p.pp_schedule == "gpipe" ? M - 1 : std::min(mb, M - 1));
+      backward_moments(n, stage_grad);
     }
-    // First and last block of this stage's backward (blocks done: 0 and blocks - 1).
-    const int64_t top_saved = blocks > 0 ? (recomputed == blocks ? a.block_recompute : a.block) : 0;
-    const int64_t dropped_head = last ? a.head : 0;
-    if (blocks > 0) {
-      const int64_t first_block = acts - dropped_head;
-      consider(first_block, std::max(g0, made(0)),
-               a.block_bwd + (recomputed == blocks ? recompute_live : 0));
-      const int64_t rest = acts - dropped_head - (blocks - 1) * (top_saved);
-      consider(std::max<int64_t>(rest, 0), std::max(g0, made(blocks - 1)),
-               a.block_bwd + (recomputed > 0 ? recompute_live : 0));
-    }
-    // Backward end: every gradient; a tied table's embedding scatter is added into the head's.
-    // A first-only pipeline stage's embedding gradient is new here; the embedding's scatter
-    // is added into a tied table's gradient from the head (a transient of its size).
-    const int64_t embed_grad = first ? (ps.embed + (last ? 0 : ps.tied)) * e : 0;
-    const int64_t end_grads = std::max(
-        g0, tied_grad + std::min(head_grad + blocks * block_grad + embed_grad, grad_unit_max));
-    consider(acts - dropped_head - blocks * top_saved, end_grads,
-             first && last && ps.tied > 0 ? ps.tied * e : 0);
 
     m.params = params;
     m.optimizer = opt;
     m.grads = grad_persist + grad_at_peak;
     m.activations = act_peak;
-    m.buffers += dp_transient;
-    m.temporaries = temp_at_peak + kFixedSmall +
-                    // ids and targets (i64) of every micro-batch of the step, made up front.
-                    2 * p.micro_batch * p.grad_accum * (p.seq_len + 1) * 8;
+    m.buffers += buf_at_peak;
+    // The micro-batch's ids and targets (i64) on the device, position ids; a pipeline keeps
+    // every micro-batch of the step as one row of seq_len + 1 ids.
+    const int64_t ids = p.micro_batch * p.seq_len * 8;
+    m.temporaries = temp_at_peak + kFixedSmall + 2 * ids + p.seq_len * 8 +
+                    (p.pp > 1 ? M * (ids + p.micro_batch * 8) : 0);
     m.device_peak =
         m.params + m.grads + m.optimizer + m.activations + m.buffers + m.temporaries + m.model_copy;
     out.stages.push_back(m);
