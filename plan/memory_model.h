@@ -24,9 +24,14 @@ struct StageMemory {
   int64_t activations = 0;  // saved for backward at the peak (micro-batches in flight)
   int64_t buffers = 0;      // communication buckets, gathered ZeRO-3 parameters, pipeline sends
   int64_t temporaries = 0;  // the largest transient live at the peak (logits, attention)
-  int64_t device_peak = 0;  // what the allocator's peak should read
-  int64_t host = 0;         // chunks homed in (pinned) host memory
-  int64_t nvme = 0;         // chunks on NVMe
+  // The single-process model `mammoth train` keeps beside a tp/sp rank's sharded form (its
+  // checkpoint map reads it); a runtime cost, not the plan's: a planner may leave it out.
+  int64_t model_copy = 0;
+  int64_t device_peak = 0;    // what the allocator's peak should read (the sum of the above)
+  int64_t chunks_device = 0;  // offload: device bytes the chunk manager holds itself, outside
+                              // the allocator (parameters, gradients, states homed there)
+  int64_t host = 0;           // chunks homed in (pinned) host memory
+  int64_t nvme = 0;           // chunks on NVMe
 };
 
 struct MemoryPrediction {
