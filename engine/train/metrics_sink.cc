@@ -43,8 +43,12 @@ void MetricsSink::record(const StepRecord& r) {
     m.set("skipped_steps", json::Value(r.skipped_steps));
     if (!r.applied) m.set("skipped", json::Value(true));
     m.set("tokens_per_s", json::Value(r.tokens_per_s));
+    m.set("step_s", json::Value(r.step_s));
+    if (r.predicted_step_s > 0) m.set("predicted_step_s", json::Value(r.predicted_step_s));
     if (r.mfu > 0) m.set("mfu", json::Value(r.mfu));
     m.set("peak_mem_bytes", json::Value(r.peak_mem_bytes));
+    if (r.predicted_peak_mem_bytes > 0)
+      m.set("predicted_peak_mem_bytes", json::Value(r.predicted_peak_mem_bytes));
     if (evaluated) m.set("val_loss", json::Value(r.val_loss));
     if (!r.offload.is_null()) m.set("offload", r.offload);
     metrics_ << json::dump(m) << "\n";

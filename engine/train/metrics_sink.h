@@ -24,9 +24,12 @@ struct StepRecord {
   int64_t skipped_steps = 0;
   bool applied = true;  // false: an fp16 step skipped for inf/NaN gradients
   double tokens_per_s = 0;
-  double mfu = 0;  // 0: not reported
+  double step_s = 0;            // wall time of the step
+  double predicted_step_s = 0;  // the planner's prediction (0: none)
+  double mfu = 0;               // 0: not reported
   int64_t peak_mem_bytes = 0;
-  double val_loss = 0;  // NaN: not evaluated this step
+  int64_t predicted_peak_mem_bytes = 0;  // the planner's prediction for this rank (0: none)
+  double val_loss = 0;                   // NaN: not evaluated this step
   double eta_s = 0;
   json::Value offload;  // chunk tiers (null: no offload)
 };

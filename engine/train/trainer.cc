@@ -577,6 +577,9 @@ TrainResult TrainLoop::run() {
     r.skipped_steps = scaler_.skipped_steps();
     r.applied = s.applied;
     r.tokens_per_s = tokens_per_step / dt;
+    r.step_s = dt;
+    r.predicted_step_s = o_.predicted_step_s;
+    r.predicted_peak_mem_bytes = o_.predicted_peak_mem_bytes;
     if (o_.flops_per_token > 0 && o_.peak_flops > 0)
       r.mfu = o_.flops_per_token * r.tokens_per_s / o_.peak_flops;
     r.peak_mem_bytes = peak;
