@@ -271,13 +271,11 @@ plan::ParallelPlan plan_from_flags(int launched) {
   p.pp = absl::GetFlag(FLAGS_pp);
   p.tp = absl::GetFlag(FLAGS_tp);
   p.sp = absl::GetFlag(FLAGS_sp);
+  // --dp 0: what the launched world leaves (when it does not divide, validate() says so).
   const int mp = p.pp * p.tp * p.sp;
-  p.dp = absl::GetFlag(FLAGS_dp) > 0    ? absl::GetFlag(FLAGS_dp)
-         : mp > 0 && launched % mp == 0 ? launched / mp
-                                        : 1;
-  MAMMOTH_CHECK(absl::GetFlag(FLAGS_dp) > 0 || mp <= 0 || launched % mp == 0)
-      << "[train] " << launched << " process(es) cannot be split into --pp " << p.pp << " x --tp "
-      << p.tp << " x --sp " << p.sp << " groups";
+  p.dp = absl::GetFlag(FLAGS_dp) > 0                      ? absl::GetFlag(FLAGS_dp)
+         : mp > 0 && launched % mp == 0 && launched >= mp ? launched / mp
+                                                          : 1;
   p.sp_mode = absl::GetFlag(FLAGS_sp_mode);
   p.pp_schedule = absl::GetFlag(FLAGS_pp_schedule);
   p.virtual_stages = absl::GetFlag(FLAGS_virtual_stages);

@@ -192,9 +192,9 @@ TrainLoop::TrainLoop(nn::Module& model, const LossFn& loss_fn, const data::Token
       offload_(o.offload),
       shards_(o.model_shards) {
   MAMMOTH_CHECK(o.steps >= 0) << "[train] --steps must be >= 0, got " << o.steps;
-  MAMMOTH_CHECK(o.micro_batch > 0 && o.seq_len > 0 && o.grad_accum > 0)
-      << "[train] micro_batch, seq_len and grad_accum must be > 0, got " << o.micro_batch << ", "
-      << o.seq_len << " and " << o.grad_accum;
+  MAMMOTH_CHECK(o.micro_batch > 0) << "[train] --micro-batch must be > 0, got " << o.micro_batch;
+  MAMMOTH_CHECK(o.seq_len > 0) << "[train] --seq-len must be > 0, got " << o.seq_len;
+  MAMMOTH_CHECK(o.grad_accum > 0) << "[train] --grad-accum must be > 0, got " << o.grad_accum;
   MAMMOTH_CHECK(!o.resume || !o.save_dir.empty()) << "[train] --resume needs --save-dir";
   // One job per checkpoint directory; rank 0 claims it for the whole job.
   if (!o.save_dir.empty() && o.world_rank == 0) save_dir_lock_.emplace(o.save_dir);
