@@ -55,6 +55,15 @@ CharClass char_class(uint32_t code_point) {
   return classify_slow(code_point);
 }
 
+size_t class_run_end(std::string_view text, size_t pos, CharClass k) {
+  while (pos < text.size()) {
+    size_t len = 0;
+    if (char_class(decode_utf8(text, pos, &len)) != k) break;
+    pos += len;
+  }
+  return pos;
+}
+
 const char* unicode_tables_version() { return kUnicodeTablesVersion; }
 
 uint32_t decode_utf8(std::string_view text, size_t pos, size_t* len) {

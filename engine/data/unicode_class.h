@@ -24,4 +24,7 @@ const char* unicode_tables_version();
 // so arbitrary bytes still tokenize and round-trip.
 uint32_t decode_utf8(std::string_view text, size_t pos, size_t* len);
 
+// End (exclusive byte offset) of the run of characters of class `k` starting at `pos`.
+size_t class_run_end(std::string_view text, size_t pos, CharClass k);
+
 }  // namespace mammoth::data
