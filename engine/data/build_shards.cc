@@ -50,8 +50,8 @@ std::string shard_name(const std::string& dir, const char* split, int index) {
 }
 
 std::vector<std::string> write_split(const std::string& dir, const char* split,
-                                     const std::vector<int32_t>& tokens, int64_t begin,
-                                     int64_t end, int64_t shard_tokens, bool wide, bool verbose) {
+                                     const std::vector<int32_t>& tokens, int64_t begin, int64_t end,
+                                     int64_t shard_tokens, bool wide, bool verbose) {
   std::vector<std::string> paths;
   for (int64_t pos = begin, k = 0; pos < end; pos += shard_tokens, ++k) {
     const int64_t n = std::min(shard_tokens, end - pos);
@@ -125,8 +125,8 @@ BuildShardsResult build_shards(const BuildShardsOptions& o) {
       if (o.verbose) {
         const double s = seconds_since(t_encode);
         std::cerr << "[data] tokenized " << done_bytes / 1e6 << " / " << total_bytes / 1e6
-                  << " MB, " << tokens.size() << " tokens, "
-                  << (s > 0 ? done_bytes / 1e6 / s : 0) << " MB/s\n";
+                  << " MB, " << tokens.size() << " tokens, " << (s > 0 ? done_bytes / 1e6 / s : 0)
+                  << " MB/s\n";
       }
     }
   };
@@ -141,7 +141,8 @@ BuildShardsResult build_shards(const BuildShardsOptions& o) {
         << " has neither a bos nor an eos token (tokenizer_config.json bos_token / eos_token) "
            "to put between documents";
     namespace fs = std::filesystem;
-    for (const char* name : {"tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt"}) {
+    for (const char* name :
+         {"tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt"}) {
       const fs::path from = fs::path(o.tokenizer_dir) / name, to = fs::path(o.out_dir) / name;
       if (!fs::exists(from)) continue;
       if (r.tokenizer_file.empty()) r.tokenizer_file = to.string();

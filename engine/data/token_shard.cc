@@ -56,8 +56,8 @@ TokenShard TokenShard::open(const std::string& path) {
 }
 
 const uint16_t* TokenShard::data() const {
-  MAMMOTH_CHECK(token_bytes_ == 2) << "[token_shard] '" << path()
-                                   << "' holds uint32 ids; read them with at() or TokenDataset";
+  MAMMOTH_CHECK(token_bytes_ == 2)
+      << "[token_shard] '" << path() << "' holds uint32 ids; read them with at() or TokenDataset";
   return tokens16_;
 }
 

@@ -41,9 +41,7 @@ class TokenShard {
   int token_bytes() const { return token_bytes_; }
   // The ids of a uint16 shard; throws for a uint32 one (use at() or TokenDataset::read).
   const uint16_t* data() const;
-  uint32_t at(int64_t i) const {
-    return token_bytes_ == 2 ? tokens16_[i] : tokens32_[i];
-  }
+  uint32_t at(int64_t i) const { return token_bytes_ == 2 ? tokens16_[i] : tokens32_[i]; }
   const std::string& path() const { return file_.path(); }
 
  private:

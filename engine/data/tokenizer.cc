@@ -88,9 +88,10 @@ std::string utf8_lossy(std::string_view s) {
       ++i;
       continue;
     }
-    const size_t width = (c >= 0xC2 && c <= 0xDF) ? 2 : (c >= 0xE0 && c <= 0xEF) ? 3
-                                                     : (c >= 0xF0 && c <= 0xF4) ? 4
-                                                                                : 0;
+    const size_t width = (c >= 0xC2 && c <= 0xDF)   ? 2
+                         : (c >= 0xE0 && c <= 0xEF) ? 3
+                         : (c >= 0xF0 && c <= 0xF4) ? 4
+                                                    : 0;
     size_t good = 1;  // bytes of a valid prefix so far
     if (width > 0) {
       const unsigned char lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80;
@@ -169,7 +170,7 @@ std::string config_token(const json::Value& config, std::string_view key) {
     return v->at("content").as_string();
   }
   MAMMOTH_THROW() << "[tokenizer] tokenizer_config.json: " << key
-                   << " is neither a string nor an object with \"content\"";
+                  << " is neither a string nor an object with \"content\"";
 }
 
 }  // namespace
@@ -347,7 +348,8 @@ struct Tokenizer::Impl {
       }
       std::string s = replace_all(piece, " ", ms_replacement);
       const bool starts = s.compare(0, ms_replacement.size(), ms_replacement) == 0;
-      if (!starts && (ms_prepend == Prepend::kAlways || (ms_prepend == Prepend::kFirst && offset == 0))) {
+      if (!starts &&
+          (ms_prepend == Prepend::kAlways || (ms_prepend == Prepend::kFirst && offset == 0))) {
         s = ms_replacement + s;
       }
       if (!ms_split) {
@@ -550,8 +552,8 @@ void read_normalizer(const JsonReader& r, const json::Value& v, std::vector<Norm
     const json::Value& p = v.at("pattern");
     r.require(p.is_object() && p.find("String") != nullptr && p.at("String").is_string(),
               "normalizer Replace with a Regex pattern is not supported (only String)");
-    steps->push_back({false, p.at("String").as_string(),
-                      r.get_string(v, "content", "normalizer Replace")});
+    steps->push_back(
+        {false, p.at("String").as_string(), r.get_string(v, "content", "normalizer Replace")});
   } else {
     r.refuse("normalizer " + type + " is not supported (supported: Prepend, Replace with a " +
              "String pattern, and Sequences of them)");
@@ -608,7 +610,7 @@ void read_pre_tokenizer(const JsonReader& r, const json::Value& v, Tokenizer::Im
               "pre_tokenizer ByteLevel with add_prefix_space: true is not supported");
     t->byte_level = true;
     t->split = r.get_bool(v, "use_regex", true, "pre_tokenizer ByteLevel") ? SplitKind::kGpt2
-                                                                            : SplitKind::kNone;
+                                                                           : SplitKind::kNone;
   } else if (type == "Sequence") {
     r.known_keys(v, {"type", "pretokenizers"}, "pre_tokenizer Sequence");
     const json::Value& list = v.at("pretokenizers");
@@ -621,8 +623,7 @@ void read_pre_tokenizer(const JsonReader& r, const json::Value& v, Tokenizer::Im
     r.require(list.size() == 2 && list[0].is_object() && list[1].is_object() &&
                   list[0].find("type") && list[0].at("type").is_string() &&
                   list[0].at("type").as_string() == "Split" && list[1].find("type") &&
-                  list[1].at("type").is_string() &&
-                  list[1].at("type").as_string() == "ByteLevel",
+                  list[1].at("type").is_string() && list[1].at("type").as_string() == "ByteLevel",
               "pre_tokenizer Sequence is supported only as [Split, ByteLevel] (Llama 3, Qwen2)");
     read_split(r, list[0], t);
     const SplitKind split = t->split;
@@ -631,7 +632,8 @@ void read_pre_tokenizer(const JsonReader& r, const json::Value& v, Tokenizer::Im
               "pre_tokenizer ByteLevel after a Split must have use_regex: false");
     t->split = split;
   } else if (type == "Metaspace") {
-    r.known_keys(v, {"type", "replacement", "prepend_scheme", "split", "add_prefix_space", "str_rep"},
+    r.known_keys(v,
+                 {"type", "replacement", "prepend_scheme", "split", "add_prefix_space", "str_rep"},
                  "pre_tokenizer Metaspace");
     t->byte_level = false;
     t->metaspace = true;
@@ -659,7 +661,8 @@ void read_post_processor(const JsonReader& r, const json::Value& v, const Tokeni
     for (const json::Value& p : v.at("processors")) read_post_processor(r, p, t, prefix, suffix);
   } else if (type == "TemplateProcessing") {
     // "pair" is for sequence pairs, which Mammoth never encodes.
-    r.known_keys(v, {"type", "single", "pair", "special_tokens"}, "post_processor TemplateProcessing");
+    r.known_keys(v, {"type", "single", "pair", "special_tokens"},
+                 "post_processor TemplateProcessing");
     const json::Value& single = v.at("single");
     r.require(single.is_array(), "post_processor TemplateProcessing.single is not a list");
     const json::Value& specials = v.at("special_tokens");
@@ -731,7 +734,8 @@ void read_decoder(const JsonReader& r, const json::Value& v, std::vector<DecodeS
     step.start = v.at("start").as_int();
     step.stop = v.at("stop").as_int();
   } else if (type == "Metaspace") {
-    r.known_keys(v, {"type", "replacement", "prepend_scheme", "split", "add_prefix_space", "str_rep"},
+    r.known_keys(v,
+                 {"type", "replacement", "prepend_scheme", "split", "add_prefix_space", "str_rep"},
                  "decoder Metaspace");
     step.kind = K::kMetaspace;
     step.a = r.get_string(v, "replacement", "decoder Metaspace");
@@ -769,8 +773,8 @@ void read_model(const JsonReader& r, const json::Value& m, Tokenizer::Impl* t) {
   std::vector<bool> seen(n, false);
   for (const json::Value& e : vocab) {
     r.require(e.is_int() && e.as_int() >= 0 && e.as_int() < n && !seen[e.as_int()],
-              "model BPE.vocab: token \"" + short_text(e.key()) +
-                  "\" has an id outside 0.." + std::to_string(n - 1) + " or one used twice");
+              "model BPE.vocab: token \"" + short_text(e.key()) + "\" has an id outside 0.." +
+                  std::to_string(n - 1) + " or one used twice");
     seen[e.as_int()] = true;
     t->spelling[e.as_int()] = e.key();
     t->model_id.emplace(e.key(), static_cast<int32_t>(e.as_int()));
@@ -800,8 +804,10 @@ void read_model(const JsonReader& r, const json::Value& m, Tokenizer::Impl* t) {
     }
     auto l = t->model_id.find(left), rt = t->model_id.find(right);
     r.require(l != t->model_id.end() && rt != t->model_id.end(),
-              "model BPE.merges[" + std::to_string(i) + "] names a token that is not in the "
-              "vocabulary (\"" + short_text(left) + "\", \"" + short_text(right) + "\")");
+              "model BPE.merges[" + std::to_string(i) +
+                  "] names a token that is not in the "
+                  "vocabulary (\"" +
+                  short_text(left) + "\", \"" + short_text(right) + "\")");
     pairs.emplace_back(l->second, rt->second);
   }
   // `tokenizers` keeps the last rank of a repeated merge; dropping the earlier copies keeps
@@ -821,7 +827,8 @@ void read_model(const JsonReader& r, const json::Value& m, Tokenizer::Impl* t) {
   std::vector<std::string> bytes(n);
   for (int64_t id = 0; id < n; ++id) {
     // Byte-level tokens are spelled in GPT-2's byte alphabet; any other spelling is the text.
-    if (!t->byte_level || !unicode_to_bytes(t->spelling[id], &bytes[id])) bytes[id] = t->spelling[id];
+    if (!t->byte_level || !unicode_to_bytes(t->spelling[id], &bytes[id]))
+      bytes[id] = t->spelling[id];
   }
   r.require(!(t->byte_level && t->byte_fallback),
             "model BPE with byte_fallback: true under a ByteLevel pre-tokenizer is not supported");
@@ -867,8 +874,9 @@ void read_added_tokens(const JsonReader& r, const json::Value& list, Tokenizer::
     a.normalized = r.get_bool(e, "normalized", false, what);
     a.special = r.get_bool(e, "special", false, what);
     r.require(!a.normalized || t->normalizer.empty(),
-              what + " (\"" + a.content + "\") has normalized: true under a normalizer, which "
-              "is not supported");
+              what + " (\"" + a.content +
+                  "\") has normalized: true under a normalizer, which "
+                  "is not supported");
     t->added.push_back(std::move(a));
   }
 }
@@ -916,8 +924,7 @@ Tokenizer Tokenizer::from_json_file(const std::string& tokenizer_json,
                "the top level");
   for (const char* key : {"truncation", "padding"}) {
     r.require(j.find(key) == nullptr || j.at(key).is_null(),
-              std::string(key) + " is set; Mammoth encodes without " + key +
-                  " (set it to null)");
+              std::string(key) + " is set; Mammoth encodes without " + key + " (set it to null)");
   }
   r.require(j.find("model") != nullptr, "there is no model");
   const json::Value null_value;
@@ -939,7 +946,8 @@ Tokenizer Tokenizer::from_json_file(const std::string& tokenizer_json,
     static const char* kSplitName[] = {"no split", "GPT-2 split", "Llama 3 split", "Qwen2 split"};
     t->kind = std::string("byte-level BPE (") + kSplitName[static_cast<int>(t->split)] + ")";
   } else {
-    t->kind = std::string("SentencePiece-style BPE") + (t->byte_fallback ? " with byte fallback" : "");
+    t->kind =
+        std::string("SentencePiece-style BPE") + (t->byte_fallback ? " with byte fallback" : "");
   }
   if (!config_json.empty()) {
     read_config(config_json, t.get());
@@ -1000,8 +1008,8 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
   return impl_->encode(text, add_special_tokens);
 }
 
-std::vector<std::vector<int32_t>> Tokenizer::encode_batch(const std::vector<std::string_view>& texts,
-                                                          bool add_special_tokens) const {
+std::vector<std::vector<int32_t>> Tokenizer::encode_batch(
+    const std::vector<std::string_view>& texts, bool add_special_tokens) const {
   std::vector<std::vector<int32_t>> out(texts.size());
   parallel_for(0, static_cast<int64_t>(texts.size()), 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) out[i] = impl_->encode(texts[i], add_special_tokens);

@@ -29,10 +29,10 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/json.h"
 #include "engine/data/bpe.h"
 #include "engine/data/corpus.h"
 #include "engine/data/indexed_dataset.h"
-#include "base/json.h"
 #include "engine/data/token_shard.h"
 #include "engine/data/tokenizer.h"
 #include "engine/data/unicode_class.h"

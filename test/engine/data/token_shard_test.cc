@@ -40,6 +40,59 @@ TEST_CASE("a shard round-trips with llm.c's header") {
   CHECK(TokenShard::open(dir.file("empty.bin")).size() == 0);
 }
 
+TEST_CASE("uint32 shards: llm.c's Llama 3 header, ids above 65535 read back exactly") {
+  TestDir dir;
+  const std::vector<int32_t> tokens = {0, 65535, 65536, 128000, 128255, 7, INT32_MAX};
+  write_token_shard(dir.file("wide.bin"), tokens);
+  const std::string raw = testing::read_bytes(dir.file("wide.bin"));
+  REQUIRE(raw.size() == 1024 + 4 * tokens.size());
+  int32_t header[3];
+  std::memcpy(header, raw.data(), sizeof(header));
+  CHECK(header[0] == 20240801);
+  CHECK(header[1] == 7);
+  CHECK(header[2] == static_cast<int32_t>(tokens.size()));
+  const TokenShard s = TokenShard::open(dir.file("wide.bin"));
+  CHECK(s.token_bytes() == 4);
+  CHECK_THROWS_WITH(s.data(), Catch::Contains("uint32"));
+  // A uint16 shard and a uint32 shard read as one stream.
+  write_token_shard(dir.file("narrow.bin"), std::vector<int32_t>{1, 2, 3});
+  CHECK(TokenShard::open(dir.file("narrow.bin")).token_bytes() == 2);
+  const TokenDataset d = TokenDataset::open({dir.file("narrow.bin"), dir.file("wide.bin")});
+  std::vector<int32_t> all(static_cast<size_t>(d.size()));
+  d.read(0, d.size(), all.data());
+  std::vector<int32_t> expect = {1, 2, 3};
+  expect.insert(expect.end(), tokens.begin(), tokens.end());
+  CHECK(all == expect);
+  CHECK(d.at(6) == 128000u);
+  // wide = true writes uint32 ids even when they would fit 16 bits.
+  write_token_shard(dir.file("forced.bin"), std::vector<int32_t>{1, 2}, /*wide=*/true);
+  CHECK(TokenShard::open(dir.file("forced.bin")).token_bytes() == 4);
+  CHECK_THROWS_WITH(write_token_shard(dir.file("neg.bin"), std::vector<int32_t>{1, -2}),
+                    Catch::Contains("position 1"));
+
+  // Magic 20240520 with version 2 is read as uint32 ids too.
+  std::string v2 = raw;
+  const int32_t old_header[2] = {20240520, 2};
+  std::memcpy(v2.data(), old_header, sizeof(old_header));
+  dir.write("v2.bin", v2);
+  CHECK(TokenShard::open(dir.file("v2.bin")).at(3) == 128000u);
+  // A uint32 id above INT32_MAX is refused on read; other versions and truncation by name.
+  std::string big = raw;
+  const uint32_t huge = 0x80000000u;
+  std::memcpy(big.data() + 1024, &huge, 4);
+  dir.write("big.bin", big);
+  std::vector<int32_t> one(1);
+  CHECK_THROWS_WITH(TokenDataset::open(dir.file("big.bin")).read(0, 1, one.data()),
+                    Catch::Contains("too large"));
+  std::string bad_version = raw;
+  const int32_t v8 = 8;
+  std::memcpy(bad_version.data() + 4, &v8, 4);
+  dir.write("v8.bin", bad_version);
+  CHECK_THROWS_WITH(TokenShard::open(dir.file("v8.bin")), Catch::Contains("version 8"));
+  dir.write("short.bin", raw.substr(0, raw.size() - 2));
+  CHECK_THROWS_WITH(TokenShard::open(dir.file("short.bin")), Catch::Contains("truncated"));
+}
+
 TEST_CASE("a dataset reads several shards as one stream") {
   TestDir dir;
   std::vector<int32_t> all;
@@ -84,9 +137,9 @@ TEST_CASE("bad shards are errors naming the file") {
   CHECK_THROWS_WITH(TokenShard::open(dir.file("magic.bin")),
                     Catch::Contains("magic.bin") && Catch::Contains("magic"));
   std::string bad_version = good;
-  bad_version[4] = 2;
+  bad_version[4] = 3;
   dir.write("version.bin", bad_version);
-  CHECK_THROWS_WITH(TokenShard::open(dir.file("version.bin")), Catch::Contains("version 2"));
+  CHECK_THROWS_WITH(TokenShard::open(dir.file("version.bin")), Catch::Contains("version 3"));
   dir.write("truncated.bin", good.substr(0, good.size() - 1));
   CHECK_THROWS_WITH(TokenShard::open(dir.file("truncated.bin")),
                     Catch::Contains("truncated.bin") && Catch::Contains("truncated"));
@@ -98,8 +151,9 @@ TEST_CASE("bad shards are errors naming the file") {
   CHECK_THROWS_WITH(TokenDataset::open(dir.file("nothing_*.bin")), Catch::Contains("nothing_"));
   TestDir empty;
   CHECK_THROWS_WITH(TokenDataset::open(empty.path()), Catch::Contains("no *.bin"));
-  CHECK_THROWS_WITH(write_token_shard(dir.file("big.bin"), std::vector<int32_t>{1, 65536}),
-                    Catch::Contains("position 1"));
+  // An id above 65535 makes the shard uint32 rather than failing.
+  write_token_shard(dir.file("big.bin"), std::vector<int32_t>{1, 65536});
+  CHECK(TokenShard::open(dir.file("big.bin")).at(1) == 65536u);
   CHECK_THROWS_AS(write_token_shard(dir.file("neg.bin"), std::vector<int32_t>{-1}), Error);
 }
 
