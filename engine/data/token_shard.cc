@@ -102,11 +102,28 @@ void write_token_shard(const std::string& path, const std::vector<int32_t>& toke
   }
 }
 
+std::string megatron_prefix(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  auto ends_with = [&](const char* suffix) {
+    const size_t n = std::strlen(suffix);
+    return path.size() > n && path.compare(path.size() - n, n, suffix) == 0;
+  };
+  if (ends_with(".idx") || ends_with(".bin")) {
+    const std::string prefix = path.substr(0, path.size() - 4);
+    if (fs::is_regular_file(prefix + ".idx", ec)) return prefix;
+  }
+  if (!fs::is_regular_file(path, ec) && fs::is_regular_file(path + ".idx", ec)) return path;
+  return "";
+}
+
 std::vector<std::string> expand_shard_paths(const std::string& spec) {
   namespace fs = std::filesystem;
   std::vector<std::string> paths;
   std::error_code ec;
-  if (fs::is_directory(spec, ec)) {
+  if (!fs::exists(spec, ec) && !megatron_prefix(spec).empty()) {
+    paths.push_back(spec);
+  } else if (fs::is_directory(spec, ec)) {
     for (const auto& entry : fs::directory_iterator(spec, ec)) {
       if (entry.is_regular_file() && entry.path().extension() == ".bin") {
         paths.push_back(entry.path().string());
@@ -139,8 +156,22 @@ TokenDataset TokenDataset::open(const std::vector<std::string>& paths) {
   TokenDataset d;
   int64_t total = 0;
   for (const std::string& p : paths) {
-    d.shards_.push_back(TokenShard::open(p));
-    total += d.shards_.back().size();
+    const std::string prefix = megatron_prefix(p);
+    std::vector<int64_t> ends;
+    if (prefix.empty()) {
+      d.shards_.push_back(TokenShard::open(p));
+      d.indexed_.push_back(nullptr);
+      total += d.shards_.back().size();
+    } else {
+      auto m = std::make_shared<IndexedDataset>(IndexedDataset::open(prefix));
+      ends.reserve(static_cast<size_t>(m->num_sequences()));
+      int64_t end = 0;
+      for (int64_t i = 0; i < m->num_sequences(); ++i) ends.push_back(end += m->sequence_length(i));
+      d.shards_.emplace_back();
+      d.indexed_.push_back(std::move(m));
+      total += end;
+    }
+    d.sequence_ends_.push_back(std::move(ends));
     d.offsets_.push_back(total);
   }
   return d;
@@ -150,12 +181,44 @@ int TokenDataset::shard_of(int64_t i) const {
   return static_cast<int>(std::upper_bound(offsets_.begin(), offsets_.end(), i) - offsets_.begin());
 }
 
+void TokenDataset::read_part(int k, int64_t local, int64_t count, int32_t* out) const {
+  if (const IndexedDataset* m = indexed_[k].get()) {
+    const std::vector<int64_t>& ends = sequence_ends_[k];
+    int64_t seq = std::upper_bound(ends.begin(), ends.end(), local) - ends.begin();
+    while (count > 0) {
+      const int64_t start = seq == 0 ? 0 : ends[seq - 1];
+      const int64_t n = std::min(count, ends[seq] - local);
+      m->read(seq, local - start, n, out);
+      for (int64_t i = 0; i < n; ++i) {
+        MAMMOTH_CHECK(out[i] >= 0) << "[token_dataset] Megatron dataset: element " << local + i
+                                   << " is " << out[i] << ", not a token id";
+      }
+      out += n;
+      local += n;
+      count -= n;
+      ++seq;
+    }
+    return;
+  }
+  const TokenShard& s = shards_[k];
+  for (int64_t i = 0; i < count; ++i) {
+    const uint32_t id = s.at(local + i);
+    MAMMOTH_CHECK(id <= static_cast<uint32_t>(INT32_MAX))
+        << "[token_dataset] '" << s.path() << "': token " << id << " at position " << local + i
+        << " is too large for a token id";
+    out[i] = static_cast<int32_t>(id);
+  }
+}
+
 uint32_t TokenDataset::at(int64_t i) const {
   MAMMOTH_CHECK(i >= 0 && i < size())
       << "[token_dataset] position " << i << " is outside [0, " << size() << ")";
   const int k = shard_of(i);
   const int64_t base = k == 0 ? 0 : offsets_[k - 1];
-  return shards_[k].at(i - base);
+  if (!indexed_[k]) return shards_[k].at(i - base);
+  int32_t v = 0;
+  read_part(k, i - base, 1, &v);
+  return static_cast<uint32_t>(v);
 }
 
 void TokenDataset::read(int64_t start, int64_t count, int32_t* out) const {
@@ -166,14 +229,7 @@ void TokenDataset::read(int64_t start, int64_t count, int32_t* out) const {
   while (count > 0) {
     const int64_t base = k == 0 ? 0 : offsets_[k - 1];
     const int64_t n = std::min(count, offsets_[k] - start);
-    const TokenShard& s = shards_[k];
-    for (int64_t i = 0; i < n; ++i) {
-      const uint32_t id = s.at(start - base + i);
-      MAMMOTH_CHECK(id <= static_cast<uint32_t>(INT32_MAX))
-          << "[token_dataset] '" << s.path() << "': token " << id << " at position "
-          << start - base + i << " is too large for a token id";
-      out[i] = static_cast<int32_t>(id);
-    }
+    read_part(k, start - base, n, out);
     out += n;
     start += n;
     count -= n;

@@ -8,15 +8,20 @@
 // llm.c reads what we write and we read what it writes. Decision: magic 20240520 with version
 // 2 is read as uint32 ids too (a form other tools' readers accept), but never written.
 //
+// A TokenDataset may also take Megatron indexed datasets (indexed_dataset.h): PREFIX, PREFIX.bin
+// or PREFIX.idx (any of them naming the pair), read as their sequences back to back.
+//
 //   TokenDataset data = TokenDataset::open("data/train_*.bin");   // file, directory or glob
 //   std::vector<int32_t> window(1025);
 //   data.read(start, window.size(), window.data());
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "engine/data/indexed_dataset.h"
 #include "engine/data/mapped_file.h"
 
 namespace mammoth::data {
@@ -60,10 +65,14 @@ void write_token_shard_u32(const std::string& path, const uint32_t* tokens, int6
 void write_token_shard(const std::string& path, const std::vector<int32_t>& tokens,
                        bool wide = false);
 
-// Expands a data specification into shard paths: an existing file is itself; a directory
-// means its *.bin files; anything else is a glob pattern (e.g. "dir/train_*.bin"). Results are
-// sorted by name. Throws when nothing matches.
+// Expands a data specification into shard paths: an existing file is itself; a Megatron prefix
+// (PREFIX.idx exists) is itself; a directory means its *.bin files; anything else is a glob
+// pattern (e.g. "dir/train_*.bin"). Results are sorted by name. Throws when nothing matches.
 std::vector<std::string> expand_shard_paths(const std::string& spec);
+
+// The Megatron prefix `path` names (PREFIX with PREFIX.idx beside it, PREFIX.idx, or PREFIX.bin
+// with PREFIX.idx beside it), or "" when it names none.
+std::string megatron_prefix(const std::string& path);
 
 // Several shards read as one token stream, in the given order.
 class TokenDataset {
@@ -75,6 +84,7 @@ class TokenDataset {
   // Total tokens over all shards.
   int64_t size() const { return offsets_.empty() ? 0 : offsets_.back(); }
   int num_shards() const { return static_cast<int>(shards_.size()); }
+  // Part i as an llm.c shard (empty for a Megatron part).
   const TokenShard& shard(int i) const { return shards_.at(i); }
 
   // Token at global position i.
@@ -86,7 +96,13 @@ class TokenDataset {
  private:
   int shard_of(int64_t i) const;
 
+  // Reads `count` tokens of part k from its position `local`.
+  void read_part(int k, int64_t local, int64_t count, int32_t* out) const;
+
   std::vector<TokenShard> shards_;
+  // Per part: the Megatron dataset (null for an llm.c shard) and its sequences' end positions.
+  std::vector<std::shared_ptr<const IndexedDataset>> indexed_;
+  std::vector<std::vector<int64_t>> sequence_ends_;
   std::vector<int64_t> offsets_;  // offsets_[k] = first global position after shard k
 };
 

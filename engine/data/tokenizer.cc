@@ -42,9 +42,9 @@ struct AddedToken {
   bool normalized = false;
 };
 
-// One normalizer step: Prepend(text) or Replace(text -> with).
+// One normalizer step: Prepend(text), Replace(text -> with) or NFC.
 struct NormStep {
-  bool prepend = false;
+  enum class Kind { kPrepend, kReplace, kNfc } kind;
   std::string text;
   std::string with;
 };
@@ -285,10 +285,16 @@ struct Tokenizer::Impl {
   std::string normalize(std::string_view s) const {
     std::string out(s);
     for (const NormStep& step : normalizer) {
-      if (step.prepend) {
-        if (!out.empty()) out = step.text + out;
-      } else {
-        out = replace_all(out, step.text, step.with);
+      switch (step.kind) {
+        case NormStep::Kind::kPrepend:
+          if (!out.empty()) out = step.text + out;
+          break;
+        case NormStep::Kind::kReplace:
+          out = replace_all(out, step.text, step.with);
+          break;
+        case NormStep::Kind::kNfc:
+          out = nfc(out);
+          break;
       }
     }
     return out;
@@ -546,17 +552,21 @@ void read_normalizer(const JsonReader& r, const json::Value& v, std::vector<Norm
     for (const json::Value& n : v.at("normalizers")) read_normalizer(r, n, steps);
   } else if (type == "Prepend") {
     r.known_keys(v, {"type", "prepend"}, "normalizer Prepend");
-    steps->push_back({true, r.get_string(v, "prepend", "normalizer Prepend"), ""});
+    steps->push_back(
+        {NormStep::Kind::kPrepend, r.get_string(v, "prepend", "normalizer Prepend"), ""});
   } else if (type == "Replace") {
     r.known_keys(v, {"type", "pattern", "content"}, "normalizer Replace");
     const json::Value& p = v.at("pattern");
     r.require(p.is_object() && p.find("String") != nullptr && p.at("String").is_string(),
               "normalizer Replace with a Regex pattern is not supported (only String)");
-    steps->push_back(
-        {false, p.at("String").as_string(), r.get_string(v, "content", "normalizer Replace")});
+    steps->push_back({NormStep::Kind::kReplace, p.at("String").as_string(),
+                      r.get_string(v, "content", "normalizer Replace")});
+  } else if (type == "NFC") {
+    r.known_keys(v, {"type"}, "normalizer NFC");
+    steps->push_back({NormStep::Kind::kNfc, "", ""});
   } else {
-    r.refuse("normalizer " + type + " is not supported (supported: Prepend, Replace with a " +
-             "String pattern, and Sequences of them)");
+    r.refuse("normalizer " + type + " is not supported (supported: NFC, Prepend, Replace with " +
+             "a String pattern, and Sequences of them)");
   }
 }
 

@@ -4,7 +4,8 @@
 // Two families are read, each exactly as `tokenizers` 0.19 encodes and decodes them:
 //   - byte-level BPE (GPT-2, Llama 3, Qwen2): the ByteLevel pre-tokenizer with GPT-2's pattern,
 //     or a Split pre-tokenizer with Llama 3's pattern (digits in runs of up to three) or
-//     Qwen2's (single digits) followed by ByteLevel without its regex; optional ignore_merges;
+//     Qwen2's (single digits) followed by ByteLevel without its regex; optional ignore_merges
+//     and an NFC normalizer (Qwen2);
 //   - SentencePiece-style BPE (Llama 2, Mistral): characters as symbols, `<0xNN>` byte tokens
 //     for characters outside the vocabulary (byte_fallback), an unk token (fuse_unk), spaces
 //     as "▁" through a Prepend/Replace normalizer or the Metaspace pre-tokenizer.

@@ -93,6 +93,53 @@ TEST_CASE("uint32 shards: llm.c's Llama 3 header, ids above 65535 read back exac
   CHECK_THROWS_WITH(TokenShard::open(dir.file("short.bin")), Catch::Contains("truncated"));
 }
 
+TEST_CASE("Megatron .bin/.idx pairs read through TokenDataset, beside llm.c shards") {
+  TestDir dir;
+  // int32 elements, ids above 65535, documents of several sequences and an empty sequence.
+  IndexedDatasetWriter w(dir.file("mega"), IndexedDType::kI32);
+  const std::vector<std::vector<int32_t>> seqs = {
+      {5, 6, 7}, {}, {70000, 1}, {128255}, {2, 3, 4, 9}};
+  std::vector<int32_t> all;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    w.add_sequence(seqs[i]);
+    if (i % 2 == 1) w.end_document();
+    all.insert(all.end(), seqs[i].begin(), seqs[i].end());
+  }
+  w.finalize();
+  for (const std::string& spec : {dir.file("mega"), dir.file("mega.bin"), dir.file("mega.idx")}) {
+    CHECK(megatron_prefix(spec) == dir.file("mega"));
+    const TokenDataset d = TokenDataset::open(spec);
+    REQUIRE(d.size() == static_cast<int64_t>(all.size()));
+    std::vector<int32_t> got(all.size());
+    d.read(0, d.size(), got.data());
+    CHECK(got == all);
+    for (int64_t start = 0; start < d.size(); ++start) {  // windows crossing sequences
+      const int64_t n = std::min<int64_t>(3, d.size() - start);
+      std::vector<int32_t> part(n);
+      d.read(start, n, part.data());
+      CHECK(std::equal(part.begin(), part.end(), all.begin() + start));
+      CHECK(d.at(start) == static_cast<uint32_t>(all[start]));
+    }
+  }
+  CHECK(megatron_prefix(dir.file("nothing")).empty());
+  // A directory with a Megatron pair and an llm.c shard: both, in name order ("a.bin" first).
+  write_token_shard(dir.file("a.bin"), std::vector<int32_t>{11, 12});
+  const TokenDataset both = TokenDataset::open(dir.path());
+  REQUIRE(both.num_shards() == 2);
+  std::vector<int32_t> got(static_cast<size_t>(both.size()));
+  both.read(0, both.size(), got.data());
+  std::vector<int32_t> expect = {11, 12};
+  expect.insert(expect.end(), all.begin(), all.end());
+  CHECK(got == expect);
+  // Negative elements are not token ids.
+  IndexedDatasetWriter neg(dir.file("neg"), IndexedDType::kI32);
+  neg.add_document({1, -5});
+  neg.finalize();
+  std::vector<int32_t> two(2);
+  CHECK_THROWS_WITH(TokenDataset::open(dir.file("neg")).read(0, 2, two.data()),
+                    Catch::Contains("-5"));
+}
+
 TEST_CASE("a dataset reads several shards as one stream") {
   TestDir dir;
   std::vector<int32_t> all;
@@ -107,7 +154,7 @@ TEST_CASE("a dataset reads several shards as one stream") {
     const TokenDataset d = TokenDataset::open(spec);
     REQUIRE(d.num_shards() == 4);
     REQUIRE(d.size() == static_cast<int64_t>(all.size()));
-    for (int64_t i = 0; i < d.size(); ++i) CHECK(d.at(i) == all[i]);
+    for (int64_t i = 0; i < d.size(); ++i) CHECK(static_cast<int32_t>(d.at(i)) == all[i]);
     // Windows that cross the empty shard and several boundaries.
     for (int64_t start : {0, 5, 9, 10, 30}) {
       const int64_t n = std::min<int64_t>(8, d.size() - start);

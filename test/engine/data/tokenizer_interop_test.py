@@ -6,7 +6,8 @@ API in the shapes that real model directories have:
   gpt2     ByteLevel pre-tokenizer (GPT-2's regex), <|endoftext|>, a non-special added token
   llama3   Split by Llama 3's regex + ByteLevel without regex, ignore_merges, <|begin_of_text|>
            added by a TemplateProcessing post-processor, reserved special tokens
-  qwen2    Split by Qwen2's regex (single digits) + ByteLevel, <|im_start|>/<|im_end|>
+  qwen2    NFC normalizer, Split by Qwen2's regex (single digits) + ByteLevel,
+           <|im_start|>/<|im_end|>
   llama2   SentencePiece-style: Prepend("▁") + Replace(" ", "▁") normalizer, BPE with
            byte_fallback and fuse_unk, <0xNN> byte tokens, <s> added by the post-processor,
            decoder Replace/ByteFallback/Fuse/Strip; a limited alphabet so that rarer characters
@@ -17,7 +18,7 @@ API in the shapes that real model directories have:
 Each is saved as a model directory (tokenizer.json + tokenizer_config.json); our ids must equal
 theirs on a multilingual text of more than 1 MB (whole, and line by line), with and without
 add_special_tokens, and our decoding of their ids (with and without skip_special_tokens) must
-equal theirs. Files we cannot honour exactly (NFC, an unknown regex, WordPiece, dropout, an
+equal theirs. Files we cannot honour exactly (NFKC, an unknown regex, WordPiece, dropout, an
 unknown key, malformed JSON) must be refused with an error naming what is refused.
 
 Usage: tokenizer_interop_test.py PATH/TO/data_tool
@@ -63,6 +64,10 @@ SAMPLES = [
     "<|im_start|>user\nhi<|im_end|> <|reserved_special_token_3|> <unk> <mask> a<extra>b",
     "Rare bytes: \u0000\u0001\u007f \u00ad\u200b\u2028\u2029 \U0001F9EA \U00010348 ꙮ \ufeff",
     "Punctuation runs: !!! ??? ... ---- ==> <== (parens) [brackets] {braces} \"q\" 'q'",
+    # NFC: decomposed letters, marks to reorder, singletons, exclusions, Hangul jamo.
+    "Cafe\u0301 re\u0301sume\u0301 a\u0323\u0301 a\u0301\u0323 o\u0308\u0304 \u212b \u2126 "
+    "\u0344 \u0958 \u0915\u093c \u1100\u1161\u11a8 \u1100\u1161 \uac00\u11a8 "
+    "\u0041\u030a\u0301 \u1e9b\u0323 \u0e33 \u3099\u304b\u3099 \U0001d15e",
     "",
     " ",
     "\n",
@@ -90,6 +95,8 @@ def random_text(seed, n):
                "'ſ"] +
               list(".,!?-\"()[]{}:;/\\#@$%^&*_+=~`|<>") +
               ["é", "ß", "Ж", "λ", "中", "日本", "ت", "ש", "न", "ि", "्", "\u0301", "٣", "²", "Ⅻ",
+               "e", "\u0323", "\u0308", "\u1100", "\u1161", "\u11a8", "\uac00", "\u212b",
+               "\u3099", "か",
                "😀", "👍🏽", "\u200d", "\ufe0f", "…", "—", "“", "”", "🦙", "ꙮ", "\U00010348"] +
               ["<s>", "</s>", "<|endoftext|>", "<|im_start|>", "<extra>", " <mask> "] +
               [" " + w for w in WORDS] * 3)
@@ -124,8 +131,10 @@ def train_text():
     return lines
 
 
-def byte_level_tokenizer(split_regex, vocab, specials, ignore_merges):
+def byte_level_tokenizer(split_regex, vocab, specials, ignore_merges, nfc=False):
     tok = Tokenizer(models.BPE(ignore_merges=ignore_merges))
+    if nfc:
+        tok.normalizer = normalizers.NFC()
     if split_regex is None:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     else:
@@ -200,7 +209,7 @@ def build(tmp):
     out["llama3"] = (llama3, {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"})
 
     qwen2 = byte_level_tokenizer(QWEN2_RE, 1300, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-                                 False)
+                                 False, nfc=True)
     out["qwen2"] = (qwen2, {"bos_token": None, "eos_token": "<|im_end|>"})
 
     llama2 = sentencepiece_tokenizer("llama2")
@@ -310,8 +319,8 @@ def check_refusals(tool, tmp, dirs):
         print(f"refused {tag}: {err.strip().splitlines()[-1][:160]}")
 
     j = json.loads(json.dumps(base))
-    j["normalizer"] = {"type": "NFC"}
-    variant("nfc", j, "normalizer NFC")
+    j["normalizer"] = {"type": "NFKC"}
+    variant("nfkc", j, "normalizer NFKC")
     j = json.loads(json.dumps(base))
     j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = r"\p{L}+|\s+"
     variant("regex", j, "pre_tokenizer Split pattern")
