@@ -65,14 +65,19 @@ std::vector<int64_t> parse_ids(const std::string& text) {
 
 // Writes the decoded continuation as tokens arrive. Each step decodes prompt + continuation
 // (decoders such as SentencePiece's strip or join across tokens, so a token's text depends on
-// its neighbours) and writes what extends the text already written; a trailing U+FFFD is held
-// back, since it may be the start of a character whose remaining bytes come in the next token.
+// its neighbours) and writes what extends the text already written. Text that a later token may
+// still change is held back: a trailing run of byte-fallback tokens (decoded as one unit, all
+// U+FFFD if the run is not valid UTF-8) and a trailing U+FFFD (the start of a character whose
+// remaining bytes may come in the next token).
 class TextStream {
  public:
   TextStream(const data::Tokenizer& tok, const std::vector<int64_t>& prompt)
       : tok_(tok), ids_(prompt.begin(), prompt.end()), base_(tok.decode(ids_, true)) {}
 
   void add(int64_t id) {
+    // A model's vocabulary may be padded past the tokenizer's (Qwen2's is): such ids have no
+    // text.
+    if (id >= tok_.vocab_size()) return;
     ids_.push_back(static_cast<int32_t>(id));
     emit(false);
   }
@@ -86,20 +91,24 @@ class TextStream {
 
  private:
   void emit(bool last) {
-    const std::string full = tok_.decode(ids_, true);
+    size_t stable = ids_.size();
+    while (!last && stable > 0 && tok_.is_byte_fallback(ids_[stable - 1])) --stable;
+    const std::string full =
+        tok_.decode(std::vector<int32_t>(ids_.begin(), ids_.begin() + stable), true);
     if (full.compare(0, base_.size(), base_) != 0) return;  // the prompt's text changed
-    text_ = full.substr(base_.size());
-    size_t ready = text_.size();
+    const std::string text = full.substr(base_.size());
+    if (last) text_ = text;
+    size_t ready = text.size();
     static constexpr std::string_view kFffd = "\xEF\xBF\xBD";
     while (!last && ready >= kFffd.size() &&
-           text_.compare(ready - kFffd.size(), kFffd.size(), kFffd) == 0) {
+           text.compare(ready - kFffd.size(), kFffd.size(), kFffd) == 0) {
       ready -= kFffd.size();
     }
-    if (ready <= written_ || text_.compare(0, written_, written_text_) != 0) return;
-    std::fwrite(text_.data() + written_, 1, ready - written_, stdout);
+    if (ready <= written_ || text.compare(0, written_, written_text_) != 0) return;
+    std::fwrite(text.data() + written_, 1, ready - written_, stdout);
     std::fflush(stdout);
     written_ = ready;
-    written_text_ = text_.substr(0, ready);
+    written_text_ = text.substr(0, ready);
   }
 
   const data::Tokenizer& tok_;

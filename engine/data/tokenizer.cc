@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <deque>
 #include <filesystem>
 #include <functional>
 #include <initializer_list>
@@ -401,8 +402,9 @@ struct Tokenizer::Impl {
     std::vector<int32_t> out;
     out.reserve(text.size() / 3 + 8);
     if (add_special) out.insert(out.end(), prefix.begin(), prefix.end());
-    // Views of normalized pieces stay valid for the cache: each is kept until the end.
-    std::vector<std::string> normalized;
+    // The cache holds views of the normalized pieces, so they live (and stay put: a deque does
+    // not move its elements) until the end.
+    std::deque<std::string> normalized;
     std::unordered_map<std::string_view, std::vector<int32_t>> cache;
     split_added(text, 0, 0, [&](std::string_view piece, size_t offset, int32_t id) {
       if (id >= 0) {
@@ -1039,6 +1041,12 @@ int32_t Tokenizer::token_to_id(std::string_view token) const { return impl_->tok
 bool Tokenizer::is_special(int32_t id) const {
   auto it = impl_->added_of_id.find(id);
   return it != impl_->added_of_id.end() && impl_->added[it->second].special;
+}
+
+bool Tokenizer::is_byte_fallback(int32_t id) const {
+  if (!impl_->byte_fallback || id < 0) return false;
+  const auto& b = impl_->byte_token;
+  return std::find(b.begin(), b.end(), id) != b.end();
 }
 
 std::string Tokenizer::describe() const {

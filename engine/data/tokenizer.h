@@ -57,6 +57,9 @@ class Tokenizer {
   // The id of a token by its spelling in tokenizer.json (added tokens first), or -1.
   int32_t token_to_id(std::string_view token) const;
   bool is_special(int32_t id) const;
+  // Whether `id` is one of the <0xNN> tokens of a byte_fallback model (the decoder joins a run
+  // of them into one piece of text, so a run's text is known only when it ends).
+  bool is_byte_fallback(int32_t id) const;
   // e.g. "byte-level BPE (Llama 3 split), 128256 tokens, from DIR/tokenizer.json".
   std::string describe() const;
 
