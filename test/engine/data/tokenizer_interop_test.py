@@ -394,6 +394,10 @@ def main():
                     fail(f"{name} pre-tokens of text #{k} differ at #{i}: ours "
                          f"{o[max(0, i - 3):i + 3]} theirs {theirs[max(0, i - 3):i + 3]}")
             print(f"{name}: pre-tokens identical on {len(SAMPLES) + len(fuzz)} texts")
+        # Hugging Face's qwen2 normalizes (so equal ids mean ours does too): e + U+0301 is é.
+        q = dirs["qwen2"][1]
+        if q.decode(q.encode("Cafe\u0301").ids) != "Caf\u00e9":
+            fail("qwen2's NFC normalizer does not compose e + U+0301; the test would not see NFC")
         for name, (d, hf) in dirs.items():
             info = json.loads(run_tool(tool, "hf-info", d))
             if info["vocab_size"] != hf.get_vocab_size(with_added_tokens=True):
