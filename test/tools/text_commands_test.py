@@ -104,8 +104,8 @@ WIDE_VOCAB = 130_000
 
 
 def wide_tokenizer():
-    """A byte-level BPE of 130,000 ids (Llama 3's size class): every pair of bytes is a merge
-    (65,792 model tokens), then reserved special tokens up to WIDE_VOCAB."""
+    """A byte-level BPE of 130,000 ids (Llama 3's size class): the 256 bytes, unused filler
+    tokens, then every pair of bytes as a merge (so text maps to ids above 65535), and bos/eos."""
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     # GPT-2's byte order, so that ids are predictable: byte b is spelled chars[b].
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
@@ -121,16 +121,18 @@ def wide_tokenizer():
         chars[b] = chr(c)
     assert sorted(chars) == sorted(alphabet)
     vocab = {chars[b]: b for b in range(256)}
+    fillers = WIDE_VOCAB - 256 - 256 * 256 - 2
+    for i in range(fillers):
+        vocab[chars[i % 256] + chars[(i // 256) % 256] + chars[i // 65536] + "~"] = len(vocab)
     merges = []
     for a in range(256):
         for b in range(256):
             vocab[chars[a] + chars[b]] = len(vocab)
             merges.append(f"{chars[a]} {chars[b]}")
-    names = ["<|begin_of_text|>", "<|end_of_text|>"] + [
-        f"<|reserved_{k}|>" for k in range(WIDE_VOCAB - len(vocab) - 2)]
+    assert len(vocab) == WIDE_VOCAB - 2
     added = [{"id": len(vocab) + k, "content": name, "single_word": False, "lstrip": False,
               "rstrip": False, "normalized": False, "special": True}
-             for k, name in enumerate(names)]
+             for k, name in enumerate(["<|begin_of_text|>", "<|end_of_text|>"])]
     j = {
         "version": "1.0", "truncation": None, "padding": None,
         "added_tokens": added,
@@ -294,6 +296,7 @@ def check_data_and_eval(mammoth, tmp, name, d, hf, docs_text, expect_width, trai
 
 
 def main():
+    sys.stdout.reconfigure(line_buffering=True)  # progress shows even if the test is killed
     if len(sys.argv) != 2:
         sys.exit("usage: text_commands_test.py PATH/TO/mammoth")
     mammoth = sys.argv[1]
@@ -310,7 +313,7 @@ def main():
         if hf.get_vocab_size(with_added_tokens=True) != WIDE_VOCAB:
             fail(f"the wide tokenizer has {hf.get_vocab_size(with_added_tokens=True)} ids")
         check_data_and_eval(mammoth, tmp, "wide", d, hf,
-                            docs + " ÿÿ þþ 😀😀😀 <|reserved_129000|>", 4, train=True)
+                            docs + " ÿÿ þþ 😀😀😀", 4, train=True)
 
         # Refusals.
         bad = os.path.join(tmp, "bad")

@@ -368,6 +368,7 @@ def check_refusals(tool, tmp, dirs):
 
 
 def main():
+    sys.stdout.reconfigure(line_buffering=True)  # progress shows even if the test is killed
     if len(sys.argv) != 2:
         sys.exit("usage: tokenizer_interop_test.py PATH/TO/data_tool")
     tool = sys.argv[1]
