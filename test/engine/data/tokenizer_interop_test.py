@@ -15,7 +15,8 @@ API in the shapes that real model directories have:
   mistral  SentencePiece-style with the Metaspace pre-tokenizer (prepend_scheme first) and
            decoder, lstrip/rstrip added tokens
   unk      Metaspace (always, split) without byte fallback: unknown characters fuse into <unk>
-Each is saved as a model directory (tokenizer.json + tokenizer_config.json); our ids must equal
+Each is saved as a model directory (tokenizer.json + tokenizer_config.json), and gpt2's model
+also as vocab.json + merges.txt alone; our ids must equal
 theirs on a multilingual text of more than 1 MB (whole, and line by line), with and without
 add_special_tokens, and our decoding of their ids (with and without skip_special_tokens) must
 equal theirs. Files we cannot honour exactly (NFKC, an unknown regex, WordPiece, dropout, an
@@ -227,6 +228,17 @@ def build(tmp):
     out["unk"] = (unk, {"bos_token": "<s>", "eos_token": "</s>"})
 
     dirs = {}
+    # GPT-2's two-file form (vocab.json + merges.txt, no tokenizer.json): Hugging Face's GPT-2
+    # tokenizer treats <|endoftext|> as special.
+    d = os.path.join(tmp, "gpt2_files")
+    os.makedirs(d)
+    gpt2.model.save(d)
+    files = Tokenizer(models.BPE.from_file(os.path.join(d, "vocab.json"),
+                                           os.path.join(d, "merges.txt")))
+    files.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    files.decoder = decoders.ByteLevel()
+    files.add_special_tokens(["<|endoftext|>"])
+    dirs["gpt2_files"] = (d, files)
     for name, (tok, config) in out.items():
         d = os.path.join(tmp, name)
         os.makedirs(d)
@@ -257,6 +269,7 @@ def first_difference(a, b):
 # Tokens whose presence in Hugging Face's ids shows that a case was exercised at all.
 MUST_SEE = {
     "gpt2": ["<|endoftext|>", "<extra>"],
+    "gpt2_files": ["<|endoftext|>"],
     "llama3": ["<|begin_of_text|>", "<|reserved_special_token_3|>"],
     "qwen2": ["<|im_start|>", "<|im_end|>"],
     "llama2": ["<s>", "<0xF0>", "<0x9F>"],
