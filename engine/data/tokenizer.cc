@@ -904,6 +904,15 @@ void read_config(const std::string& path, Tokenizer::Impl* t) {
                            << "\" is not a token of " << t->source;
     return id;
   };
+  // add_prefix_space: transformers' byte-level tokenizers rebuild their ByteLevel pre-tokenizer
+  // with it (false is what Mammoth reads), its Llama fast tokenizer re-converts tokenizer.model
+  // when it is set at all, so tokenizer.json is then not what transformers uses.
+  if (const json::Value* aps = c.find("add_prefix_space"); aps != nullptr && !aps->is_null()) {
+    MAMMOTH_CHECK(t->byte_level && aps->is_bool() && !aps->as_bool())
+        << "[tokenizer] " << path << ": add_prefix_space " << json::dump(*aps)
+        << " is not supported for " << t->kind
+        << " (transformers would rebuild the tokenizer instead of reading tokenizer.json)";
+  }
   t->bos = id_of("bos_token");
   t->eos = id_of("eos_token");
   // transformers rebuilds the post-processor from these flags for some tokenizer classes; we

@@ -179,11 +179,7 @@ def sentencepiece_tokenizer(kind):
         tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
     trainer = trainers.BpeTrainer(vocab_size=1500, special_tokens=specials, show_progress=False,
                                   limit_alphabet=150)
-    if kind == "llama2":
-        # The normalizer runs during training too; Metaspace does it for the others.
-        tok.train_from_iterator(train_text(), trainer=trainer)
-    else:
-        tok.train_from_iterator(train_text(), trainer=trainer)
+    tok.train_from_iterator(train_text(), trainer=trainer)
     if kind != "unk":
         tok = add_byte_tokens(tok)
     tok.post_processor = processors.TemplateProcessing(
@@ -378,6 +374,17 @@ def check_refusals(tool, tmp, dirs):
     if "<|no_such_token|>" not in err:
         fail(f"a bos_token outside the vocabulary is not named: {err}")
     print("refused a bos_token outside the vocabulary")
+    # add_prefix_space in tokenizer_config.json makes transformers rebuild a Llama tokenizer.
+    d = os.path.join(tmp, "bad_config_prefix")
+    os.makedirs(d)
+    with open(os.path.join(d, "tokenizer.json"), "w", encoding="utf-8") as f:
+        json.dump(sp, f)
+    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+        json.dump({"bos_token": "<s>", "add_prefix_space": True}, f)
+    err = run_tool(tool, "hf-info", d, expect_fail=True)
+    if "add_prefix_space" not in err:
+        fail(f"add_prefix_space in tokenizer_config.json is not refused by name: {err}")
+    print("refused add_prefix_space in a SentencePiece tokenizer's tokenizer_config.json")
 
 
 def main():
