@@ -106,20 +106,7 @@ WIDE_VOCAB = 130_000
 def wide_tokenizer():
     """A byte-level BPE of 130,000 ids (Llama 3's size class): the 256 bytes, unused filler
     tokens, then every pair of bytes as a merge (so text maps to ids above 65535), and bos/eos."""
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    # GPT-2's byte order, so that ids are predictable: byte b is spelled chars[b].
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    cs = bs[:]
-    k = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + k)
-            k += 1
-    chars = [None] * 256
-    for b, c in zip(bs, cs):
-        chars[b] = chr(c)
-    assert sorted(chars) == sorted(alphabet)
+    chars = sorted(pre_tokenizers.ByteLevel.alphabet())  # one character per byte value
     vocab = {chars[b]: b for b in range(256)}
     fillers = WIDE_VOCAB - 256 - 256 * 256 - 2
     for i in range(fillers):
