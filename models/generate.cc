@@ -83,6 +83,7 @@ std::vector<int64_t> generate(LanguageModel& model, const std::vector<int64_t>& 
     const double u = static_cast<double>(r.v[0]) / 4294967296.0;
     const int64_t next = sample_token(row, o, u);
     out.push_back(next);
+    if (o.on_token) o.on_token(next);
     if (next == o.eos_token || cache.length >= capacity) break;
     logits = model.forward_cached(Tensor::from_ints({next}, {1, 1}).to(device), &cache);
   }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "models/model.h"
@@ -18,6 +19,8 @@ struct GenerateOptions {
   double top_p = 1.0;        // keep the smallest set of tokens with this much probability
   uint64_t seed = 0;
   int64_t eos_token = -1;  // stop after emitting it (-1: never)
+  // Called with each new token as soon as it is chosen (to stream text); may be empty.
+  std::function<void(int64_t)> on_token;
 };
 
 // Returns the new tokens only (not the prompt). The prompt is run once through the cache, then

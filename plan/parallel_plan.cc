@@ -112,6 +112,8 @@ class Checker {
       if (size > 1 && seen.count(axis) == 0)
         return say("mesh order '", p_.order, "' leaves out ", axis, " of size ", size);
     }
+    if (p_.sp > 1 && p_.sp_mode != "ulysses" && p_.sp_mode != "ring")
+      return say("--sp ", p_.sp, " needs --sp-mode ulysses or ring (split_gather runs on tp)");
     if (c_.world > 0 && p_.world() != c_.world) {
       return say("--dp ", p_.dp, " x --pp ", p_.pp, " x --tp ", p_.tp, " x --sp ", p_.sp, " = ",
                  p_.world(), " but ", c_.world, " process(es) were started",
@@ -119,8 +121,6 @@ class Checker {
                                      " mammoth train ...)"
                                : "");
     }
-    if (p_.sp > 1 && p_.sp_mode != "ulysses" && p_.sp_mode != "ring")
-      return say("--sp ", p_.sp, " needs --sp-mode ulysses or ring (split_gather runs on tp)");
     if (p_.sp_mode != "none" && p_.world() == 1)
       return say("--sp-mode ", p_.sp_mode, " splits the sequence over several ranks: it needs ",
                  p_.sp_mode == "split_gather" ? "--tp > 1" : "--sp > 1", " (mpirun -np N)");

@@ -156,6 +156,8 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
     }
     p.pipeline = std::make_unique<models::LanguageModelPipeline>(
         staged, schedule, mesh_->group(parallel::Axis::kPp), partition);
+    // The plan from here on says where the stages were cut (the memory model reads it).
+    plan_.stage_cut = p.pipeline->partition();
     if (lead()) {
       std::string cuts;
       for (size_t s = 0; s + 1 < p.pipeline->partition().size(); ++s) {

@@ -32,6 +32,7 @@ class TrainingRuntime {
   TrainingRuntime(const TrainingRuntime&) = delete;
   TrainingRuntime& operator=(const TrainingRuntime&) = delete;
 
+  // The plan it runs; after assemble(), with the pipeline's stage cut filled in.
   const plan::ParallelPlan& plan() const { return plan_; }
   parallel::DeviceMesh* mesh() const { return mesh_.get(); }
   int rank() const;

@@ -1,12 +1,16 @@
-// `mammoth data`: text files in, llm.c token shards and a GPT-2 tokenizer out.
+// `mammoth data`: text files in, llm.c token shards and their tokenizer out.
 //
-//   mammoth data --out DIR [--vocab-size 1024 | --vocab-json F --merges F] TEXT...
+//   mammoth data --out DIR [--vocab-size 1024 | --vocab-json F --merges F | --tokenizer HF_DIR]
+//                TEXT...
 //
 // Each TEXT is a file, a directory (its regular files, sorted) or a glob ("books/*.txt").
-// Without --vocab-json/--merges a byte-level BPE of --vocab-size is trained on the text and
-// saved beside the shards as vocab.json/merges.txt (GPT-2's two-file format); with them, the
-// given vocabulary (e.g. GPT-2's own) is used and copied there. With no TEXT at all the
-// embedded default corpus is tokenized. `mammoth train --data DIR/train_*.bin` reads the result.
+// With --tokenizer the model directory's own tokenizer (tokenizer.json, or vocab.json +
+// merges.txt; engine/data/tokenizer.h) encodes the text and its files are copied beside the
+// shards. Otherwise, without --vocab-json/--merges a byte-level BPE of --vocab-size is trained
+// on the text and saved beside the shards as vocab.json/merges.txt (GPT-2's two-file format);
+// with them, the given vocabulary (e.g. GPT-2's own) is used and copied there. With no TEXT at
+// all the embedded default corpus is tokenized. Shards hold uint16 ids, uint32 when the
+// vocabulary exceeds 65536. `mammoth train --data DIR/train_*.bin` reads the result.
 #include <glob.h>
 
 #include <algorithm>
@@ -21,6 +25,7 @@
 #include "base/thread_pool.h"
 #include "engine/data/build_shards.h"
 #include "engine/data/image_shard.h"
+#include "engine/data/tokenizer.h"
 #include "tools/command.h"
 
 ABSL_DECLARE_FLAG(int64_t, seed);
@@ -29,6 +34,11 @@ ABSL_FLAG(std::string, out, "",
           "output: the directory for shards and vocab (data), the .svg file (plot)");
 ABSL_FLAG(std::string, vocab_json, "", "an existing GPT-2 style vocab.json (with --merges)");
 ABSL_FLAG(std::string, merges, "", "an existing GPT-2 style merges.txt (with --vocab-json)");
+ABSL_FLAG(std::string, tokenizer, "",
+          "data/generate/eval: a Hugging Face model or tokenizer directory whose tokenizer "
+          "(tokenizer.json, else vocab.json + merges.txt) encodes text (generate/eval default: "
+          "the --model directory's)");
+ABSL_DECLARE_FLAG(std::string, model);
 ABSL_FLAG(std::string, shard_size, "100M", "tokens per shard file (K/M/G suffixes accepted)");
 ABSL_FLAG(std::string, train_max_bytes, "256M",
           "text bytes the tokenizer is trained on at most (K/M/G suffixes accepted)");
@@ -45,9 +55,29 @@ ABSL_FLAG(int64_t, image_size, 32, "--synthetic-images: height and width");
 ABSL_FLAG(int64_t, image_channels, 3, "--synthetic-images: channels");
 
 namespace mammoth::tools {
-namespace {
 
 namespace fs = std::filesystem;
+
+// Shared by generate and eval: --tokenizer, else the --model directory's tokenizer, checked
+// against the model's vocabulary of `model_vocab` ids.
+data::Tokenizer text_tokenizer(int64_t model_vocab, const char* command) {
+  std::string dir = absl::GetFlag(FLAGS_tokenizer);
+  if (dir.empty()) {
+    dir = absl::GetFlag(FLAGS_model);
+    MAMMOTH_CHECK(fs::is_directory(dir))
+        << "[" << command << "] text needs a tokenizer: --model '" << dir
+        << "' is not a model directory, so pass --tokenizer DIR (a directory with "
+           "tokenizer.json, or vocab.json + merges.txt)";
+  }
+  data::Tokenizer tok = data::Tokenizer::from_directory(dir);
+  MAMMOTH_CHECK(tok.vocab_size() <= model_vocab)
+      << "[" << command << "] the tokenizer (" << tok.describe() << ") has more ids than the "
+      << "model's vocabulary of " << model_vocab;
+  std::fprintf(stderr, "[%s] tokenizer: %s\n", command, tok.describe().c_str());
+  return tok;
+}
+
+namespace {
 
 // "100M" -> 100'000'000; the option name goes into the error.
 int64_t parse_size(const std::string& text, const char* option) {
@@ -134,6 +164,11 @@ int run_data(const std::vector<std::string>& args) {
   MAMMOTH_CHECK(vocab_json.empty() == merges.empty())
       << "[data] give both --vocab-json and --merges, or neither to train a tokenizer (got "
       << "--vocab-json '" << vocab_json << "', --merges '" << merges << "')";
+  const std::string tokenizer = absl::GetFlag(FLAGS_tokenizer);
+  MAMMOTH_CHECK(tokenizer.empty() || vocab_json.empty())
+      << "[data] --tokenizer and --vocab-json/--merges both name a tokenizer; give one";
+  MAMMOTH_CHECK(tokenizer.empty() || fs::is_directory(tokenizer))
+      << "[data] --tokenizer '" << tokenizer << "' is not a directory";
   for (const std::string* f : {&vocab_json, &merges}) {
     MAMMOTH_CHECK(f->empty() || fs::is_regular_file(*f))
         << "[data] tokenizer file '" << *f << "' does not exist";
@@ -146,6 +181,7 @@ int run_data(const std::vector<std::string>& args) {
   o.vocab_size = absl::GetFlag(FLAGS_vocab_size);
   o.vocab_json = vocab_json;
   o.merges_txt = merges;
+  o.tokenizer_dir = tokenizer;
   o.val_fraction = absl::GetFlag(FLAGS_val_fraction);
   o.shard_tokens = parse_size(absl::GetFlag(FLAGS_shard_size), "shard-size");
   o.train_max_bytes = parse_size(absl::GetFlag(FLAGS_train_max_bytes), "train-max-bytes");
@@ -158,16 +194,18 @@ int run_data(const std::vector<std::string>& args) {
   const data::BuildShardsResult r = data::build_shards(o);
   std::printf(
       "%s: %lld documents -> %lld train tokens in %zu shard(s), %lld validation tokens "
-      "in %zu shard(s); vocabulary %d tokens (%s, %s)\n",
+      "in %zu shard(s) (uint%d ids); vocabulary %d tokens (%s)\n",
       out.c_str(), static_cast<long long>(r.num_documents), static_cast<long long>(r.train_tokens),
       r.train_shards.size(), static_cast<long long>(r.val_tokens), r.val_shards.size(),
-      r.vocab_size, r.vocab_json.c_str(), r.merges_txt.c_str());
+      8 * r.token_bytes, r.vocab_size, r.tokenizer_file.c_str());
   return 0;
 }
 
 }  // namespace
 
-MAMMOTH_COMMAND(data, "tokenize text files into llm.c token shards (GPT-2 byte-level BPE)",
+MAMMOTH_COMMAND(data,
+                "tokenize text files into llm.c token shards (a model directory's tokenizer, or "
+                "GPT-2 byte-level BPE)",
                 run_data);
 
 }  // namespace mammoth::tools

@@ -1,13 +1,20 @@
-// `mammoth eval`: mean next-token cross-entropy of a causal LM over an llm.c token file.
+// `mammoth eval`: mean next-token cross-entropy of a causal LM over an llm.c token file
+// (--tokens), or over a text file (--text) encoded by the model directory's tokenizer (or
+// --tokenizer's) as one sequence with its special tokens (a Llama's bos in front).
 //
 // The tokens are cut into consecutive, non-overlapping sequences of --seq-len T (a trailing
 // remainder is dropped); in each, tokens 2..T are predicted from those before them, and the
 // loss is averaged over all n_seq * (T - 1) predictions. Prints one JSON line
-// {"loss": L, "tokens": N} where N is that number of predictions. BERT: the masked-LM loss over
+// {"loss": L, "tokens": N} where N is that number of predictions (with --text also
+// "perplexity": exp(L)). BERT: the masked-LM loss over
 // the positions `mammoth train`'s rule chooses (engine/data/masking.h), sequence s masked as
 // training's validation masks window s of the same file with the same --seed.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <functional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -19,6 +26,7 @@
 #include "engine/data/image_shard.h"
 #include "engine/data/masking.h"
 #include "engine/data/token_shard.h"
+#include "engine/data/tokenizer.h"
 #include "engine/ops.h"
 #include "engine/train/device.h"
 #include "models/layers.h"
@@ -39,6 +47,9 @@ ABSL_FLAG(std::string, weights, "",
           "index .json (default: the model directory's weights, or fresh weights for a "
           "registered name)");
 ABSL_FLAG(std::string, tokens, "", "eval: llm.c token shard(s): file, directory or glob");
+ABSL_FLAG(std::string, text, "",
+          "eval: a text file, encoded by the model directory's tokenizer (or --tokenizer); "
+          "instead of --tokens");
 ABSL_FLAG(int64_t, batch, 8, "eval: sequences per forward pass");
 ABSL_FLAG(int64_t, max_sequences, 0, "eval: evaluate at most this many sequences (0: all)");
 ABSL_FLAG(std::string, images, "",
@@ -57,6 +68,8 @@ ABSL_FLAG(double, mask_prob, 0.15,
           "token there; the model's special tokens are never chosen");
 
 namespace mammoth::tools {
+
+data::Tokenizer text_tokenizer(int64_t model_vocab, const char* command);
 
 // Shared by eval and generate: moves a loaded model to --device (printed on stderr; stdout
 // carries the result).
@@ -100,9 +113,17 @@ data::MaskingOptions masked_lm_options(const models::ModelConfig& c, const char*
 
 namespace {
 
-void print_result(double total_loss, int64_t count, const char* unit) {
+// The tokens evaluated: a TokenDataset or ids in memory.
+struct TokenSource {
+  int64_t size = 0;
+  std::function<void(int64_t start, int64_t count, int32_t* out)> read;
+};
+
+void print_result(double total_loss, int64_t count, const char* unit, bool perplexity = false) {
   json::Value out = json::Value::object();
-  out.set("loss", total_loss / static_cast<double>(count)).set(unit, count);
+  const double loss = total_loss / static_cast<double>(count);
+  out.set("loss", loss).set(unit, count);
+  if (perplexity) out.set("perplexity", std::exp(loss));
   std::printf("%s\n", json::dump(out).c_str());
 }
 
@@ -163,8 +184,8 @@ int eval_images(const std::string& path) {
 // masked as `mammoth train` masks window s of the same file in its validation batches
 // (data::MaskingRule, --seed, epoch 0), so the figure is reproducible and independent of
 // --batch.
-int eval_masked_lm(const models::LanguageModel& model_ref, const data::TokenDataset& data,
-                   int64_t T, int64_t n_seq) {
+int eval_masked_lm(const models::LanguageModel& model_ref, const TokenSource& data, int64_t T,
+                   int64_t n_seq) {
   auto& model = const_cast<models::LanguageModel&>(model_ref);
   const models::ModelConfig& c = model.config();
   data::MaskingOptions mo = masked_lm_options(c, "eval");
@@ -206,7 +227,9 @@ int run_eval(const std::vector<std::string>& args) {
   MAMMOTH_CHECK(args.empty()) << "[eval] unexpected argument '" << args[0] << "'";
   if (!absl::GetFlag(FLAGS_images).empty()) return eval_images(absl::GetFlag(FLAGS_images));
   const std::string tokens = absl::GetFlag(FLAGS_tokens);
-  MAMMOTH_CHECK(!tokens.empty()) << "[eval] --tokens is required (llm.c token shard)";
+  const std::string text_file = absl::GetFlag(FLAGS_text);
+  MAMMOTH_CHECK(tokens.empty() != text_file.empty())
+      << "[eval] give --tokens (llm.c token shards) or --text (a text file), one of them";
   auto model =
       load_language_model(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_weights), "eval");
   const models::ModelConfig& c = model->config();
@@ -217,11 +240,30 @@ int run_eval(const std::vector<std::string>& args) {
   const int64_t B = absl::GetFlag(FLAGS_batch);
   MAMMOTH_CHECK(B > 0) << "[eval] --batch must be positive, got " << B;
 
-  const data::TokenDataset data = data::TokenDataset::open(tokens);
-  int64_t n_seq = data.size() / T;
+  TokenSource data;
+  data::TokenDataset shards;
+  std::vector<int32_t> text_ids;
+  const std::string source = tokens.empty() ? text_file : tokens;
+  if (!tokens.empty()) {
+    shards = data::TokenDataset::open(tokens);
+    data.size = shards.size();
+    data.read = [&](int64_t start, int64_t count, int32_t* out) { shards.read(start, count, out); };
+  } else {
+    const data::Tokenizer tok = text_tokenizer(c.vocab_size, "eval");
+    std::ifstream in(text_file, std::ios::binary);
+    MAMMOTH_CHECK(in.good()) << "[eval] cannot open --text file '" << text_file << "'";
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    text_ids = tok.encode(ss.str(), /*add_special_tokens=*/true);
+    data.size = static_cast<int64_t>(text_ids.size());
+    data.read = [&](int64_t start, int64_t count, int32_t* out) {
+      std::copy(text_ids.begin() + start, text_ids.begin() + start + count, out);
+    };
+  }
+  int64_t n_seq = data.size / T;
   if (absl::GetFlag(FLAGS_max_sequences) > 0)
     n_seq = std::min(n_seq, absl::GetFlag(FLAGS_max_sequences));
-  MAMMOTH_CHECK(n_seq > 0) << "[eval] " << tokens << " holds " << data.size()
+  MAMMOTH_CHECK(n_seq > 0) << "[eval] " << source << " holds " << data.size
                            << " tokens, fewer than one sequence of " << T;
   if (c.family == models::Family::kBert) return eval_masked_lm(*model, data, T, n_seq);
   engine::NoGradGuard ng;
@@ -236,15 +278,15 @@ int run_eval(const std::vector<std::string>& args) {
     const double loss = model->loss(engine::Tensor::from_ints(ids, {b, T}).to(device)).item();
     total += loss * static_cast<double>(b * (T - 1));
   }
-  print_result(total, n_seq * (T - 1), "tokens");
+  print_result(total, n_seq * (T - 1), "tokens", !text_file.empty());
   return 0;
 }
 
 }  // namespace
 
 MAMMOTH_COMMAND(eval,
-                "mean loss on a file: next-token (GPT-2, LLaMA), masked-LM (BERT) on --tokens, "
-                "classification (ViT) on --images",
+                "mean loss on a file: next-token (GPT-2, LLaMA), masked-LM (BERT) on --tokens "
+                "or --text, classification (ViT) on --images",
                 run_eval);
 
 }  // namespace mammoth::tools

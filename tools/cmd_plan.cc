@@ -1,3 +1,11 @@
+// `mammoth plan --model M --cluster C --world N --global-batch B --seq-len T [--amp bf16]
+// [--top K] [--out FILE]`: the planner's search (plan/search.h): the K fastest valid plans that
+// fit, each with its predicted step time, tokens/s, MFU and memory per rank per tier, where the
+// time goes, which limit binds and how it differs from the next. --out writes them as JSON;
+// --cluster is a file or a shipped name (plan/clusters/: dgx_a100_80gb, h100_cluster,
+// h200_node). `--evaluate plan.json` predicts one given plan instead (a plan file, or one
+// entry of --out's "plans").
+//
 // `mammoth plan --show-schedule --pp P --micro-batches M --pp-schedule gpipe|1f1b|interleaved|zb
 // [--virtual-stages V] [--trace FILE]`: prints a pipeline schedule as a text timeline with its
 // simulated bubble fraction (unit costs: forward 1, input-gradient backward 1, weight gradient
@@ -21,10 +29,16 @@
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "base/error.h"
+#include "base/json.h"
 #include "models/analyze.h"
 #include "models/registry.h"
 #include "parallel/pipeline/partition.h"
 #include "parallel/pipeline/schedule.h"
+#include "plan/cluster.h"
+#include "plan/memory_model.h"
+#include "plan/parallel_plan.h"
+#include "plan/search.h"
+#include "plan/time_model.h"
 #include "tools/command.h"
 
 ABSL_FLAG(bool, show_schedule, false, "plan: print the pipeline schedule's timeline and bubble");
@@ -41,6 +55,23 @@ ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(int64_t, seq_len);
 ABSL_FLAG(double, pp_weight_cost, 1.0,
           "plan: simulated cost of the weight-gradient half of a backward (forward = 1)");
+ABSL_FLAG(std::string, cluster, "",
+          "plan: cluster description, a JSON file or a shipped name (dgx_a100_80gb, "
+          "h100_cluster, h200_node)");
+ABSL_FLAG(int, world, 0, "plan: ranks (GPUs) to plan for");
+ABSL_FLAG(int64_t, global_batch, 0, "plan: sequences per optimizer step, over all dp ranks");
+ABSL_FLAG(int, top, 5, "plan: how many ranked plans to print");
+ABSL_FLAG(std::string, evaluate, "", "plan: predict this plan file instead of searching");
+ABSL_FLAG(bool, runnable_only, false,
+          "plan: only plans `mammoth train` runs on the device today (else they carry a note)");
+ABSL_FLAG(bool, check_memory, true, "plan: refuse plans the memory model says do not fit");
+ABSL_FLAG(bool, flash_attention, true,
+          "plan: attention never stores its T x T scores (false: Megatron-LM 2021's softmax)");
+ABSL_FLAG(bool, overlap_dp, true,
+          "plan: dp/ZeRO collectives overlap the last backward (false: after it)");
+ABSL_DECLARE_FLAG(std::string, amp);
+ABSL_DECLARE_FLAG(std::string, device);
+ABSL_DECLARE_FLAG(std::string, out);
 
 namespace mammoth::tools {
 namespace {
@@ -77,13 +108,92 @@ int show_partition() {
   return 0;
 }
 
+plan::TimeOptions time_options() {
+  return {.flash_attention = absl::GetFlag(FLAGS_flash_attention),
+          .overlap_dp = absl::GetFlag(FLAGS_overlap_dp)};
+}
+
+std::string plan_device() { return absl::GetFlag(FLAGS_device) == "cpu" ? "cpu" : "cuda"; }
+
+void write_json(const json::Value& v) {
+  const std::string path = absl::GetFlag(FLAGS_out);
+  if (path.empty()) return;
+  std::ofstream out(path);
+  out << json::dump(v, 2) << "\n";
+  out.close();
+  MAMMOTH_CHECK(out.good()) << "[plan] cannot write --out file '" << path << "'";
+  std::printf("wrote %s\n", path.c_str());
+}
+
+int evaluate_plan(const models::ModelConfig& config, const plan::Cluster& cluster) {
+  const std::string path = absl::GetFlag(FLAGS_evaluate);
+  const plan::ParallelPlan p = plan::load_plan(path);
+  plan::ParallelPlan on_cpu = p;
+  on_cpu.device = "cpu";
+  const plan::PlanContext context{.world = p.world(), .model = &config};
+  MAMMOTH_CHECK(plan::check(on_cpu, context).empty())
+      << "[plan] --evaluate " << path << ": " << plan::check(on_cpu, context);
+  MAMMOTH_CHECK(p.world() <= cluster.world())
+      << "[plan] --evaluate " << path << ": the plan's " << p.world() << " ranks exceed "
+      << cluster.name << "'s " << cluster.world() << " GPUs";
+  plan::RankedPlan r;
+  r.plan = p;
+  r.time = plan::predict_time(config, p, cluster, time_options());
+  r.memory = plan::predict_memory(config, p);
+  r.note = p.device == "cpu" ? "" : plan::check(p, context);
+  plan::SearchResult result;
+  result.plans.push_back(r);
+  std::printf("%s on %s: %s\n", config.name.c_str(), cluster.name.c_str(), path.c_str());
+  std::string text = plan::format_plans(result, cluster);
+  text = text.substr(0, text.rfind("search:"));
+  std::printf("%s", text.c_str());
+  const std::string misfit = plan::memory_misfit(r.memory, cluster);
+  if (!misfit.empty()) std::printf("  does not fit: %s\n", misfit.c_str());
+  write_json(result.to_json().set("model", config.name).set("cluster", cluster.name));
+  return 0;
+}
+
+int search_plans() {
+  const std::string model = absl::GetFlag(FLAGS_model);
+  const models::ModelConfig config = models::resolve_config(model);
+  const std::string cluster_name = absl::GetFlag(FLAGS_cluster);
+  MAMMOTH_CHECK(!cluster_name.empty())
+      << "[plan] --cluster is needed: a JSON file or a shipped name (dgx_a100_80gb, "
+         "h100_cluster, h200_node)";
+  const plan::Cluster cluster = plan::load_cluster(cluster_name);
+  if (!absl::GetFlag(FLAGS_evaluate).empty()) return evaluate_plan(config, cluster);
+  plan::SearchOptions o;
+  o.world = absl::GetFlag(FLAGS_world);
+  o.global_batch = absl::GetFlag(FLAGS_global_batch);
+  o.seq_len = absl::GetFlag(FLAGS_seq_len);
+  o.top_k = absl::GetFlag(FLAGS_top);
+  o.amp = absl::GetFlag(FLAGS_amp);
+  o.device = plan_device();
+  o.runnable_only = absl::GetFlag(FLAGS_runnable_only);
+  o.check_memory = absl::GetFlag(FLAGS_check_memory);
+  o.time = time_options();
+  MAMMOTH_CHECK(o.world >= 1) << "[plan] --world must be >= 1 (the ranks to plan for), got "
+                              << o.world;
+  MAMMOTH_CHECK(o.global_batch >= 1)
+      << "[plan] --global-batch must be >= 1 (sequences per step), got " << o.global_batch;
+  const plan::SearchResult result = plan::search(config, cluster, o);
+  std::printf("%s on %d of %s (%d x %d GPUs), global batch %lld x %lld tokens, amp %s\n",
+              config.name.c_str(), o.world, cluster.name.c_str(), cluster.nodes,
+              cluster.devices_per_node, static_cast<long long>(o.global_batch),
+              static_cast<long long>(o.seq_len), o.amp.c_str());
+  if (result.plans.empty())
+    std::printf("no plan is valid and fits (%s)\n",
+                o.check_memory ? "see --check-memory=false for the time alone" : "none valid");
+  std::printf("%s", plan::format_plans(result, cluster).c_str());
+  write_json(result.to_json().set("model", config.name).set("cluster", cluster.name));
+  return result.plans.empty() ? 1 : 0;
+}
+
 int run_plan(const std::vector<std::string>& args) {
   MAMMOTH_CHECK(args.empty()) << "[plan] unexpected argument '" << (args.empty() ? "" : args[0])
                               << "'";
   if (absl::GetFlag(FLAGS_show_partition)) return show_partition();
-  MAMMOTH_CHECK(absl::GetFlag(FLAGS_show_schedule))
-      << "[plan] say what to show: mammoth plan --show-schedule --pp 4 --micro-batches 8 "
-         "--pp-schedule 1f1b, or mammoth plan --show-partition --model gpt2 --pp 4";
+  if (!absl::GetFlag(FLAGS_show_schedule)) return search_plans();
   const double weight_cost = absl::GetFlag(FLAGS_pp_weight_cost);
   MAMMOTH_CHECK(weight_cost >= 0) << "[plan] --pp-weight-cost must be >= 0, got " << weight_cost;
   namespace pl = parallel::pipeline;
@@ -119,6 +229,7 @@ int run_plan(const std::vector<std::string>& args) {
 }  // namespace mammoth::tools
 
 MAMMOTH_COMMAND(plan,
-                "parallel plans: --show-schedule (a pipeline schedule's timeline), "
-                "--show-partition (pipeline stages of --model)",
+                "parallel plans: the fastest plans for --model on --cluster --world N "
+                "--global-batch B (or --evaluate plan.json), --show-schedule (a pipeline "
+                "schedule's timeline), --show-partition (pipeline stages of --model)",
                 mammoth::tools::run_plan);

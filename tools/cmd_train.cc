@@ -8,6 +8,7 @@
 #include <exception>
 #include <filesystem>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -26,9 +27,13 @@
 #include "memory/allocator.h"
 #include "memory/chunks/chunk_manager.h"
 #include "models/registry.h"
+#include "parallel/comm/mpi_communicator.h"
 #include "parallel/mesh.h"
+#include "plan/cluster.h"
 #include "plan/memory_model.h"
 #include "plan/parallel_plan.h"
+#include "plan/search.h"
+#include "plan/time_model.h"
 #include "runtime/runtime.h"
 #include "tools/command.h"
 #include "tools/masked_lm.h"
@@ -85,10 +90,13 @@ ABSL_FLAG(int64_t, recompute_blocks, 0,
           "recompute the first N transformer blocks in backward (keeping only their inputs); "
           "-1: every block, as --activation-checkpointing");
 ABSL_FLAG(std::string, plan, "",
-          "a ParallelPlan JSON file (mammoth plan --json writes them) giving the whole layout: "
+          "a ParallelPlan JSON file (mammoth plan --out writes them) giving the whole layout: "
           "mesh, sequence parallelism, pipeline, micro-batching, ZeRO, offload, recompute, amp; "
-          "the layout flags are then refused");
+          "or auto: the planner's best plan for the launched world, --global-batch and "
+          "--seq-len on --cluster; the layout flags are then refused");
 ABSL_DECLARE_FLAG(int64_t, mask_token);
+ABSL_DECLARE_FLAG(std::string, cluster);
+ABSL_DECLARE_FLAG(int64_t, global_batch);
 ABSL_DECLARE_FLAG(double, mask_prob);
 ABSL_FLAG(std::string, dump_batches, "",
           "debugging: write every training micro-batch the model is fed (input ids, targets, "
@@ -186,29 +194,91 @@ bool flag_changed(const char* name) {
   return flag->CurrentValue() != flag->DefaultValue();
 }
 
+// Layout flags are set by the plan file (or the planner): setting one as well is refused, except
+// those the planner takes as its inputs (`inputs`).
+void refuse_layout_flags(const std::string& source, const std::set<std::string>& inputs = {}) {
+  for (const char* name : kPlanFlags) {
+    MAMMOTH_CHECK(inputs.count(name) > 0 || !flag_changed(name))
+        << "[train] --" << name << " is set by --plan " << source
+        << "; give the layout in one place (edit the plan file, or leave out --plan)";
+  }
+}
+
+// --plan auto: rank 0 searches (plan/search.h) for the fastest plan `mammoth train` can run on
+// this world, model, --global-batch and --seq-len, on the machine --cluster describes, prints
+// the ranked plans and why, and sends its choice to every rank (one search, one answer).
+plan::ParallelPlan auto_plan(const parallel::ProcessInfo& proc) {
+  refuse_layout_flags("auto", {"seq_len", "amp", "nvme_dir"});
+  const std::string cluster_path = absl::GetFlag(FLAGS_cluster);
+  MAMMOTH_CHECK(!cluster_path.empty())
+      << "[train] --plan auto needs --cluster FILE describing this machine (mammoth plan "
+         "--calibrate writes one) or a shipped name";
+  const int64_t global_batch = absl::GetFlag(FLAGS_global_batch);
+  MAMMOTH_CHECK(global_batch > 0)
+      << "[train] --plan auto needs --global-batch B (sequences per step over all ranks)";
+  std::string text;
+  if (proc.rank == 0) {
+    const plan::Cluster cluster = plan::load_cluster(cluster_path);
+    const models::ModelConfig config = models::resolve_config(absl::GetFlag(FLAGS_model));
+    plan::SearchOptions so;
+    so.world = proc.world_size;
+    so.global_batch = global_batch;
+    so.seq_len = absl::GetFlag(FLAGS_seq_len);
+    so.amp = absl::GetFlag(FLAGS_amp);
+    so.device = "cpu";
+    so.top_k = 3;
+    so.runnable_only = true;
+    // NVMe needs a directory to page into: only with --nvme-dir.
+    so.offloads = absl::GetFlag(FLAGS_nvme_dir).empty()
+                      ? std::vector<std::string>{"none", "host"}
+                      : std::vector<std::string>{"none", "host", "nvme"};
+    const plan::SearchResult found = plan::search(config, cluster, so);
+    MAMMOTH_CHECK(!found.plans.empty())
+        << "[train] --plan auto: no plan runs " << absl::GetFlag(FLAGS_model) << " on "
+        << proc.world_size << " rank(s) with global batch " << global_batch << " x " << so.seq_len
+        << " tokens on " << cluster.name << " (" << found.invalid
+        << " refused by the plan's rules, " << found.over_memory << " over memory)";
+    std::fprintf(stderr, "[train] --plan auto on %s, %d rank(s):\n%s", cluster.name.c_str(),
+                 proc.world_size, plan::format_plans(found, cluster).c_str());
+    plan::ParallelPlan chosen = found.plans.front().plan;
+    chosen.nvme_dir = absl::GetFlag(FLAGS_nvme_dir);
+    text = json::dump(plan::plan_to_json(chosen));
+  }
+  if (proc.world_size > 1) {
+    // The length, then the bytes, from rank 0.
+    std::unique_ptr<parallel::MpiCommunicator> world = parallel::mpi_world();
+    engine::Tensor n =
+        engine::Tensor::from_vector({static_cast<double>(text.size())}, {1}, DType::kF64);
+    world->broadcast(n, 0);
+    std::vector<double> bytes(static_cast<size_t>(n.item()));
+    for (size_t i = 0; i < text.size(); ++i) bytes[i] = static_cast<unsigned char>(text[i]);
+    engine::Tensor t =
+        engine::Tensor::from_vector(bytes, {static_cast<int64_t>(bytes.size())}, DType::kF64);
+    world->broadcast(t, 0);
+    text.clear();
+    for (double b : t.to_vector()) text.push_back(static_cast<char>(static_cast<int>(b)));
+  }
+  return plan::plan_from_json(json::parse(text, "--plan auto"));
+}
+
 // The run's plan: from --plan FILE, or built from train's flags (--dp 0: every launched rank
 // not taken by pp x tp x sp).
 plan::ParallelPlan plan_from_flags(int launched) {
   const std::string file = absl::GetFlag(FLAGS_plan);
+  if (file == "auto") return auto_plan(parallel::process_info());
   if (!file.empty()) {
-    for (const char* name : kPlanFlags) {
-      MAMMOTH_CHECK(!flag_changed(name))
-          << "[train] --" << name << " is set by --plan " << file
-          << "; give the layout in one place (edit the plan file, or leave out --plan)";
-    }
+    refuse_layout_flags(file);
     return plan::load_plan(file);
   }
   plan::ParallelPlan p;
   p.pp = absl::GetFlag(FLAGS_pp);
   p.tp = absl::GetFlag(FLAGS_tp);
   p.sp = absl::GetFlag(FLAGS_sp);
+  // --dp 0: what the launched world leaves (when it does not divide, validate() says so).
   const int mp = p.pp * p.tp * p.sp;
-  p.dp = absl::GetFlag(FLAGS_dp) > 0    ? absl::GetFlag(FLAGS_dp)
-         : mp > 0 && launched % mp == 0 ? launched / mp
-                                        : 1;
-  MAMMOTH_CHECK(absl::GetFlag(FLAGS_dp) > 0 || mp <= 0 || launched % mp == 0)
-      << "[train] " << launched << " process(es) cannot be split into --pp " << p.pp << " x --tp "
-      << p.tp << " x --sp " << p.sp << " groups";
+  p.dp = absl::GetFlag(FLAGS_dp) > 0                      ? absl::GetFlag(FLAGS_dp)
+         : mp > 0 && launched % mp == 0 && launched >= mp ? launched / mp
+                                                          : 1;
   p.sp_mode = absl::GetFlag(FLAGS_sp_mode);
   p.pp_schedule = absl::GetFlag(FLAGS_pp_schedule);
   p.virtual_stages = absl::GetFlag(FLAGS_virtual_stages);
@@ -358,20 +428,17 @@ int run_train(const std::vector<std::string>& args) {
         100.0 * static_cast<double>(m.params) / static_cast<double>(model->num_parameters() * elem),
         static_cast<double>(model->num_parameters() * elem) / 1048576.0, m.grads / 1048576.0,
         m.optimizer / 1048576.0, m.how.c_str());
-    // The formula above counts the persistent state; what the rank really reached (activations,
-    // buffers in flight, gathered ZeRO-3 buckets included) is the allocator's peak.
-    const double formula_mib = static_cast<double>(m.params + m.grads + m.optimizer) / 1048576.0;
-    o.report_peak_memory = [formula_mib](int64_t peak) {
-      std::fprintf(stderr,
-                   "[train] per rank: measured peak %.1f MiB (allocator, first step; the formula "
-                   "above sums to %.1f MiB without activations)\n",
-                   static_cast<double>(peak) / 1048576.0, formula_mib);
-    };
   }
-  // Every rank: plan/memory_model's prediction for its pipeline stage against the allocator's
-  // peak, printed as train() returns. Measured: the larger of the first step's peak and the
-  // last one's (the allocator's peak since that step began); the first step alone would miss
-  // what it makes lazily and keeps (offload's dp comm buffers), which later steps start with.
+  // The planner's predictions for the plan being run, recorded beside what the run measures:
+  // every rank's peak memory (plan/memory_model.h, for its pipeline stage) against the
+  // allocator's peak, and the step time when --cluster describes the machine. The memory line
+  // is printed as train() returns, measured as the larger of the first step's peak and the
+  // last one's (the allocator's peak since that step began): the first step already holds the
+  // AdamW states and dp buckets (made before it), but not what it makes lazily and keeps
+  // (offload's dp comm buffers), which later steps start with.
+  const int stage = mesh ? mesh->coord(parallel::Axis::kPp) : 0;
+  const plan::MemoryPrediction predicted = plan::predict_memory(cfg, pl);
+  o.predicted_peak_mem_bytes = predicted.stages[static_cast<size_t>(stage)].device_peak;
   struct PeakMemoryReport {
     int rank = 0;
     int64_t predicted = 0, first_step = 0;
@@ -387,17 +454,20 @@ int run_train(const std::vector<std::string>& args) {
     }
   };
   // Destroyed before the runtime is (its teardown allocates): declared after it.
-  PeakMemoryReport peak_report;
-  peak_report.rank = mesh ? mesh->rank() : 0;
-  peak_report.device = device.device;
-  peak_report.predicted =
-      plan::predict_memory(cfg, pl)
-          .stages[static_cast<size_t>(mesh ? mesh->coord(parallel::Axis::kPp) : 0)]
-          .device_peak;
-  o.report_peak_memory = [lead_report = o.report_peak_memory, report = &peak_report](int64_t peak) {
-    if (lead_report) lead_report(peak);
-    report->first_step = peak;
-  };
+  PeakMemoryReport peak_report{rt.rank(), o.predicted_peak_mem_bytes, 0, device.device};
+  o.report_peak_memory = [report = &peak_report](int64_t peak) { report->first_step = peak; };
+  if (!absl::GetFlag(FLAGS_cluster).empty()) {
+    const plan::Cluster cluster = plan::load_cluster(absl::GetFlag(FLAGS_cluster));
+    const plan::TimePrediction t = plan::predict_time(cfg, pl, cluster);
+    o.predicted_step_s = t.step_time;
+    if (lead)
+      std::fprintf(stderr, "[train] predicted step time %.3g s on %s (%s binds)\n", t.step_time,
+                   cluster.name.c_str(), t.binding.c_str());
+  } else if (lead) {
+    std::fprintf(stderr,
+                 "[train] predicted step time: none (--cluster FILE describes the machine; "
+                 "mammoth plan --calibrate writes one)\n");
+  }
 
   json::Value config = json::Value::object();
   config.set("model", json::Value(model_name));

@@ -81,20 +81,6 @@ bool unicode_to_bytes(std::string_view s, std::string* bytes) {
 // ---------------------------------------------------------------------------------------------
 // Pre-tokenizer.
 
-namespace {
-
-// End of the run of characters of class `k` starting at `pos`.
-size_t run_end(std::string_view text, size_t pos, CharClass k) {
-  while (pos < text.size()) {
-    size_t len = 0;
-    if (char_class(decode_utf8(text, pos, &len)) != k) break;
-    pos += len;
-  }
-  return pos;
-}
-
-}  // namespace
-
 size_t next_pretoken(std::string_view text, size_t pos) {
   const size_t n = text.size();
   // 's|'t|'re|'ve|'m|'ll|'d (lowercase ASCII only, as in the pattern).
@@ -114,9 +100,9 @@ size_t next_pretoken(std::string_view text, size_t pos) {
   if (text[pos] == ' ' && pos + 1 < n) {
     size_t len1 = 0;
     const CharClass k1 = char_class(decode_utf8(text, pos + 1, &len1));
-    if (k1 != CharClass::kSpace) return run_end(text, pos + 1 + len1, k1);
+    if (k1 != CharClass::kSpace) return class_run_end(text, pos + 1 + len1, k1);
   } else if (k0 != CharClass::kSpace) {
-    return run_end(text, pos + len, k0);
+    return class_run_end(text, pos + len, k0);
   }
   // \s+(?!\S) | \s+ : a whitespace run, minus its last character when a non-space follows and
   // the run is longer than one (that character then leads the next pre-token, e.g. " word").
@@ -140,6 +126,89 @@ std::vector<std::string_view> pretokenize(std::string_view text) {
     pos = end;
   }
   return out;
+}
+
+namespace {
+
+// The case-insensitive letters of (?i:'s|'t|...): ASCII upper case, and U+017F (long s), whose
+// simple case folding is 's' (Oniguruma matches it).
+uint32_t fold_contraction_letter(uint32_t c) {
+  if (c >= 'A' && c <= 'Z') return c + ('a' - 'A');
+  return c == 0x17F ? 's' : c;
+}
+
+bool is_cr_lf(uint32_t c) { return c == '\r' || c == '\n'; }
+
+}  // namespace
+
+size_t next_pretoken_llama3(std::string_view text, size_t pos, int max_digits) {
+  const size_t n = text.size();
+  // (?i:'s|'t|'re|'ve|'m|'ll|'d)
+  if (text[pos] == '\'' && pos + 1 < n) {
+    size_t l1 = 0;
+    const uint32_t a = fold_contraction_letter(decode_utf8(text, pos + 1, &l1));
+    if (a == 's' || a == 't' || a == 'm' || a == 'd') return pos + 1 + l1;
+    if (pos + 1 + l1 < n) {
+      size_t l2 = 0;
+      const uint32_t b = fold_contraction_letter(decode_utf8(text, pos + 1 + l1, &l2));
+      if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) {
+        return pos + 1 + l1 + l2;
+      }
+    }
+  }
+  size_t len = 0;
+  const uint32_t c0 = decode_utf8(text, pos, &len);
+  const CharClass k0 = char_class(c0);
+  // [^\r\n\p{L}\p{N}]?\p{L}+ : a letter run, with one leading character of any other kind.
+  if (k0 == CharClass::kLetter) return class_run_end(text, pos + len, CharClass::kLetter);
+  if (k0 != CharClass::kNumber && !is_cr_lf(c0) && pos + len < n) {
+    size_t l1 = 0;
+    if (char_class(decode_utf8(text, pos + len, &l1)) == CharClass::kLetter) {
+      return class_run_end(text, pos + len + l1, CharClass::kLetter);
+    }
+  }
+  // \p{N}{1,max_digits}
+  if (k0 == CharClass::kNumber) {
+    size_t end = pos + len;
+    for (int d = 1; d < max_digits && end < n; ++d) {
+      size_t l = 0;
+      if (char_class(decode_utf8(text, end, &l)) != CharClass::kNumber) break;
+      end += l;
+    }
+    return end;
+  }
+  //  ?[^\s\p{L}\p{N}]+[\r\n]*
+  size_t start = pos;
+  if (c0 == ' ' && pos + 1 < n) {
+    size_t l1 = 0;
+    if (char_class(decode_utf8(text, pos + 1, &l1)) == CharClass::kOther) start = pos + 1;
+  }
+  {
+    size_t l = 0;
+    if (char_class(decode_utf8(text, start, &l)) == CharClass::kOther) {
+      size_t end = class_run_end(text, start, CharClass::kOther);
+      while (end < n && (text[end] == '\r' || text[end] == '\n')) ++end;
+      return end;
+    }
+  }
+  // Here text[pos] starts a whitespace run W = [pos, end).
+  size_t end = pos;
+  size_t last = pos;      // start of W's last character
+  size_t after_crlf = 0;  // end of W's last CR or LF, 0 when none
+  while (end < n) {
+    size_t l = 0;
+    const uint32_t c = decode_utf8(text, end, &l);
+    if (char_class(c) != CharClass::kSpace) break;
+    last = end;
+    end += l;
+    if (is_cr_lf(c)) after_crlf = end;
+  }
+  // \s*[\r\n]+ : up to W's last line break.
+  if (after_crlf > 0) return after_crlf;
+  // \s+(?!\S) | \s+ : all of W at the end of the text or when it is one character, else W
+  // but its last character (which then leads the next pre-token).
+  if (end == n || last == pos) return end;
+  return last;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -208,14 +277,14 @@ BpeTokenizer::~BpeTokenizer() = default;
 BpeTokenizer::BpeTokenizer(BpeTokenizer&&) noexcept = default;
 BpeTokenizer& BpeTokenizer::operator=(BpeTokenizer&&) noexcept = default;
 
-void BpeTokenizer::finish(const std::string& where) {
+void BpeTokenizer::finish(const std::string& where, bool byte_level) {
   MergeTable& t = *merge_table_;
   t.id_of.clear();
   t.id_of.reserve(token_bytes_.size() * 2);
   for (size_t i = 0; i < token_bytes_.size(); ++i) {
     t.id_of.emplace(token_bytes_[i], static_cast<int32_t>(i));  // first id wins on duplicates
   }
-  for (int b = 0; b < 256; ++b) {
+  for (int b = 0; b < 256 && byte_level; ++b) {
     auto it = t.id_of.find(std::string(1, static_cast<char>(b)));
     MAMMOTH_CHECK(it != t.id_of.end())
         << "[bpe] " << where << ": the vocabulary has no token for byte " << b << " ('"
@@ -262,24 +331,37 @@ class WordEncoder {
   void encode(std::string_view text, std::vector<int32_t>* out) {
     for (size_t pos = 0; pos < text.size();) {
       const size_t end = next_pretoken(text, pos);
-      const std::string_view word = text.substr(pos, end - pos);
+      encode_word(text.substr(pos, end - pos), out);
       pos = end;
-      if (word.size() == 1) {
-        out->push_back(tok_.byte_id_[static_cast<unsigned char>(word[0])]);
-        continue;
-      }
-      auto it = cache_.find(word);
-      if (it == cache_.end()) {
-        const uint32_t start = static_cast<uint32_t>(cached_ids_.size());
-        merge_word(word);
-        it = cache_
-                 .emplace(word,
-                          std::make_pair(start, static_cast<uint32_t>(cached_ids_.size() - start)))
-                 .first;
-      }
-      const auto [start, count] = it->second;
-      out->insert(out->end(), cached_ids_.begin() + start, cached_ids_.begin() + start + count);
     }
+  }
+
+  // `word` must outlive this encoder (the cache keeps a view of it).
+  void encode_word(std::string_view word, std::vector<int32_t>* out) {
+    if (word.size() == 1) {
+      out->push_back(tok_.byte_id_[static_cast<unsigned char>(word[0])]);
+      return;
+    }
+    auto it = cache_.find(word);
+    if (it == cache_.end()) {
+      const uint32_t start = static_cast<uint32_t>(cached_ids_.size());
+      merge_word(word);
+      it = cache_
+               .emplace(word,
+                        std::make_pair(start, static_cast<uint32_t>(cached_ids_.size() - start)))
+               .first;
+    }
+    const auto [start, count] = it->second;
+    out->insert(out->end(), cached_ids_.begin() + start, cached_ids_.begin() + start + count);
+  }
+
+  // Merges the symbols in *ids in place.
+  void merge(std::vector<int32_t>* ids) {
+    if (ids->size() < 2) return;
+    ids_.swap(*ids);
+    merge_ids();
+    ids->clear();
+    for (int32_t i = 0; i >= 0; i = next_[i]) ids->push_back(ids_[i]);
   }
 
  private:
@@ -309,10 +391,17 @@ class WordEncoder {
   void merge_word(std::string_view word) {
     const int32_t n = static_cast<int32_t>(word.size());
     ids_.resize(n);
+    for (int32_t i = 0; i < n; ++i) ids_[i] = tok_.byte_id_[static_cast<unsigned char>(word[i])];
+    merge_ids();
+    for (int32_t i = 0; i >= 0; i = next_[i]) cached_ids_.push_back(ids_[i]);
+  }
+
+  // Merges ids_ (at least one symbol); the result is the list from 0 along next_.
+  void merge_ids() {
+    const int32_t n = static_cast<int32_t>(ids_.size());
     prev_.resize(n);
     next_.resize(n);
     for (int32_t i = 0; i < n; ++i) {
-      ids_[i] = tok_.byte_id_[static_cast<unsigned char>(word[i])];
       prev_[i] = i - 1;
       next_[i] = i + 1 < n ? i + 1 : -1;
     }
@@ -333,7 +422,6 @@ class WordEncoder {
       if (prev_[c.pos] >= 0) push_candidate(prev_[c.pos]);
       push_candidate(c.pos);
     }
-    for (int32_t i = 0; i >= 0; i = next_[i]) cached_ids_.push_back(ids_[i]);
   }
 
   const BpeTokenizer& tok_;
@@ -349,6 +437,32 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
   out.reserve(text.size() / 3 + 16);
   WordEncoder(*this).encode(text, &out);
   return out;
+}
+
+void BpeTokenizer::encode_word(std::string_view word, std::vector<int32_t>* out) const {
+  MAMMOTH_CHECK(byte_id_[0] >= 0) << "[bpe] encode_word needs a byte-level vocabulary";
+  if (!word.empty()) WordEncoder(*this).encode_word(word, out);
+}
+
+void BpeTokenizer::merge_symbols(std::vector<int32_t>* symbols) const {
+  WordEncoder(*this).merge(symbols);
+}
+
+BpeTokenizer BpeTokenizer::from_tokens(std::vector<std::string> token_bytes,
+                                       std::vector<std::pair<int32_t, int32_t>> merges,
+                                       bool byte_level, const std::string& where) {
+  BpeTokenizer tok;
+  const int32_t n = static_cast<int32_t>(token_bytes.size());
+  for (size_t r = 0; r < merges.size(); ++r) {
+    const auto [l, rt] = merges[r];
+    MAMMOTH_CHECK(l >= 0 && l < n && rt >= 0 && rt < n)
+        << "[bpe] " << where << ": merge " << r << " names ids (" << l << ", " << rt
+        << ") outside the vocabulary of " << n;
+  }
+  tok.token_bytes_ = std::move(token_bytes);
+  tok.merges_ = std::move(merges);
+  tok.finish(where, byte_level);
+  return tok;
 }
 
 std::vector<std::vector<int32_t>> BpeTokenizer::encode_batch(

@@ -38,6 +38,12 @@ size_t next_pretoken(std::string_view text, size_t pos);
 // Splits `text` into GPT-2 pre-tokens (views into `text`).
 std::vector<std::string_view> pretokenize(std::string_view text);
 
+// The pre-token at `pos` under the pattern of Llama 3's tokenizer.json Split pre-tokenizer
+//   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|
+//   \s*[\r\n]+|\s+(?!\S)|\s+
+// (max_digits 3), or Qwen2's, the same with \p{N} alone (max_digits 1).
+size_t next_pretoken_llama3(std::string_view text, size_t pos, int max_digits);
+
 // GPT-2's byte-to-unicode alphabet: the UTF-8 spelling of one byte, and of a byte string.
 std::string byte_to_unicode(uint8_t b);
 std::string bytes_to_unicode(std::string_view bytes);
@@ -63,6 +69,14 @@ class BpeTokenizer {
   // <|endoftext|>, for `vocab_size` ids in all. Stops early when no pair is left to merge.
   static BpeTokenizer train(const std::vector<std::string>& texts, int vocab_size);
 
+  // Builds a tokenizer from token strings (token_bytes[id]) and merges given as id pairs in rank
+  // order, as Hugging Face tokenizer.json holds them. byte_level: the 256 single bytes must be
+  // tokens (encode() and encode_word() start from them); otherwise only merge_symbols() encodes.
+  // Throws naming `where` when a merge makes a string that is not a token.
+  static BpeTokenizer from_tokens(std::vector<std::string> token_bytes,
+                                  std::vector<std::pair<int32_t, int32_t>> merges, bool byte_level,
+                                  const std::string& where);
+
   // Writes vocab.json and merges.txt (each to a temporary name, then renamed).
   void save(const std::string& vocab_json_path, const std::string& merges_txt_path) const;
 
@@ -71,6 +85,12 @@ class BpeTokenizer {
   std::vector<int32_t> encode(std::string_view text) const;
   // Encodes many documents in parallel on the thread pool.
   std::vector<std::vector<int32_t>> encode_batch(const std::vector<std::string_view>& texts) const;
+
+  // Byte-level BPE of one pre-token: its bytes merged; the ids are appended to `out`.
+  void encode_word(std::string_view word, std::vector<int32_t>* out) const;
+  // Merges a word given as its initial symbol ids (any ids, e.g. characters and byte-fallback
+  // tokens), lowest rank first and leftmost among equal ranks, in place.
+  void merge_symbols(std::vector<int32_t>* symbols) const;
 
   // Concatenates the tokens' bytes. Throws on an id outside [0, vocab_size).
   std::string decode(const std::vector<int32_t>& ids) const;
@@ -91,7 +111,7 @@ class BpeTokenizer {
   friend class WordEncoder;
 
   // Builds the lookup structures from token_bytes_ and merges_.
-  void finish(const std::string& where);
+  void finish(const std::string& where, bool byte_level = true);
 
   std::vector<std::string> token_bytes_;
   std::vector<std::pair<int32_t, int32_t>> merges_;

@@ -1,12 +1,17 @@
-// Text files -> GPT-2 BPE token shards: the library behind `mammoth data`.
+// Text files -> token shards: the library behind `mammoth data`.
 //
 // Every input file is read as UTF-8 text; "<|endoftext|>" inside a file separates documents.
-// Each document is encoded with <|endoftext|> in front of it (llm.c's convention, so a model
-// learns where documents begin), the documents are concatenated in file order, and the last
-// val_fraction of that token stream becomes the validation split. Output in out_dir:
-//   vocab.json, merges.txt                 the tokenizer (trained here or copied from the inputs)
-//   train_000000.bin, train_000001.bin ... llm.c token shards of at most shard_tokens each
-//   val_000000.bin ...
+// Each document is encoded with a separator token in front of it (llm.c's convention, so a
+// model learns where documents begin): <|endoftext|> for a GPT-2 BPE; with a model directory's
+// tokenizer (tokenizer_dir), its bos token, else its eos token; the document itself is encoded
+// as `tokenizers` encodes it without special tokens added (added tokens in the text are
+// matched). The documents are concatenated in file order, and the last val_fraction of that
+// token stream becomes the validation split. Output in out_dir:
+//   vocab.json, merges.txt                 the GPT-2 tokenizer (trained here or copied), or
+//   tokenizer.json [tokenizer_config.json] the directory's tokenizer files, copied
+//   train_000000.bin, train_000001.bin ... llm.c token shards of at most shard_tokens each:
+//   val_000000.bin ...                     uint16 ids, or uint32 when the vocabulary is larger
+//                                          than 65536 (token_shard.h)
 // Progress goes to stderr.
 #pragma once
 
@@ -20,8 +25,11 @@ struct BuildShardsOptions {
   // Input text files; empty means the embedded default corpus (corpus.h).
   std::vector<std::string> text_files;
   std::string out_dir;
-  // Vocabulary size when training a tokenizer (at most 65536: shards hold uint16 ids).
+  // Vocabulary size when training a tokenizer.
   int vocab_size = 4096;
+  // A Hugging Face model (or tokenizer) directory whose tokenizer encodes the text
+  // (data/tokenizer.h); excludes vocab_json/merges_txt.
+  std::string tokenizer_dir;
   // An existing GPT-2 style tokenizer; both empty means train one on the inputs.
   std::string vocab_json;
   std::string merges_txt;
@@ -44,6 +52,11 @@ struct BuildShardsResult {
   std::vector<std::string> val_shards;
   std::string vocab_json;
   std::string merges_txt;
+  // With tokenizer_dir: the copied tokenizer.json (or vocab.json), and the id between documents.
+  std::string tokenizer_file;
+  int32_t separator = -1;
+  // 2 or 4: the width of the shards' ids.
+  int token_bytes = 2;
 };
 
 BuildShardsResult build_shards(const BuildShardsOptions& options);

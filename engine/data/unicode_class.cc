@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <array>
+#include <unordered_map>
+#include <vector>
 
 namespace mammoth::data {
 namespace {
@@ -53,6 +55,157 @@ const std::array<CharClass, kTableSize>& low_table() {
 CharClass char_class(uint32_t code_point) {
   if (code_point < kTableSize) return low_table()[code_point];
   return classify_slow(code_point);
+}
+
+namespace {
+
+#include "engine/data/nfc_tables.inc"
+
+constexpr uint32_t kSBase = 0xAC00, kLBase = 0x1100, kVBase = 0x1161, kTBase = 0x11A7;
+constexpr uint32_t kLCount = 19, kVCount = 21, kTCount = 28, kNCount = kVCount * kTCount;
+constexpr uint32_t kSCount = kLCount * kNCount;
+constexpr uint32_t kRawByte = 0x110000;  // + byte: a byte that is not valid UTF-8
+
+struct NfcTables {
+  std::unordered_map<uint32_t, std::pair<uint32_t, uint32_t>> nfd;  // cp -> (offset, count)
+  std::unordered_map<uint32_t, uint8_t> ccc;
+  std::unordered_map<uint64_t, uint32_t> compose;
+
+  NfcTables() {
+    for (size_t i = 0; i < std::size(kNfdTable); i += 2 + kNfdTable[i + 1]) {
+      nfd.emplace(kNfdTable[i], std::make_pair(static_cast<uint32_t>(i + 2), kNfdTable[i + 1]));
+    }
+    for (size_t i = 0; i < std::size(kCccTable); i += 2) {
+      ccc.emplace(kCccTable[i], static_cast<uint8_t>(kCccTable[i + 1]));
+    }
+    for (size_t i = 0; i < std::size(kCompositionTable); i += 3) {
+      compose.emplace((uint64_t{kCompositionTable[i]} << 32) | kCompositionTable[i + 1],
+                      kCompositionTable[i + 2]);
+    }
+  }
+  int class_of(uint32_t c) const {
+    if (c < 0x300) return 0;
+    auto it = ccc.find(c);
+    return it == ccc.end() ? 0 : it->second;
+  }
+  // The primary composite of (a, b), or 0.
+  uint32_t composite(uint32_t a, uint32_t b) const {
+    if (a >= kLBase && a < kLBase + kLCount && b >= kVBase && b < kVBase + kVCount) {
+      return kSBase + ((a - kLBase) * kVCount + (b - kVBase)) * kTCount;
+    }
+    if (a >= kSBase && a < kSBase + kSCount && (a - kSBase) % kTCount == 0 && b > kTBase &&
+        b < kTBase + kTCount) {
+      return a + (b - kTBase);
+    }
+    auto it = compose.find((uint64_t{a} << 32) | b);
+    return it == compose.end() ? 0 : it->second;
+  }
+};
+
+const NfcTables& nfc_tables() {
+  static const NfcTables t;
+  return t;
+}
+
+void append_utf8(uint32_t c, std::string* out) {
+  if (c >= kRawByte) {
+    out->push_back(static_cast<char>(c - kRawByte));
+  } else if (c < 0x80) {
+    out->push_back(static_cast<char>(c));
+  } else if (c < 0x800) {
+    out->push_back(static_cast<char>(0xC0 | (c >> 6)));
+    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
+  } else if (c < 0x10000) {
+    out->push_back(static_cast<char>(0xE0 | (c >> 12)));
+    out->push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
+  } else {
+    out->push_back(static_cast<char>(0xF0 | (c >> 18)));
+    out->push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
+  }
+}
+
+}  // namespace
+
+std::string nfc(std::string_view text) {
+  // Text below U+0300 is its own NFC (no character there decomposes or combines).
+  bool plain = true;
+  for (unsigned char b : text) plain = plain && b < 0xCC;
+  if (plain) return std::string(text);
+  const NfcTables& t = nfc_tables();
+  std::vector<uint32_t> d;
+  d.reserve(text.size());
+  for (size_t pos = 0; pos < text.size();) {
+    size_t len = 0;
+    uint32_t c = decode_utf8(text, pos, &len);
+    if (c >= 0x110000) c = kRawByte + static_cast<unsigned char>(text[pos]);
+    pos += len;
+    if (c >= kSBase && c < kSBase + kSCount) {
+      const uint32_t s = c - kSBase;
+      d.push_back(kLBase + s / kNCount);
+      d.push_back(kVBase + (s % kNCount) / kTCount);
+      if (s % kTCount != 0) d.push_back(kTBase + s % kTCount);
+      continue;
+    }
+    if (auto it = t.nfd.find(c); it != t.nfd.end()) {
+      d.insert(d.end(), kNfdTable + it->second.first,
+               kNfdTable + it->second.first + it->second.second);
+    } else {
+      d.push_back(c);
+    }
+  }
+  // Canonical ordering: a stable sort of each run of nonzero classes by class.
+  for (size_t i = 0; i < d.size();) {
+    if (t.class_of(d[i]) == 0) {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < d.size() && t.class_of(d[j]) != 0) ++j;
+    std::stable_sort(d.begin() + i, d.begin() + j,
+                     [&](uint32_t a, uint32_t b) { return t.class_of(a) < t.class_of(b); });
+    i = j;
+  }
+  // Canonical composition: each character joins the last starter unless blocked (a character
+  // between them of class 0 or of a class not below its own).
+  std::vector<uint32_t> out;
+  out.reserve(d.size());
+  size_t starter = SIZE_MAX;
+  int last_class = 0;
+  for (const uint32_t c : d) {
+    const int cc = c >= kRawByte ? 0 : t.class_of(c);
+    if (starter != SIZE_MAX && c < kRawByte) {
+      const bool adjacent = out.size() == starter + 1;
+      if (adjacent || (last_class != 0 && last_class < cc)) {
+        if (const uint32_t comp = t.composite(out[starter], c); comp != 0) {
+          out[starter] = comp;
+          continue;
+        }
+      }
+    }
+    if (cc == 0) {
+      starter = c >= kRawByte ? SIZE_MAX : out.size();
+      last_class = 0;
+    } else {
+      last_class = cc;
+    }
+    out.push_back(c);
+  }
+  std::string result;
+  result.reserve(text.size());
+  for (const uint32_t c : out) append_utf8(c, &result);
+  return result;
+}
+
+size_t class_run_end(std::string_view text, size_t pos, CharClass k) {
+  while (pos < text.size()) {
+    size_t len = 0;
+    if (char_class(decode_utf8(text, pos, &len)) != k) break;
+    pos += len;
+  }
+  return pos;
 }
 
 const char* unicode_tables_version() { return kUnicodeTablesVersion; }

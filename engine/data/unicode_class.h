@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 namespace mammoth::data {
@@ -23,5 +24,13 @@ const char* unicode_tables_version();
 // do not start a valid UTF-8 sequence decode as one-byte code points >= 0x110000 (class kOther),
 // so arbitrary bytes still tokenize and round-trip.
 uint32_t decode_utf8(std::string_view text, size_t pos, size_t* len);
+
+// Unicode Normalization Form C of UTF-8 text (canonical decomposition, canonical ordering,
+// canonical composition; tables from nfc_tables.inc, Hangul by rule). Bytes that are not valid
+// UTF-8 are kept as they are and block composition across them.
+std::string nfc(std::string_view text);
+
+// End (exclusive byte offset) of the run of characters of class `k` starting at `pos`.
+size_t class_run_end(std::string_view text, size_t pos, CharClass k);
 
 }  // namespace mammoth::data

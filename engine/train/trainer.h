@@ -84,6 +84,10 @@ struct TrainOptions {
   // and buffers in flight), measured on the model's device.
   std::function<void(int64_t peak_bytes)> report_peak_memory;
   bool logging_rank = true;
+  // The planner's predictions for this run (plan/): recorded in every metrics line beside the
+  // measured step time ("step_s") and the allocator's peak; 0: no prediction.
+  double predicted_step_s = 0;
+  int64_t predicted_peak_mem_bytes = 0;
   // Pipeline parallelism: runs forward and backward of all of a step's micro-batches (ids
   // [micro_batch, seq_len + 1] each: input and next-token targets in one window) and returns the
   // step's mean loss; the optimizer then updates `optimizer_params` (this rank's stages).

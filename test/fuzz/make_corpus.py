@@ -151,3 +151,53 @@ put("bpe", "hello", bpe([("h", "e"), ("l", "l"), ("he", "ll"), ("hell", "o"), ("
                         extra=["<|endoftext|>"]))
 put("bpe", "bytes_only", bpe([], "caf\u00e9 \U0001F600 \t\r\n"))
 put("bpe", "no_text", bpe([("a", "b")], "")[: -len("\n--text--\n")])
+
+# ---- tokenizer: tokenizer.json "\n--text--\n" text
+def tokenizer_json(pre, normalizer=None, merges=(), byte_fallback=False, extra_vocab=()):
+    if pre is None:
+        vocab = {c: i for i, c in enumerate("\u2581abcdehlorw")}
+    else:
+        vocab = {ALPHA[b]: b for b in range(256)}
+    for left, right in merges:
+        vocab.setdefault(left + right, len(vocab))
+    for e in extra_vocab:
+        vocab.setdefault(e, len(vocab))
+    n = len(vocab)
+    return json.dumps({
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [{"id": n, "content": "<s>", "single_word": False, "lstrip": False,
+                          "rstrip": True, "normalized": False, "special": True}],
+        "normalizer": normalizer, "pre_tokenizer": pre,
+        "post_processor": {"type": "TemplateProcessing",
+                           "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                                      {"Sequence": {"id": "A", "type_id": 0}}],
+                           "pair": [], "special_tokens": {"<s>": {"id": "<s>", "ids": [n],
+                                                                  "tokens": ["<s>"]}}},
+        "decoder": {"type": "ByteLevel"} if pre else {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+            {"type": "ByteFallback"}, {"type": "Fuse"},
+            {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None if pre else "a",
+                  "fuse_unk": True, "byte_fallback": byte_fallback, "ignore_merges": True,
+                  "vocab": vocab, "merges": [f"{a} {b}" for a, b in merges]},
+    }, ensure_ascii=False)
+
+
+LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+          r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+TEXT = "Hello world! It's 12345 caf\u00e9 e\u0301 \uac00\u11a8 \U0001F600<s> <s>x\n\n  y"
+put("tokenizer", "byte_level", tokenizer_json(
+    {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+    merges=[("h", "e"), ("l", "l")]) + "\n--text--\n" + TEXT)
+put("tokenizer", "llama3_nfc", tokenizer_json(
+    {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": LLAMA3}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+         "use_regex": False}]},
+    normalizer={"type": "NFC"}, merges=[("l", "l")]) + "\n--text--\n" + TEXT)
+put("tokenizer", "sentencepiece", tokenizer_json(
+    None, normalizer={"type": "Sequence", "normalizers": [
+        {"type": "Prepend", "prepend": "\u2581"},
+        {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]},
+    merges=[("h", "e"), ("l", "l")], byte_fallback=True,
+    extra_vocab=[f"<0x{b:02X}>" for b in range(256)]) + "\n--text--\n" + TEXT)

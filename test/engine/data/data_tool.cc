@@ -15,6 +15,12 @@
 //                                                             one sequence of ids per line and
 //                                                             a line "doc" after each document
 //   data_tool indexed-dump PREFIX                              "dtype CODE", then SPEC_FILE lines
+//   data_tool hf-encode DIR TEXTS_JSON ADD_SPECIAL             a model directory's tokenizer:
+//                                                             a JSON list of texts in, a JSON
+//                                                             list of id lists out
+//   data_tool hf-decode DIR IDS_JSON SKIP_SPECIAL              JSON id lists in, texts out
+//   data_tool hf-info DIR                                      vocab size, bos, eos (JSON)
+//   data_tool pretokenize-llama3 TEXT_FILE MAX_DIGITS          as pretokenize, Llama 3's split
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -23,10 +29,12 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/json.h"
 #include "engine/data/bpe.h"
 #include "engine/data/corpus.h"
 #include "engine/data/indexed_dataset.h"
 #include "engine/data/token_shard.h"
+#include "engine/data/tokenizer.h"
 #include "engine/data/unicode_class.h"
 
 namespace {
@@ -66,7 +74,11 @@ int usage() {
                "       data_tool shard-write PATH IDS_FILE\n"
                "       data_tool shard-dump PATH\n"
                "       data_tool indexed-write PREFIX DTYPE_CODE SPEC_FILE\n"
-               "       data_tool indexed-dump PREFIX\n";
+               "       data_tool indexed-dump PREFIX\n"
+               "       data_tool hf-encode DIR TEXTS_JSON ADD_SPECIAL\n"
+               "       data_tool hf-decode DIR IDS_JSON SKIP_SPECIAL\n"
+               "       data_tool hf-info DIR\n"
+               "       data_tool pretokenize-llama3 TEXT_FILE MAX_DIGITS\n";
   return 2;
 }
 
@@ -129,7 +141,56 @@ int run(int argc, char** argv) {
   }
   if (cmd == "shard-dump" && argc == 3) {
     const auto shard = mammoth::data::TokenShard::open(argv[2]);
-    std::cout << join_ids(std::vector<int32_t>(shard.data(), shard.data() + shard.size())) << "\n";
+    std::vector<int32_t> ids(static_cast<size_t>(shard.size()));
+    for (int64_t i = 0; i < shard.size(); ++i) ids[i] = static_cast<int32_t>(shard.at(i));
+    std::cout << join_ids(ids) << "\n";
+    return 0;
+  }
+  if (cmd == "hf-encode" && argc == 5) {
+    namespace json = mammoth::json;
+    const auto tok = mammoth::data::Tokenizer::from_directory(argv[2]);
+    const json::Value texts = json::parse_file(argv[3]);
+    json::Value out = json::Value::array();
+    for (const json::Value& t : texts) {
+      json::Value ids = json::Value::array();
+      for (int32_t id : tok.encode(t.as_string(), std::string(argv[4]) == "1")) ids.push_back(id);
+      out.push_back(std::move(ids));
+    }
+    std::cout << json::dump(out) << "\n";
+    return 0;
+  }
+  if (cmd == "hf-decode" && argc == 5) {
+    namespace json = mammoth::json;
+    const auto tok = mammoth::data::Tokenizer::from_directory(argv[2]);
+    const json::Value lists = json::parse_file(argv[3]);
+    json::Value out = json::Value::array();
+    for (const json::Value& l : lists) {
+      std::vector<int32_t> ids;
+      for (const json::Value& id : l) ids.push_back(static_cast<int32_t>(id.as_int()));
+      out.push_back(tok.decode(ids, std::string(argv[4]) == "1"));
+    }
+    std::cout << json::dump(out) << "\n";
+    return 0;
+  }
+  if (cmd == "hf-info" && argc == 3) {
+    namespace json = mammoth::json;
+    const auto tok = mammoth::data::Tokenizer::from_directory(argv[2]);
+    std::cout << json::dump(json::Value::object()
+                                .set("vocab_size", tok.vocab_size())
+                                .set("bos", tok.bos_id())
+                                .set("eos", tok.eos_id())
+                                .set("describe", tok.describe()))
+              << "\n";
+    return 0;
+  }
+  if (cmd == "pretokenize-llama3" && argc == 4) {
+    const std::string text = read_all(argv[2]);
+    const int digits = std::stoi(argv[3]);
+    for (size_t pos = 0; pos < text.size();) {
+      const size_t end = mammoth::data::next_pretoken_llama3(text, pos, digits);
+      std::cout << mammoth::data::bytes_to_unicode(text.substr(pos, end - pos)) << "\n";
+      pos = end;
+    }
     return 0;
   }
   if (cmd == "indexed-write" && argc == 5) {

@@ -1,0 +1,85 @@
+#include "engine/train/metrics_sink.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <utility>
+#include <vector>
+
+#include "base/error.h"
+
+namespace mammoth::engine::train {
+
+std::string format_duration(double seconds) {
+  const int64_t s = static_cast<int64_t>(std::max(0.0, seconds));
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%lld:%02lld:%02lld", static_cast<long long>(s / 3600),
+                static_cast<long long>(s / 60 % 60), static_cast<long long>(s % 60));
+  return buf;
+}
+
+MetricsSink::MetricsSink(const MetricsSinkOptions& options) : options_(options) {
+  if (!options_.tensorboard_dir.empty())
+    tensorboard_ = std::make_unique<TensorBoardWriter>(options_.tensorboard_dir);
+  if (!options_.metrics_path.empty()) {
+    metrics_.open(options_.metrics_path, options_.append ? std::ios::app : std::ios::trunc);
+    MAMMOTH_CHECK(metrics_.good()) << "[train] cannot open --metrics " << options_.metrics_path;
+  }
+}
+
+MetricsSink::~MetricsSink() = default;
+
+void MetricsSink::record(const StepRecord& r) {
+  const bool evaluated = !std::isnan(r.val_loss);
+  if (metrics_.is_open()) {
+    json::Value m = json::Value::object();
+    m.set("step", json::Value(r.step));
+    // JSON has no inf/NaN: a skipped fp16 step's non-finite values are written as null.
+    auto number = [](double d) { return std::isfinite(d) ? json::Value(d) : json::Value(); };
+    m.set("loss", number(r.loss));
+    m.set("lr", json::Value(r.lr));
+    m.set("grad_norm", number(r.grad_norm));
+    m.set("loss_scale", json::Value(r.loss_scale));
+    m.set("skipped_steps", json::Value(r.skipped_steps));
+    if (!r.applied) m.set("skipped", json::Value(true));
+    m.set("tokens_per_s", json::Value(r.tokens_per_s));
+    m.set("step_s", json::Value(r.step_s));
+    if (r.predicted_step_s > 0) m.set("predicted_step_s", json::Value(r.predicted_step_s));
+    if (r.mfu > 0) m.set("mfu", json::Value(r.mfu));
+    m.set("peak_mem_bytes", json::Value(r.peak_mem_bytes));
+    if (r.predicted_peak_mem_bytes > 0)
+      m.set("predicted_peak_mem_bytes", json::Value(r.predicted_peak_mem_bytes));
+    if (evaluated) m.set("val_loss", json::Value(r.val_loss));
+    if (!r.offload.is_null()) m.set("offload", r.offload);
+    metrics_ << json::dump(m) << "\n";
+    metrics_.flush();
+  }
+  if (tensorboard_) {
+    std::vector<std::pair<std::string, float>> scalars = {
+        {"train/loss", static_cast<float>(r.loss)},
+        {"train/lr", static_cast<float>(r.lr)},
+        {"train/grad_norm", static_cast<float>(r.grad_norm)},
+        {"train/tokens_per_s", static_cast<float>(r.tokens_per_s)},
+        {"train/peak_mem_bytes", static_cast<float>(r.peak_mem_bytes)}};
+    if (r.scaling) {
+      scalars.emplace_back("train/loss_scale", static_cast<float>(r.loss_scale));
+      scalars.emplace_back("train/skipped_steps", static_cast<float>(r.skipped_steps));
+    }
+    if (r.mfu > 0) scalars.emplace_back("train/mfu", static_cast<float>(r.mfu));
+    if (evaluated) scalars.emplace_back("val/loss", static_cast<float>(r.val_loss));
+    tensorboard_->add_scalars(r.step, scalars);
+    tensorboard_->flush();
+  }
+  if (options_.console &&
+      (r.step % std::max<int64_t>(options_.log_every, 1) == 0 || r.step == r.steps || evaluated)) {
+    std::fprintf(stderr, "step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s | ETA %s",
+                 static_cast<long long>(r.step), static_cast<long long>(r.steps), r.loss, r.lr,
+                 r.grad_norm, r.tokens_per_s, format_duration(r.eta_s).c_str());
+    if (evaluated) std::fprintf(stderr, " | val %.4f", r.val_loss);
+    if (r.scaling) std::fprintf(stderr, " | scale %g", r.loss_scale);
+    if (!r.applied) std::fprintf(stderr, " | skipped (inf/NaN gradients)");
+    std::fprintf(stderr, "\n");
+  }
+}
+
+}  // namespace mammoth::engine::train

@@ -1,0 +1,173 @@
+#include "plan/cluster.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <initializer_list>
+#include <set>
+
+#include "base/error.h"
+
+namespace mammoth::plan {
+namespace {
+
+constexpr double kTera = 1e12;
+constexpr double kGiga = 1e9;
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+constexpr double kMicro = 1e-6;
+
+void refuse_unknown(const json::Value& v, std::initializer_list<const char*> known,
+                    const std::string& where) {
+  MAMMOTH_CHECK(v.is_object()) << "[cluster] " << where << " must be an object";
+  const std::set<std::string> names(known.begin(), known.end());
+  for (const json::Value& member : v) {
+    if (names.count(member.key())) continue;
+    std::string list;
+    for (const char* k : known) list += std::string(list.empty() ? "" : ", ") + k;
+    MAMMOTH_THROW() << "[cluster] unknown key '" << member.key() << "' in " << where
+                    << " (known: " << list << ")";
+  }
+}
+
+double positive(const json::Value& obj, const char* key, const std::string& where) {
+  const json::Value* v = obj.find(key);
+  MAMMOTH_CHECK(v != nullptr) << "[cluster] " << where << " lacks \"" << key << "\"";
+  MAMMOTH_CHECK(v->is_number()) << "[cluster] " << where << "." << key << " must be a number";
+  const double d = v->as_double();
+  MAMMOTH_CHECK(d > 0) << "[cluster] " << where << "." << key << " must be > 0, got " << d;
+  return d;
+}
+
+Link link_from(const json::Value& links, const char* key, const std::string& what) {
+  const std::string where = what + ": links." + key;
+  const json::Value* v = links.find(key);
+  MAMMOTH_CHECK(v != nullptr) << "[cluster] " << what << ": links lacks \"" << key << "\"";
+  refuse_unknown(*v, {"GBps", "latency_us"}, where);
+  return {positive(*v, "GBps", where) * kGiga, positive(*v, "latency_us", where) * kMicro};
+}
+
+json::Value link_json(const Link& l) {
+  return json::Value::object()
+      .set("GBps", l.bandwidth / kGiga)
+      .set("latency_us", l.latency / kMicro);
+}
+
+}  // namespace
+
+double Cluster::peak_for(const std::string& amp) const {
+  if (amp == "bf16") return peak_bf16;
+  if (amp == "fp16") return peak_fp16;
+  return peak_tf32 > 0 ? peak_tf32 : peak_fp32;
+}
+
+Cluster cluster_from_json(const json::Value& v, const std::string& what) {
+  refuse_unknown(
+      v,
+      {"name", "description", "devices_per_node", "nodes", "peak_tflops", "matmul_efficiency",
+       "matmul_efficiency_source", "memory_gib", "device_memory_GBps", "host_memory_GBps", "links"},
+      what);
+  Cluster c;
+  const json::Value* name = v.find("name");
+  MAMMOTH_CHECK(name != nullptr && name->is_string())
+      << "[cluster] " << what << " needs a string \"name\"";
+  c.name = name->as_string();
+  if (const json::Value* d = v.find("description")) {
+    MAMMOTH_CHECK(d->is_string()) << "[cluster] " << what << ".description must be a string";
+    c.description = d->as_string();
+  }
+  for (auto [key, out] : {std::pair<const char*, int*>{"devices_per_node", &c.devices_per_node},
+                          {"nodes", &c.nodes}}) {
+    const json::Value* n = v.find(key);
+    MAMMOTH_CHECK(n != nullptr && n->is_int() && n->as_int() >= 1)
+        << "[cluster] " << what << "." << key << " must be an integer >= 1";
+    *out = static_cast<int>(n->as_int());
+  }
+  const json::Value& peak = v.at("peak_tflops");
+  refuse_unknown(peak, {"fp32", "tf32", "bf16", "fp16"}, what + ": peak_tflops");
+  c.peak_fp32 = positive(peak, "fp32", what + ": peak_tflops") * kTera;
+  c.peak_tf32 = positive(peak, "tf32", what + ": peak_tflops") * kTera;
+  c.peak_bf16 = positive(peak, "bf16", what + ": peak_tflops") * kTera;
+  c.peak_fp16 = positive(peak, "fp16", what + ": peak_tflops") * kTera;
+  c.matmul_efficiency = positive(v, "matmul_efficiency", what);
+  MAMMOTH_CHECK(c.matmul_efficiency <= 1)
+      << "[cluster] " << what << ".matmul_efficiency is a share of peak (<= 1), got "
+      << c.matmul_efficiency;
+  if (const json::Value* s = v.find("matmul_efficiency_source")) {
+    MAMMOTH_CHECK(s->is_string()) << "[cluster] " << what
+                                  << ".matmul_efficiency_source must be a string";
+    c.matmul_efficiency_source = s->as_string();
+  }
+  const json::Value& mem = v.at("memory_gib");
+  refuse_unknown(mem, {"device", "host", "nvme"}, what + ": memory_gib");
+  c.device_memory = static_cast<int64_t>(positive(mem, "device", what + ": memory_gib") * kGiB);
+  c.host_memory = static_cast<int64_t>(positive(mem, "host", what + ": memory_gib") * kGiB);
+  c.nvme_capacity = static_cast<int64_t>(positive(mem, "nvme", what + ": memory_gib") * kGiB);
+  c.device_memory_bandwidth = positive(v, "device_memory_GBps", what) * kGiga;
+  c.host_memory_bandwidth = positive(v, "host_memory_GBps", what) * kGiga;
+  const json::Value& links = v.at("links");
+  refuse_unknown(links, {"intra_node", "inter_node", "pcie", "nvme"}, what + ": links");
+  c.intra_node = link_from(links, "intra_node", what);
+  c.inter_node = link_from(links, "inter_node", what);
+  c.pcie = link_from(links, "pcie", what);
+  c.nvme = link_from(links, "nvme", what);
+  return c;
+}
+
+json::Value cluster_to_json(const Cluster& c) {
+  json::Value v = json::Value::object();
+  v.set("name", c.name);
+  if (!c.description.empty()) v.set("description", c.description);
+  v.set("devices_per_node", c.devices_per_node).set("nodes", c.nodes);
+  v.set("peak_tflops", json::Value::object()
+                           .set("fp32", c.peak_fp32 / kTera)
+                           .set("tf32", c.peak_tf32 / kTera)
+                           .set("bf16", c.peak_bf16 / kTera)
+                           .set("fp16", c.peak_fp16 / kTera));
+  v.set("matmul_efficiency", c.matmul_efficiency);
+  if (!c.matmul_efficiency_source.empty())
+    v.set("matmul_efficiency_source", c.matmul_efficiency_source);
+  v.set("memory_gib", json::Value::object()
+                          .set("device", static_cast<double>(c.device_memory) / kGiB)
+                          .set("host", static_cast<double>(c.host_memory) / kGiB)
+                          .set("nvme", static_cast<double>(c.nvme_capacity) / kGiB));
+  v.set("device_memory_GBps", c.device_memory_bandwidth / kGiga);
+  v.set("host_memory_GBps", c.host_memory_bandwidth / kGiga);
+  v.set("links", json::Value::object()
+                     .set("intra_node", link_json(c.intra_node))
+                     .set("inter_node", link_json(c.inter_node))
+                     .set("pcie", link_json(c.pcie))
+                     .set("nvme", link_json(c.nvme)));
+  return v;
+}
+
+std::vector<std::string> shipped_cluster_names() {
+  return {"dgx_a100_80gb", "h100_cluster", "h200_node"};
+}
+
+Cluster load_cluster(const std::string& path_or_name) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> candidates;
+  if (path_or_name.find('/') != std::string::npos || path_or_name.ends_with(".json")) {
+    candidates.push_back(path_or_name);
+  } else {
+    const std::string rel = "plan/clusters/" + path_or_name + ".json";
+    if (const char* dir = std::getenv("MAMMOTH_CLUSTER_DIR"))
+      candidates.push_back(std::string(dir) + "/" + path_or_name + ".json");
+    candidates.push_back(rel);
+    std::error_code ec;
+    const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+    if (!ec) candidates.push_back(exe.string() + ".runfiles/mammoth/" + rel);
+    if (const char* src = std::getenv("TEST_SRCDIR"))
+      candidates.push_back(std::string(src) + "/mammoth/" + rel);
+  }
+  for (const std::string& c : candidates) {
+    std::error_code ec;
+    if (fs::is_regular_file(c, ec)) return cluster_from_json(json::parse_file(c), c);
+  }
+  std::string tried, names;
+  for (const std::string& c : candidates) tried += " " + c;
+  for (const std::string& n : shipped_cluster_names()) names += " " + n;
+  MAMMOTH_THROW() << "[cluster] no cluster file '" << path_or_name << "' (tried" << tried
+                  << "); shipped:" << names;
+}
+
+}  // namespace mammoth::plan

@@ -1,0 +1,75 @@
+// A cluster description: what the planner's time and memory models know about the machines a
+// plan runs on. Read from JSON (plan/clusters/*.json ships published configurations, each
+// sourced in plan/clusters/README.md):
+//
+//   {
+//     "name": "dgx_a100_80gb",
+//     "description": "...",
+//     "devices_per_node": 8, "nodes": 560,
+//     "peak_tflops": {"fp32": 19.5, "tf32": 156, "bf16": 312, "fp16": 312},
+//     "matmul_efficiency": 0.7, "matmul_efficiency_source": "...",
+//     "memory_gib": {"device": 80, "host": 2048, "nvme": 30720},   // device: per GPU; host and
+//                                                                  // nvme: per node
+//     "device_memory_GBps": 2039, "host_memory_GBps": 409.6,      // per GPU / per node
+//     "links": {                                                   // per GPU, one direction
+//       "intra_node": {"GBps": 300, "latency_us": 2},
+//       "inter_node": {"GBps": 25, "latency_us": 5},
+//       "pcie": {"GBps": 32, "latency_us": 5},
+//       "nvme": {"GBps": 30, "latency_us": 100}                    // per node
+//     }
+//   }
+//
+// Units in the struct are SI base units (FLOP/s, bytes, bytes/s, seconds); the file uses the
+// units its spec sheets quote (TFLOP/s, GiB of memory, GB/s of bandwidth, microseconds).
+// Every key is required except "description" and "matmul_efficiency_source"; unknown keys are
+// refused by name, so a misspelt bandwidth never silently takes a default.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/json.h"
+
+namespace mammoth::plan {
+
+struct Link {
+  double bandwidth = 0;  // bytes/s, one direction, per GPU (nvme: per node)
+  double latency = 0;    // seconds per message (one ring step)
+};
+
+struct Cluster {
+  std::string name;
+  std::string description;
+  int devices_per_node = 1;
+  int nodes = 1;
+  // Dense peak FLOP/s per GPU for each compute dtype (tensor cores where they apply).
+  double peak_fp32 = 0, peak_tf32 = 0, peak_bf16 = 0, peak_fp16 = 0;
+  // The one fitted constant of the time model: the share of peak that the transformer's GEMMs
+  // sustain inside a training step. Everything else (bandwidths, memory) is a spec-sheet figure.
+  double matmul_efficiency = 0;
+  std::string matmul_efficiency_source;
+  int64_t device_memory = 0;           // bytes per GPU
+  int64_t host_memory = 0;             // bytes per node
+  int64_t nvme_capacity = 0;           // bytes per node
+  double device_memory_bandwidth = 0;  // bytes/s per GPU (HBM)
+  double host_memory_bandwidth = 0;    // bytes/s per node (DRAM, all sockets)
+  Link intra_node, inter_node, pcie, nvme;
+
+  int world() const { return devices_per_node * nodes; }
+  // Peak FLOP/s for a plan's amp setting: fp32 (no autocast) -> tf32 tensor cores when the
+  // device has them (what cuBLAS uses for fp32 GEMMs with TF32 enabled), else fp32.
+  double peak_for(const std::string& amp) const;
+};
+
+// Unknown keys and missing or mistyped values are errors naming the key and `what`.
+Cluster cluster_from_json(const json::Value& value, const std::string& what = "cluster");
+json::Value cluster_to_json(const Cluster& cluster);
+// A path to a JSON file, or the name of a shipped file (plan/clusters/NAME.json), looked up
+// under $MAMMOTH_CLUSTER_DIR, ./plan/clusters, the binary's Bazel runfiles and the test's
+// runfiles ($TEST_SRCDIR).
+Cluster load_cluster(const std::string& path_or_name);
+// Names of the shipped clusters ("dgx_a100_80gb", "h100_cluster", "h200_node").
+std::vector<std::string> shipped_cluster_names();
+
+}  // namespace mammoth::plan

@@ -1,0 +1,429 @@
+#include "plan/time_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include "base/dtype.h"
+#include "base/error.h"
+#include "parallel/pipeline/partition.h"
+#include "parallel/pipeline/schedule.h"
+
+namespace mammoth::plan {
+namespace {
+
+namespace pl = parallel::pipeline;
+
+// Ring collectives on n ranks, alpha-beta. `bytes` is the whole buffer one rank ends with
+// (all-reduce, all-gather; reduce-scatter's input), or, for all-to-all, the buffer it holds.
+double all_reduce(double bytes, int n, const Link& l) {
+  if (n <= 1) return 0;
+  return 2.0 * (n - 1) / n * bytes / l.bandwidth + 2.0 * (n - 1) * l.latency;
+}
+double all_gather(double bytes, int n, const Link& l) {
+  if (n <= 1) return 0;
+  return (n - 1.0) / n * bytes / l.bandwidth + (n - 1.0) * l.latency;
+}
+double reduce_scatter(double bytes, int n, const Link& l) { return all_gather(bytes, n, l); }
+double all_to_all(double bytes, int n, const Link& l) { return all_gather(bytes, n, l); }
+double send(double bytes, const Link& l) { return bytes / l.bandwidth + l.latency; }
+
+int axis_size(const ParallelPlan& p, const std::string& axis) {
+  if (axis == "dp") return p.dp;
+  if (axis == "pp") return p.pp;
+  if (axis == "tp") return p.tp;
+  if (axis == "sp") return p.sp;
+  MAMMOTH_THROW() << "[time_model] unknown mesh axis '" << axis << "' in order '" << p.order << "'";
+}
+
+// Ranks of one group of `axis` are `stride` apart, stride = the product of the axes that vary
+// faster (parallel/mesh.h). The group stays on NVLink when it fits in an aligned span of a node;
+// otherwise its ring crosses nodes and each GPU's inter-node link bounds it.
+const Link& group_link(const ParallelPlan& p, const std::string& axis, const Cluster& c) {
+  int64_t stride = 1;
+  std::stringstream order(p.order);
+  std::string a;
+  while (std::getline(order, a, '-')) {
+    if (a == axis) break;
+    stride *= axis_size(p, a);
+  }
+  const int64_t span = stride * axis_size(p, axis);
+  return span <= c.devices_per_node && c.devices_per_node % span == 0 ? c.intra_node : c.inter_node;
+}
+
+double dtype_bytes(const std::string& amp) { return amp == "bf16" || amp == "fp16" ? 2.0 : 4.0; }
+
+// Costs of one micro-batch through one piece of the model on one rank, seconds.
+struct Piece {
+  double f_compute = 0, b_compute = 0, w_compute = 0;  // GEMMs + memory-bound ops
+  double f_comm = 0, b_comm = 0;                       // tp / sp collectives
+};
+
+Piece scaled(const Piece& p, double k) {
+  return {p.f_compute * k, p.b_compute * k, p.w_compute * k, p.f_comm * k, p.b_comm * k};
+}
+
+Piece add(const Piece& a, const Piece& b) {
+  return {a.f_compute + b.f_compute, a.b_compute + b.b_compute, a.w_compute + b.w_compute,
+          a.f_comm + b.f_comm, a.b_comm + b.b_comm};
+}
+
+std::string percent(double part, double whole) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f%%", whole > 0 ? 100.0 * part / whole : 0.0);
+  return buf;
+}
+
+std::string seconds(double s) {
+  char buf[32];
+  if (s >= 1)
+    std::snprintf(buf, sizeof buf, "%.3f s", s);
+  else if (s >= 1e-3)
+    std::snprintf(buf, sizeof buf, "%.2f ms", s * 1e3);
+  else
+    std::snprintf(buf, sizeof buf, "%.1f us", s * 1e6);
+  return buf;
+}
+
+const std::pair<const char*, double TimeBreakdown::*> kParts[] = {
+    {"compute", &TimeBreakdown::compute},          {"tp communication", &TimeBreakdown::tp_comm},
+    {"pipeline sends", &TimeBreakdown::pp_comm},   {"pipeline bubble", &TimeBreakdown::pp_bubble},
+    {"dp communication", &TimeBreakdown::dp_comm}, {"offload traffic", &TimeBreakdown::offload},
+    {"optimizer", &TimeBreakdown::optimizer},
+};
+
+}  // namespace
+
+json::Value TimePrediction::to_json() const {
+  json::Value p = json::Value::object();
+  for (const auto& [name, member] : kParts) p.set(name, parts.*member);
+  return json::Value::object()
+      .set("step_time_s", step_time)
+      .set("tokens_per_s", tokens_per_s)
+      .set("mfu", mfu)
+      .set("hfu", hfu)
+      .set("tflops_per_gpu", tflops_per_gpu)
+      .set("bubble_fraction", bubble_fraction)
+      .set("binding", binding)
+      .set("parts_s", std::move(p));
+}
+
+std::string TimePrediction::explain() const {
+  std::ostringstream os;
+  char buf[160];
+  std::snprintf(buf, sizeof buf,
+                "step %s, %.4g tokens/s, MFU %.1f%%, %.1f TFLOP/s per GPU (recompute counted)",
+                seconds(step_time).c_str(), tokens_per_s, 100 * mfu, tflops_per_gpu);
+  os << buf << "\n  time:";
+  bool first = true;
+  for (const auto& [name, member] : kParts) {
+    const double v = parts.*member;
+    if (v <= 0) continue;
+    os << (first ? " " : ", ") << name << " " << seconds(v) << " (" << percent(v, step_time) << ")";
+    first = false;
+  }
+  // The binding part and the one after it: what to attack first, and what comes next.
+  std::vector<std::pair<double, const char*>> ranked;
+  for (const auto& [name, member] : kParts) ranked.push_back({parts.*member, name});
+  std::stable_sort(ranked.begin(), ranked.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  os << "\n  binds: " << binding << " (" << percent(ranked[0].first, step_time) << " of the step)";
+  if (ranked.size() > 1 && ranked[1].first > 0)
+    os << "; next: " << ranked[1].second << " (" << percent(ranked[1].first, step_time) << ")";
+  return os.str();
+}
+
+TimeModel::TimeModel(const models::ModelConfig& config, const Cluster& cluster, TimeOptions options)
+    : config_(config), cluster_(cluster), options_(options) {}
+
+const models::ModelAnalysis& TimeModel::analysis(int64_t seq_len) {
+  auto it = analyses_.find(seq_len);
+  if (it == analyses_.end())
+    it = analyses_.emplace(seq_len, models::analyze(config_, seq_len)).first;
+  return it->second;
+}
+
+double TimeModel::makespan(const std::string& schedule, int p, int m, int v, double f, double b,
+                           double w) {
+  if (p <= 1) return m * (f + b + w);
+  if (!options_.simulate_pipeline) {
+    const double work = f + b + w;
+    if (schedule == "zb") return m * work + (p - 1) * std::max(f + b - w, f);
+    return (m + (p - 1.0) / v) * work;
+  }
+  // The simulator's makespan is linear in the costs: cache it per cost ratio for f = 1, the
+  // ratios rounded to 1% (under 0.2% of a step), so that the cores of a search share
+  // simulations. Only a split schedule (zb) runs B and W apart; the others see B + W.
+  const bool split = schedule == "zb";
+  const auto key = std::make_tuple(schedule, p, m, v, std::llround((split ? b : b + w) / f * 100),
+                                   split ? std::llround(w / f * 100) : int64_t{0});
+  auto it = schedules_.find(key);
+  if (it == schedules_.end()) {
+    const pl::Schedule s =
+        pl::make_schedule(pl::schedule_kind_from_name(schedule),
+                          {.stages = p, .micro_batches = m, .virtual_stages = v});
+    const pl::CheckResult r =
+        pl::check_schedule(s, {1.0, static_cast<double>(std::get<4>(key)) * 1e-2,
+                               static_cast<double>(std::get<5>(key)) * 1e-2});
+    MAMMOTH_CHECK(r.ok) << "[time_model] schedule " << schedule << " p " << p << " m " << m << " v "
+                        << v << ": " << r.error;
+    it = schedules_.emplace(key, r.makespan).first;
+  }
+  return it->second * f;
+}
+
+double TimeModel::compute_lower_bound(const ParallelPlan& plan) {
+  return evaluate(plan, true).step_time;
+}
+
+TimePrediction TimeModel::predict(const ParallelPlan& plan) { return evaluate(plan, false); }
+
+TimePrediction TimeModel::evaluate(const ParallelPlan& plan, bool bound_only) {
+  const models::ModelAnalysis& a = analysis(plan.seq_len);
+  const Cluster& c = cluster_;
+  const models::ModelConfig& cfg = config_;
+  const double peak_raw = c.peak_for(plan.amp);
+  const double peak = peak_raw * c.matmul_efficiency;
+  const double hbm = c.device_memory_bandwidth;
+  const double elem = dtype_bytes(plan.amp);
+  const double b = static_cast<double>(plan.micro_batch);
+  const double s = static_cast<double>(plan.seq_len);
+  const double h = static_cast<double>(cfg.d_model);
+  const double L = static_cast<double>(cfg.n_layer);
+  const int tp = plan.tp, sp = plan.sp, pp = plan.pp, dp = plan.dp;
+  const bool split_gather = plan.sp_mode == "split_gather";
+  const bool seq_on_sp = plan.sp_mode == "ulysses" || plan.sp_mode == "ring";
+  const double seq_div = seq_on_sp ? sp : 1.0;  // the sequence split of every rank's tokens
+  const double tokens = b * s;
+  const double attn_dim = static_cast<double>(cfg.n_head * cfg.head_dim());
+  const double kv_dim = static_cast<double>(cfg.n_kv_head * cfg.head_dim());
+  const double shard = static_cast<double>(tp) * seq_div;
+  const double rc =
+      plan.recompute_blocks < 0 ? 1.0 : std::min<double>(plan.recompute_blocks, L) / L;
+
+  // One block, one micro-batch, one rank.
+  const double attn_core = 4.0 * s * attn_dim * tokens / shard;  // scores and weighted sum
+  const double weights = a.block_flops_per_token_forward * tokens / shard - attn_core;
+  // Memory-bound traffic (Korthikanti et al. 2022, eq. 1, in 16-bit units of s b h): 10 units
+  // replicated over tp without a sequence split, 24 split (of which 16 the MLP's inner
+  // activations, scaled here by the family's MLP width: SwiGLU keeps three d_ff tensors).
+  const double mlp_inner = 16.0 * static_cast<double>(cfg.d_ff) / (4 * h) *
+                           (cfg.family == models::Family::kLlama ? 1.5 : 1.0);
+  const double sbh = tokens * h * elem / 2;
+  double saved = sbh * (10.0 / (split_gather ? tp : 1) + (8.0 + mlp_inner) / tp);
+  if (!options_.flash_attention)
+    saved += 5.0 * static_cast<double>(cfg.n_head) * s * tokens * (elem / 2) / tp;
+  saved /= seq_div;
+  const double mem_f = 2 * saved / hbm;
+  Piece block;
+  block.f_compute = weights / peak + attn_core / peak + mem_f;
+  block.b_compute = (weights + 2 * attn_core) / peak + 2 * mem_f;
+  block.w_compute = weights / peak;
+  const double act_bytes = tokens * h * elem / seq_div;  // one activation on one rank
+  if (tp > 1) {
+    const Link& l = group_link(plan, "tp", c);
+    // Two collectives per block each way: attention and MLP outputs forward (all-reduce, or
+    // reduce-scatter + all-gather around them under split_gather), their input gradients back.
+    const double one = split_gather
+                           ? all_gather(act_bytes, tp, l) + reduce_scatter(act_bytes, tp, l)
+                           : all_reduce(act_bytes, tp, l);
+    block.f_comm += 2 * one;
+    block.b_comm += 2 * one;
+  }
+  if (sp > 1 && seq_on_sp) {
+    const Link& l = group_link(plan, "sp", c);
+    if (plan.sp_mode == "ulysses") {
+      // q, k, v and the attention output change between sequence and head splits.
+      const double bytes = b * (s / sp) * (2 * attn_dim + 2 * kv_dim) / tp * elem;
+      block.f_comm += all_to_all(bytes, sp, l) + 3 * (sp - 1.0) * l.latency;
+      block.b_comm += all_to_all(bytes, sp, l) + 3 * (sp - 1.0) * l.latency;
+    } else {
+      // K and V go round the ring behind the attention of the block that arrived.
+      const double kv = b * (s / sp) * 2 * kv_dim / tp * elem;
+      const double ring = (sp - 1.0) * send(kv, l);
+      block.f_comm += std::max(0.0, ring - attn_core / peak);
+      block.b_comm += std::max(0.0, 2 * ring - 2 * attn_core / peak);
+    }
+  }
+  // Recompute: the block's forward (and its collectives) again at the start of its backward.
+  block.b_compute += rc * block.f_compute;
+  block.b_comm += rc * block.f_comm;
+
+  Piece head;
+  {
+    const double flops = a.head_flops_per_token_forward * tokens / shard;
+    const double logits = 4.0 * tokens * static_cast<double>(cfg.vocab_size) / shard;  // fp32
+    head.f_compute = flops / peak + 2 * logits / hbm;
+    head.b_compute = flops / peak + 2 * logits / hbm;
+    head.w_compute = flops / peak;
+  }
+
+  const Link& pp_link = group_link(plan, "pp", c);
+  const double p2p =
+      pp <= 1 ? 0.0
+      : options_.scatter_gather_p2p && !split_gather && tp > 1
+          ? send(act_bytes / tp, pp_link) + all_gather(act_bytes, tp, group_link(plan, "tp", c))
+          : send(split_gather ? act_bytes / tp : act_bytes, pp_link);
+  const int m = static_cast<int>(plan.grad_accum);
+  if (bound_only) {
+    // The average rank's work per micro-batch: the bottleneck rank, whatever the stage cut,
+    // holds at least that, the schedule only adds idle time, and dp, ZeRO, offload and the
+    // optimizer only add time.
+    auto sum = [](const Piece& x) {
+      return x.f_compute + x.b_compute + x.w_compute + x.f_comm + x.b_comm;
+    };
+    TimePrediction t;
+    t.step_time = m * ((L * sum(block) + sum(head)) / pp + 2 * p2p);
+    return t;
+  }
+
+  // Stage layout: layers per rank, the head on the rank holding the last virtual stage.
+  const int stages = pp * plan.virtual_stages;
+  pl::Partition cut;
+  if (!plan.stage_cut.empty()) {
+    cut = plan.stage_cut;
+  } else if (stages == 1) {
+    cut = {0, cfg.n_layer};
+  } else if (plan.pp_partition == "count") {
+    cut = pl::partition_by_count(cfg.n_layer, stages);
+  } else {
+    const auto key = std::make_pair(plan.seq_len, stages);
+    auto it = partitions_.find(key);
+    if (it == partitions_.end()) {
+      it = partitions_
+               .emplace(key,
+                        pl::balanced_partition(std::vector<double>(static_cast<size_t>(cfg.n_layer),
+                                                                   a.block_flops_per_token_forward),
+                                               0.0, a.head_flops_per_token_forward, stages))
+               .first;
+    }
+    cut = it->second;
+  }
+  const int64_t params_all = a.params;
+  models::ModelConfig no_blocks = cfg;
+  no_blocks.n_layer = 0;
+  const double outside = static_cast<double>(models::count_parameters(no_blocks));
+  const double block_params = (static_cast<double>(params_all) - outside) / L;
+  const double embed_params = static_cast<double>(a.embedding_params);
+  // The last stage holds the head (and, tied, a copy of the embedding it shares) and final norm.
+  const double last_params =
+      outside - embed_params + (cfg.tie_embeddings && pp > 1 ? embed_params : 0.0);
+
+  const double param_elem = static_cast<double>(dtype_size(cfg.dtype));
+  const double grad_elem = param_elem;
+  const Link& dp_link = group_link(plan, "dp", c);
+
+  struct Rank {
+    Piece piece;
+    double params = 0;  // this rank's parameters (tp shard), before ZeRO
+  };
+  std::vector<Rank> ranks(static_cast<size_t>(pp));
+  for (int st = 0; st < stages; ++st) {
+    Rank& r = ranks[static_cast<size_t>(st % pp)];
+    const double layers = static_cast<double>(cut[st + 1] - cut[st]);
+    r.piece = add(r.piece, scaled(block, layers));
+    r.params += layers * block_params / tp;
+    if (st == 0) r.params += embed_params / tp;
+    if (st == stages - 1) {
+      r.piece = add(r.piece, head);
+      r.params += last_params / tp;
+    }
+  }
+  // ZeRO-3 gathers each micro-batch's parameters before its forward and again before its
+  // backward, prefetched behind the compute: only the excess shows.
+  double f = 0, bw = 0, w = 0, comm_tp = 0, comm_pp = 0, zero3 = 0, compute = 0;
+  double stage0_params = ranks[0].params, max_params = 0, stage0_back = 0;
+  for (const Rank& r : ranks) {
+    const Piece& x = r.piece;
+    double z_f = 0, z_b = 0;
+    if (plan.zero == 3 && dp > 1) {
+      const double ag = all_gather(r.params * param_elem, dp, dp_link);
+      z_f = std::max(0.0, ag - x.f_compute);
+      z_b = std::max(0.0, ag - x.b_compute - x.w_compute);
+    }
+    const double pf = pp > 1 ? p2p : 0.0;
+    const double rf = x.f_compute + x.f_comm + pf + z_f;
+    const double rb = x.b_compute + x.b_comm + pf + z_b;
+    const double rw = x.w_compute;
+    if (rf + rb + rw > f + bw + w) {
+      f = rf;
+      bw = rb;
+      w = rw;
+      comm_tp = x.f_comm + x.b_comm;
+      comm_pp = 2 * pf;
+      zero3 = z_f + z_b;
+      compute = x.f_compute + x.b_compute + x.w_compute;
+    }
+    max_params = std::max(max_params, r.params);
+  }
+  stage0_back = ranks[0].piece.b_compute + ranks[0].piece.w_compute;
+  const double span = makespan(plan.pp_schedule, pp, m, plan.virtual_stages, f, bw, w);
+
+  TimePrediction t;
+  t.parts.compute = m * compute;
+  t.parts.tp_comm = m * comm_tp;
+  t.parts.pp_comm = m * comm_pp;
+  t.parts.pp_bubble = std::max(0.0, span - m * (f + bw + w));
+  t.bubble_fraction = span > 0 ? t.parts.pp_bubble / span : 0;
+
+  // Gradients: summed over the sequence split (ulysses / ring replicate every parameter over
+  // sp), then over dp. Stage 0 finishes the step last, so its reduction is what shows.
+  double dp_time = 0;
+  const double grads = stage0_params * grad_elem;
+  if (sp > 1 && seq_on_sp) dp_time += all_reduce(grads, sp, group_link(plan, "sp", c));
+  if (dp > 1) {
+    if (plan.zero == 0 || plan.offloaded()) {
+      dp_time += all_reduce(grads, dp, dp_link);
+    } else {
+      dp_time += reduce_scatter(grads, dp, dp_link);
+      if (plan.zero < 3) dp_time += all_gather(stage0_params * param_elem, dp, dp_link);
+    }
+  }
+  t.parts.dp_comm =
+      m * zero3 + (options_.overlap_dp ? std::max(0.0, dp_time - stage0_back) : dp_time);
+
+  // The optimizer walks the largest rank's parameters (sharded by ZeRO >= 1, and by chunk
+  // ownership under offload with dp).
+  const double local = max_params / (plan.zero >= 1 || plan.offloaded() ? dp : 1);
+  constexpr double kAdamBytes = 32;  // read master, grad, m, v; write master, m, v, 16-bit copy
+  if (plan.offload == "host" || plan.offload == "nvme") {
+    const double cpu = local * kAdamBytes / (c.host_memory_bandwidth / c.devices_per_node);
+    const double pcie = local * (grad_elem + param_elem) / c.pcie.bandwidth;
+    double nvme = 0;
+    if (plan.offload == "nvme")
+      nvme = local * 2 * 12 / (c.nvme.bandwidth / c.devices_per_node);  // states in and out
+    t.parts.offload = std::max({cpu, pcie, nvme});
+  } else {
+    t.parts.optimizer = local * kAdamBytes / hbm;
+  }
+
+  t.step_time = t.parts.total();
+  const double global_tokens = static_cast<double>(plan.global_batch()) * s;
+  t.tokens_per_s = global_tokens / t.step_time;
+  t.model_flops = global_tokens * a.flops_per_token_train;
+  t.hardware_flops = global_tokens * (L * a.block_flops_per_token_forward * (3 + rc) +
+                                      3 * a.head_flops_per_token_forward);
+  const double world = static_cast<double>(plan.world());
+  t.mfu = t.model_flops / (t.step_time * world * peak_raw);
+  t.hfu = t.hardware_flops / (t.step_time * world * peak_raw);
+  t.tflops_per_gpu = t.hardware_flops / (t.step_time * world) / 1e12;
+  double most = -1;
+  for (const auto& [name, member] : kParts) {
+    if (t.parts.*member > most) {
+      most = t.parts.*member;
+      t.binding = name;
+    }
+  }
+  return t;
+}
+
+TimePrediction predict_time(const models::ModelConfig& config, const ParallelPlan& plan,
+                            const Cluster& cluster, const TimeOptions& options) {
+  TimeModel model(config, cluster, options);
+  return model.predict(plan);
+}
+
+}  // namespace mammoth::plan

@@ -1,0 +1,121 @@
+// The time model's structure: its bound holds, its parts add up, the schedule simulator's
+// bubble comes through, link levels and repeated blocks behave as the model says.
+#include "plan/time_model.h"
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <string>
+
+#include "models/registry.h"
+#include "plan/cluster.h"
+#include "test/plan/published_models.h"
+
+namespace mammoth::plan {
+namespace {
+
+ParallelPlan layout(int dp, int pp, int tp, int64_t mb, int64_t accum, int64_t seq) {
+  ParallelPlan p;
+  p.dp = dp;
+  p.pp = pp;
+  p.tp = tp;
+  p.micro_batch = mb;
+  p.grad_accum = accum;
+  p.seq_len = seq;
+  p.amp = "bf16";
+  p.device = "cuda";
+  return p;
+}
+
+TEST_CASE("the compute bound holds and the parts add up", "[plan][time]") {
+  const models::ModelConfig config = models::resolve_config("llama-13b");
+  TimeModel model(config, load_cluster("dgx_a100_80gb"));
+  int checked = 0;
+  for (int pp : {1, 2, 4, 8}) {
+    for (int tp : {1, 2, 4, 8, 16}) {
+      for (const char* schedule : {"1f1b", "gpipe", "zb", "interleaved"}) {
+        for (int zero : {0, 1, 3}) {
+          for (const char* offload : {"none", "host"}) {
+            ParallelPlan p = layout(4, pp, tp, 2, 8, 2048);
+            if (std::string(schedule) == "interleaved") {
+              if (pp == 1) continue;
+              p.virtual_stages = 2;
+            }
+            p.pp_schedule = schedule;
+            p.zero = zero;
+            p.offload = offload;
+            p.recompute_blocks = zero == 1 ? -1 : 0;
+            const TimePrediction t = model.predict(p);
+            INFO(plan_summary(p) << " " << schedule);
+            CHECK(model.compute_lower_bound(p) <= t.step_time * (1 + 1e-12));
+            CHECK(t.parts.total() == Approx(t.step_time));
+            CHECK(t.mfu > 0);
+            CHECK(t.mfu <= load_cluster("dgx_a100_80gb").matmul_efficiency);
+            CHECK(t.hfu >= t.mfu);
+            ++checked;
+          }
+        }
+      }
+    }
+  }
+  CHECK(checked > 300);
+}
+
+TEST_CASE("the pipeline bubble is the simulator's", "[plan][time]") {
+  // Without communication or memory-bound work the bubble of 1F1B is (p - 1) / (m + p - 1).
+  models::ModelConfig config = testing::megatron_gpt(32, 4096, 32);
+  TimeModel model(config, load_cluster("h200_node"));
+  ParallelPlan p = layout(1, 4, 1, 1, 12, 2048);
+  const TimePrediction t = model.predict(p);
+  // The head sits on the last stage, so the bottleneck rank's share is a little over 1/4; the
+  // bubble is within a few points of the uniform formula.
+  CHECK(t.bubble_fraction == Approx(3.0 / 15.0).margin(0.03));
+  p.pp_schedule = "interleaved";
+  p.virtual_stages = 2;
+  CHECK(model.predict(p).bubble_fraction < t.bubble_fraction);
+  p.pp_schedule = "gpipe";
+  p.virtual_stages = 1;
+  CHECK(model.predict(p).step_time == Approx(t.step_time).epsilon(0.02));
+}
+
+TEST_CASE("a tp group beyond a node pays the inter-node link", "[plan][time]") {
+  const models::ModelConfig config = testing::megatron_gpt(16, 8192, 64);
+  const Cluster cluster = load_cluster("dgx_a100_80gb");
+  TimeModel model(config, cluster);
+  const TimePrediction in_node = model.predict(layout(1, 1, 8, 1, 1, 2048));
+  const TimePrediction across = model.predict(layout(1, 1, 16, 1, 1, 2048));
+  // Twice the ranks halve the compute; the ring's bytes per rank stay ~the same but move at
+  // 25 GB/s instead of 300 GB/s.
+  CHECK(across.parts.compute < in_node.parts.compute);
+  CHECK(across.parts.tp_comm > 8 * in_node.parts.tp_comm);
+}
+
+TEST_CASE("repeated blocks share one cost", "[plan][time]") {
+  models::ModelConfig a = testing::megatron_gpt(24, 4096, 32);
+  models::ModelConfig b = a;
+  b.n_layer = 48;
+  const Cluster cluster = load_cluster("h100_cluster");
+  const ParallelPlan p = layout(1, 1, 1, 1, 4, 2048);
+  TimeModel ma(a, cluster), mb(b, cluster);
+  const TimePrediction ta = ma.predict(p), tb = mb.predict(p);
+  models::ModelConfig one = a;
+  one.n_layer = 1;
+  const TimePrediction t1 = TimeModel(one, cluster).predict(p);
+  // compute(L) = L * block + head: doubling 24 blocks adds 24 blocks' worth.
+  const double block = (ta.parts.compute - t1.parts.compute) / 23;
+  CHECK(tb.parts.compute == Approx(ta.parts.compute + 24 * block).epsilon(1e-9));
+}
+
+TEST_CASE("dp overlap and the system options", "[plan][time]") {
+  const models::ModelConfig config = testing::megatron_gpt(24, 2304, 24);
+  const Cluster cluster = load_cluster("dgx_a100_80gb");
+  const ParallelPlan p = layout(32, 1, 1, 1, 16, 2048);
+  const TimePrediction ours = predict_time(config, p, cluster);
+  const TimePrediction megatron =
+      predict_time(config, p, cluster, {.flash_attention = false, .overlap_dp = false});
+  CHECK(megatron.parts.dp_comm > ours.parts.dp_comm);
+  CHECK(megatron.parts.compute > ours.parts.compute);  // the scores go through HBM
+  CHECK(megatron.step_time > ours.step_time);
+}
+
+}  // namespace
+}  // namespace mammoth::plan
