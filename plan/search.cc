@@ -85,14 +85,16 @@ json::Value SearchResult::to_json() const {
                          .set("cpu_seconds", cpu_seconds));
 }
 
-std::string memory_misfit(const MemoryPrediction& memory, const Cluster& cluster) {
+std::string memory_misfit(const MemoryPrediction& memory, const Cluster& cluster,
+                          bool count_model_copy) {
   const int64_t host_share = cluster.host_memory / cluster.devices_per_node;
   const int64_t nvme_share = cluster.nvme_capacity / cluster.devices_per_node;
   for (size_t s = 0; s < memory.stages.size(); ++s) {
     const StageMemory& m = memory.stages[s];
     std::ostringstream os;
-    if (m.device_peak > cluster.device_memory) {
-      os << "stage " << s << " needs " << gib(m.device_peak) << " of device memory, the GPU has "
+    const int64_t device = count_model_copy ? m.device_peak : m.planned_peak();
+    if (device > cluster.device_memory) {
+      os << "stage " << s << " needs " << gib(device) << " of device memory, the GPU has "
          << gib(cluster.device_memory);
     } else if (m.host > host_share) {
       os << "stage " << s << " needs " << gib(m.host) << " of host memory per rank, a node has "
@@ -209,7 +211,8 @@ SearchResult search(const models::ModelConfig& config, const Cluster& cluster,
           p.zero = zero;
           p.offload = offload;
           if ((zero > 0 && p.dp == 1) || refused(p)) continue;
-          const int64_t peak = predict_memory(config, p).device_peak();
+          const MemoryPrediction m = predict_memory(config, p);
+          const int64_t peak = o.count_model_copy ? m.device_peak() : m.planned_peak();
           least = least < 0 ? peak : std::min(least, peak);
         }
       }
@@ -256,7 +259,7 @@ SearchResult search(const models::ModelConfig& config, const Cluster& cluster,
           RankedPlan r;
           if (o.check_memory) {
             r.memory = predict_memory(config, p);
-            if (!memory_misfit(r.memory, cluster).empty()) {
+            if (!memory_misfit(r.memory, cluster, o.count_model_copy).empty()) {
               ++result.over_memory;
               continue;
             }

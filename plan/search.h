@@ -46,6 +46,11 @@ struct SearchOptions {
   // can be planned for before every path is wired up.
   bool runnable_only = false;
   bool check_memory = true;
+  // Count what today's `mammoth train` holds beyond the plan's share (MemoryPrediction's
+  // model_copy: the single-process model beside tp shards, every stage's parameters on a
+  // pipeline rank). true for plans to be run here; false ranks plans by what they need, as a
+  // runtime that builds only its shard would (the published-configuration checks).
+  bool count_model_copy = true;
   // false: evaluate every valid plan (brute force; what the tests compare against).
   bool branch_and_bound = true;
   TimeOptions time;
@@ -78,7 +83,8 @@ SearchResult search(const models::ModelConfig& config, const Cluster& cluster,
                     const SearchOptions& options);
 
 // Why `memory` does not fit the cluster ("" when it does): the tier, the need and the size.
-std::string memory_misfit(const MemoryPrediction& memory, const Cluster& cluster);
+std::string memory_misfit(const MemoryPrediction& memory, const Cluster& cluster,
+                          bool count_model_copy = true);
 
 // One line: the fields where `a` differs from `b` and the time parts that differ most, e.g.
 // "vs #2 (pp 8 -> 16, mb 2 -> 1): 3.1% faster; pipeline bubble -0.42 s, tp communication +0.1 s".
