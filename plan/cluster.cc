@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <initializer_list>
 #include <set>
+#include <tuple>
 
 #include "base/error.h"
 
@@ -63,7 +64,8 @@ Cluster cluster_from_json(const json::Value& v, const std::string& what) {
   refuse_unknown(
       v,
       {"name", "description", "devices_per_node", "nodes", "peak_tflops", "matmul_efficiency",
-       "matmul_efficiency_source", "memory_gib", "device_memory_GBps", "host_memory_GBps", "links"},
+       "matmul_efficiency_source", "memory_gib", "device_memory_GBps", "host_memory_GBps", "links",
+       "op_overhead_us", "gemm_call_us", "attention_GFLOPs", "calibration"},
       what);
   Cluster c;
   const json::Value* name = v.find("name");
@@ -109,6 +111,17 @@ Cluster cluster_from_json(const json::Value& v, const std::string& what) {
   c.inter_node = link_from(links, "inter_node", what);
   c.pcie = link_from(links, "pcie", what);
   c.nvme = link_from(links, "nvme", what);
+  for (auto [key, out, unit] :
+       {std::tuple<const char*, double*, double>{"op_overhead_us", &c.op_overhead, kMicro},
+        {"gemm_call_us", &c.gemm_call_overhead, kMicro},
+        {"attention_GFLOPs", &c.attention_rate, kGiga}}) {
+    const json::Value* n = v.find(key);
+    if (n == nullptr) continue;
+    MAMMOTH_CHECK(n->is_number() && n->as_double() >= 0)
+        << "[cluster] " << what << "." << key << " must be a number >= 0";
+    *out = n->as_double() * unit;
+  }
+  if (const json::Value* cal = v.find("calibration")) c.calibration = *cal;
   return c;
 }
 
@@ -136,6 +149,10 @@ json::Value cluster_to_json(const Cluster& c) {
                      .set("inter_node", link_json(c.inter_node))
                      .set("pcie", link_json(c.pcie))
                      .set("nvme", link_json(c.nvme)));
+  if (c.op_overhead > 0) v.set("op_overhead_us", c.op_overhead / kMicro);
+  if (c.gemm_call_overhead > 0) v.set("gemm_call_us", c.gemm_call_overhead / kMicro);
+  if (c.attention_rate > 0) v.set("attention_GFLOPs", c.attention_rate / kGiga);
+  if (!c.calibration.is_null()) v.set("calibration", c.calibration);
   return v;
 }
 

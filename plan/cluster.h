@@ -21,8 +21,17 @@
 //
 // Units in the struct are SI base units (FLOP/s, bytes, bytes/s, seconds); the file uses the
 // units its spec sheets quote (TFLOP/s, GiB of memory, GB/s of bandwidth, microseconds).
-// Every key is required except "description" and "matmul_efficiency_source"; unknown keys are
-// refused by name, so a misspelt bandwidth never silently takes a default.
+// Every key is required except "description", "matmul_efficiency_source" and the measured
+// per-call costs below; unknown keys are refused by name, so a misspelt bandwidth never silently
+// takes a default.
+//
+// A calibrated machine (`mammoth plan --calibrate`, plan/calibrate.h) adds what dominates tiny
+// models on a CPU, where a step is thousands of small kernel calls rather than a few large GEMMs:
+//     "op_overhead_us": 2.1,        // one engine op's dispatch, graph record and allocation
+//     "gemm_call_us": 4.0,          // one GEMM call beyond its FLOPs at the sustained rate
+//     "attention_GFLOPs": 9.5,      // the fused attention kernel's rate (0: at the GEMM rate)
+//     "calibration": {...}          // what was measured, how (kept, not read)
+// Published clusters leave them out (0): there the kernels are large and launches overlap.
 #pragma once
 
 #include <cstdint>
@@ -55,6 +64,11 @@ struct Cluster {
   double device_memory_bandwidth = 0;  // bytes/s per GPU (HBM)
   double host_memory_bandwidth = 0;    // bytes/s per node (DRAM, all sockets)
   Link intra_node, inter_node, pcie, nvme;
+  // Measured per-call costs (seconds; 0 when not calibrated) and the attention kernel's rate.
+  double op_overhead = 0;
+  double gemm_call_overhead = 0;
+  double attention_rate = 0;  // FLOP/s
+  json::Value calibration;    // null unless calibrated: the measurements behind the figures
 
   int world() const { return devices_per_node * nodes; }
   // Peak FLOP/s for a plan's amp setting: fp32 (no autocast) -> tf32 tensor cores when the

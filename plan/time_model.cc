@@ -95,6 +95,28 @@ const std::pair<const char*, double TimeBreakdown::*> kParts[] = {
     {"optimizer", &TimeBreakdown::optimizer},
 };
 
+// Engine calls one transformer block makes per micro-batch, counted in the model code
+// (models/gpt2, models/llama, models/bert and models/layers.cc): ops recorded in the autograd
+// graph forward (each has one backward), linear layers (one GEMM each forward, two backward),
+// and parameter tensors (the optimizer's calls).
+struct BlockCalls {
+  double ops, linears, param_tensors, outside_tensors;
+};
+
+BlockCalls block_calls(models::Family family) {
+  switch (family) {
+    case models::Family::kLlama:
+      // rms norm; q, k, v: linear, view, permute (+ rope on q and k); attention; merge
+      // (permute, reshape); o; add; rms norm; gate, silu, up, mul, down; add.
+      return {23, 7, 9, 3};
+    default:
+      // layer norm; c_attn; split; q, k, v: reshape, permute; attention; merge (permute,
+      // reshape); c_proj; add; layer norm; c_fc; gelu; c_proj; add.
+      return {19, 4, 12, 4};
+  }
+}
+constexpr double kHeadOps = 5;  // embedding (+ position add), final norm, head, cross-entropy
+
 }  // namespace
 
 json::Value TimePrediction::to_json() const {
@@ -218,10 +240,19 @@ TimePrediction TimeModel::evaluate(const ParallelPlan& plan, bool bound_only) {
     saved += 5.0 * static_cast<double>(cfg.n_head) * s * tokens * (elem / 2) / tp;
   saved /= seq_div;
   const double mem_f = 2 * saved / hbm;
+  // The attention core runs in its own fused kernel; a calibrated machine says at what rate.
+  const double attn_rate = c.attention_rate > 0 ? c.attention_rate : peak;
+  // Per-call costs (calibrated machines; 0 for published clusters): every engine op of the
+  // block once forward and once backward, every linear layer's GEMM once forward and twice
+  // backward (input and weight gradient). Not divided by tp or sp: a shard makes the same calls.
+  const BlockCalls calls = block_calls(cfg.family);
+  const double op = c.op_overhead, gemm = c.gemm_call_overhead;
   Piece block;
-  block.f_compute = weights / peak + attn_core / peak + mem_f;
-  block.b_compute = (weights + 2 * attn_core) / peak + 2 * mem_f;
-  block.w_compute = weights / peak;
+  block.f_compute =
+      weights / peak + attn_core / attn_rate + mem_f + calls.ops * op + calls.linears * gemm;
+  block.b_compute = weights / peak + 2 * attn_core / attn_rate + 2 * mem_f + calls.ops * op +
+                    calls.linears * gemm;
+  block.w_compute = weights / peak + calls.linears * gemm;
   const double act_bytes = tokens * h * elem / seq_div;  // one activation on one rank
   if (tp > 1) {
     const Link& l = group_link(plan, "tp", c);
@@ -256,9 +287,10 @@ TimePrediction TimeModel::evaluate(const ParallelPlan& plan, bool bound_only) {
   {
     const double flops = a.head_flops_per_token_forward * tokens / shard;
     const double logits = 4.0 * tokens * static_cast<double>(cfg.vocab_size) / shard;  // fp32
-    head.f_compute = flops / peak + 2 * logits / hbm;
-    head.b_compute = flops / peak + 2 * logits / hbm;
-    head.w_compute = flops / peak;
+    // Embedding, final norm, the LM head's GEMM and the cross-entropy.
+    head.f_compute = flops / peak + 2 * logits / hbm + kHeadOps * op + gemm;
+    head.b_compute = flops / peak + 2 * logits / hbm + kHeadOps * op + gemm;
+    head.w_compute = flops / peak + gemm;
   }
 
   const Link& pp_link = group_link(plan, "pp", c);
@@ -398,6 +430,12 @@ TimePrediction TimeModel::evaluate(const ParallelPlan& plan, bool bound_only) {
     t.parts.offload = std::max({cpu, pcie, nvme});
   } else {
     t.parts.optimizer = local * kAdamBytes / hbm;
+  }
+  // Gradient norm, AdamW and zeroing walk the parameter tensors one kernel call each.
+  {
+    const double stage_layers = static_cast<double>(cfg.n_layer) / pp;
+    t.parts.optimizer +=
+        3 * op * (stage_layers * calls.param_tensors + calls.outside_tensors / (pp > 1 ? 2 : 1));
   }
 
   t.step_time = t.parts.total();

@@ -1,0 +1,427 @@
+#include "plan/calibrate.h"
+
+#include <fcntl.h>
+#include <mpi.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "base/error.h"
+#include "base/thread_pool.h"
+#include "engine/ops.h"
+#include "engine/tensor.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/isa_env.h"
+#include "parallel/comm/mpi_communicator.h"
+
+namespace mammoth::plan {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using engine::Tensor;
+
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// Seconds per call of `fn`: batches of calls long enough to read the clock well (`batch_s`),
+// the median of `rounds` batches after one warm-up call, so a neighbour's burst on a shared
+// machine moves the figure less than a mean would.
+double time_call(const std::function<void()>& fn, int rounds, double batch_s) {
+  fn();
+  auto t0 = Clock::now();
+  fn();
+  const double one = std::max(since(t0), 1e-7);
+  const int64_t n = std::max<int64_t>(1, static_cast<int64_t>(batch_s / one));
+  std::vector<double> per;
+  for (int r = 0; r < rounds; ++r) {
+    t0 = Clock::now();
+    for (int64_t i = 0; i < n; ++i) fn();
+    per.push_back(since(t0) / static_cast<double>(n));
+  }
+  std::sort(per.begin(), per.end());
+  return per[per.size() / 2];
+}
+
+// y = a + b x by least squares; a is kept >= 0 (a fixed cost cannot be negative).
+std::pair<double, double> fit_line(const std::vector<std::pair<double, double>>& pts) {
+  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+  const double n = static_cast<double>(pts.size());
+  for (const auto& [x, y] : pts) {
+    sx += x;
+    sy += y;
+    sxx += x * x;
+    sxy += x * y;
+  }
+  double b = (n * sxy - sx * sy) / std::max(n * sxx - sx * sx, 1e-300);
+  double a = (sy - b * sx) / n;
+  if (a < 0) {  // refit through the origin
+    a = 0;
+    b = sxy / std::max(sxx, 1e-300);
+  }
+  return {a, b};
+}
+
+json::Value points_json(const std::vector<std::pair<double, double>>& pts) {
+  json::Value arr = json::Value::array();
+  for (const auto& [x, y] : pts) arr.push_back(json::Value::array().push_back(x).push_back(y));
+  return arr;
+}
+
+// One core's fp32 FMA rate from registers alone: 12 independent chains cover the FMA latency
+// times the pipes, so this is the core's peak, not a memory figure.
+double fma_peak_one_core() {
+  const bool zmm = __builtin_cpu_supports("avx512f");
+  const int64_t iters = 2000000;
+  auto t0 = Clock::now();
+  for (int64_t it = 0; it < iters; ++it) {
+    if (zmm) {
+      asm volatile(
+          "vfmadd231ps %%zmm0, %%zmm1, %%zmm2\n vfmadd231ps %%zmm0, %%zmm1, %%zmm3\n"
+          "vfmadd231ps %%zmm0, %%zmm1, %%zmm4\n vfmadd231ps %%zmm0, %%zmm1, %%zmm5\n"
+          "vfmadd231ps %%zmm0, %%zmm1, %%zmm6\n vfmadd231ps %%zmm0, %%zmm1, %%zmm7\n"
+          "vfmadd231ps %%zmm0, %%zmm1, %%zmm8\n vfmadd231ps %%zmm0, %%zmm1, %%zmm9\n"
+          "vfmadd231ps %%zmm0, %%zmm1, %%zmm10\n vfmadd231ps %%zmm0, %%zmm1, %%zmm11\n"
+          "vfmadd231ps %%zmm0, %%zmm1, %%zmm12\n vfmadd231ps %%zmm0, %%zmm1, %%zmm13\n" ::
+              : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
+                "xmm10", "xmm11", "xmm12", "xmm13");
+    } else {
+      asm volatile(
+          "vfmadd231ps %%ymm0, %%ymm1, %%ymm2\n vfmadd231ps %%ymm0, %%ymm1, %%ymm3\n"
+          "vfmadd231ps %%ymm0, %%ymm1, %%ymm4\n vfmadd231ps %%ymm0, %%ymm1, %%ymm5\n"
+          "vfmadd231ps %%ymm0, %%ymm1, %%ymm6\n vfmadd231ps %%ymm0, %%ymm1, %%ymm7\n"
+          "vfmadd231ps %%ymm0, %%ymm1, %%ymm8\n vfmadd231ps %%ymm0, %%ymm1, %%ymm9\n"
+          "vfmadd231ps %%ymm0, %%ymm1, %%ymm10\n vfmadd231ps %%ymm0, %%ymm1, %%ymm11\n"
+          "vfmadd231ps %%ymm0, %%ymm1, %%ymm12\n vfmadd231ps %%ymm0, %%ymm1, %%ymm13\n" ::
+              : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
+                "xmm10", "xmm11", "xmm12", "xmm13");
+    }
+  }
+  return 2.0 * (zmm ? 16 : 8) * 12 * static_cast<double>(iters) / since(t0);
+}
+
+struct GemmFit {
+  double call = 0, rate = 0;
+  json::Value points;
+};
+
+// The engine's sgemm at the GEMMs of a transformer block: tokens T x width pairs (N, K) as the
+// forward (NN: T x N x K), the input gradient (NT: T x K x N) and the weight gradient
+// (TN: K x N x T).
+GemmFit measure_gemm(bool quick) {
+  namespace kc = kernels::cpu;
+  const std::vector<int64_t> tokens =
+      quick ? std::vector<int64_t>{64, 512} : std::vector<int64_t>{64, 256, 1024, 2048};
+  const std::vector<std::pair<int64_t, int64_t>> widths = {
+      {384, 128}, {128, 128}, {512, 128}, {128, 512}, {1024, 128}};
+  std::vector<std::pair<double, double>> pts;
+  for (int64_t T : tokens) {
+    for (const auto& [N, K] : widths) {
+      struct G {
+        bool ta, tb;
+        int64_t m, n, k;
+      };
+      for (const G& g :
+           {G{false, false, T, N, K}, G{false, true, T, K, N}, G{true, false, K, N, T}}) {
+        std::vector<float> a(static_cast<size_t>(g.m * g.k), 0.5f);
+        std::vector<float> b(static_cast<size_t>(g.k * g.n), 0.25f);
+        std::vector<float> c(static_cast<size_t>(g.m * g.n));
+        const int64_t lda = g.ta ? g.m : g.k, ldb = g.tb ? g.k : g.n;
+        const double t = time_call(
+            [&] {
+              kc::sgemm(g.ta, g.tb, g.m, g.n, g.k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f,
+                        c.data(), g.n);
+            },
+            quick ? 3 : 5, quick ? 0.004 : 0.01);
+        pts.push_back({2.0 * static_cast<double>(g.m * g.n * g.k), t});
+      }
+    }
+  }
+  const auto [a, b] = fit_line(pts);
+  return {a, 1.0 / b, points_json(pts)};
+}
+
+struct OpFit {
+  double overhead = 0, bandwidth = 0;
+  json::Value points;
+};
+
+// A chain of `n` scalar multiplies through autograd and its backward: per op, one forward and
+// one backward call, each reading and writing the tensor (16 bytes per element in all).
+OpFit measure_ops(bool quick) {
+  const int n = 40;
+  const std::vector<int64_t> rows =
+      quick ? std::vector<int64_t>{1, 512} : std::vector<int64_t>{1, 64, 512, 2048};
+  std::vector<std::pair<double, double>> pts;
+  for (int64_t r : rows) {
+    Tensor x = Tensor::randn({r, 128}, 7).requires_grad_();
+    const double t = time_call(
+        [&] {
+          Tensor y = x;
+          for (int i = 0; i < n; ++i) y = engine::mul_scalar(y, 1.0001);
+          engine::sum(y).backward();
+          x.zero_grad();
+        },
+        quick ? 3 : 5, quick ? 0.004 : 0.01);
+    pts.push_back({16.0 * static_cast<double>(r * 128), t / n});
+  }
+  const auto [a, b] = fit_line(pts);
+  return {a / 2, 1.0 / b, points_json(pts)};
+}
+
+// engine::attention forward and backward, causal, with the FLOPs the time model counts for it
+// (4 s d per token forward, twice that backward; causal masking is not credited).
+std::pair<double, json::Value> measure_attention(bool quick, double op_overhead) {
+  struct S {
+    int64_t b, h, t, d;
+  };
+  std::vector<S> shapes = {{8, 4, 64, 32}};
+  if (!quick) shapes.push_back({4, 4, 128, 32});
+  std::vector<std::pair<double, double>> pts;
+  double flops_all = 0, time_all = 0;
+  for (const S& s : shapes) {
+    Tensor q = Tensor::randn({s.b, s.h, s.t, s.d}, 1).requires_grad_();
+    Tensor k = Tensor::randn({s.b, s.h, s.t, s.d}, 2).requires_grad_();
+    Tensor v = Tensor::randn({s.b, s.h, s.t, s.d}, 3).requires_grad_();
+    const double t = time_call(
+        [&] {
+          engine::sum(engine::attention(q, k, v, {.causal = true})).backward();
+          q.zero_grad();
+          k.zero_grad();
+          v.zero_grad();
+        },
+        quick ? 3 : 5, quick ? 0.004 : 0.01);
+    const double flops = 3.0 * 4.0 * static_cast<double>(s.t * s.h * s.d * s.b * s.t);
+    pts.push_back({flops, t});
+    flops_all += flops;
+    time_all += std::max(t - 4 * op_overhead, t / 2);
+  }
+  return {flops_all / time_all, points_json(pts)};
+}
+
+double measure_copy_bandwidth(bool quick) {
+  const size_t bytes = (quick ? 32u : 64u) << 20;
+  std::vector<char> a(bytes, 1), b(bytes, 2);
+  const double t = time_call([&] { std::memcpy(b.data(), a.data(), bytes); }, quick ? 3 : 5, 0.02);
+  return 2.0 * static_cast<double>(bytes) / t;  // read + write
+}
+
+struct DiskFit {
+  double write_bw = 0, read_bw = 0, latency = 0;
+};
+
+DiskFit measure_disk(const std::string& dir, bool quick) {
+  DiskFit d;
+  const std::string path = dir + "/mammoth_calibrate_" + std::to_string(getpid()) + ".bin";
+  const size_t bytes = (quick ? 16u : 64u) << 20;
+  std::vector<char> buf(bytes, 3);
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+  if (fd < 0) return d;
+  auto t0 = Clock::now();
+  const bool wrote =
+      pwrite(fd, buf.data(), bytes, 0) == static_cast<ssize_t>(bytes) && fdatasync(fd) == 0;
+  d.write_bw = wrote ? static_cast<double>(bytes) / since(t0) : 0;
+  posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  t0 = Clock::now();
+  const bool read_ok = pread(fd, buf.data(), bytes, 0) == static_cast<ssize_t>(bytes);
+  d.read_bw = read_ok ? static_cast<double>(bytes) / since(t0) : 0;
+  // One small synchronous write: what a single chunk's round trip costs at least.
+  t0 = Clock::now();
+  const bool small = pwrite(fd, buf.data(), 4096, 0) == 4096 && fdatasync(fd) == 0;
+  d.latency = small ? since(t0) : 0;
+  close(fd);
+  unlink(path.c_str());
+  return d;
+}
+
+int64_t mem_total_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit) {
+    if (key == "MemTotal:") return kb * 1024;
+  }
+  return int64_t{8} << 30;
+}
+
+std::string scratch(const CalibrateOptions& o) {
+  if (!o.scratch_dir.empty()) return o.scratch_dir;
+  const char* t = std::getenv("TMPDIR");
+  return t && *t ? t : "/var/tmp";
+}
+
+// The communication figures from an MPI job of two ranks of this binary
+// (`mammoth plan --calibrate-comm --out FILE`), or from this process's own world.
+json::Value comm_figures(const CalibrateOptions& o) {
+  const char* world = std::getenv("OMPI_COMM_WORLD_SIZE");
+  if (world != nullptr && std::atoi(world) >= 2) return calibrate_comm(o.quick);
+  if (o.mpirun.empty() || o.mpirun == "none") return json::Value();
+  std::error_code ec;
+  const std::string exe = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  if (ec) return json::Value();
+  const std::string out = scratch(o) + "/mammoth_calibrate_comm_" + std::to_string(getpid());
+  const std::string cmd = o.mpirun + " -np 2 " + exe + " plan --calibrate-comm --out " + out +
+                          ".json" + (o.quick ? " --quick" : "") + " > " + out + ".log 2>&1";
+  const int rc = std::system(cmd.c_str());
+  json::Value v;
+  if (rc == 0 && std::filesystem::exists(out + ".json")) {
+    v = json::parse_file(out + ".json");
+  } else if (o.verbose) {
+    std::fprintf(stderr, "[calibrate] '%s' failed (exit %d); see %s.log\n", cmd.c_str(), rc,
+                 out.c_str());
+  }
+  std::filesystem::remove(out + ".json", ec);
+  if (rc == 0) std::filesystem::remove(out + ".log", ec);
+  return v;
+}
+
+}  // namespace
+
+json::Value calibrate_comm(bool quick) {
+  parallel::mpi_runtime();
+  MPI_Comm comm = MPI_COMM_WORLD;
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  MAMMOTH_CHECK(size >= 2) << "[calibrate] the communication figures need >= 2 ranks, got " << size;
+  std::vector<int64_t> sizes = {8, 512, 4096, 32768, 262144, 1048576};
+  if (!quick) sizes.push_back(4194304);
+  std::vector<std::pair<double, double>> pts;
+  for (int64_t bytes : sizes) {
+    const int64_t n = bytes / 4;
+    std::vector<float> buf(static_cast<size_t>(n), 1.0f);
+    // The same iteration count on every rank: fixed by size, about 5 ms each round.
+    const int iters =
+        static_cast<int>(std::clamp<int64_t>(2000000 / (bytes + 20000), 3, quick ? 100 : 300));
+    std::vector<double> rounds;
+    for (int r = 0; r < (quick ? 3 : 5); ++r) {
+      MPI_Barrier(comm);
+      auto t0 = Clock::now();
+      for (int i = 0; i < iters; ++i)
+        MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, comm);
+      double t = since(t0) / iters;
+      MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, comm);
+      rounds.push_back(t);
+    }
+    std::sort(rounds.begin(), rounds.end());
+    pts.push_back({static_cast<double>(bytes), rounds[rounds.size() / 2]});
+  }
+  // The time model's ring all-reduce on n ranks: 2 (n-1)/n bytes / bw + 2 (n-1) latency.
+  const double nn = static_cast<double>(size);
+  const auto [a, b] = fit_line(pts);
+  return json::Value::object()
+      .set("ranks", size)
+      .set("GBps", 2 * (nn - 1) / nn / b / 1e9)
+      .set("latency_us", a / (2 * (nn - 1)) * 1e6)
+      .set("points", points_json(pts));
+}
+
+Cluster calibrate_this_machine(const CalibrateOptions& o) {
+  MAMMOTH_CHECK(o.threads_per_rank >= 1)
+      << "[calibrate] threads_per_rank must be >= 1, got " << o.threads_per_rank;
+  const auto start = Clock::now();
+  const int saved_threads = num_threads();
+  set_num_threads(o.threads_per_rank);
+  auto say = [&](const char* what, double value, const char* unit) {
+    if (o.verbose) std::fprintf(stderr, "[calibrate] %-34s %10.4g %s\n", what, value, unit);
+  };
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int devices = std::max(1, cores / o.threads_per_rank);
+
+  double core_peak = 0;
+  for (int r = 0; r < 3; ++r) core_peak = std::max(core_peak, fma_peak_one_core());
+  const double peak = core_peak * o.threads_per_rank;
+  say("fp32 FMA peak per rank", peak / 1e9, "GFLOP/s");
+  const GemmFit gemm = measure_gemm(o.quick);
+  say("sgemm sustained rate", gemm.rate / 1e9, "GFLOP/s");
+  say("sgemm per-call cost", gemm.call * 1e6, "us");
+  const OpFit ops = measure_ops(o.quick);
+  say("engine op per-call cost", ops.overhead * 1e6, "us");
+  say("engine op bandwidth (in cache)", ops.bandwidth / 1e9, "GB/s");
+  const auto [attn_rate, attn_points] = measure_attention(o.quick, ops.overhead);
+  say("attention fwd+bwd rate", attn_rate / 1e9, "GFLOP/s");
+  const double copy_bw = measure_copy_bandwidth(o.quick);
+  say("memcpy bandwidth (64 MiB)", copy_bw / 1e9, "GB/s");
+  const std::string dir = scratch(o);
+  const DiskFit disk = measure_disk(dir, o.quick);
+  say("disk write (fsync)", disk.write_bw / 1e9, "GB/s");
+  say("disk read (cache dropped)", disk.read_bw / 1e9, "GB/s");
+  set_num_threads(saved_threads);
+  const json::Value comm = comm_figures(o);
+  Link net{copy_bw / 2, 1e-6};
+  if (comm.is_object()) {
+    net = {comm.at("GBps").as_double() * 1e9, comm.at("latency_us").as_double() * 1e-6};
+    say("MPI all-reduce bandwidth (2 ranks)", net.bandwidth / 1e9, "GB/s");
+    say("MPI all-reduce latency (2 ranks)", net.latency * 1e6, "us");
+  }
+
+  Cluster c;
+  c.name = "calibrated_" + std::to_string(cores) + "core";
+  c.description = "measured by `mammoth plan --calibrate` on this machine: one rank = " +
+                  std::to_string(o.threads_per_rank) + " CPU thread(s), " +
+                  std::to_string(devices) + " ranks on " + std::to_string(cores) + " cores, " +
+                  kernels::cpu::gemm_isa_name(kernels::cpu::active_gemm_isa()) +
+                  " kernels; see \"calibration\"";
+  c.devices_per_node = devices;
+  c.nodes = 1;
+  // The CPU computes every dtype in fp32 FMAs (bf16 GEMMs widen to fp32).
+  c.peak_fp32 = c.peak_tf32 = c.peak_bf16 = c.peak_fp16 = peak;
+  c.matmul_efficiency = std::clamp(gemm.rate / peak, 1e-3, 1.0);
+  c.matmul_efficiency_source = "sgemm at transformer block shapes on this machine (calibrated)";
+  const int64_t mem = mem_total_bytes();
+  c.host_memory = mem;
+  c.device_memory = mem / devices;
+  struct statvfs fs {};
+  c.nvme_capacity =
+      statvfs(dir.c_str(), &fs) == 0 ? static_cast<int64_t>(fs.f_bavail) * fs.f_frsize : 1;
+  c.nvme_capacity = std::max<int64_t>(c.nvme_capacity, 1 << 20);
+  c.device_memory_bandwidth = ops.bandwidth;
+  c.host_memory_bandwidth = copy_bw;
+  c.intra_node = c.inter_node = net;
+  c.pcie = {copy_bw / 2, ops.overhead};
+  const double disk_bw = disk.write_bw > 0 && disk.read_bw > 0
+                             ? 2 / (1 / disk.write_bw + 1 / disk.read_bw)
+                             : copy_bw / 10;
+  c.nvme = {disk_bw, disk.latency > 0 ? disk.latency : 1e-4};
+  c.op_overhead = ops.overhead;
+  c.gemm_call_overhead = gemm.call;
+  c.attention_rate = attn_rate;
+  c.calibration =
+      json::Value::object()
+          .set("what",
+               "fma peak: register FMA loop x threads; sgemm: kernels/cpu sgemm at T x (N, K) "
+               "fwd/dx/dw, time = call + flops / rate ([flops, s] points); ops: autograd chain of "
+               "mul_scalar fwd+bwd, time per op = 2 overhead + bytes / bw ([bytes, s]); "
+               "attention: engine::attention fwd+bwd ([flops, s]); comm: MPI_Allreduce 2 local "
+               "ranks ([bytes, s]); disk: 1 write+fsync, 1 read after fadvise(DONTNEED)")
+          .set("quick", o.quick)
+          .set("threads_per_rank", o.threads_per_rank)
+          .set("cores", cores)
+          .set("core_fma_peak_GFLOPs", core_peak / 1e9)
+          .set("sgemm_GFLOPs", gemm.rate / 1e9)
+          .set("sgemm_points", gemm.points)
+          .set("op_points", ops.points)
+          .set("attention_points", attn_points)
+          .set("memcpy_GBps", copy_bw / 1e9)
+          .set("disk_write_GBps", disk.write_bw / 1e9)
+          .set("disk_read_GBps", disk.read_bw / 1e9)
+          .set("comm", comm)
+          .set("seconds", since(start));
+  say("calibration took", since(start), "s");
+  return c;
+}
+
+}  // namespace mammoth::plan

@@ -1,0 +1,50 @@
+// Calibration: a cluster description of this machine, measured, for planning CPU runs here
+// (`mammoth plan --calibrate`, `mammoth train --plan auto`, `mammoth bench plan`).
+//
+// One rank is `threads_per_rank` CPU threads, so devices_per_node = cores / threads_per_rank and
+// nodes = 1. What is measured, each in well under a second (the whole under ~20 s, --quick ~5 s):
+//   peak_tflops        a register-only FMA loop on one core (ymm; zmm where AVX-512 runs), x
+//   threads matmul_efficiency  the engine's sgemm (kernels/cpu) at transformer shapes (tokens
+//   64-2048 x gemm_call_us       d_model 128-512, forward NN, input-gradient NT, weight-gradient
+//   TN), as
+//                      time = call + FLOPs / rate by least squares: rate / peak, and call
+//   op_overhead_us     engine ops through autograd, forward and backward, on tensors small
+//   device_memory_GBps enough that the data costs nothing, and on activation-sized ones
+//                      (tokens x 128 floats): time = ops x overhead + bytes / bandwidth
+//   attention_GFLOPs   engine::attention forward + backward (causal, fused) at seq 64-128
+//   host_memory_GBps   a STREAM-style copy over 64 MiB (past the caches)
+//   links              MPI_Allreduce between two local ranks, 8 B - 4 MiB, fitted to the ring
+//                      formula the time model uses (2 ranks: bytes / bandwidth + 2 latency);
+//                      intra_node, inter_node and pcie all get it (one node; "device" memory is
+//                      host memory). It runs `mpirun -np 2` on this binary unless this process
+//                      already has a world of >= 2 ranks (then every rank must call this).
+//   nvme               a file written with fsync and read back from the page-cache-dropped file
+// The file says what was measured in "calibration", with the raw points.
+#pragma once
+
+#include <string>
+
+#include "base/json.h"
+#include "plan/cluster.h"
+
+namespace mammoth::plan {
+
+struct CalibrateOptions {
+  bool quick = false;        // fewer shapes and repetitions (~5 s)
+  int threads_per_rank = 1;  // CPU threads one rank runs (train --threads)
+  // How to start two ranks of this binary for the communication figures ("" or "none": skip,
+  // leaving a shared-memory copy's rate and latency).
+  std::string mpirun = "mpirun --oversubscribe --allow-run-as-root";
+  std::string scratch_dir;  // for the NVMe figure and the MPI child's output ("": $TMPDIR)
+  bool verbose = true;      // print each figure to stderr as it is measured
+};
+
+// Measures this machine; see the header comment. Sets the calling thread pool's size to
+// threads_per_rank while it measures and restores it after.
+Cluster calibrate_this_machine(const CalibrateOptions& options = {});
+
+// The communication measurement, run on every rank of an MPI world of >= 2 ranks: MPI_Allreduce
+// times per size, fitted. Returns {"GBps", "latency_us", "points": [[bytes, seconds]...]}.
+json::Value calibrate_comm(bool quick);
+
+}  // namespace mammoth::plan
