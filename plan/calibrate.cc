@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <mpi.h>
 #include <sys/statvfs.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -36,23 +37,36 @@ double since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
+// The clock compute figures are read on. With one thread per rank, the calling thread's CPU
+// time: on a machine shared with other jobs a neighbour that takes the core away stops this
+// clock too, so the figure is the machine's own rate (`mammoth bench plan` normalises training
+// steps to the CPU time their processes got for the same reason). With more threads, wall time.
+bool g_thread_clock = true;
+
+double now_s() {
+  if (g_thread_clock) {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+  }
+  return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+}
+
 // Seconds per call of `fn`: batches of calls long enough to read the clock well (`batch_s`),
-// the median of `rounds` batches after one warm-up call, so a neighbour's burst on a shared
-// machine moves the figure less than a mean would.
+// the best of `rounds` batches after one warm-up call.
 double time_call(const std::function<void()>& fn, int rounds, double batch_s) {
   fn();
-  auto t0 = Clock::now();
+  double t0 = now_s();
   fn();
-  const double one = std::max(since(t0), 1e-7);
+  const double one = std::max(now_s() - t0, 1e-7);
   const int64_t n = std::max<int64_t>(1, static_cast<int64_t>(batch_s / one));
   std::vector<double> per;
   for (int r = 0; r < rounds; ++r) {
-    t0 = Clock::now();
+    t0 = now_s();
     for (int64_t i = 0; i < n; ++i) fn();
-    per.push_back(since(t0) / static_cast<double>(n));
+    per.push_back((now_s() - t0) / static_cast<double>(n));
   }
-  std::sort(per.begin(), per.end());
-  return per[per.size() / 2];
+  return *std::min_element(per.begin(), per.end());
 }
 
 // y = a + b x by least squares; a is kept >= 0 (a fixed cost cannot be negative).
@@ -85,7 +99,7 @@ json::Value points_json(const std::vector<std::pair<double, double>>& pts) {
 double fma_peak_one_core() {
   const bool zmm = __builtin_cpu_supports("avx512f");
   const int64_t iters = 2000000;
-  auto t0 = Clock::now();
+  const double t0 = now_s();
   for (int64_t it = 0; it < iters; ++it) {
     if (zmm) {
       asm volatile(
@@ -109,32 +123,36 @@ double fma_peak_one_core() {
                 "xmm10", "xmm11", "xmm12", "xmm13");
     }
   }
-  return 2.0 * (zmm ? 16 : 8) * 12 * static_cast<double>(iters) / since(t0);
+  return 2.0 * (zmm ? 16 : 8) * 12 * static_cast<double>(iters) / (now_s() - t0);
 }
 
 struct GemmFit {
   double call = 0, rate = 0;
+  std::vector<std::pair<double, double>> by_dim;  // (smallest dimension, FLOP/s)
   json::Value points;
 };
 
-// The engine's sgemm at the GEMMs of a transformer block: tokens T x width pairs (N, K) as the
-// forward (NN: T x N x K), the input gradient (NT: T x K x N) and the weight gradient
-// (TN: K x N x T).
+// The engine's sgemm at the GEMMs of transformer blocks of width w (16-256) on 512 tokens:
+// linear layers w -> 4w, 4w -> w and w -> 3w, each as the forward (NN: T x out x in), the input
+// gradient (NT: T x in x out) and the weight gradient (TN: in x out x T). Per width, the rate
+// of the nine together (their calls included) is the rate of a GEMM whose smallest dimension
+// is w; over all of them, time = call + FLOPs / rate by least squares.
 GemmFit measure_gemm(bool quick) {
   namespace kc = kernels::cpu;
-  const std::vector<int64_t> tokens =
-      quick ? std::vector<int64_t>{64, 512} : std::vector<int64_t>{64, 256, 1024, 2048};
-  const std::vector<std::pair<int64_t, int64_t>> widths = {
-      {384, 128}, {128, 128}, {512, 128}, {128, 512}, {1024, 128}};
+  const std::vector<int64_t> widths =
+      quick ? std::vector<int64_t>{16, 64, 128} : std::vector<int64_t>{16, 32, 64, 128, 256};
+  const int64_t T = 512;
+  GemmFit fit;
   std::vector<std::pair<double, double>> pts;
-  for (int64_t T : tokens) {
-    for (const auto& [N, K] : widths) {
+  for (int64_t w : widths) {
+    double flops_w = 0, time_w = 0;
+    for (const auto& [in, out] : {std::pair{w, 4 * w}, std::pair{4 * w, w}, std::pair{w, 3 * w}}) {
       struct G {
         bool ta, tb;
         int64_t m, n, k;
       };
       for (const G& g :
-           {G{false, false, T, N, K}, G{false, true, T, K, N}, G{true, false, K, N, T}}) {
+           {G{false, false, T, out, in}, G{false, true, T, in, out}, G{true, false, in, out, T}}) {
         std::vector<float> a(static_cast<size_t>(g.m * g.k), 0.5f);
         std::vector<float> b(static_cast<size_t>(g.k * g.n), 0.25f);
         std::vector<float> c(static_cast<size_t>(g.m * g.n));
@@ -144,13 +162,20 @@ GemmFit measure_gemm(bool quick) {
               kc::sgemm(g.ta, g.tb, g.m, g.n, g.k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f,
                         c.data(), g.n);
             },
-            quick ? 3 : 5, quick ? 0.004 : 0.01);
-        pts.push_back({2.0 * static_cast<double>(g.m * g.n * g.k), t});
+            quick ? 3 : 5, quick ? 0.002 : 0.003);
+        const double flops = 2.0 * static_cast<double>(g.m * g.n * g.k);
+        pts.push_back({flops, t});
+        flops_w += flops;
+        time_w += t;
       }
     }
+    fit.by_dim.push_back({static_cast<double>(w), flops_w / time_w});
   }
   const auto [a, b] = fit_line(pts);
-  return {a, 1.0 / b, points_json(pts)};
+  fit.call = a;
+  fit.rate = 1.0 / b;
+  fit.points = points_json(pts);
+  return fit;
 }
 
 struct OpFit {
@@ -177,24 +202,27 @@ OpFit measure_ops(bool quick) {
         quick ? 3 : 5, quick ? 0.004 : 0.01);
     pts.push_back({16.0 * static_cast<double>(r * 128), t / n});
   }
-  const auto [a, b] = fit_line(pts);
-  return {a / 2, 1.0 / b, points_json(pts)};
+  // The overhead from the smallest tensor (one row: its data costs nanoseconds), the bandwidth
+  // from the two largest; a least-squares line lets the large tensors' noise set the intercept.
+  const auto& [b1, t1] = pts[pts.size() - 2];
+  const auto& [b2, t2] = pts.back();
+  const double per_byte = t2 > t1 ? (t2 - t1) / (b2 - b1) : t2 / b2;
+  return {pts.front().second / 2, 1.0 / per_byte, points_json(pts)};
 }
 
-// engine::attention forward and backward, causal, with the FLOPs the time model counts for it
-// (4 s d per token forward, twice that backward; causal masking is not credited).
-std::pair<double, json::Value> measure_attention(bool quick, double op_overhead) {
-  struct S {
-    int64_t b, h, t, d;
-  };
-  std::vector<S> shapes = {{8, 4, 64, 32}};
-  if (!quick) shapes.push_back({4, 4, 128, 32});
-  std::vector<std::pair<double, double>> pts;
-  double flops_all = 0, time_all = 0;
-  for (const S& s : shapes) {
-    Tensor q = Tensor::randn({s.b, s.h, s.t, s.d}, 1).requires_grad_();
-    Tensor k = Tensor::randn({s.b, s.h, s.t, s.d}, 2).requires_grad_();
-    Tensor v = Tensor::randn({s.b, s.h, s.t, s.d}, 3).requires_grad_();
+// engine::attention forward and backward, causal, 8 x 4 heads x 64 tokens at head sizes 16-64,
+// with the FLOPs the time model counts for it (4 s d per token forward, twice that backward;
+// causal masking is not credited): (head size, FLOP/s).
+std::vector<std::pair<double, double>> measure_attention(bool quick, double op_overhead,
+                                                         json::Value& points) {
+  const std::vector<int64_t> dims =
+      quick ? std::vector<int64_t>{16, 32} : std::vector<int64_t>{16, 32, 64};
+  std::vector<std::pair<double, double>> pts, rates;
+  const int64_t B = 8, H = 4, T = 64;
+  for (int64_t d : dims) {
+    Tensor q = Tensor::randn({B, H, T, d}, 1).requires_grad_();
+    Tensor k = Tensor::randn({B, H, T, d}, 2).requires_grad_();
+    Tensor v = Tensor::randn({B, H, T, d}, 3).requires_grad_();
     const double t = time_call(
         [&] {
           engine::sum(engine::attention(q, k, v, {.causal = true})).backward();
@@ -202,13 +230,14 @@ std::pair<double, json::Value> measure_attention(bool quick, double op_overhead)
           k.zero_grad();
           v.zero_grad();
         },
-        quick ? 3 : 5, quick ? 0.004 : 0.01);
-    const double flops = 3.0 * 4.0 * static_cast<double>(s.t * s.h * s.d * s.b * s.t);
+        quick ? 3 : 5, quick ? 0.003 : 0.005);
+    const double flops = 3.0 * 4.0 * static_cast<double>(T * H * d * B * T);
     pts.push_back({flops, t});
-    flops_all += flops;
-    time_all += std::max(t - 4 * op_overhead, t / 2);
+    // The attention op and the sum, forward and backward, are op calls the model counts apart.
+    rates.push_back({static_cast<double>(d), flops / std::max(t - 4 * op_overhead, t / 2)});
   }
-  return {flops_all / time_all, points_json(pts)};
+  points = points_json(pts);
+  return rates;
 }
 
 double measure_copy_bandwidth(bool quick) {
@@ -305,9 +334,9 @@ json::Value calibrate_comm(bool quick) {
     std::vector<float> buf(static_cast<size_t>(n), 1.0f);
     // The same iteration count on every rank: fixed by size, about 5 ms each round.
     const int iters =
-        static_cast<int>(std::clamp<int64_t>(2000000 / (bytes + 20000), 3, quick ? 100 : 300));
+        static_cast<int>(std::clamp<int64_t>(1000000 / (bytes + 20000), 3, quick ? 50 : 100));
     std::vector<double> rounds;
-    for (int r = 0; r < (quick ? 3 : 5); ++r) {
+    for (int r = 0; r < (quick ? 3 : 7); ++r) {
       MPI_Barrier(comm);
       auto t0 = Clock::now();
       for (int i = 0; i < iters; ++i)
@@ -319,13 +348,21 @@ json::Value calibrate_comm(bool quick) {
     std::sort(rounds.begin(), rounds.end());
     pts.push_back({static_cast<double>(bytes), rounds[rounds.size() / 2]});
   }
-  // The time model's ring all-reduce on n ranks: 2 (n-1)/n bytes / bw + 2 (n-1) latency.
+  // The time model's ring all-reduce on n ranks: 2 (n-1)/n bytes / bw + 2 (n-1) latency. The
+  // latency from the smallest message, the bandwidth from the two largest: a least-squares
+  // line through all of them lets the large messages' noise decide the intercept. Median
+  // rounds, unlike the compute figures' best: a collective waits for its peer, which on a
+  // shared machine is at times descheduled, and a training step that makes dozens of them pays
+  // that wait on average, where its unsynchronised compute can run at the machine's best.
   const double nn = static_cast<double>(size);
-  const auto [a, b] = fit_line(pts);
+  const double latency = pts.front().second / (2 * (nn - 1));
+  const auto& [b1, t1] = pts[pts.size() - 2];
+  const auto& [b2, t2] = pts.back();
+  const double per_byte = t2 > t1 ? (t2 - t1) / (b2 - b1) : t2 / b2;
   return json::Value::object()
       .set("ranks", size)
-      .set("GBps", 2 * (nn - 1) / nn / b / 1e9)
-      .set("latency_us", a / (2 * (nn - 1)) * 1e6)
+      .set("GBps", 2 * (nn - 1) / nn / per_byte / 1e9)
+      .set("latency_us", latency * 1e6)
       .set("points", points_json(pts));
 }
 
@@ -335,6 +372,7 @@ Cluster calibrate_this_machine(const CalibrateOptions& o) {
   const auto start = Clock::now();
   const int saved_threads = num_threads();
   set_num_threads(o.threads_per_rank);
+  g_thread_clock = o.threads_per_rank == 1;
   auto say = [&](const char* what, double value, const char* unit) {
     if (o.verbose) std::fprintf(stderr, "[calibrate] %-34s %10.4g %s\n", what, value, unit);
   };
@@ -351,8 +389,17 @@ Cluster calibrate_this_machine(const CalibrateOptions& o) {
   const OpFit ops = measure_ops(o.quick);
   say("engine op per-call cost", ops.overhead * 1e6, "us");
   say("engine op bandwidth (in cache)", ops.bandwidth / 1e9, "GB/s");
-  const auto [attn_rate, attn_points] = measure_attention(o.quick, ops.overhead);
-  say("attention fwd+bwd rate", attn_rate / 1e9, "GFLOP/s");
+  json::Value attn_points;
+  const std::vector<std::pair<double, double>> attn =
+      measure_attention(o.quick, ops.overhead, attn_points);
+  for (const auto& [d, r] : attn) {
+    const std::string what = "attention rate, head size " + std::to_string(int(d));
+    say(what.c_str(), r / 1e9, "GFLOP/s");
+  }
+  for (const auto& [d, r] : gemm.by_dim) {
+    const std::string what = "sgemm rate, smallest dim " + std::to_string(int(d));
+    say(what.c_str(), r / 1e9, "GFLOP/s");
+  }
   const double copy_bw = measure_copy_bandwidth(o.quick);
   say("memcpy bandwidth (64 MiB)", copy_bw / 1e9, "GB/s");
   const std::string dir = scratch(o);
@@ -398,7 +445,9 @@ Cluster calibrate_this_machine(const CalibrateOptions& o) {
   c.nvme = {disk_bw, disk.latency > 0 ? disk.latency : 1e-4};
   c.op_overhead = ops.overhead;
   c.gemm_call_overhead = gemm.call;
-  c.attention_rate = attn_rate;
+  c.attention_rate = attn.back().second;
+  c.attention_rates = attn;
+  c.gemm_rates = gemm.by_dim;
   c.calibration =
       json::Value::object()
           .set("what",

@@ -2,24 +2,27 @@
 // (`mammoth plan --calibrate`, `mammoth train --plan auto`, `mammoth bench plan`).
 //
 // One rank is `threads_per_rank` CPU threads, so devices_per_node = cores / threads_per_rank and
-// nodes = 1. What is measured, each in well under a second (the whole under ~20 s, --quick ~5 s):
-//   peak_tflops        a register-only FMA loop on one core (ymm; zmm where AVX-512 runs), x
-//   threads matmul_efficiency  the engine's sgemm (kernels/cpu) at transformer shapes (tokens
-//   64-2048 x gemm_call_us       d_model 128-512, forward NN, input-gradient NT, weight-gradient
-//   TN), as
-//                      time = call + FLOPs / rate by least squares: rate / peak, and call
-//   op_overhead_us     engine ops through autograd, forward and backward, on tensors small
-//   device_memory_GBps enough that the data costs nothing, and on activation-sized ones
-//                      (tokens x 128 floats): time = ops x overhead + bytes / bandwidth
-//   attention_GFLOPs   engine::attention forward + backward (causal, fused) at seq 64-128
-//   host_memory_GBps   a STREAM-style copy over 64 MiB (past the caches)
-//   links              MPI_Allreduce between two local ranks, 8 B - 4 MiB, fitted to the ring
-//                      formula the time model uses (2 ranks: bytes / bandwidth + 2 latency);
-//                      intra_node, inter_node and pcie all get it (one node; "device" memory is
-//                      host memory). It runs `mpirun -np 2` on this binary unless this process
-//                      already has a world of >= 2 ranks (then every rank must call this).
-//   nvme               a file written with fsync and read back from the page-cache-dropped file
-// The file says what was measured in "calibration", with the raw points.
+// nodes = 1. What is measured (the whole under ~20 s, --quick ~5 s), by cluster key:
+//   peak_tflops: a register-only FMA loop on one core (ymm; zmm where AVX-512 runs) x threads.
+//   gemm_GFLOPs_by_dim: the engine's sgemm (kernels/cpu) at transformer block GEMMs of width
+//     16-256 on 512 tokens (forward NN, input-gradient NT, weight-gradient TN), the rate by a
+//     GEMM's smallest dimension, calls included. matmul_efficiency and gemm_call_us: the same
+//     points as time = call + FLOPs / rate by least squares (rate / peak, call).
+//   op_overhead_us, device_memory_GBps: a chain of engine ops through autograd, forward and
+//     backward, on tensors of 1 to 2048 x 128 floats: the overhead from one row, the bandwidth
+//     from the two largest (activation-sized tensors, mostly in cache).
+//   attention_GFLOPs_by_head_dim: engine::attention forward + backward (causal, fused), 64
+//     tokens, head sizes 16-64.
+//   host_memory_GBps: a copy of 64 MiB (past the caches).
+//   links: MPI_Allreduce between two local ranks, 8 B - 4 MiB, read as the ring formula the
+//     time model uses (2 ranks: bytes / bandwidth + 2 latency): latency from 8 B, bandwidth
+//     from the two largest sizes. intra_node, inter_node and pcie all get it (one node; the
+//     "device" memory is host memory). It runs `mpirun -np 2` on this binary unless this
+//     process already has a world of >= 2 ranks (then every rank must call this).
+//   nvme: a file written with fsync and read back after dropping it from the page cache.
+// Compute figures keep the best of several rounds (a neighbour on a shared machine only slows
+// them); communication keeps the median (see calibrate_comm). The file says what was measured
+// in "calibration", with the raw points.
 #pragma once
 
 #include <string>

@@ -248,11 +248,31 @@ TimePrediction TimeModel::evaluate(const ParallelPlan& plan, bool bound_only) {
   const BlockCalls calls = block_calls(cfg.family);
   const double op = c.op_overhead, gemm = c.gemm_call_overhead;
   Piece block;
-  block.f_compute =
-      weights / peak + attn_core / attn_rate + mem_f + calls.ops * op + calls.linears * gemm;
-  block.b_compute = weights / peak + 2 * attn_core / attn_rate + 2 * mem_f + calls.ops * op +
-                    calls.linears * gemm;
-  block.w_compute = weights / peak + calls.linears * gemm;
+  if (c.gemm_rates.empty()) {
+    const double attn = attn_core / attn_rate;
+    block.f_compute = weights / peak + attn + mem_f + calls.ops * op + calls.linears * gemm;
+    block.b_compute = weights / peak + 2 * attn + 2 * mem_f + calls.ops * op + calls.linears * gemm;
+    block.w_compute = weights / peak + calls.linears * gemm;
+  } else {
+    // A calibrated GEMM rate depends on the GEMM's shape: each linear layer's forward
+    // (T x out x in), input gradient (T x in x out) and weight gradient (in x out x T).
+    const double t = tokens / seq_div, ff = static_cast<double>(cfg.d_ff);
+    std::vector<std::pair<double, double>> linears;  // (in, out) on this rank
+    if (cfg.family == models::Family::kLlama) {
+      linears = {{h, attn_dim / tp}, {h, kv_dim / tp}, {h, kv_dim / tp}, {attn_dim / tp, h},
+                 {h, ff / tp},       {h, ff / tp},     {ff / tp, h}};
+    } else {
+      linears = {{h, (attn_dim + 2 * kv_dim) / tp}, {attn_dim / tp, h}, {h, ff / tp}, {ff / tp, h}};
+    }
+    const double attn = c.attention_time(attn_core, static_cast<double>(cfg.head_dim()), plan.amp);
+    block.f_compute = attn + mem_f + calls.ops * op;
+    block.b_compute = 2 * attn + 2 * mem_f + calls.ops * op;
+    for (const auto& [in, out] : linears) {
+      block.f_compute += c.gemm_time(t, out, in, plan.amp);
+      block.b_compute += c.gemm_time(t, in, out, plan.amp);
+      block.w_compute += c.gemm_time(in, out, t, plan.amp);
+    }
+  }
   const double act_bytes = tokens * h * elem / seq_div;  // one activation on one rank
   if (tp > 1) {
     const Link& l = group_link(plan, "tp", c);
@@ -288,9 +308,16 @@ TimePrediction TimeModel::evaluate(const ParallelPlan& plan, bool bound_only) {
     const double flops = a.head_flops_per_token_forward * tokens / shard;
     const double logits = 4.0 * tokens * static_cast<double>(cfg.vocab_size) / shard;  // fp32
     // Embedding, final norm, the LM head's GEMM and the cross-entropy.
-    head.f_compute = flops / peak + 2 * logits / hbm + kHeadOps * op + gemm;
-    head.b_compute = flops / peak + 2 * logits / hbm + kHeadOps * op + gemm;
-    head.w_compute = flops / peak + gemm;
+    double f = flops / peak + gemm, dx = f, dw = f;
+    if (!c.gemm_rates.empty()) {
+      const double t = tokens / seq_div, v = static_cast<double>(cfg.vocab_size) / tp;
+      f = c.gemm_time(t, v, h, plan.amp);
+      dx = c.gemm_time(t, h, v, plan.amp);
+      dw = c.gemm_time(h, v, t, plan.amp);
+    }
+    head.f_compute = f + 2 * logits / hbm + kHeadOps * op;
+    head.b_compute = dx + 2 * logits / hbm + kHeadOps * op;
+    head.w_compute = dw;
   }
 
   const Link& pp_link = group_link(plan, "pp", c);

@@ -5,14 +5,19 @@
 // takes the search's first choice (plan::search, CPU-runnable plans) and a spread of valid plans
 // over dp / tp / pp / sp mode / schedule / micro-batch and accumulation / ZeRO / recompute /
 // offload, runs each through `mammoth train --plan FILE --threads 1` (np 2 under mpirun) for a few
-// steps and compares the median measured step time of the steps after the first (from --metrics'
-// tokens_per_s) with plan::predict_time. Nothing measured in training feeds the predictions.
+// steps and compares the measured step time with plan::predict_time. On a machine shared with
+// other jobs the wall time of a step depends on the neighbours, so the default measured figure
+// (--stat cpu) is the median step after the first x the share of the cores the run's processes
+// got (their CPU time / (ranks x wall time)): the step time on cores of its own, which is what
+// calibration's CPU-clock compute figures describe. --stat min / median: the fastest / median
+// wall step. Nothing measured in training feeds the predictions.
 //
 // It prints one row per plan (predicted, measured, error), then the median and worst absolute
 // error, the Spearman rank correlation of predicted and measured times, and, per (model, world),
 // how far the planner's first choice is from the fastest plan measured.
 //
-//   mammoth bench plan [--quick] [--steps N] [--np 1,2] [--models gpt2-tiny,llama-tiny]
+//   mammoth bench plan [--quick] [--steps N] [--stat cpu|min|median] [--np 1,2] [--models
+//   gpt2-tiny,llama-tiny]
 //       [--cluster FILE] [--mpirun "mpirun --oversubscribe --allow-run-as-root"] [--json FILE]
 //       [--keep DIR]
 // --quick: a quick calibration and three plans of gpt2-tiny at np 1 (the test's run).
