@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -69,25 +70,6 @@ double time_call(const std::function<void()>& fn, int rounds, double batch_s) {
   return *std::min_element(per.begin(), per.end());
 }
 
-// y = a + b x by least squares; a is kept >= 0 (a fixed cost cannot be negative).
-std::pair<double, double> fit_line(const std::vector<std::pair<double, double>>& pts) {
-  double sx = 0, sy = 0, sxx = 0, sxy = 0;
-  const double n = static_cast<double>(pts.size());
-  for (const auto& [x, y] : pts) {
-    sx += x;
-    sy += y;
-    sxx += x * x;
-    sxy += x * y;
-  }
-  double b = (n * sxy - sx * sy) / std::max(n * sxx - sx * sx, 1e-300);
-  double a = (sy - b * sx) / n;
-  if (a < 0) {  // refit through the origin
-    a = 0;
-    b = sxy / std::max(sxx, 1e-300);
-  }
-  return {a, b};
-}
-
 json::Value points_json(const std::vector<std::pair<double, double>>& pts) {
   json::Value arr = json::Value::array();
   for (const auto& [x, y] : pts) arr.push_back(json::Value::array().push_back(x).push_back(y));
@@ -126,55 +108,123 @@ double fma_peak_one_core() {
   return 2.0 * (zmm ? 16 : 8) * 12 * static_cast<double>(iters) / (now_s() - t0);
 }
 
+// Least squares for y = sum_j c_j x_j with every c_j >= 0, relative: each row is divided by
+// its y, so that small and large GEMMs count alike. A coefficient that comes out negative is
+// dropped (set to 0) and the rest refitted.
+std::vector<double> fit_nonnegative(const std::vector<std::vector<double>>& xs,
+                                    const std::vector<double>& ys) {
+  const size_t n = xs.front().size();
+  std::vector<bool> on(n, true);
+  std::vector<double> c(n, 0);
+  for (size_t pass = 0; pass <= n; ++pass) {
+    std::vector<size_t> idx;
+    for (size_t j = 0; j < n; ++j)
+      if (on[j]) idx.push_back(j);
+    const size_t m = idx.size();
+    std::vector<std::vector<double>> a(m, std::vector<double>(m + 1, 0));
+    for (size_t r = 0; r < xs.size(); ++r) {
+      for (size_t i = 0; i < m; ++i) {
+        for (size_t j = 0; j < m; ++j) a[i][j] += xs[r][idx[i]] * xs[r][idx[j]] / (ys[r] * ys[r]);
+        a[i][m] += xs[r][idx[i]] / ys[r];
+      }
+    }
+    for (size_t i = 0; i < m; ++i) {  // Gauss-Jordan with partial pivoting
+      size_t p = i;
+      for (size_t r = i + 1; r < m; ++r)
+        if (std::fabs(a[r][i]) > std::fabs(a[p][i])) p = r;
+      std::swap(a[i], a[p]);
+      if (std::fabs(a[i][i]) < 1e-300) continue;
+      for (size_t r = 0; r < m; ++r) {
+        if (r == i) continue;
+        const double f = a[r][i] / a[i][i];
+        for (size_t k = i; k <= m; ++k) a[r][k] -= f * a[i][k];
+      }
+    }
+    std::fill(c.begin(), c.end(), 0.0);
+    bool negative = false;
+    for (size_t i = 0; i < m; ++i) {
+      c[idx[i]] = std::fabs(a[i][i]) < 1e-300 ? 0 : a[i][m] / a[i][i];
+      if (c[idx[i]] < 0) {
+        on[idx[i]] = false;
+        negative = true;
+      }
+    }
+    if (!negative) break;
+  }
+  for (double& v : c) v = std::max(v, 0.0);
+  return c;
+}
+
 struct GemmFit {
-  double call = 0, rate = 0;
-  std::vector<std::pair<double, double>> by_dim;  // (smallest dimension, FLOP/s)
+  Cluster::GemmTimeModel model;
+  double rate = 0;  // FLOP/s of the largest GEMM measured
   json::Value points;
 };
 
-// The engine's sgemm at the GEMMs of transformer blocks of width w (16-256) on 512 tokens:
-// linear layers w -> 4w, 4w -> w and w -> 3w, each as the forward (NN: T x out x in), the input
-// gradient (NT: T x in x out) and the weight gradient (TN: in x out x T). Per width, the rate
-// of the nine together (their calls included) is the rate of a GEMM whose smallest dimension
-// is w; over all of them, time = call + FLOPs / rate by least squares.
+// The engine's sgemm at the GEMMs of transformer blocks: T tokens x linear layers of width w
+// (w -> 4w, 4w -> w, w -> 3w), each as the forward (NN: T x out x in), the input gradient
+// (NT: T x in x out) and the weight gradient (TN: in x out x T), fitted as
+// time = 2MNK (a + b / K + c / min(M, N)) + call.
 GemmFit measure_gemm(bool quick) {
   namespace kc = kernels::cpu;
   const std::vector<int64_t> widths =
       quick ? std::vector<int64_t>{16, 64, 128} : std::vector<int64_t>{16, 32, 64, 128, 256};
-  const int64_t T = 512;
+  const std::vector<int64_t> tokens =
+      quick ? std::vector<int64_t>{64, 512} : std::vector<int64_t>{64, 256, 1024};
   GemmFit fit;
-  std::vector<std::pair<double, double>> pts;
-  for (int64_t w : widths) {
-    double flops_w = 0, time_w = 0;
-    for (const auto& [in, out] : {std::pair{w, 4 * w}, std::pair{4 * w, w}, std::pair{w, 3 * w}}) {
-      struct G {
-        bool ta, tb;
-        int64_t m, n, k;
-      };
-      for (const G& g :
-           {G{false, false, T, out, in}, G{false, true, T, in, out}, G{true, false, in, out, T}}) {
-        std::vector<float> a(static_cast<size_t>(g.m * g.k), 0.5f);
-        std::vector<float> b(static_cast<size_t>(g.k * g.n), 0.25f);
-        std::vector<float> c(static_cast<size_t>(g.m * g.n));
-        const int64_t lda = g.ta ? g.m : g.k, ldb = g.tb ? g.k : g.n;
-        const double t = time_call(
-            [&] {
-              kc::sgemm(g.ta, g.tb, g.m, g.n, g.k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f,
-                        c.data(), g.n);
-            },
-            quick ? 3 : 5, quick ? 0.002 : 0.003);
-        const double flops = 2.0 * static_cast<double>(g.m * g.n * g.k);
-        pts.push_back({flops, t});
-        flops_w += flops;
-        time_w += t;
+  json::Value pts = json::Value::array();
+  std::vector<std::vector<double>> xs;
+  std::vector<double> ys;
+  double largest = 0;
+  for (int64_t T : tokens) {
+    for (int64_t w : widths) {
+      for (const auto& [in, out] :
+           {std::pair{w, 4 * w}, std::pair{4 * w, w}, std::pair{w, 3 * w}}) {
+        struct G {
+          bool ta, tb;
+          int64_t m, n, k;
+        };
+        for (const G& g : {G{false, false, T, out, in}, G{false, true, T, in, out},
+                           G{true, false, in, out, T}}) {
+          // Operands rotate through copies filling ~8 MiB, past the per-core caches: in a
+          // training step a GEMM finds its weights and activations in the shared cache or
+          // memory, not in the L1/L2 that a loop over one set of buffers keeps them in.
+          const int64_t elems = g.m * g.k + g.k * g.n + g.m * g.n;
+          const size_t copies = static_cast<size_t>(
+              std::clamp<int64_t>((int64_t{2} << 20) / std::max<int64_t>(elems, 1), 1, 32));
+          std::vector<std::vector<float>> a(copies), b(copies), c(copies);
+          for (size_t i = 0; i < copies; ++i) {
+            a[i].assign(static_cast<size_t>(g.m * g.k), 0.5f);
+            b[i].assign(static_cast<size_t>(g.k * g.n), 0.25f);
+            c[i].assign(static_cast<size_t>(g.m * g.n), 0.0f);
+          }
+          const int64_t lda = g.ta ? g.m : g.k, ldb = g.tb ? g.k : g.n;
+          size_t next = 0;
+          const double t = time_call(
+              [&] {
+                const size_t i = next++ % copies;
+                kc::sgemm(g.ta, g.tb, g.m, g.n, g.k, 1.0f, a[i].data(), lda, b[i].data(), ldb, 0.0f,
+                          c[i].data(), g.n);
+              },
+              3, quick ? 0.002 : 0.003);
+          const double flops = 2.0 * static_cast<double>(g.m * g.n * g.k);
+          const double mn = static_cast<double>(std::min(g.m, g.n));
+          xs.push_back({flops, flops / static_cast<double>(g.k), flops / mn, 1.0});
+          ys.push_back(t);
+          pts.push_back(
+              json::Value::array().push_back(g.m).push_back(g.n).push_back(g.k).push_back(t));
+          if (flops > largest) {
+            largest = flops;
+            fit.rate = flops / t;
+          }
+        }
       }
     }
-    fit.by_dim.push_back({static_cast<double>(w), flops_w / time_w});
   }
-  const auto [a, b] = fit_line(pts);
-  fit.call = a;
-  fit.rate = 1.0 / b;
-  fit.points = points_json(pts);
+  const std::vector<double> c = fit_nonnegative(xs, ys);
+  fit.model = {c[0], c[1], c[2], c[3]};
+  if (!fit.model.calibrated()) fit.model.per_flop = 1 / fit.rate;
+  fit.points = std::move(pts);
   return fit;
 }
 
@@ -384,8 +434,11 @@ Cluster calibrate_this_machine(const CalibrateOptions& o) {
   const double peak = core_peak * o.threads_per_rank;
   say("fp32 FMA peak per rank", peak / 1e9, "GFLOP/s");
   const GemmFit gemm = measure_gemm(o.quick);
-  say("sgemm sustained rate", gemm.rate / 1e9, "GFLOP/s");
-  say("sgemm per-call cost", gemm.call * 1e6, "us");
+  say("sgemm rate, largest GEMM", gemm.rate / 1e9, "GFLOP/s");
+  say("sgemm asymptotic rate (fit)", 1e-9 / gemm.model.per_flop, "GFLOP/s");
+  say("sgemm short-K term (fit)", gemm.model.per_flop_k * 1e9, "ns/FLOP x K");
+  say("sgemm thin-output term (fit)", gemm.model.per_flop_mn * 1e9, "ns/FLOP x min(M,N)");
+  say("sgemm per call (fit)", gemm.model.call * 1e6, "us");
   const OpFit ops = measure_ops(o.quick);
   say("engine op per-call cost", ops.overhead * 1e6, "us");
   say("engine op bandwidth (in cache)", ops.bandwidth / 1e9, "GB/s");
@@ -396,10 +449,7 @@ Cluster calibrate_this_machine(const CalibrateOptions& o) {
     const std::string what = "attention rate, head size " + std::to_string(int(d));
     say(what.c_str(), r / 1e9, "GFLOP/s");
   }
-  for (const auto& [d, r] : gemm.by_dim) {
-    const std::string what = "sgemm rate, smallest dim " + std::to_string(int(d));
-    say(what.c_str(), r / 1e9, "GFLOP/s");
-  }
+
   const double copy_bw = measure_copy_bandwidth(o.quick);
   say("memcpy bandwidth (64 MiB)", copy_bw / 1e9, "GB/s");
   const std::string dir = scratch(o);
@@ -444,10 +494,10 @@ Cluster calibrate_this_machine(const CalibrateOptions& o) {
                              : copy_bw / 10;
   c.nvme = {disk_bw, disk.latency > 0 ? disk.latency : 1e-4};
   c.op_overhead = ops.overhead;
-  c.gemm_call_overhead = gemm.call;
+  c.gemm_call_overhead = gemm.model.call;
   c.attention_rate = attn.back().second;
   c.attention_rates = attn;
-  c.gemm_rates = gemm.by_dim;
+  c.gemm = gemm.model;
   c.calibration =
       json::Value::object()
           .set("what",

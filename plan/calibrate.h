@@ -4,10 +4,10 @@
 // One rank is `threads_per_rank` CPU threads, so devices_per_node = cores / threads_per_rank and
 // nodes = 1. What is measured (the whole under ~20 s, --quick ~5 s), by cluster key:
 //   peak_tflops: a register-only FMA loop on one core (ymm; zmm where AVX-512 runs) x threads.
-//   gemm_GFLOPs_by_dim: the engine's sgemm (kernels/cpu) at transformer block GEMMs of width
-//     16-256 on 512 tokens (forward NN, input-gradient NT, weight-gradient TN), the rate by a
-//     GEMM's smallest dimension, calls included. matmul_efficiency and gemm_call_us: the same
-//     points as time = call + FLOPs / rate by least squares (rate / peak, call).
+//   gemm_time_model: the engine's sgemm (kernels/cpu) at transformer block GEMMs (64-1024
+//     tokens x linear layers of width 16-256: forward NN, input-gradient NT, weight-gradient
+//     TN), fitted by relative least squares as time = 2MNK (a + b / K + c / min(M, N)) + call.
+//     matmul_efficiency: the largest GEMM's rate / peak; gemm_call_us: the fitted call.
 //   op_overhead_us, device_memory_GBps: a chain of engine ops through autograd, forward and
 //     backward, on tensors of 1 to 2048 x 128 floats: the overhead from one row, the bandwidth
 //     from the two largest (activation-sized tensors, mostly in cache).

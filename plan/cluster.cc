@@ -79,7 +79,9 @@ double interpolate(const std::vector<std::pair<double, double>>& pts, double x) 
 double Cluster::gemm_time(double m, double n, double k, const std::string& amp) const {
   const double flops = 2 * m * n * k;
   if (flops <= 0) return 0;
-  if (!gemm_rates.empty()) return flops / interpolate(gemm_rates, std::min({m, n, k}));
+  if (gemm.calibrated())
+    return flops * (gemm.per_flop + gemm.per_flop_k / k + gemm.per_flop_mn / std::min(m, n)) +
+           gemm.call;
   return flops / (peak_for(amp) * matmul_efficiency) + gemm_call_overhead;
 }
 
@@ -118,7 +120,7 @@ Cluster cluster_from_json(const json::Value& v, const std::string& what) {
       v,
       {"name", "description", "devices_per_node", "nodes", "peak_tflops", "matmul_efficiency",
        "matmul_efficiency_source", "memory_gib", "device_memory_GBps", "host_memory_GBps", "links",
-       "op_overhead_us", "gemm_call_us", "gemm_GFLOPs_by_dim", "attention_GFLOPs",
+       "op_overhead_us", "gemm_call_us", "gemm_time_model", "attention_GFLOPs",
        "attention_GFLOPs_by_head_dim", "calibration"},
       what);
   Cluster c;
@@ -175,8 +177,21 @@ Cluster cluster_from_json(const json::Value& v, const std::string& what) {
         << "[cluster] " << what << "." << key << " must be a number >= 0";
     *out = n->as_double() * unit;
   }
-  if (const json::Value* r = v.find("gemm_GFLOPs_by_dim"))
-    c.gemm_rates = rates_from(*r, what + ".gemm_GFLOPs_by_dim");
+  if (const json::Value* g = v.find("gemm_time_model")) {
+    const std::string where = what + ".gemm_time_model";
+    refuse_unknown(*g, {"ns_per_flop", "ns_per_flop_times_k", "ns_per_flop_times_mn", "call_us"},
+                   where);
+    c.gemm.per_flop = positive(*g, "ns_per_flop", where) * 1e-9;
+    for (auto [key, out, unit] :
+         {std::tuple<const char*, double*, double>{"ns_per_flop_times_k", &c.gemm.per_flop_k, 1e-9},
+          {"ns_per_flop_times_mn", &c.gemm.per_flop_mn, 1e-9},
+          {"call_us", &c.gemm.call, kMicro}}) {
+      const json::Value* n = g->find(key);
+      MAMMOTH_CHECK(n != nullptr && n->is_number() && n->as_double() >= 0)
+          << "[cluster] " << where << "." << key << " must be a number >= 0";
+      *out = n->as_double() * unit;
+    }
+  }
   if (const json::Value* r = v.find("attention_GFLOPs_by_head_dim"))
     c.attention_rates = rates_from(*r, what + ".attention_GFLOPs_by_head_dim");
   if (const json::Value* cal = v.find("calibration")) c.calibration = *cal;
@@ -209,7 +224,12 @@ json::Value cluster_to_json(const Cluster& c) {
                      .set("nvme", link_json(c.nvme)));
   if (c.op_overhead > 0) v.set("op_overhead_us", c.op_overhead / kMicro);
   if (c.gemm_call_overhead > 0) v.set("gemm_call_us", c.gemm_call_overhead / kMicro);
-  if (!c.gemm_rates.empty()) v.set("gemm_GFLOPs_by_dim", rates_json(c.gemm_rates));
+  if (c.gemm.calibrated())
+    v.set("gemm_time_model", json::Value::object()
+                                 .set("ns_per_flop", c.gemm.per_flop * 1e9)
+                                 .set("ns_per_flop_times_k", c.gemm.per_flop_k * 1e9)
+                                 .set("ns_per_flop_times_mn", c.gemm.per_flop_mn * 1e9)
+                                 .set("call_us", c.gemm.call / kMicro));
   if (c.attention_rate > 0) v.set("attention_GFLOPs", c.attention_rate / kGiga);
   if (!c.attention_rates.empty())
     v.set("attention_GFLOPs_by_head_dim", rates_json(c.attention_rates));

@@ -29,9 +29,12 @@
 // models on a CPU, where a step is thousands of small kernel calls rather than a few large GEMMs:
 //     "op_overhead_us": 2.1,        // one engine op's dispatch, graph record and allocation
 //     "gemm_call_us": 4.0,          // one GEMM call beyond its FLOPs at the sustained rate
-//     "gemm_GFLOPs_by_dim": [[32, 9.1], [64, 21], ...],  // sgemm rate by a GEMM's smallest
-//                                   // dimension (calls included); replaces gemm_call_us and
-//                                   // matmul_efficiency for the time when present
+//     "gemm_time_model": {"ns_per_flop": 0.02, "ns_per_flop_times_k": 0.3,
+//                         "ns_per_flop_times_mn": 0.4, "call_us": 3},
+//                                   // an M x N x K GEMM takes 2MNK (a + b / K + c / min(M, N))
+//                                   // + call: a short reduction (K) pays its output's traffic,
+//                                   // a thin output (M, N) its operand packing; replaces
+//                                   // gemm_call_us and matmul_efficiency for the time
 //     "attention_GFLOPs": 9.5,      // the fused attention kernel's rate (0: at the GEMM rate)
 //     "attention_GFLOPs_by_head_dim": [[16, 4.2], [32, 8.0], ...],  // the same by head size
 //     "calibration": {...}          // what was measured, how (kept, not read)
@@ -73,16 +76,20 @@ struct Cluster {
   double op_overhead = 0;
   double gemm_call_overhead = 0;
   double attention_rate = 0;  // FLOP/s
-  // (dimension, FLOP/s) rising in dimension; empty when not calibrated.
-  std::vector<std::pair<double, double>> gemm_rates, attention_rates;
+  struct GemmTimeModel {      // seconds per FLOP, per FLOP x K, per FLOP x min(M, N); per call
+    double per_flop = 0, per_flop_k = 0, per_flop_mn = 0, call = 0;
+    bool calibrated() const { return per_flop > 0; }
+  } gemm;
+  // (head size, FLOP/s) rising in head size; empty when not calibrated.
+  std::vector<std::pair<double, double>> attention_rates;
   json::Value calibration;  // null unless calibrated: the measurements behind the figures
 
   int world() const { return devices_per_node * nodes; }
   // Peak FLOP/s for a plan's amp setting: fp32 (no autocast) -> tf32 tensor cores when the
   // device has them (what cuBLAS uses for fp32 GEMMs with TF32 enabled), else fp32.
   double peak_for(const std::string& amp) const;
-  // Seconds of one M x N x K GEMM (0 FLOPs: 0): at gemm_rates interpolated in log(smallest
-  // dimension) when calibrated, else at peak x matmul_efficiency plus the per-call cost.
+  // Seconds of one M x N x K GEMM (0 FLOPs: 0): gemm_time_model when calibrated, else at
+  // peak x matmul_efficiency plus the per-call cost.
   double gemm_time(double m, double n, double k, const std::string& amp) const;
   // Seconds of attention FLOPs at head size `head_dim` (attention_rates, attention_rate, or the
   // GEMM rate).

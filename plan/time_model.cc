@@ -248,7 +248,7 @@ TimePrediction TimeModel::evaluate(const ParallelPlan& plan, bool bound_only) {
   const BlockCalls calls = block_calls(cfg.family);
   const double op = c.op_overhead, gemm = c.gemm_call_overhead;
   Piece block;
-  if (c.gemm_rates.empty()) {
+  if (!c.gemm.calibrated()) {
     const double attn = attn_core / attn_rate;
     block.f_compute = weights / peak + attn + mem_f + calls.ops * op + calls.linears * gemm;
     block.b_compute = weights / peak + 2 * attn + 2 * mem_f + calls.ops * op + calls.linears * gemm;
@@ -309,7 +309,7 @@ TimePrediction TimeModel::evaluate(const ParallelPlan& plan, bool bound_only) {
     const double logits = 4.0 * tokens * static_cast<double>(cfg.vocab_size) / shard;  // fp32
     // Embedding, final norm, the LM head's GEMM and the cross-entropy.
     double f = flops / peak + gemm, dx = f, dw = f;
-    if (!c.gemm_rates.empty()) {
+    if (c.gemm.calibrated()) {
       const double t = tokens / seq_div, v = static_cast<double>(cfg.vocab_size) / tp;
       f = c.gemm_time(t, v, h, plan.amp);
       dx = c.gemm_time(t, h, v, plan.amp);
@@ -457,6 +457,14 @@ TimePrediction TimeModel::evaluate(const ParallelPlan& plan, bool bound_only) {
     t.parts.offload = std::max({cpu, pcie, nvme});
   } else {
     t.parts.optimizer = local * kAdamBytes / hbm;
+  }
+  // Accumulation: every micro-batch after the first adds its weight gradients into the
+  // parameters' (read both, write one: 3 elements of traffic), one kernel call per tensor.
+  if (m > 1 && c.op_overhead > 0) {
+    const double stage_layers = static_cast<double>(cfg.n_layer) / pp;
+    t.parts.compute +=
+        (m - 1) * (max_params * grad_elem * 3 / hbm +
+                   op * (stage_layers * calls.param_tensors + calls.outside_tensors));
   }
   // Gradient norm, AdamW and zeroing walk the parameter tensors one kernel call each.
   {
