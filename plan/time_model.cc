@@ -441,8 +441,13 @@ TimePrediction TimeModel::evaluate(const ParallelPlan& plan, bool bound_only) {
       if (plan.zero < 3) dp_time += all_gather(stage0_params * param_elem, dp, dp_link);
     }
   }
+  // Buckets are reduced as they fill during the backward, so the last bucket's share of the
+  // traffic starts only when the backward ends: that much is exposed whatever the overlap (all
+  // of it when the gradients fit in one bucket, as a tiny model's do).
+  const double last_bucket =
+      grads > 0 ? dp_time * std::min(1.0, plan.bucket_mb * 1024 * 1024 / grads) : 0.0;
   t.parts.dp_comm =
-      m * zero3 + (options_.overlap_dp ? std::max(0.0, dp_time - stage0_back) : dp_time);
+      m * zero3 + (options_.overlap_dp ? std::max(last_bucket, dp_time - stage0_back) : dp_time);
 
   // The optimizer walks the largest rank's parameters (sharded by ZeRO >= 1, and by chunk
   // ownership under offload with dp).
