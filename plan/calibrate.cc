@@ -498,6 +498,9 @@ Cluster calibrate_this_machine(const CalibrateOptions& o) {
   c.attention_rate = attn.back().second;
   c.attention_rates = attn;
   c.gemm = gemm.model;
+  // One thread per rank computes and drives MPI, which progresses only inside MPI calls: a
+  // collective posted during the backward moves when the rank next waits on it.
+  c.overlaps_communication = o.threads_per_rank > 1;
   c.calibration =
       json::Value::object()
           .set("what",

@@ -20,6 +20,8 @@
 //     "device" memory is host memory). It runs `mpirun -np 2` on this binary unless this
 //     process already has a world of >= 2 ranks (then every rank must call this).
 //   nvme: a file written with fsync and read back after dropping it from the page cache.
+//   overlaps_communication: false with one thread per rank (MPI progresses only inside MPI
+//     calls, so no collective runs behind compute); not measured.
 // Compute figures keep the best of several rounds (a neighbour on a shared machine only slows
 // them); communication keeps the median (see calibrate_comm). The file says what was measured
 // in "calibration", with the raw points.

@@ -121,7 +121,7 @@ Cluster cluster_from_json(const json::Value& v, const std::string& what) {
       {"name", "description", "devices_per_node", "nodes", "peak_tflops", "matmul_efficiency",
        "matmul_efficiency_source", "memory_gib", "device_memory_GBps", "host_memory_GBps", "links",
        "op_overhead_us", "gemm_call_us", "gemm_time_model", "attention_GFLOPs",
-       "attention_GFLOPs_by_head_dim", "calibration"},
+       "attention_GFLOPs_by_head_dim", "overlaps_communication", "calibration"},
       what);
   Cluster c;
   const json::Value* name = v.find("name");
@@ -194,6 +194,10 @@ Cluster cluster_from_json(const json::Value& v, const std::string& what) {
   }
   if (const json::Value* r = v.find("attention_GFLOPs_by_head_dim"))
     c.attention_rates = rates_from(*r, what + ".attention_GFLOPs_by_head_dim");
+  if (const json::Value* o = v.find("overlaps_communication")) {
+    MAMMOTH_CHECK(o->is_bool()) << "[cluster] " << what << ".overlaps_communication must be a bool";
+    c.overlaps_communication = o->as_bool();
+  }
   if (const json::Value* cal = v.find("calibration")) c.calibration = *cal;
   return c;
 }
@@ -233,6 +237,7 @@ json::Value cluster_to_json(const Cluster& c) {
   if (c.attention_rate > 0) v.set("attention_GFLOPs", c.attention_rate / kGiga);
   if (!c.attention_rates.empty())
     v.set("attention_GFLOPs_by_head_dim", rates_json(c.attention_rates));
+  if (!c.overlaps_communication) v.set("overlaps_communication", false);
   if (!c.calibration.is_null()) v.set("calibration", c.calibration);
   return v;
 }

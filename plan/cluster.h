@@ -37,6 +37,9 @@
 //                                   // gemm_call_us and matmul_efficiency for the time
 //     "attention_GFLOPs": 9.5,      // the fused attention kernel's rate (0: at the GEMM rate)
 //     "attention_GFLOPs_by_head_dim": [[16, 4.2], [32, 8.0], ...],  // the same by head size
+//     "overlaps_communication": false,  // default true; false: collectives never run behind
+//                                   // compute (one CPU thread per rank: MPI progresses only
+//                                   // inside MPI calls), so dp / ZeRO traffic is all exposed
 //     "calibration": {...}          // what was measured, how (kept, not read)
 // Published clusters leave them out (0): there the kernels are large and launches overlap.
 #pragma once
@@ -82,6 +85,7 @@ struct Cluster {
   } gemm;
   // (head size, FLOP/s) rising in head size; empty when not calibrated.
   std::vector<std::pair<double, double>> attention_rates;
+  bool overlaps_communication = true;
   json::Value calibration;  // null unless calibrated: the measurements behind the figures
 
   int world() const { return devices_per_node * nodes; }

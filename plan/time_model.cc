@@ -400,8 +400,8 @@ TimePrediction TimeModel::evaluate(const ParallelPlan& plan, bool bound_only) {
     double z_f = 0, z_b = 0;
     if (plan.zero == 3 && dp > 1) {
       const double ag = all_gather(r.params * param_elem, dp, dp_link);
-      z_f = std::max(0.0, ag - x.f_compute);
-      z_b = std::max(0.0, ag - x.b_compute - x.w_compute);
+      z_f = c.overlaps_communication ? std::max(0.0, ag - x.f_compute) : ag;
+      z_b = c.overlaps_communication ? std::max(0.0, ag - x.b_compute - x.w_compute) : ag;
     }
     const double pf = pp > 1 ? p2p : 0.0;
     const double rf = x.f_compute + x.f_comm + pf + z_f;
@@ -446,8 +446,9 @@ TimePrediction TimeModel::evaluate(const ParallelPlan& plan, bool bound_only) {
   // of it when the gradients fit in one bucket, as a tiny model's do).
   const double last_bucket =
       grads > 0 ? dp_time * std::min(1.0, plan.bucket_mb * 1024 * 1024 / grads) : 0.0;
-  t.parts.dp_comm =
-      m * zero3 + (options_.overlap_dp ? std::max(last_bucket, dp_time - stage0_back) : dp_time);
+  t.parts.dp_comm = m * zero3 + (options_.overlap_dp && c.overlaps_communication
+                                     ? std::max(last_bucket, dp_time - stage0_back)
+                                     : dp_time);
 
   // The optimizer walks the largest rank's parameters (sharded by ZeRO >= 1, and by chunk
   // ownership under offload with dp).
