@@ -20,13 +20,14 @@ fail() {
   exit 1
 }
 grep -q '^cluster calibrated_' "$work/out.txt" || fail "no calibrated cluster line"
-rows=$(grep -cE '^ +[0-9]+ gpt2-tiny +1 .* [0-9]+\.[0-9]+ +[0-9]+\.[0-9]+ +[+-][0-9]+\.[0-9]%$' \
+grep -q '^measured: ' "$work/out.txt" || fail "no line saying what was measured"
+rows=$(grep -cE '^ +[0-9]+ gpt2-tiny +1 .* [0-9]+\.[0-9]+ +[0-9]+\.[0-9]+ +[+-][0-9]+\.[0-9]%  \(wall min ' \
   "$work/out.txt" || true)
 [[ $rows -ge 2 ]] || fail "expected >= 2 plan rows with predicted, measured and error, got $rows"
 grep -q '^\s*0 gpt2-tiny  *1 \* ' "$work/out.txt" || fail "the search's first choice is not row 0"
 grep -qE '^median \|error\| [0-9.]+% .*worst [0-9.]+% .*Spearman -?[0-9.]+' "$work/out.txt" ||
   fail "no summary line"
-grep -qE '^first choice gpt2-tiny np 1: .* (within|outside) 10%\)$' "$work/out.txt" ||
+grep -qE '^first choice gpt2-tiny np 1: .* \((within|outside) 10%\)$' "$work/out.txt" ||
   fail "no first-choice line"
 python3 - "$work/out.json" <<'PY'
 import json, math, sys
