@@ -1,9 +1,12 @@
 #include "plan/cluster.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <initializer_list>
 #include <set>
+#include <tuple>
 
 #include "base/error.h"
 
@@ -59,11 +62,66 @@ double Cluster::peak_for(const std::string& amp) const {
   return peak_tf32 > 0 ? peak_tf32 : peak_fp32;
 }
 
+// Log-linear interpolation in x over (x, y) points rising in x, flat beyond the ends.
+double interpolate(const std::vector<std::pair<double, double>>& pts, double x) {
+  if (x <= pts.front().first) return pts.front().second;
+  if (x >= pts.back().first) return pts.back().second;
+  for (size_t i = 1; i < pts.size(); ++i) {
+    if (x > pts[i].first) continue;
+    const auto [x0, y0] = pts[i - 1];
+    const auto [x1, y1] = pts[i];
+    const double f = std::log(x / x0) / std::log(x1 / x0);
+    return y0 + f * (y1 - y0);
+  }
+  return pts.back().second;
+}
+
+double Cluster::gemm_time(double m, double n, double k, const std::string& amp) const {
+  const double flops = 2 * m * n * k;
+  if (flops <= 0) return 0;
+  if (gemm.calibrated())
+    return flops * (gemm.per_flop + gemm.per_flop_k / k + gemm.per_flop_mn / std::min(m, n)) +
+           gemm.call;
+  return flops / (peak_for(amp) * matmul_efficiency) + gemm_call_overhead;
+}
+
+double Cluster::attention_time(double flops, double head_dim, const std::string& amp) const {
+  if (!attention_rates.empty()) return flops / interpolate(attention_rates, head_dim);
+  return flops / (attention_rate > 0 ? attention_rate : peak_for(amp) * matmul_efficiency);
+}
+
+namespace {
+
+std::vector<std::pair<double, double>> rates_from(const json::Value& v, const std::string& where) {
+  MAMMOTH_CHECK(v.is_array() && !v.empty())
+      << "[cluster] " << where << " must be a non-empty array of [dimension, GFLOP/s]";
+  std::vector<std::pair<double, double>> out;
+  for (const json::Value& p : v) {
+    MAMMOTH_CHECK(p.is_array() && p.size() == 2 && p[0].as_double() > 0 && p[1].as_double() > 0)
+        << "[cluster] " << where << ": each entry is [dimension > 0, GFLOP/s > 0]";
+    MAMMOTH_CHECK(out.empty() || p[0].as_double() > out.back().first)
+        << "[cluster] " << where << ": dimensions must rise";
+    out.push_back({p[0].as_double(), p[1].as_double() * kGiga});
+  }
+  return out;
+}
+
+json::Value rates_json(const std::vector<std::pair<double, double>>& r) {
+  json::Value a = json::Value::array();
+  for (const auto& [d, rate] : r)
+    a.push_back(json::Value::array().push_back(d).push_back(rate / kGiga));
+  return a;
+}
+
+}  // namespace
+
 Cluster cluster_from_json(const json::Value& v, const std::string& what) {
   refuse_unknown(
       v,
       {"name", "description", "devices_per_node", "nodes", "peak_tflops", "matmul_efficiency",
-       "matmul_efficiency_source", "memory_gib", "device_memory_GBps", "host_memory_GBps", "links"},
+       "matmul_efficiency_source", "memory_gib", "device_memory_GBps", "host_memory_GBps", "links",
+       "op_overhead_us", "gemm_call_us", "gemm_time_model", "attention_GFLOPs",
+       "attention_GFLOPs_by_head_dim", "overlaps_communication", "calibration"},
       what);
   Cluster c;
   const json::Value* name = v.find("name");
@@ -109,6 +167,38 @@ Cluster cluster_from_json(const json::Value& v, const std::string& what) {
   c.inter_node = link_from(links, "inter_node", what);
   c.pcie = link_from(links, "pcie", what);
   c.nvme = link_from(links, "nvme", what);
+  for (auto [key, out, unit] :
+       {std::tuple<const char*, double*, double>{"op_overhead_us", &c.op_overhead, kMicro},
+        {"gemm_call_us", &c.gemm_call_overhead, kMicro},
+        {"attention_GFLOPs", &c.attention_rate, kGiga}}) {
+    const json::Value* n = v.find(key);
+    if (n == nullptr) continue;
+    MAMMOTH_CHECK(n->is_number() && n->as_double() >= 0)
+        << "[cluster] " << what << "." << key << " must be a number >= 0";
+    *out = n->as_double() * unit;
+  }
+  if (const json::Value* g = v.find("gemm_time_model")) {
+    const std::string where = what + ".gemm_time_model";
+    refuse_unknown(*g, {"ns_per_flop", "ns_per_flop_times_k", "ns_per_flop_times_mn", "call_us"},
+                   where);
+    c.gemm.per_flop = positive(*g, "ns_per_flop", where) * 1e-9;
+    for (auto [key, out, unit] :
+         {std::tuple<const char*, double*, double>{"ns_per_flop_times_k", &c.gemm.per_flop_k, 1e-9},
+          {"ns_per_flop_times_mn", &c.gemm.per_flop_mn, 1e-9},
+          {"call_us", &c.gemm.call, kMicro}}) {
+      const json::Value* n = g->find(key);
+      MAMMOTH_CHECK(n != nullptr && n->is_number() && n->as_double() >= 0)
+          << "[cluster] " << where << "." << key << " must be a number >= 0";
+      *out = n->as_double() * unit;
+    }
+  }
+  if (const json::Value* r = v.find("attention_GFLOPs_by_head_dim"))
+    c.attention_rates = rates_from(*r, what + ".attention_GFLOPs_by_head_dim");
+  if (const json::Value* o = v.find("overlaps_communication")) {
+    MAMMOTH_CHECK(o->is_bool()) << "[cluster] " << what << ".overlaps_communication must be a bool";
+    c.overlaps_communication = o->as_bool();
+  }
+  if (const json::Value* cal = v.find("calibration")) c.calibration = *cal;
   return c;
 }
 
@@ -136,6 +226,19 @@ json::Value cluster_to_json(const Cluster& c) {
                      .set("inter_node", link_json(c.inter_node))
                      .set("pcie", link_json(c.pcie))
                      .set("nvme", link_json(c.nvme)));
+  if (c.op_overhead > 0) v.set("op_overhead_us", c.op_overhead / kMicro);
+  if (c.gemm_call_overhead > 0) v.set("gemm_call_us", c.gemm_call_overhead / kMicro);
+  if (c.gemm.calibrated())
+    v.set("gemm_time_model", json::Value::object()
+                                 .set("ns_per_flop", c.gemm.per_flop * 1e9)
+                                 .set("ns_per_flop_times_k", c.gemm.per_flop_k * 1e9)
+                                 .set("ns_per_flop_times_mn", c.gemm.per_flop_mn * 1e9)
+                                 .set("call_us", c.gemm.call / kMicro));
+  if (c.attention_rate > 0) v.set("attention_GFLOPs", c.attention_rate / kGiga);
+  if (!c.attention_rates.empty())
+    v.set("attention_GFLOPs_by_head_dim", rates_json(c.attention_rates));
+  if (!c.overlaps_communication) v.set("overlaps_communication", false);
+  if (!c.calibration.is_null()) v.set("calibration", c.calibration);
   return v;
 }
 

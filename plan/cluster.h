@@ -21,12 +21,32 @@
 //
 // Units in the struct are SI base units (FLOP/s, bytes, bytes/s, seconds); the file uses the
 // units its spec sheets quote (TFLOP/s, GiB of memory, GB/s of bandwidth, microseconds).
-// Every key is required except "description" and "matmul_efficiency_source"; unknown keys are
-// refused by name, so a misspelt bandwidth never silently takes a default.
+// Every key is required except "description", "matmul_efficiency_source" and the measured
+// per-call costs below; unknown keys are refused by name, so a misspelt bandwidth never silently
+// takes a default.
+//
+// A calibrated machine (`mammoth plan --calibrate`, plan/calibrate.h) adds what dominates tiny
+// models on a CPU, where a step is thousands of small kernel calls rather than a few large GEMMs:
+//     "op_overhead_us": 2.1,        // one engine op's dispatch, graph record and allocation
+//     "gemm_call_us": 4.0,          // one GEMM call beyond its FLOPs at the sustained rate
+//     "gemm_time_model": {"ns_per_flop": 0.02, "ns_per_flop_times_k": 0.3,
+//                         "ns_per_flop_times_mn": 0.4, "call_us": 3},
+//                                   // an M x N x K GEMM takes 2MNK (a + b / K + c / min(M, N))
+//                                   // + call: a short reduction (K) pays its output's traffic,
+//                                   // a thin output (M, N) its operand packing; replaces
+//                                   // gemm_call_us and matmul_efficiency for the time
+//     "attention_GFLOPs": 9.5,      // the fused attention kernel's rate (0: at the GEMM rate)
+//     "attention_GFLOPs_by_head_dim": [[16, 4.2], [32, 8.0], ...],  // the same by head size
+//     "overlaps_communication": false,  // default true; false: collectives never run behind
+//                                   // compute (one CPU thread per rank: MPI progresses only
+//                                   // inside MPI calls), so dp / ZeRO traffic is all exposed
+//     "calibration": {...}          // what was measured, how (kept, not read)
+// Published clusters leave them out (0): there the kernels are large and launches overlap.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/json.h"
@@ -55,11 +75,29 @@ struct Cluster {
   double device_memory_bandwidth = 0;  // bytes/s per GPU (HBM)
   double host_memory_bandwidth = 0;    // bytes/s per node (DRAM, all sockets)
   Link intra_node, inter_node, pcie, nvme;
+  // Measured per-call costs (seconds; 0 when not calibrated) and the attention kernel's rate.
+  double op_overhead = 0;
+  double gemm_call_overhead = 0;
+  double attention_rate = 0;  // FLOP/s
+  struct GemmTimeModel {      // seconds per FLOP, per FLOP x K, per FLOP x min(M, N); per call
+    double per_flop = 0, per_flop_k = 0, per_flop_mn = 0, call = 0;
+    bool calibrated() const { return per_flop > 0; }
+  } gemm;
+  // (head size, FLOP/s) rising in head size; empty when not calibrated.
+  std::vector<std::pair<double, double>> attention_rates;
+  bool overlaps_communication = true;
+  json::Value calibration;  // null unless calibrated: the measurements behind the figures
 
   int world() const { return devices_per_node * nodes; }
   // Peak FLOP/s for a plan's amp setting: fp32 (no autocast) -> tf32 tensor cores when the
   // device has them (what cuBLAS uses for fp32 GEMMs with TF32 enabled), else fp32.
   double peak_for(const std::string& amp) const;
+  // Seconds of one M x N x K GEMM (0 FLOPs: 0): gemm_time_model when calibrated, else at
+  // peak x matmul_efficiency plus the per-call cost.
+  double gemm_time(double m, double n, double k, const std::string& amp) const;
+  // Seconds of attention FLOPs at head size `head_dim` (attention_rates, attention_rate, or the
+  // GEMM rate).
+  double attention_time(double flops, double head_dim, const std::string& amp) const;
 };
 
 // Unknown keys and missing or mistyped values are errors naming the key and `what`.

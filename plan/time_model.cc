@@ -95,6 +95,28 @@ const std::pair<const char*, double TimeBreakdown::*> kParts[] = {
     {"optimizer", &TimeBreakdown::optimizer},
 };
 
+// Engine calls one transformer block makes per micro-batch, counted in the model code
+// (models/gpt2, models/llama, models/bert and models/layers.cc): ops recorded in the autograd
+// graph forward (each has one backward), linear layers (one GEMM each forward, two backward),
+// and parameter tensors (the optimizer's calls).
+struct BlockCalls {
+  double ops, linears, param_tensors, outside_tensors;
+};
+
+BlockCalls block_calls(models::Family family) {
+  switch (family) {
+    case models::Family::kLlama:
+      // rms norm; q, k, v: linear, view, permute (+ rope on q and k); attention; merge
+      // (permute, reshape); o; add; rms norm; gate, silu, up, mul, down; add.
+      return {23, 7, 9, 3};
+    default:
+      // layer norm; c_attn; split; q, k, v: reshape, permute; attention; merge (permute,
+      // reshape); c_proj; add; layer norm; c_fc; gelu; c_proj; add.
+      return {19, 4, 12, 4};
+  }
+}
+constexpr double kHeadOps = 5;  // embedding (+ position add), final norm, head, cross-entropy
+
 }  // namespace
 
 json::Value TimePrediction::to_json() const {
@@ -218,10 +240,39 @@ TimePrediction TimeModel::evaluate(const ParallelPlan& plan, bool bound_only) {
     saved += 5.0 * static_cast<double>(cfg.n_head) * s * tokens * (elem / 2) / tp;
   saved /= seq_div;
   const double mem_f = 2 * saved / hbm;
+  // The attention core runs in its own fused kernel; a calibrated machine says at what rate.
+  const double attn_rate = c.attention_rate > 0 ? c.attention_rate : peak;
+  // Per-call costs (calibrated machines; 0 for published clusters): every engine op of the
+  // block once forward and once backward, every linear layer's GEMM once forward and twice
+  // backward (input and weight gradient). Not divided by tp or sp: a shard makes the same calls.
+  const BlockCalls calls = block_calls(cfg.family);
+  const double op = c.op_overhead, gemm = c.gemm_call_overhead;
   Piece block;
-  block.f_compute = weights / peak + attn_core / peak + mem_f;
-  block.b_compute = (weights + 2 * attn_core) / peak + 2 * mem_f;
-  block.w_compute = weights / peak;
+  if (!c.gemm.calibrated()) {
+    const double attn = attn_core / attn_rate;
+    block.f_compute = weights / peak + attn + mem_f + calls.ops * op + calls.linears * gemm;
+    block.b_compute = weights / peak + 2 * attn + 2 * mem_f + calls.ops * op + calls.linears * gemm;
+    block.w_compute = weights / peak + calls.linears * gemm;
+  } else {
+    // A calibrated GEMM rate depends on the GEMM's shape: each linear layer's forward
+    // (T x out x in), input gradient (T x in x out) and weight gradient (in x out x T).
+    const double t = tokens / seq_div, ff = static_cast<double>(cfg.d_ff);
+    std::vector<std::pair<double, double>> linears;  // (in, out) on this rank
+    if (cfg.family == models::Family::kLlama) {
+      linears = {{h, attn_dim / tp}, {h, kv_dim / tp}, {h, kv_dim / tp}, {attn_dim / tp, h},
+                 {h, ff / tp},       {h, ff / tp},     {ff / tp, h}};
+    } else {
+      linears = {{h, (attn_dim + 2 * kv_dim) / tp}, {attn_dim / tp, h}, {h, ff / tp}, {ff / tp, h}};
+    }
+    const double attn = c.attention_time(attn_core, static_cast<double>(cfg.head_dim()), plan.amp);
+    block.f_compute = attn + mem_f + calls.ops * op;
+    block.b_compute = 2 * attn + 2 * mem_f + calls.ops * op;
+    for (const auto& [in, out] : linears) {
+      block.f_compute += c.gemm_time(t, out, in, plan.amp);
+      block.b_compute += c.gemm_time(t, in, out, plan.amp);
+      block.w_compute += c.gemm_time(in, out, t, plan.amp);
+    }
+  }
   const double act_bytes = tokens * h * elem / seq_div;  // one activation on one rank
   if (tp > 1) {
     const Link& l = group_link(plan, "tp", c);
@@ -256,9 +307,17 @@ TimePrediction TimeModel::evaluate(const ParallelPlan& plan, bool bound_only) {
   {
     const double flops = a.head_flops_per_token_forward * tokens / shard;
     const double logits = 4.0 * tokens * static_cast<double>(cfg.vocab_size) / shard;  // fp32
-    head.f_compute = flops / peak + 2 * logits / hbm;
-    head.b_compute = flops / peak + 2 * logits / hbm;
-    head.w_compute = flops / peak;
+    // Embedding, final norm, the LM head's GEMM and the cross-entropy.
+    double f = flops / peak + gemm, dx = f, dw = f;
+    if (c.gemm.calibrated()) {
+      const double t = tokens / seq_div, v = static_cast<double>(cfg.vocab_size) / tp;
+      f = c.gemm_time(t, v, h, plan.amp);
+      dx = c.gemm_time(t, h, v, plan.amp);
+      dw = c.gemm_time(h, v, t, plan.amp);
+    }
+    head.f_compute = f + 2 * logits / hbm + kHeadOps * op;
+    head.b_compute = dx + 2 * logits / hbm + kHeadOps * op;
+    head.w_compute = dw;
   }
 
   const Link& pp_link = group_link(plan, "pp", c);
@@ -341,8 +400,8 @@ TimePrediction TimeModel::evaluate(const ParallelPlan& plan, bool bound_only) {
     double z_f = 0, z_b = 0;
     if (plan.zero == 3 && dp > 1) {
       const double ag = all_gather(r.params * param_elem, dp, dp_link);
-      z_f = std::max(0.0, ag - x.f_compute);
-      z_b = std::max(0.0, ag - x.b_compute - x.w_compute);
+      z_f = c.overlaps_communication ? std::max(0.0, ag - x.f_compute) : ag;
+      z_b = c.overlaps_communication ? std::max(0.0, ag - x.b_compute - x.w_compute) : ag;
     }
     const double pf = pp > 1 ? p2p : 0.0;
     const double rf = x.f_compute + x.f_comm + pf + z_f;
@@ -382,8 +441,14 @@ TimePrediction TimeModel::evaluate(const ParallelPlan& plan, bool bound_only) {
       if (plan.zero < 3) dp_time += all_gather(stage0_params * param_elem, dp, dp_link);
     }
   }
-  t.parts.dp_comm =
-      m * zero3 + (options_.overlap_dp ? std::max(0.0, dp_time - stage0_back) : dp_time);
+  // Buckets are reduced as they fill during the backward, so the last bucket's share of the
+  // traffic starts only when the backward ends: that much is exposed whatever the overlap (all
+  // of it when the gradients fit in one bucket, as a tiny model's do).
+  const double last_bucket =
+      grads > 0 ? dp_time * std::min(1.0, plan.bucket_mb * 1024 * 1024 / grads) : 0.0;
+  t.parts.dp_comm = m * zero3 + (options_.overlap_dp && c.overlaps_communication
+                                     ? std::max(last_bucket, dp_time - stage0_back)
+                                     : dp_time);
 
   // The optimizer walks the largest rank's parameters (sharded by ZeRO >= 1, and by chunk
   // ownership under offload with dp).
@@ -398,6 +463,20 @@ TimePrediction TimeModel::evaluate(const ParallelPlan& plan, bool bound_only) {
     t.parts.offload = std::max({cpu, pcie, nvme});
   } else {
     t.parts.optimizer = local * kAdamBytes / hbm;
+  }
+  // Accumulation: every micro-batch after the first adds its weight gradients into the
+  // parameters' (read both, write one: 3 elements of traffic), one kernel call per tensor.
+  if (m > 1 && c.op_overhead > 0) {
+    const double stage_layers = static_cast<double>(cfg.n_layer) / pp;
+    t.parts.compute +=
+        (m - 1) * (max_params * grad_elem * 3 / hbm +
+                   op * (stage_layers * calls.param_tensors + calls.outside_tensors));
+  }
+  // Gradient norm, AdamW and zeroing walk the parameter tensors one kernel call each.
+  {
+    const double stage_layers = static_cast<double>(cfg.n_layer) / pp;
+    t.parts.optimizer +=
+        3 * op * (stage_layers * calls.param_tensors + calls.outside_tensors / (pp > 1 ? 2 : 1));
   }
 
   t.step_time = t.parts.total();

@@ -29,6 +29,13 @@
 //                states' reads and writes at the node's NVMe rate. Pipelined chunk by chunk, so
 //                the slowest of the three streams binds.
 //   optimizer    AdamW on the device: 32 bytes of HBM traffic per local parameter.
+//   per call     on a calibrated machine (plan/calibrate.h: a CPU, where tiny models are
+//                thousands of small kernel calls): each engine op of a block costs the measured
+//                op overhead forward and backward (the op counts are the model code's), each
+//                GEMM the calibrated time for its own shape, attention the measured rate for
+//                its head size, and accumulation, the gradient norm and AdamW one call per
+//                parameter tensor. The dp reduction of the last gradient bucket is exposed
+//                even with overlap (all of it when the gradients fit one bucket).
 #pragma once
 
 #include <cstdint>

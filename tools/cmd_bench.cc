@@ -13,6 +13,7 @@
 #include "tools/bench/io_bench.h"
 #include "tools/bench/kernels_bench.h"
 #include "tools/bench/offload_bench.h"
+#include "tools/bench/plan_bench.h"
 #include "tools/bench/train/train_bench.h"
 #include "tools/command.h"
 
@@ -42,6 +43,9 @@ const std::map<std::string, Bench>& benches() {
       {"offload",
        {"step time with parameters/optimizer paged under a device budget vs in memory",
         run_offload_bench}},
+      {"plan",
+       {"the planner's predicted step time vs `mammoth train` over 30+ plans (calibrated here)",
+        run_plan_bench}},
       {"train",
        {"training tokens/s vs PyTorch eager on the same model, batch and threads",
         run_train_bench}},

@@ -17,10 +17,18 @@
 // FLOPs per token from `mammoth analyze`, the LM head on the last stage), with each stage's
 // share and the bottleneck.
 //
+// `mammoth plan --calibrate [--quick] [--threads N] [--out FILE]`: measures this machine
+// (plan/calibrate.h: FMA peak, the engine's sgemm at transformer shapes, per-op and per-GEMM-call
+// costs, attention, memory and disk rates, MPI all-reduce between two local ranks started with
+// mpirun) and writes a cluster file for --cluster (default calibrated.json); one rank is --threads
+// CPU threads (default 1). `--calibrate-comm` is that MPI child's part (run under mpirun).
+//
 // The --pp, --pp-schedule, --virtual-stages and --pp-partition flags are defined here;
 // `mammoth train` shares them (and plan shares train's --model and --seq-len) with
 // ABSL_DECLARE_FLAG (Abseil flags are global to the binary).
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -34,6 +42,7 @@
 #include "models/registry.h"
 #include "parallel/pipeline/partition.h"
 #include "parallel/pipeline/schedule.h"
+#include "plan/calibrate.h"
 #include "plan/cluster.h"
 #include "plan/memory_model.h"
 #include "plan/parallel_plan.h"
@@ -69,6 +78,13 @@ ABSL_FLAG(bool, flash_attention, true,
           "plan: attention never stores its T x T scores (false: Megatron-LM 2021's softmax)");
 ABSL_FLAG(bool, overlap_dp, true,
           "plan: dp/ZeRO collectives overlap the last backward (false: after it)");
+ABSL_FLAG(bool, calibrate, false,
+          "plan: measure this machine and write a cluster file (--out, default calibrated.json)");
+ABSL_FLAG(
+    bool, calibrate_comm, false,
+    "plan: the MPI part of --calibrate, on every rank of an mpirun job (rank 0 writes --out)");
+ABSL_FLAG(bool, quick, false, "plan --calibrate: fewer shapes and repetitions (~5 s)");
+ABSL_DECLARE_FLAG(int, threads);
 ABSL_DECLARE_FLAG(std::string, amp);
 ABSL_DECLARE_FLAG(std::string, device);
 ABSL_DECLARE_FLAG(std::string, out);
@@ -189,9 +205,43 @@ int search_plans() {
   return result.plans.empty() ? 1 : 0;
 }
 
+void write_file(const json::Value& v, const std::string& path) {
+  std::ofstream out(path);
+  out << json::dump(v, 2) << "\n";
+  out.close();
+  MAMMOTH_CHECK(out.good()) << "[plan] cannot write '" << path << "'";
+}
+
+int calibrate() {
+  plan::CalibrateOptions o;
+  o.quick = absl::GetFlag(FLAGS_quick);
+  o.threads_per_rank = std::max(1, absl::GetFlag(FLAGS_threads));
+  const plan::Cluster c = plan::calibrate_this_machine(o);
+  std::string path = absl::GetFlag(FLAGS_out);
+  if (path.empty()) path = "calibrated.json";
+  write_file(plan::cluster_to_json(c), path);
+  std::printf(
+      "wrote %s: %d ranks x %d thread(s), %.1f GFLOP/s peak, sgemm %.0f%% of it, op %.2f us, "
+      "GEMM call %.2f us, attention %.2f GFLOP/s, MPI %.2f GB/s %.1f us\n",
+      path.c_str(), c.devices_per_node, o.threads_per_rank, c.peak_fp32 / 1e9,
+      100 * c.matmul_efficiency, c.op_overhead * 1e6, c.gemm_call_overhead * 1e6,
+      c.attention_rate / 1e9, c.intra_node.bandwidth / 1e9, c.intra_node.latency * 1e6);
+  return 0;
+}
+
+int calibrate_comm() {
+  const json::Value v = plan::calibrate_comm(absl::GetFlag(FLAGS_quick));
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  const std::string path = absl::GetFlag(FLAGS_out);
+  if ((rank == nullptr || std::atoi(rank) == 0) && !path.empty()) write_file(v, path);
+  return 0;
+}
+
 int run_plan(const std::vector<std::string>& args) {
   MAMMOTH_CHECK(args.empty()) << "[plan] unexpected argument '" << (args.empty() ? "" : args[0])
                               << "'";
+  if (absl::GetFlag(FLAGS_calibrate)) return calibrate();
+  if (absl::GetFlag(FLAGS_calibrate_comm)) return calibrate_comm();
   if (absl::GetFlag(FLAGS_show_partition)) return show_partition();
   if (!absl::GetFlag(FLAGS_show_schedule)) return search_plans();
   const double weight_cost = absl::GetFlag(FLAGS_pp_weight_cost);
@@ -230,6 +280,7 @@ int run_plan(const std::vector<std::string>& args) {
 
 MAMMOTH_COMMAND(plan,
                 "parallel plans: the fastest plans for --model on --cluster --world N "
-                "--global-batch B (or --evaluate plan.json), --show-schedule (a pipeline "
+                "--global-batch B (or --evaluate plan.json), --calibrate (this machine as a "
+                "cluster file), --show-schedule (a pipeline "
                 "schedule's timeline), --show-partition (pipeline stages of --model)",
                 mammoth::tools::run_plan);

@@ -1,0 +1,55 @@
+// Calibration: a cluster description of this machine, measured, for planning CPU runs here
+// (`mammoth plan --calibrate`, `mammoth train --plan auto`, `mammoth bench plan`).
+//
+// One rank is `threads_per_rank` CPU threads, so devices_per_node = cores / threads_per_rank and
+// nodes = 1. What is measured (the whole under ~20 s, --quick ~5 s), by cluster key:
+//   peak_tflops: a register-only FMA loop on one core (ymm; zmm where AVX-512 runs) x threads.
+//   gemm_time_model: the engine's sgemm (kernels/cpu) at transformer block GEMMs (64-1024
+//     tokens x linear layers of width 16-256: forward NN, input-gradient NT, weight-gradient
+//     TN), fitted by relative least squares as time = 2MNK (a + b / K + c / min(M, N)) + call.
+//     matmul_efficiency: the largest GEMM's rate / peak; gemm_call_us: the fitted call.
+//   op_overhead_us, device_memory_GBps: a chain of engine ops through autograd, forward and
+//     backward, on tensors of 1 to 2048 x 128 floats: the overhead from one row, the bandwidth
+//     from the two largest (activation-sized tensors, mostly in cache).
+//   attention_GFLOPs_by_head_dim: engine::attention forward + backward (causal, fused), 64
+//     tokens, head sizes 16-64.
+//   host_memory_GBps: a copy of 64 MiB (past the caches).
+//   links: MPI_Allreduce between two local ranks, 8 B - 4 MiB, read as the ring formula the
+//     time model uses (2 ranks: bytes / bandwidth + 2 latency): latency from 8 B, bandwidth
+//     from the two largest sizes. intra_node, inter_node and pcie all get it (one node; the
+//     "device" memory is host memory). It runs `mpirun -np 2` on this binary unless this
+//     process already has a world of >= 2 ranks (then every rank must call this).
+//   nvme: a file written with fsync and read back after dropping it from the page cache.
+//   overlaps_communication: false with one thread per rank (MPI progresses only inside MPI
+//     calls, so no collective runs behind compute); not measured.
+// Compute figures keep the best of several rounds (a neighbour on a shared machine only slows
+// them); communication keeps the median (see calibrate_comm). The file says what was measured
+// in "calibration", with the raw points.
+#pragma once
+
+#include <string>
+
+#include "base/json.h"
+#include "plan/cluster.h"
+
+namespace mammoth::plan {
+
+struct CalibrateOptions {
+  bool quick = false;        // fewer shapes and repetitions (~5 s)
+  int threads_per_rank = 1;  // CPU threads one rank runs (train --threads)
+  // How to start two ranks of this binary for the communication figures ("" or "none": skip,
+  // leaving a shared-memory copy's rate and latency).
+  std::string mpirun = "mpirun --oversubscribe --allow-run-as-root";
+  std::string scratch_dir;  // for the NVMe figure and the MPI child's output ("": $TMPDIR)
+  bool verbose = true;      // print each figure to stderr as it is measured
+};
+
+// Measures this machine; see the header comment. Sets the calling thread pool's size to
+// threads_per_rank while it measures and restores it after.
+Cluster calibrate_this_machine(const CalibrateOptions& options = {});
+
+// The communication measurement, run on every rank of an MPI world of >= 2 ranks: MPI_Allreduce
+// times per size, fitted. Returns {"GBps", "latency_us", "points": [[bytes, seconds]...]}.
+json::Value calibrate_comm(bool quick);
+
+}  // namespace mammoth::plan

@@ -1,0 +1,71 @@
+// plan/calibrate: a quick calibration of this machine (no MPI) gives a cluster the time model
+// reads, its measured terms survive a JSON round trip, and they change CPU predictions only
+// where they apply (published clusters, which lack them, predict as before).
+#include "plan/calibrate.h"
+
+#include <catch2/catch.hpp>
+
+#include "base/json.h"
+#include "models/registry.h"
+#include "plan/cluster.h"
+#include "plan/parallel_plan.h"
+#include "plan/time_model.h"
+
+namespace mammoth::plan {
+namespace {
+
+TEST_CASE("a quick calibration is a usable cluster", "[plan][calibrate]") {
+  const Cluster c = calibrate_this_machine({.quick = true, .mpirun = "none", .verbose = false});
+  CHECK(c.nodes == 1);
+  CHECK(c.devices_per_node >= 1);
+  CHECK(c.peak_fp32 > 1e9);
+  CHECK(c.matmul_efficiency > 0);
+  CHECK(c.matmul_efficiency <= 1);
+  CHECK(c.gemm.calibrated());
+  CHECK(c.op_overhead > 0);
+  CHECK(c.op_overhead < 1e-3);
+  CHECK(c.device_memory_bandwidth > 1e8);
+  CHECK(!c.attention_rates.empty());
+  CHECK_FALSE(c.overlaps_communication);
+  CHECK(c.calibration.at("quick").as_bool());
+
+  const Cluster again = cluster_from_json(json::parse(json::dump(cluster_to_json(c))));
+  CHECK(again.op_overhead == Approx(c.op_overhead));
+  CHECK(again.gemm.per_flop == Approx(c.gemm.per_flop));
+  CHECK(again.gemm.per_flop_mn == Approx(c.gemm.per_flop_mn));
+  CHECK(again.attention_rates.size() == c.attention_rates.size());
+  CHECK(again.overlaps_communication == c.overlaps_communication);
+  CHECK(again.gemm_time(64, 384, 128, "fp32") == Approx(c.gemm_time(64, 384, 128, "fp32")));
+  // Thin outputs cost more per FLOP than wide ones (or the same, where the fit finds no term).
+  CHECK(c.gemm_time(64, 512, 128, "fp32") / (64.0 * 512 * 128) >=
+        c.gemm_time(1024, 512, 128, "fp32") / (1024.0 * 512 * 128));
+
+  ParallelPlan p;
+  p.micro_batch = 8;
+  p.seq_len = 64;
+  p.device = "cpu";
+  const models::ModelConfig gpt2 = models::resolve_config("gpt2-tiny");
+  const TimePrediction t = predict_time(gpt2, p, c);
+  CHECK(t.step_time > 1e-3);  // thousands of kernel calls: milliseconds, not microseconds
+  CHECK(t.step_time < 10);
+  ParallelPlan more = p;
+  more.micro_batch = 2;
+  more.grad_accum = 4;  // the same tokens in four micro-batches: four times the calls
+  CHECK(predict_time(gpt2, more, c).step_time > t.step_time);
+}
+
+TEST_CASE("calibrated keys are refused when malformed", "[plan][calibrate]") {
+  json::Value v = cluster_to_json(load_cluster("h200_node"));
+  v.set("gemm_time_model", json::Value::object().set("ns_per_flop", 0.02));
+  CHECK_THROWS_WITH(cluster_from_json(v), Catch::Contains("ns_per_flop_times_k"));
+  v.set("gemm_time_model", json::Value::object()
+                               .set("ns_per_flop", 0.02)
+                               .set("ns_per_flop_times_k", 0.0)
+                               .set("ns_per_flop_times_mn", 0.0)
+                               .set("call_us", 1.0));
+  v.set("overlaps_communication", 1);
+  CHECK_THROWS_WITH(cluster_from_json(v), Catch::Contains("overlaps_communication"));
+}
+
+}  // namespace
+}  // namespace mammoth::plan
