@@ -187,6 +187,9 @@ int search_plans() {
   o.device = plan_device();
   o.runnable_only = absl::GetFlag(FLAGS_runnable_only);
   o.check_memory = absl::GetFlag(FLAGS_check_memory);
+  // Plans to be run here count what today's train holds beyond their share; the others are
+  // ranked by what they need (plan/search.h).
+  o.count_model_copy = o.runnable_only;
   o.time = time_options();
   MAMMOTH_CHECK(o.world >= 1) << "[plan] --world must be >= 1 (the ranks to plan for), got "
                               << o.world;

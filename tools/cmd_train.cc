@@ -8,6 +8,7 @@
 #include <exception>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -29,6 +30,7 @@
 #include "models/registry.h"
 #include "parallel/comm/mpi_communicator.h"
 #include "parallel/mesh.h"
+#include "plan/calibrate.h"
 #include "plan/cluster.h"
 #include "plan/memory_model.h"
 #include "plan/parallel_plan.h"
@@ -93,7 +95,8 @@ ABSL_FLAG(std::string, plan, "",
           "a ParallelPlan JSON file (mammoth plan --out writes them) giving the whole layout: "
           "mesh, sequence parallelism, pipeline, micro-batching, ZeRO, offload, recompute, amp; "
           "or auto: the planner's best plan for the launched world, --global-batch and "
-          "--seq-len on --cluster; the layout flags are then refused");
+          "--seq-len on --cluster (default: this machine, calibrated at start-up); the layout "
+          "flags are then refused");
 ABSL_DECLARE_FLAG(int64_t, mask_token);
 ABSL_DECLARE_FLAG(std::string, cluster);
 ABSL_DECLARE_FLAG(int64_t, global_batch);
@@ -204,21 +207,34 @@ void refuse_layout_flags(const std::string& source, const std::set<std::string>&
   }
 }
 
+// The machine the planner predicts for: --cluster FILE|NAME, or under --plan auto without it,
+// this machine calibrated now (plan/calibrate.h, the quick variant: a few seconds; collective
+// under mpirun, so every rank takes part; rank 0's figures are the ones used). None otherwise.
+std::optional<plan::Cluster> run_cluster(const parallel::ProcessInfo& proc) {
+  if (!absl::GetFlag(FLAGS_cluster).empty())
+    return plan::load_cluster(absl::GetFlag(FLAGS_cluster));
+  if (absl::GetFlag(FLAGS_plan) != "auto") return std::nullopt;
+  if (proc.rank == 0)
+    std::fprintf(stderr,
+                 "[train] --plan auto: calibrating this machine (mammoth plan --calibrate "
+                 "writes a file for --cluster, which skips this)\n");
+  plan::CalibrateOptions co;
+  co.quick = true;
+  co.threads_per_rank = num_threads();
+  co.verbose = false;
+  return plan::calibrate_this_machine(co);
+}
+
 // --plan auto: rank 0 searches (plan/search.h) for the fastest plan `mammoth train` can run on
 // this world, model, --global-batch and --seq-len, on the machine --cluster describes, prints
 // the ranked plans and why, and sends its choice to every rank (one search, one answer).
-plan::ParallelPlan auto_plan(const parallel::ProcessInfo& proc) {
+plan::ParallelPlan auto_plan(const parallel::ProcessInfo& proc, const plan::Cluster& cluster) {
   refuse_layout_flags("auto", {"seq_len", "amp", "nvme_dir"});
-  const std::string cluster_path = absl::GetFlag(FLAGS_cluster);
-  MAMMOTH_CHECK(!cluster_path.empty())
-      << "[train] --plan auto needs --cluster FILE describing this machine (mammoth plan "
-         "--calibrate writes one) or a shipped name";
   const int64_t global_batch = absl::GetFlag(FLAGS_global_batch);
   MAMMOTH_CHECK(global_batch > 0)
       << "[train] --plan auto needs --global-batch B (sequences per step over all ranks)";
   std::string text;
   if (proc.rank == 0) {
-    const plan::Cluster cluster = plan::load_cluster(cluster_path);
     const models::ModelConfig config = models::resolve_config(absl::GetFlag(FLAGS_model));
     plan::SearchOptions so;
     so.world = proc.world_size;
@@ -263,9 +279,11 @@ plan::ParallelPlan auto_plan(const parallel::ProcessInfo& proc) {
 
 // The run's plan: from --plan FILE, or built from train's flags (--dp 0: every launched rank
 // not taken by pp x tp x sp).
-plan::ParallelPlan plan_from_flags(int launched) {
+plan::ParallelPlan plan_from_flags(const parallel::ProcessInfo& proc,
+                                   const std::optional<plan::Cluster>& cluster) {
+  const int launched = proc.world_size;
   const std::string file = absl::GetFlag(FLAGS_plan);
-  if (file == "auto") return auto_plan(parallel::process_info());
+  if (file == "auto") return auto_plan(proc, *cluster);
   if (!file.empty()) {
     refuse_layout_flags(file);
     return plan::load_plan(file);
@@ -310,8 +328,9 @@ int run_train(const std::vector<std::string>& args) {
 
   // The plan (dp x pp x tp x sp = the launcher's world, and the rest of the layout), checked
   // in one place (plan::validate) before anything is built.
-  const int launched = parallel::process_info().world_size;
-  plan::ParallelPlan layout = plan_from_flags(launched);
+  const parallel::ProcessInfo proc = parallel::process_info();
+  const std::optional<plan::Cluster> cluster = run_cluster(proc);
+  plan::ParallelPlan layout = plan_from_flags(proc, cluster);
   // Where this process trains (DESIGN.md: CUDA device = local rank when CUDA devices exist).
   // A plan file names its device kind; --device, when set, overrides it.
   const bool device_given = absl::GetFlag(FLAGS_plan).empty() || flag_changed("device");
@@ -456,13 +475,12 @@ int run_train(const std::vector<std::string>& args) {
   // Destroyed before the runtime is (its teardown allocates): declared after it.
   PeakMemoryReport peak_report{rt.rank(), o.predicted_peak_mem_bytes, 0, device.device};
   o.report_peak_memory = [report = &peak_report](int64_t peak) { report->first_step = peak; };
-  if (!absl::GetFlag(FLAGS_cluster).empty()) {
-    const plan::Cluster cluster = plan::load_cluster(absl::GetFlag(FLAGS_cluster));
-    const plan::TimePrediction t = plan::predict_time(cfg, pl, cluster);
+  if (cluster) {
+    const plan::TimePrediction t = plan::predict_time(cfg, pl, *cluster);
     o.predicted_step_s = t.step_time;
     if (lead)
       std::fprintf(stderr, "[train] predicted step time %.3g s on %s (%s binds)\n", t.step_time,
-                   cluster.name.c_str(), t.binding.c_str());
+                   cluster->name.c_str(), t.binding.c_str());
   } else if (lead) {
     std::fprintf(stderr,
                  "[train] predicted step time: none (--cluster FILE describes the machine; "

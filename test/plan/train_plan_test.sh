@@ -73,4 +73,13 @@ print("metrics:", {k: lines[-1][k] for k in ["step_s", "predicted_step_s", "peak
                                               "predicted_peak_mem_bytes"]})
 PY
 done
+# Without --cluster, --plan auto calibrates this machine first (every rank takes part) and
+# predicts on it.
+run 2 "$work/calibrated.log" --plan auto --global-batch 8 --seq-len 32 \
+  --metrics "$work/calibrated.jsonl" || { cat "$work/calibrated.log"; fail "--plan auto, calibrated"; }
+for want in "calibrating this machine" "--plan auto on " "\[train\] predicted step time "; do
+  grep -q -- "$want" "$work/calibrated.log" || { cat "$work/calibrated.log"; fail "no '$want'"; }
+done
+grep -a "predicted step time" "$work/calibrated.log"
+grep -q '"predicted_step_s"' "$work/calibrated.jsonl" || fail "calibrated: no predicted_step_s"
 echo "PASS"
