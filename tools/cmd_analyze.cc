@@ -1,24 +1,54 @@
-// `mammoth analyze`: parameter count, FLOPs per token and training memory of a model, from its
-// config alone (registered name or Hugging Face directory), so 70B shapes work on a laptop.
+// `mammoth analyze`: parameter count and FLOPs per token of a model, from its config alone
+// (registered name or Hugging Face directory), so 70B shapes work on a laptop; and what the
+// planner's models say about training it with the layout `mammoth train`'s flags (or --plan
+// FILE) describe: memory per rank, stage and tier (plan/memory_model), what fits a device and
+// host of the given sizes under each offload setting (plan/fit), and with --cluster the step
+// time and where it goes (plan/time_model). analyze has no formulas of its own.
 #include <algorithm>
 #include <cstdio>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
 #include "base/json.h"
 #include "memory/chunks/chunk_manager.h"
 #include "models/analyze.h"
 #include "models/registry.h"
+#include "plan/cluster.h"
+#include "plan/fit.h"
+#include "plan/memory_model.h"
+#include "plan/parallel_plan.h"
+#include "plan/time_model.h"
 #include "tools/command.h"
 
-// Shared with `mammoth train` (defined in cmd_train.cc).
+// Shared with `mammoth train` (defined in cmd_train.cc) and `mammoth plan` (cmd_plan.cc).
 ABSL_DECLARE_FLAG(std::string, model);
+ABSL_DECLARE_FLAG(std::string, plan);
+ABSL_DECLARE_FLAG(int, dp);
+ABSL_DECLARE_FLAG(int, tp);
+ABSL_DECLARE_FLAG(int, sp);
+ABSL_DECLARE_FLAG(std::string, sp_mode);
+ABSL_DECLARE_FLAG(int, pp);
+ABSL_DECLARE_FLAG(std::string, pp_schedule);
+ABSL_DECLARE_FLAG(int, virtual_stages);
+ABSL_DECLARE_FLAG(std::string, pp_partition);
+ABSL_DECLARE_FLAG(int64_t, micro_batch);
+ABSL_DECLARE_FLAG(int64_t, grad_accum);
+ABSL_DECLARE_FLAG(int64_t, seq_len);
+ABSL_DECLARE_FLAG(int, zero);
+ABSL_DECLARE_FLAG(double, bucket_mb);
+ABSL_DECLARE_FLAG(std::string, offload);
 ABSL_DECLARE_FLAG(std::string, device_mem);
 ABSL_DECLARE_FLAG(std::string, host_mem);
 ABSL_DECLARE_FLAG(double, chunk_mb);
-ABSL_DECLARE_FLAG(int, dp);
+ABSL_DECLARE_FLAG(bool, activation_checkpointing);
+ABSL_DECLARE_FLAG(int64_t, recompute_blocks);
+ABSL_DECLARE_FLAG(std::string, amp);
+ABSL_DECLARE_FLAG(std::string, device);
+ABSL_DECLARE_FLAG(std::string, cluster);
 ABSL_FLAG(int64_t, context, 0, "analyze: context length for attention FLOPs (0: the model's max)");
 ABSL_FLAG(bool, json, false, "analyze: print only the JSON line");
 
@@ -43,13 +73,118 @@ std::string gib(int64_t bytes) {
   return buf;
 }
 
+// The layout flags a plan file gives instead (train's list, tools/cmd_train.cc kPlanFlags).
+constexpr const char* kLayoutFlags[] = {"dp",
+                                        "pp",
+                                        "tp",
+                                        "sp",
+                                        "sp_mode",
+                                        "pp_schedule",
+                                        "virtual_stages",
+                                        "pp_partition",
+                                        "micro_batch",
+                                        "grad_accum",
+                                        "seq_len",
+                                        "zero",
+                                        "bucket_mb",
+                                        "offload",
+                                        "device_mem",
+                                        "host_mem",
+                                        "chunk_mb",
+                                        "activation_checkpointing",
+                                        "recompute_blocks",
+                                        "amp"};
+
+bool flag_changed(const char* name) {
+  const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+  MAMMOTH_CHECK(flag != nullptr) << "[analyze] no flag --" << name;
+  return flag->CurrentValue() != flag->DefaultValue();
+}
+
+// The plan analyze describes: --plan FILE, or built from train's layout flags as train builds
+// it, for one process per rank of its own world (--dp 0: 1).
+plan::ParallelPlan plan_from_flags() {
+  const std::string file = absl::GetFlag(FLAGS_plan);
+  MAMMOTH_CHECK(file != "auto") << "[analyze] --plan auto searches for a world and a cluster: "
+                                   "use `mammoth plan`, then `mammoth analyze --plan FILE`";
+  if (!file.empty()) {
+    for (const char* name : kLayoutFlags) {
+      MAMMOTH_CHECK(!flag_changed(name))
+          << "[analyze] --" << name << " is set by --plan " << file
+          << "; give the layout in one place (edit the plan file, or leave out --plan)";
+    }
+    return plan::load_plan(file);
+  }
+  plan::ParallelPlan p;
+  p.dp = std::max(1, absl::GetFlag(FLAGS_dp));
+  p.pp = absl::GetFlag(FLAGS_pp);
+  p.tp = absl::GetFlag(FLAGS_tp);
+  p.sp = absl::GetFlag(FLAGS_sp);
+  p.sp_mode = absl::GetFlag(FLAGS_sp_mode);
+  p.pp_schedule = absl::GetFlag(FLAGS_pp_schedule);
+  p.virtual_stages = absl::GetFlag(FLAGS_virtual_stages);
+  p.pp_partition = absl::GetFlag(FLAGS_pp_partition);
+  p.micro_batch = absl::GetFlag(FLAGS_micro_batch);
+  p.grad_accum = absl::GetFlag(FLAGS_grad_accum);
+  p.seq_len = absl::GetFlag(FLAGS_seq_len);
+  p.zero = absl::GetFlag(FLAGS_zero);
+  p.bucket_mb = absl::GetFlag(FLAGS_bucket_mb);
+  p.offload = absl::GetFlag(FLAGS_offload);
+  const memory::chunks::DeviceMemSpec device_spec =
+      memory::chunks::parse_device_mem(absl::GetFlag(FLAGS_device_mem));
+  (device_spec.auto_budget ? p.auto_device_mem : p.device_mem) = device_spec.bytes;
+  p.host_mem = memory::chunks::parse_bytes(absl::GetFlag(FLAGS_host_mem), "--host-mem");
+  p.chunk_mb = absl::GetFlag(FLAGS_chunk_mb);
+  const int64_t blocks = absl::GetFlag(FLAGS_recompute_blocks);
+  MAMMOTH_CHECK(!absl::GetFlag(FLAGS_activation_checkpointing) || blocks == 0)
+      << "[analyze] --activation-checkpointing recomputes every block; --recompute-blocks "
+      << blocks << " says how many: give one of them";
+  p.recompute_blocks = absl::GetFlag(FLAGS_activation_checkpointing) ? -1 : blocks;
+  p.amp = absl::GetFlag(FLAGS_amp);
+  p.device = absl::GetFlag(FLAGS_device) == "cuda" ? "cuda" : "cpu";
+  return p;
+}
+
+void print_lines(const std::string& text, const char* indent) {
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) std::printf("%s%s\n", indent, line.c_str());
+}
+
+void print_fits(const std::vector<plan::OffloadFit>& fits, int64_t device_mem, bool device_auto,
+                int64_t host_mem, const plan::ParallelPlan& base) {
+  auto budget = [](int64_t b) { return b > 0 ? gib(b) : std::string("unlimited"); };
+  std::printf("fit per rank (plan/memory_model; a device of %s%s, host %s, dp %d):\n",
+              device_auto ? "auto:" : "", budget(device_mem).c_str(), budget(host_mem).c_str(),
+              base.dp);
+  std::printf("  %-11s %14s %14s %14s %5s   %s\n", "--offload", "device", "host", "nvme", "fits",
+              "largest of this width");
+  for (const plan::OffloadFit& f : fits) {
+    if (!f.invalid.empty()) {
+      std::printf("  %-11s not valid here: %s\n", f.setting.c_str(), f.invalid.c_str());
+      continue;
+    }
+    const std::string largest = f.max_layers == 0 ? std::string("none (too few layers fit)")
+                                                  : std::to_string(f.max_layers) + " layers, " +
+                                                        human(double(f.max_params), "params");
+    std::printf("  %-11s %14s %14s %14s %5s   %s\n", f.setting.c_str(), gib(f.device_bytes).c_str(),
+                gib(f.host_bytes).c_str(), gib(f.nvme_bytes).c_str(), f.fits ? "yes" : "no",
+                largest.c_str());
+  }
+  std::printf(
+      "  (device: the allocator's peak, activations included, plus the chunks held there; "
+      "host, nvme: AdamW states off the device; -paged: --device-mem auto:SIZE, every chunk "
+      "homed off the device and cached in what the peak leaves)\n");
+}
+
 int run_analyze(const std::vector<std::string>& args) {
   MAMMOTH_CHECK(args.empty()) << "[analyze] unexpected argument '" << args[0] << "'";
   const std::string name = absl::GetFlag(FLAGS_model);
   const int64_t context = absl::GetFlag(FLAGS_context);
   MAMMOTH_CHECK(context >= 0) << "[analyze] --context must be >= 0, got " << context;
-  const models::ModelAnalysis a = models::analyze(models::resolve_config(name), context);
-  if (!absl::GetFlag(FLAGS_json)) {
+  const models::ModelConfig config = models::resolve_config(name);
+  const models::ModelAnalysis a = models::analyze(config, context);
+  const bool text = !absl::GetFlag(FLAGS_json);
+  if (text) {
     const models::ModelConfig& c = a.config;
     std::printf(
         "model        %s (%s): %lld layers, d_model %lld, %lld heads (%lld kv), d_ff %lld, "
@@ -61,54 +196,55 @@ int run_analyze(const std::vector<std::string>& args) {
     std::printf("FLOPs/token  forward %s, forward+backward %s (context %lld)\n",
                 human(a.flops_per_token_forward, "FLOP").c_str(),
                 human(a.flops_per_token_train, "FLOP").c_str(), (long long)a.seq_len);
-    std::printf("memory (AdamW; 16-bit dtypes keep fp32 master weights with the optimizer):\n");
-    std::printf("  %-6s %14s %14s %14s %14s\n", "dtype", "weights", "grads", "optimizer", "total");
-    for (const models::MemoryEstimate& m : a.memory) {
-      std::printf("  %-6s %14s %14s %14s %14s\n", dtype_name(m.dtype), gib(m.weights_bytes).c_str(),
-                  gib(m.grads_bytes).c_str(), gib(m.optimizer_bytes).c_str(),
-                  gib(m.total_bytes()).c_str());
+  }
+  json::Value out = models::analysis_to_json(a);
+
+  const plan::ParallelPlan p = plan_from_flags();
+  out.set("plan", plan::plan_to_json(p));
+  if (text)
+    std::printf("plan         %s, %s dtype\n", plan::plan_summary(p).c_str(),
+                dtype_name(config.dtype));
+  const std::string invalid = plan::check(p, {.model = &config});
+  if (!invalid.empty()) {
+    // The rules train would refuse the plan with; the memory and time models assume they hold.
+    out.set("plan_invalid", invalid);
+    if (text) std::printf("  not valid, so not predicted: %s\n", invalid.c_str());
+  } else {
+    const plan::MemoryPrediction m = plan::predict_memory(config, p);
+    out.set("memory", m.to_json());
+    if (text) {
+      std::printf(
+          "memory       per rank (plan/memory_model): device peak %s (%s without the "
+          "runtime's model copy)\n",
+          gib(m.device_peak()).c_str(), gib(m.planned_peak()).c_str());
+      print_lines(m.explain(), "  ");
+    }
+    const std::string cluster_name = absl::GetFlag(FLAGS_cluster);
+    if (!cluster_name.empty()) {
+      const plan::Cluster cluster = plan::load_cluster(cluster_name);
+      const plan::TimePrediction t = plan::predict_time(config, p, cluster);
+      out.set("time", t.to_json().set("cluster", cluster.name));
+      if (text) {
+        std::printf("time         on %s (plan/time_model): ", cluster.name.c_str());
+        const std::string e = t.explain();
+        const size_t nl = e.find('\n');
+        std::printf("%s\n", e.substr(0, nl).c_str());
+        if (nl != std::string::npos) print_lines(e.substr(nl + 1), "");
+      }
     }
   }
-  // With a budget: what fits under each --offload setting, and the deepest model of this
-  // width that would.
-  // `auto:SIZE` (as `mammoth train` takes it): the device's SIZE; what the first step's
-  // activations take off it is only known when training runs, and is not counted here.
-  const memory::chunks::DeviceMemSpec device_spec =
-      memory::chunks::parse_device_mem(absl::GetFlag(FLAGS_device_mem));
-  const bool device_auto = device_spec.auto_budget;
-  const int64_t device_mem = device_spec.bytes;
-  const int64_t host_mem = memory::chunks::parse_bytes(absl::GetFlag(FLAGS_host_mem), "--host-mem");
-  // --dp 0 means "every rank mpirun started" to `mammoth train`; here, one process.
-  const int dp = std::max(1, absl::GetFlag(FLAGS_dp));
-  json::Value out = models::analysis_to_json(a);
-  if (device_mem > 0 || host_mem > 0) {
-    const auto chunk = static_cast<int64_t>(absl::GetFlag(FLAGS_chunk_mb) * 1048576.0);
-    const std::vector<models::OffloadFit> fits =
-        models::offload_fits(a.config, device_mem, host_mem, chunk, dp);
-    if (!absl::GetFlag(FLAGS_json)) {
-      auto budget = [](int64_t b) { return b > 0 ? gib(b) : std::string("unlimited"); };
-      std::printf(
-          "fit per rank (%s dtype; --device-mem %s%s, --host-mem %s, --dp %d; activations "
-          "not counted):\n",
-          dtype_name(a.config.dtype), device_auto ? "auto:" : "", budget(device_mem).c_str(),
-          budget(host_mem).c_str(), dp);
-      std::printf("  %-11s %14s %14s %14s %5s   %s\n", "--offload", "device", "host", "nvme",
-                  "fits", "largest of this width");
-      for (const models::OffloadFit& f : fits) {
-        const std::string largest = f.max_layers == 0 ? std::string("none (one layer does not fit)")
-                                                      : std::to_string(f.max_layers) + " layers, " +
-                                                            human(double(f.max_params), "params");
-        std::printf("  %-11s %14s %14s %14s %5s   %s\n", f.setting.c_str(),
-                    gib(f.device_bytes).c_str(), gib(f.host_bytes).c_str(),
-                    gib(f.nvme_bytes).c_str(), f.fits ? "yes" : "no", largest.c_str());
-      }
-      std::printf(
-          "  (host, nvme: AdamW states off the device; -paged: parameters and gradients "
-          "paged through --device-mem too%s)\n",
-          dp > 1 ? "; dp: each rank holds the AdamW states of its own chunks" : "");
-    }
-    json::Value fit = models::offload_fits_to_json(fits, device_mem, host_mem);
-    fit.set("dp", json::Value(static_cast<int64_t>(dp)));
+
+  // With a budget: what each offload setting needs of a device and host of these sizes, and
+  // the deepest model of this width that fits. --device-mem SIZE and auto:SIZE both mean a
+  // device of SIZE here.
+  const bool device_auto = p.auto_device_mem > 0;
+  const int64_t device_mem = device_auto ? p.auto_device_mem : p.device_mem;
+  if (device_mem > 0 || p.host_mem > 0) {
+    const std::vector<plan::OffloadFit> fits =
+        plan::offload_fits(config, p, device_mem, p.host_mem);
+    if (text) print_fits(fits, device_mem, device_auto, p.host_mem, p);
+    json::Value fit = plan::offload_fits_to_json(fits, device_mem, p.host_mem);
+    fit.set("dp", json::Value(static_cast<int64_t>(p.dp)));
     fit.set("device_auto", json::Value(device_auto));
     out.set("offload_fit", std::move(fit));
   }
@@ -118,6 +254,7 @@ int run_analyze(const std::vector<std::string>& args) {
 
 }  // namespace
 
-MAMMOTH_COMMAND(analyze, "parameters, FLOPs per token and training memory of a model", run_analyze);
+MAMMOTH_COMMAND(analyze, "parameters, FLOPs per token, and the planner's memory and time of a plan",
+                run_analyze);
 
 }  // namespace mammoth::tools
