@@ -23,6 +23,7 @@
 #include "plan/parallel_plan.h"
 #include "plan/time_model.h"
 #include "tools/command.h"
+#include "tools/plan_flags.h"
 
 // Shared with `mammoth train` (defined in cmd_train.cc) and `mammoth plan` (cmd_plan.cc).
 ABSL_DECLARE_FLAG(std::string, model);
@@ -73,76 +74,13 @@ std::string gib(int64_t bytes) {
   return buf;
 }
 
-// The layout flags a plan file gives instead (train's list, tools/cmd_train.cc kPlanFlags).
-constexpr const char* kLayoutFlags[] = {"dp",
-                                        "pp",
-                                        "tp",
-                                        "sp",
-                                        "sp_mode",
-                                        "pp_schedule",
-                                        "virtual_stages",
-                                        "pp_partition",
-                                        "micro_batch",
-                                        "grad_accum",
-                                        "seq_len",
-                                        "zero",
-                                        "bucket_mb",
-                                        "offload",
-                                        "device_mem",
-                                        "host_mem",
-                                        "chunk_mb",
-                                        "activation_checkpointing",
-                                        "recompute_blocks",
-                                        "amp"};
-
-bool flag_changed(const char* name) {
-  const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
-  MAMMOTH_CHECK(flag != nullptr) << "[analyze] no flag --" << name;
-  return flag->CurrentValue() != flag->DefaultValue();
-}
-
-// The plan analyze describes: --plan FILE, or built from train's layout flags as train builds
-// it, for one process per rank of its own world (--dp 0: 1).
+// The plan analyze describes: --plan FILE, or train's layout flags for one process per rank of
+// its own world (--dp 0: 1).
 plan::ParallelPlan plan_from_flags() {
-  const std::string file = absl::GetFlag(FLAGS_plan);
-  MAMMOTH_CHECK(file != "auto") << "[analyze] --plan auto searches for a world and a cluster: "
-                                   "use `mammoth plan`, then `mammoth analyze --plan FILE`";
-  if (!file.empty()) {
-    for (const char* name : kLayoutFlags) {
-      MAMMOTH_CHECK(!flag_changed(name))
-          << "[analyze] --" << name << " is set by --plan " << file
-          << "; give the layout in one place (edit the plan file, or leave out --plan)";
-    }
-    return plan::load_plan(file);
-  }
-  plan::ParallelPlan p;
-  p.dp = std::max(1, absl::GetFlag(FLAGS_dp));
-  p.pp = absl::GetFlag(FLAGS_pp);
-  p.tp = absl::GetFlag(FLAGS_tp);
-  p.sp = absl::GetFlag(FLAGS_sp);
-  p.sp_mode = absl::GetFlag(FLAGS_sp_mode);
-  p.pp_schedule = absl::GetFlag(FLAGS_pp_schedule);
-  p.virtual_stages = absl::GetFlag(FLAGS_virtual_stages);
-  p.pp_partition = absl::GetFlag(FLAGS_pp_partition);
-  p.micro_batch = absl::GetFlag(FLAGS_micro_batch);
-  p.grad_accum = absl::GetFlag(FLAGS_grad_accum);
-  p.seq_len = absl::GetFlag(FLAGS_seq_len);
-  p.zero = absl::GetFlag(FLAGS_zero);
-  p.bucket_mb = absl::GetFlag(FLAGS_bucket_mb);
-  p.offload = absl::GetFlag(FLAGS_offload);
-  const memory::chunks::DeviceMemSpec device_spec =
-      memory::chunks::parse_device_mem(absl::GetFlag(FLAGS_device_mem));
-  (device_spec.auto_budget ? p.auto_device_mem : p.device_mem) = device_spec.bytes;
-  p.host_mem = memory::chunks::parse_bytes(absl::GetFlag(FLAGS_host_mem), "--host-mem");
-  p.chunk_mb = absl::GetFlag(FLAGS_chunk_mb);
-  const int64_t blocks = absl::GetFlag(FLAGS_recompute_blocks);
-  MAMMOTH_CHECK(!absl::GetFlag(FLAGS_activation_checkpointing) || blocks == 0)
-      << "[analyze] --activation-checkpointing recomputes every block; --recompute-blocks "
-      << blocks << " says how many: give one of them";
-  p.recompute_blocks = absl::GetFlag(FLAGS_activation_checkpointing) ? -1 : blocks;
-  p.amp = absl::GetFlag(FLAGS_amp);
-  p.device = absl::GetFlag(FLAGS_device) == "cuda" ? "cuda" : "cpu";
-  return p;
+  MAMMOTH_CHECK(absl::GetFlag(FLAGS_plan) != "auto")
+      << "[analyze] --plan auto searches for a world and a cluster: use `mammoth plan`, then "
+         "`mammoth analyze --plan FILE`";
+  return plan_from_layout_flags("analyze", 1);
 }
 
 void print_lines(const std::string& text, const char* indent) {

@@ -39,6 +39,7 @@
 #include "runtime/runtime.h"
 #include "tools/command.h"
 #include "tools/masked_lm.h"
+#include "tools/plan_flags.h"
 
 ABSL_FLAG(std::string, model, "gpt2-tiny", "registered model name or Hugging Face model directory");
 ABSL_FLAG(std::string, data, "",
@@ -165,48 +166,6 @@ data::BuildShardsResult default_data(int vocab_size) {
   return data::build_shards(o);
 }
 
-// Flags that shape the layout: with --plan FILE they come from the file, and setting one of them
-// as well is refused (which would win is not obvious).
-constexpr const char* kPlanFlags[] = {"dp",
-                                      "pp",
-                                      "tp",
-                                      "sp",
-                                      "sp_mode",
-                                      "pp_schedule",
-                                      "virtual_stages",
-                                      "pp_partition",
-                                      "micro_batch",
-                                      "grad_accum",
-                                      "seq_len",
-                                      "zero",
-                                      "bucket_mb",
-                                      "offload",
-                                      "device_mem",
-                                      "host_mem",
-                                      "chunk_mb",
-                                      "nvme_dir",
-                                      "activation_checkpointing",
-                                      "recompute_blocks",
-                                      "amp"};
-
-// Whether flag `name` holds something other than its default (Abseil 20220623 keeps "given on
-// the command line" private; a flag given at its default value changes nothing anyway).
-bool flag_changed(const char* name) {
-  const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
-  MAMMOTH_CHECK(flag != nullptr) << "[train] no flag --" << name;
-  return flag->CurrentValue() != flag->DefaultValue();
-}
-
-// Layout flags are set by the plan file (or the planner): setting one as well is refused, except
-// those the planner takes as its inputs (`inputs`).
-void refuse_layout_flags(const std::string& source, const std::set<std::string>& inputs = {}) {
-  for (const char* name : kPlanFlags) {
-    MAMMOTH_CHECK(inputs.count(name) > 0 || !flag_changed(name))
-        << "[train] --" << name << " is set by --plan " << source
-        << "; give the layout in one place (edit the plan file, or leave out --plan)";
-  }
-}
-
 // The machine the planner predicts for: --cluster FILE|NAME, or under --plan auto without it,
 // this machine calibrated now (plan/calibrate.h, the quick variant: a few seconds; collective
 // under mpirun, so every rank takes part; rank 0's figures are the ones used). None otherwise.
@@ -229,7 +188,7 @@ std::optional<plan::Cluster> run_cluster(const parallel::ProcessInfo& proc) {
 // this world, model, --global-batch and --seq-len, on the machine --cluster describes, prints
 // the ranked plans and why, and sends its choice to every rank (one search, one answer).
 plan::ParallelPlan auto_plan(const parallel::ProcessInfo& proc, const plan::Cluster& cluster) {
-  refuse_layout_flags("auto", {"seq_len", "amp", "nvme_dir"});
+  refuse_layout_flags("train", "auto", {"seq_len", "amp", "nvme_dir"});
   const int64_t global_batch = absl::GetFlag(FLAGS_global_batch);
   MAMMOTH_CHECK(global_batch > 0)
       << "[train] --plan auto needs --global-batch B (sequences per step over all ranks)";
@@ -277,49 +236,11 @@ plan::ParallelPlan auto_plan(const parallel::ProcessInfo& proc, const plan::Clus
   return plan::plan_from_json(json::parse(text, "--plan auto"));
 }
 
-// The run's plan: from --plan FILE, or built from train's flags (--dp 0: every launched rank
-// not taken by pp x tp x sp).
+// The run's plan: the planner's (--plan auto), --plan FILE's, or train's layout flags'.
 plan::ParallelPlan plan_from_flags(const parallel::ProcessInfo& proc,
                                    const std::optional<plan::Cluster>& cluster) {
-  const int launched = proc.world_size;
-  const std::string file = absl::GetFlag(FLAGS_plan);
-  if (file == "auto") return auto_plan(proc, *cluster);
-  if (!file.empty()) {
-    refuse_layout_flags(file);
-    return plan::load_plan(file);
-  }
-  plan::ParallelPlan p;
-  p.pp = absl::GetFlag(FLAGS_pp);
-  p.tp = absl::GetFlag(FLAGS_tp);
-  p.sp = absl::GetFlag(FLAGS_sp);
-  // --dp 0: what the launched world leaves (when it does not divide, validate() says so).
-  const int mp = p.pp * p.tp * p.sp;
-  p.dp = absl::GetFlag(FLAGS_dp) > 0                      ? absl::GetFlag(FLAGS_dp)
-         : mp > 0 && launched % mp == 0 && launched >= mp ? launched / mp
-                                                          : 1;
-  p.sp_mode = absl::GetFlag(FLAGS_sp_mode);
-  p.pp_schedule = absl::GetFlag(FLAGS_pp_schedule);
-  p.virtual_stages = absl::GetFlag(FLAGS_virtual_stages);
-  p.pp_partition = absl::GetFlag(FLAGS_pp_partition);
-  p.micro_batch = absl::GetFlag(FLAGS_micro_batch);
-  p.grad_accum = absl::GetFlag(FLAGS_grad_accum);
-  p.seq_len = absl::GetFlag(FLAGS_seq_len);
-  p.zero = absl::GetFlag(FLAGS_zero);
-  p.bucket_mb = absl::GetFlag(FLAGS_bucket_mb);
-  p.offload = absl::GetFlag(FLAGS_offload);
-  const memory::chunks::DeviceMemSpec device_spec =
-      memory::chunks::parse_device_mem(absl::GetFlag(FLAGS_device_mem));
-  (device_spec.auto_budget ? p.auto_device_mem : p.device_mem) = device_spec.bytes;
-  p.host_mem = memory::chunks::parse_bytes(absl::GetFlag(FLAGS_host_mem), "--host-mem");
-  p.chunk_mb = absl::GetFlag(FLAGS_chunk_mb);
-  p.nvme_dir = absl::GetFlag(FLAGS_nvme_dir);
-  const int64_t blocks = absl::GetFlag(FLAGS_recompute_blocks);
-  MAMMOTH_CHECK(!absl::GetFlag(FLAGS_activation_checkpointing) || blocks == 0)
-      << "[train] --activation-checkpointing recomputes every block; --recompute-blocks " << blocks
-      << " says how many: give one of them";
-  p.recompute_blocks = absl::GetFlag(FLAGS_activation_checkpointing) ? -1 : blocks;
-  p.amp = absl::GetFlag(FLAGS_amp);
-  return p;
+  if (absl::GetFlag(FLAGS_plan) == "auto") return auto_plan(proc, *cluster);
+  return plan_from_layout_flags("train", proc.world_size);
 }
 
 int run_train(const std::vector<std::string>& args) {
