@@ -24,6 +24,7 @@
 #include "base/thread_pool.h"
 #include "engine/ops.h"
 #include "engine/tensor.h"
+#include "kernels/cpu/fma_loop.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/isa_env.h"
 #include "parallel/comm/mpi_communicator.h"
@@ -82,30 +83,8 @@ double fma_peak_one_core() {
   const bool zmm = __builtin_cpu_supports("avx512f");
   const int64_t iters = 2000000;
   const double t0 = now_s();
-  for (int64_t it = 0; it < iters; ++it) {
-    if (zmm) {
-      asm volatile(
-          "vfmadd231ps %%zmm0, %%zmm1, %%zmm2\n vfmadd231ps %%zmm0, %%zmm1, %%zmm3\n"
-          "vfmadd231ps %%zmm0, %%zmm1, %%zmm4\n vfmadd231ps %%zmm0, %%zmm1, %%zmm5\n"
-          "vfmadd231ps %%zmm0, %%zmm1, %%zmm6\n vfmadd231ps %%zmm0, %%zmm1, %%zmm7\n"
-          "vfmadd231ps %%zmm0, %%zmm1, %%zmm8\n vfmadd231ps %%zmm0, %%zmm1, %%zmm9\n"
-          "vfmadd231ps %%zmm0, %%zmm1, %%zmm10\n vfmadd231ps %%zmm0, %%zmm1, %%zmm11\n"
-          "vfmadd231ps %%zmm0, %%zmm1, %%zmm12\n vfmadd231ps %%zmm0, %%zmm1, %%zmm13\n" ::
-              : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
-                "xmm10", "xmm11", "xmm12", "xmm13");
-    } else {
-      asm volatile(
-          "vfmadd231ps %%ymm0, %%ymm1, %%ymm2\n vfmadd231ps %%ymm0, %%ymm1, %%ymm3\n"
-          "vfmadd231ps %%ymm0, %%ymm1, %%ymm4\n vfmadd231ps %%ymm0, %%ymm1, %%ymm5\n"
-          "vfmadd231ps %%ymm0, %%ymm1, %%ymm6\n vfmadd231ps %%ymm0, %%ymm1, %%ymm7\n"
-          "vfmadd231ps %%ymm0, %%ymm1, %%ymm8\n vfmadd231ps %%ymm0, %%ymm1, %%ymm9\n"
-          "vfmadd231ps %%ymm0, %%ymm1, %%ymm10\n vfmadd231ps %%ymm0, %%ymm1, %%ymm11\n"
-          "vfmadd231ps %%ymm0, %%ymm1, %%ymm12\n vfmadd231ps %%ymm0, %%ymm1, %%ymm13\n" ::
-              : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
-                "xmm10", "xmm11", "xmm12", "xmm13");
-    }
-  }
-  return 2.0 * (zmm ? 16 : 8) * 12 * static_cast<double>(iters) / (now_s() - t0);
+  kernels::cpu::run_fma_chains(zmm, iters);
+  return kernels::cpu::fma_chain_flops(zmm, iters) / (now_s() - t0);
 }
 
 // Least squares for y = sum_j c_j x_j with every c_j >= 0, relative: each row is divided by

@@ -25,30 +25,10 @@
 #include "tools/command.h"
 #include "tools/plan_flags.h"
 
-// Shared with `mammoth train` (defined in cmd_train.cc) and `mammoth plan` (cmd_plan.cc).
+// Shared with `mammoth train` (defined in cmd_train.cc) and `mammoth plan` (cmd_plan.cc); the
+// layout flags are read through tools/plan_flags.h.
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(std::string, plan);
-ABSL_DECLARE_FLAG(int, dp);
-ABSL_DECLARE_FLAG(int, tp);
-ABSL_DECLARE_FLAG(int, sp);
-ABSL_DECLARE_FLAG(std::string, sp_mode);
-ABSL_DECLARE_FLAG(int, pp);
-ABSL_DECLARE_FLAG(std::string, pp_schedule);
-ABSL_DECLARE_FLAG(int, virtual_stages);
-ABSL_DECLARE_FLAG(std::string, pp_partition);
-ABSL_DECLARE_FLAG(int64_t, micro_batch);
-ABSL_DECLARE_FLAG(int64_t, grad_accum);
-ABSL_DECLARE_FLAG(int64_t, seq_len);
-ABSL_DECLARE_FLAG(int, zero);
-ABSL_DECLARE_FLAG(double, bucket_mb);
-ABSL_DECLARE_FLAG(std::string, offload);
-ABSL_DECLARE_FLAG(std::string, device_mem);
-ABSL_DECLARE_FLAG(std::string, host_mem);
-ABSL_DECLARE_FLAG(double, chunk_mb);
-ABSL_DECLARE_FLAG(bool, activation_checkpointing);
-ABSL_DECLARE_FLAG(int64_t, recompute_blocks);
-ABSL_DECLARE_FLAG(std::string, amp);
-ABSL_DECLARE_FLAG(std::string, device);
 ABSL_DECLARE_FLAG(std::string, cluster);
 ABSL_FLAG(int64_t, context, 0, "analyze: context length for attention FLOPs (0: the model's max)");
 ABSL_FLAG(bool, json, false, "analyze: print only the JSON line");

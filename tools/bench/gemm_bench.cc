@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "base/thread_pool.h"
+#include "kernels/cpu/fma_loop.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/isa_env.h"
 
@@ -107,36 +108,12 @@ std::pair<double, double> time_pair(int reps, const F& ours, const G& anchor) {
   return {median(t_ours), median(t_anchor)};
 }
 
-// Single-core fp32 FMA peak: 12 independent FMA chains (enough to cover latency x pipes), with
-// 256-bit and, where present, 512-bit registers. Inline asm so no -m flag is needed.
+// Single-core fp32 FMA peak (kernels/cpu/fma_loop.h), GFLOP/s.
 double fma_peak_gflops(bool zmm) {
   const int64_t iters = 10000000;
   auto start = std::chrono::steady_clock::now();
-  for (int64_t it = 0; it < iters; ++it) {
-    if (zmm) {
-      asm volatile(
-          "vfmadd231ps %%zmm0, %%zmm1, %%zmm2\n vfmadd231ps %%zmm0, %%zmm1, %%zmm3\n"
-          "vfmadd231ps %%zmm0, %%zmm1, %%zmm4\n vfmadd231ps %%zmm0, %%zmm1, %%zmm5\n"
-          "vfmadd231ps %%zmm0, %%zmm1, %%zmm6\n vfmadd231ps %%zmm0, %%zmm1, %%zmm7\n"
-          "vfmadd231ps %%zmm0, %%zmm1, %%zmm8\n vfmadd231ps %%zmm0, %%zmm1, %%zmm9\n"
-          "vfmadd231ps %%zmm0, %%zmm1, %%zmm10\n vfmadd231ps %%zmm0, %%zmm1, %%zmm11\n"
-          "vfmadd231ps %%zmm0, %%zmm1, %%zmm12\n vfmadd231ps %%zmm0, %%zmm1, %%zmm13\n" ::
-              : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
-                "xmm10", "xmm11", "xmm12", "xmm13");
-    } else {
-      asm volatile(
-          "vfmadd231ps %%ymm0, %%ymm1, %%ymm2\n vfmadd231ps %%ymm0, %%ymm1, %%ymm3\n"
-          "vfmadd231ps %%ymm0, %%ymm1, %%ymm4\n vfmadd231ps %%ymm0, %%ymm1, %%ymm5\n"
-          "vfmadd231ps %%ymm0, %%ymm1, %%ymm6\n vfmadd231ps %%ymm0, %%ymm1, %%ymm7\n"
-          "vfmadd231ps %%ymm0, %%ymm1, %%ymm8\n vfmadd231ps %%ymm0, %%ymm1, %%ymm9\n"
-          "vfmadd231ps %%ymm0, %%ymm1, %%ymm10\n vfmadd231ps %%ymm0, %%ymm1, %%ymm11\n"
-          "vfmadd231ps %%ymm0, %%ymm1, %%ymm12\n vfmadd231ps %%ymm0, %%ymm1, %%ymm13\n" ::
-              : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
-                "xmm10", "xmm11", "xmm12", "xmm13");
-    }
-  }
-  const double lanes = zmm ? 16 : 8;
-  return 2.0 * lanes * 12 * iters / seconds_since(start) / 1e9;
+  mammoth::kernels::cpu::run_fma_chains(zmm, iters);
+  return mammoth::kernels::cpu::fma_chain_flops(zmm, iters) / seconds_since(start) / 1e9;
 }
 
 // The OpenBLAS core for this CPU's instruction sets (nullptr: leave it to OpenBLAS), and why.
