@@ -1,6 +1,7 @@
 #include "plan/parallel_plan.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <set>
@@ -246,8 +247,6 @@ class Checker {
   const PlanContext& c_;
 };
 
-int64_t get_int(const json::Value& v) { return v.as_int(); }
-
 }  // namespace
 
 std::string check(const ParallelPlan& plan, const PlanContext& context) {
@@ -284,7 +283,13 @@ ParallelPlan plan_from_json(const json::Value& v) {
   ParallelPlan p;
   for (const json::Value& m : v) {
     const std::string& k = m.key();
-    auto as_i = [&] { return static_cast<int>(get_int(m)); };
+    // Plan fields of type int: a value outside int's range is refused, not wrapped.
+    auto as_i = [&] {
+      const int64_t v = m.as_int();
+      MAMMOTH_CHECK(v >= INT32_MIN && v <= INT32_MAX)
+          << "[plan] " << k << " = " << v << " is out of range";
+      return static_cast<int>(v);
+    };
     if (k == "dp")
       p.dp = as_i();
     else if (k == "pp")

@@ -4,7 +4,6 @@
 // FILE) describe: memory per rank, stage and tier (plan/memory_model), what fits a device and
 // host of the given sizes under each offload setting (plan/fit), and with --cluster the step
 // time and where it goes (plan/time_model). analyze has no formulas of its own.
-#include <algorithm>
 #include <cstdio>
 #include <sstream>
 #include <string>
@@ -12,9 +11,7 @@
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
-#include "absl/flags/reflection.h"
 #include "base/json.h"
-#include "memory/chunks/chunk_manager.h"
 #include "models/analyze.h"
 #include "models/registry.h"
 #include "plan/cluster.h"

@@ -9,13 +9,11 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <utility>
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
-#include "absl/flags/reflection.h"
 #include "base/error.h"
 #include "base/json.h"
 #include "base/thread_pool.h"
@@ -26,7 +24,6 @@
 #include "engine/train/device.h"
 #include "engine/train/trainer.h"
 #include "memory/allocator.h"
-#include "memory/chunks/chunk_manager.h"
 #include "models/registry.h"
 #include "parallel/comm/mpi_communicator.h"
 #include "parallel/mesh.h"
@@ -222,16 +219,13 @@ plan::ParallelPlan auto_plan(const parallel::ProcessInfo& proc, const plan::Clus
   if (proc.world_size > 1) {
     // The length, then the bytes, from rank 0.
     std::unique_ptr<parallel::MpiCommunicator> world = parallel::mpi_world();
-    engine::Tensor n =
-        engine::Tensor::from_vector({static_cast<double>(text.size())}, {1}, DType::kF64);
+    engine::Tensor n = engine::Tensor::from_ints({static_cast<int64_t>(text.size())}, {1});
     world->broadcast(n, 0);
-    std::vector<double> bytes(static_cast<size_t>(n.item()));
-    for (size_t i = 0; i < text.size(); ++i) bytes[i] = static_cast<unsigned char>(text[i]);
-    engine::Tensor t =
-        engine::Tensor::from_vector(bytes, {static_cast<int64_t>(bytes.size())}, DType::kF64);
-    world->broadcast(t, 0);
-    text.clear();
-    for (double b : t.to_vector()) text.push_back(static_cast<char>(static_cast<int>(b)));
+    text.resize(static_cast<size_t>(n.to_int_vector()[0]));
+    // The string's own buffer, received in place.
+    engine::Tensor bytes = engine::Tensor::from_blob(
+        text.data(), {static_cast<int64_t>(text.size())}, DType::kU8, Device::cpu(), nullptr);
+    world->broadcast(bytes, 0);
   }
   return plan::plan_from_json(json::parse(text, "--plan auto"));
 }

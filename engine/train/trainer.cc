@@ -265,8 +265,9 @@ TrainLoop::TrainLoop(nn::Module& model, const LossFn& loss_fn, const data::Token
   sched_.min_lr_ratio = o.min_lr_ratio;
   global_batch_ = o.micro_batch * o.grad_accum * world_;
   run_config_ = config.is_object() ? config : json::Value::object();
+  const json::Value options = options_to_json(o);
   for (const auto& key : {"micro_batch", "seq_len", "grad_accum", "seed", "objective"}) {
-    run_config_.set(key, options_to_json(o).at(key));
+    run_config_.set(key, options.at(key));
   }
   run_config_.set("dp", json::Value(world_));
   run_config_.set("global_batch", json::Value(global_batch_));
@@ -586,7 +587,8 @@ TrainResult TrainLoop::run() {
     r.val_loss = val_loss;
     r.eta_s =
         elapsed / static_cast<double>(step - start_step) * static_cast<double>(o_.steps - step);
-    if (offload_ && lead_) r.offload = offload_->metrics();
+    // The chunk tiers are only written to the metrics file.
+    if (offload_ && lead_ && !o_.metrics_path.empty()) r.offload = offload_->metrics();
     sink.record(r);
     if (o_.save_every > 0 && step % o_.save_every == 0 && step < o_.steps) save(step);
     // Every rank must stop at the same step (saving is collective): agree on the signal.

@@ -39,6 +39,8 @@ TEST_CASE("plans read back from JSON exactly, and unknown keys are refused by na
   CHECK_THROWS_WITH(plan_from_json(json::parse(R"({"tp": 2, "zero_stage": 1})")),
                     Catch::Contains("unknown key 'zero_stage'"));
   CHECK_THROWS_WITH(plan_from_json(json::parse(R"({"tp": "two"})")), Catch::Contains("tp"));
+  CHECK_THROWS_WITH(plan_from_json(json::parse(R"({"dp": 4294967298})")),
+                    Catch::Contains("dp = 4294967298 is out of range"));
   CHECK_THROWS_WITH(plan_from_json(json::parse("[1]")), Catch::Contains("JSON object"));
 
   const char* tmp = std::getenv("TEST_TMPDIR");
