@@ -5,12 +5,13 @@
 #
 # 1. Debian packages (apt): Bazel 4 (bazel-bootstrap), Open MPI, Abseil, Catch2, liburing,
 #    OpenBLAS, fio, PyTorch and NumPy for the reference checks, python3-venv, clang-format,
-#    clang-16 with libFuzzer and its sanitizer runtimes (tools/fuzz.sh).
+#    clang-16 with libFuzzer and its sanitizer runtimes (tools/fuzz.sh), cpp-httplib (the
+#    server's HTTP).
 #    `apt-get update` runs only when something is missing.
 # 2. A Python virtual environment at $MAMMOTH_VENV (default ~/.cache/mammoth/venv) made from
 #    Debian's /usr/bin/python3 with --system-site-packages, so it sees torch and numpy, plus the
 #    PyPI clients the tests open our files with: safetensors, tokenizers, tensorboard,
-#    transformers.
+#    transformers, peft, and the openai client that talks to `mammoth serve`.
 #
 # Idempotent, and quick when everything is present. Runs as root, or as a user with sudo.
 # The CUDA toolkit is not installed here: the build uses /usr/local/cuda when it exists.
@@ -34,11 +35,16 @@ PACKAGES=(
   clang-16
   libfuzzer-16-dev
   libclang-rt-16-dev
+  libcpp-httplib-dev
 )
-PY_MODULES=(safetensors tokenizers tensorboard transformers)
+PY_MODULES=(safetensors tokenizers tensorboard transformers peft openai)
 # What pip installs for each module above. transformers 4.44.2 is the newest that runs on
-# Debian's torch 1.13; it pins tokenizers < 0.20 (pip resolves that).
-declare -A PY_SPEC=([transformers]="transformers==4.44.2")
+# Debian's torch 1.13; it pins tokenizers < 0.20 (pip resolves that). peft and accelerate ask
+# for torch >= 1.13, which Debian's "1.13.0a0" does not satisfy for pip (a pre-release), so pip
+# would fetch torch 2 with its CUDA wheels: they install without dependencies, theirs listed.
+declare -A PY_SPEC=([transformers]="transformers==4.44.2"
+  [peft]="--no-deps peft==0.12.0 accelerate==0.33.0")
+PEFT_DEPS=(psutil pyyaml huggingface_hub tqdm packaging)
 
 MAMMOTH_VENV="${MAMMOTH_VENV:-$HOME/.cache/mammoth/venv}"
 
@@ -95,9 +101,21 @@ if [[ ${#missing_py[@]} -eq 0 ]]; then
   say "Python modules: ${PY_MODULES[*]} present"
 else
   specs=()
-  for m in "${missing_py[@]}"; do specs+=("${PY_SPEC[$m]:-$m}"); done
-  say "pip install ${specs[*]}"
-  "$venv_python" -m pip install -q --disable-pip-version-check "${specs[@]}"
+  for m in "${missing_py[@]}"; do
+    spec="${PY_SPEC[$m]:-$m}"
+    if [[ "$spec" == --no-deps* ]]; then
+      read -r -a spec_args <<<"$spec"
+      say "pip install ${spec_args[*]} (then ${PEFT_DEPS[*]})"
+      "$venv_python" -m pip install -q --disable-pip-version-check "${spec_args[@]}"
+      "$venv_python" -m pip install -q --disable-pip-version-check "${PEFT_DEPS[@]}"
+    else
+      specs+=("$spec")
+    fi
+  done
+  if [[ ${#specs[@]} -gt 0 ]]; then
+    say "pip install ${specs[*]}"
+    "$venv_python" -m pip install -q --disable-pip-version-check "${specs[@]}"
+  fi
 fi
 read -r -a missing_sys <<<"$(find_missing_modules torch numpy)"
 if [[ ${#missing_sys[@]} -ne 0 ]]; then
