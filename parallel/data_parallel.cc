@@ -3,6 +3,7 @@
 #include <cmath>
 #include <map>
 
+#include "base/fault.h"
 #include "engine/autograd.h"
 #include "engine/ops.h"
 #include "engine/optim/optim.h"
@@ -243,6 +244,7 @@ Tensor DataParallel::shard_of(const Tensor& flat) const {
 }
 
 void DataParallel::launch(Bucket& b) {
+  fault::point("backward");
   const bool stage2 = options_.zero_stage >= 2;
   if (stage2) {
     // Bounded full-size memory: this bucket's buffer waits for the oldest in flight.

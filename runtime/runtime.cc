@@ -188,6 +188,11 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
     o.world_size = mesh_->world_size();
     parallel::DeviceMesh* mesh = mesh_.get();
     o.world_barrier = [mesh] { mesh->world().barrier(); };
+    o.world_any = [mesh](bool mine) {
+      engine::Tensor flag = engine::Tensor::from_ints({mine ? 1 : 0}, {1});
+      mesh->world().all_reduce(flag, parallel::ReduceOp::kMax);
+      return flag.to_int_vector()[0] != 0;
+    };
     o.layout = json::Value::object();
     o.layout.set("dp", json::Value(plan_.dp));
     o.layout.set("pp", json::Value(plan_.pp));

@@ -240,6 +240,11 @@ plan::ParallelPlan plan_from_flags(const parallel::ProcessInfo& proc,
 int run_train(const std::vector<std::string>& args) {
   MAMMOTH_CHECK(args.empty()) << "[train] unexpected argument '" << args[0] << "'";
   set_num_threads(absl::GetFlag(FLAGS_threads));
+  // Where every rank writes its flight record if communication times out (parallel/comm/
+  // flight_recorder.h); a directory the user set in the environment wins.
+  if (!absl::GetFlag(FLAGS_save_dir).empty()) {
+    setenv("MAMMOTH_FLIGHT_DIR", (absl::GetFlag(FLAGS_save_dir) + "/flight").c_str(), 0);
+  }
 
   // The plan (dp x pp x tp x sp = the launcher's world, and the rest of the layout), checked
   // in one place (plan::validate) before anything is built.

@@ -10,6 +10,7 @@
 #include "absl/flags/usage.h"
 #include "base/error.h"
 #include "base/json.h"
+#include "parallel/comm/mpi_communicator.h"
 #include "tools/command.h"
 
 namespace mammoth::tools {
@@ -110,6 +111,12 @@ int main(int argc, char** argv) {
     std::vector<std::string> positional(rest.begin() + 1, rest.end());
     return it->second.fn(positional);
   } catch (const mammoth::Error& e) {
+    const auto [rank, world] = mammoth::parallel::running_world_rank();
+    if (world > 1) {
+      std::fprintf(stderr, "mammoth %s: error on rank %d of %d: %s\n", name.c_str(), rank, world,
+                   e.message().c_str());
+      mammoth::parallel::abort_job_if_distributed(1);
+    }
     std::fprintf(stderr, "mammoth %s: error: %s\n", name.c_str(), e.message().c_str());
     return 1;
   }

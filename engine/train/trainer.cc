@@ -9,6 +9,8 @@
 #include <memory>
 #include <optional>
 
+#include "base/fault.h"
+#include "base/signal_note.h"
 #include "engine/amp/amp.h"
 #include "engine/autograd.h"
 #include "engine/data/sampler.h"
@@ -24,7 +26,10 @@ namespace mammoth::engine::train {
 namespace {
 
 std::atomic<int> g_signal{0};
-extern "C" void on_signal(int sig) { g_signal.store(sig); }
+extern "C" void on_signal(int sig) {
+  g_signal.store(sig);
+  note_signal(sig);  // for a rank blocked in communication (its flight record)
+}
 
 // Installs SIGINT/SIGTERM handlers for the scope of a training run.
 class SignalScope {
@@ -394,6 +399,7 @@ void TrainLoop::save(int64_t at_step) {
     std::vector<CheckpointPiece> pieces = checkpoint_pieces(/*writing=*/true, nullptr);
     for (CheckpointPiece& p : pieces) p.data = to_host(p.data);  // files are written from host
     write_checkpoint_shard(sharded_checkpoint_tmp(o_.save_dir, at_step), o_.world_rank, pieces);
+    fault::point("checkpoint");
     o_.world_barrier();
     if (checkpoint_lead_) {
       // The index describes the single-process tensors: the whole model's parameters and
@@ -441,6 +447,8 @@ double TrainLoop::evaluate() {
 // Forward and backward of the step's micro-batches (or the pipeline's schedule over them),
 // gradient synchronisation, the global norm, and the update.
 TrainLoop::Step TrainLoop::step(int64_t step) {
+  fault::set_context(o_.world_rank, step + 1);
+  fault::point("forward");
   Step s;
   s.lr = sched_.at(step, o_.lr);
   opt_->set_lr(s.lr);
@@ -516,6 +524,7 @@ TrainLoop::Step TrainLoop::step(int64_t step) {
         << "[train] step " << step << ": loss " << s.loss << ", grad norm " << s.norm
         << " is not finite; lower --lr or check the data";
   }
+  fault::point("optimizer");
   if (s.applied) {
     opt_->step(optim::clip_factor(s.norm, o_.grad_clip) / s.loss_scale);
     if (dp_) dp_->after_step();
@@ -592,12 +601,17 @@ TrainResult TrainLoop::run() {
     sink.record(r);
     if (o_.save_every > 0 && step % o_.save_every == 0 && step < o_.steps) save(step);
     // Every rank must stop at the same step (saving is collective): agree on the signal.
-    const bool stop =
-        dp_ ? dp_->average(g_signal.load() != 0 ? 1.0 : 0.0) > 0 : g_signal.load() != 0;
+    const bool signalled = g_signal.load() != 0;
+    const bool stop = o_.world_any ? o_.world_any(signalled)
+                      : dp_        ? dp_->average(signalled ? 1.0 : 0.0) > 0
+                                   : signalled;
     if (stop) {
-      if (!quiet_)
-        std::fprintf(stderr, "[train] signal %d: saving and stopping at step %lld\n",
-                     g_signal.load(), static_cast<long long>(step));
+      if (!quiet_) {
+        std::fprintf(stderr, "[train] %s: saving and stopping at step %lld\n",
+                     signalled ? ("signal " + std::to_string(g_signal.load())).c_str()
+                               : "a signal on another rank",
+                     static_cast<long long>(step));
+      }
       result.interrupted = true;
       break;
     }

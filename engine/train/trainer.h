@@ -109,6 +109,9 @@ struct TrainOptions {
   int world_rank = 0;
   int world_size = 1;
   std::function<void()> world_barrier;
+  // True on every rank when any rank passes true (a signal seen by one rank of a pp or tp group
+  // stops them all at the same step). Unset: dp's group, or this rank alone.
+  std::function<bool(bool)> world_any;
   std::function<bool(const std::string& name)> writes_parameter;
   json::Value layout;
   // Tensor parallelism: how this rank's parameters relate to the single-process ones (not

@@ -3,15 +3,18 @@
 #include "parallel/comm/mpi_communicator.h"
 
 #include <climits>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <mutex>
 #include <utility>
 #include <vector>
 
 #include "base/error.h"
 #include "parallel/comm/buffer_checks.h"
+#include "parallel/comm/flight_recorder.h"
 
 namespace mammoth::parallel {
 namespace {
@@ -63,6 +66,7 @@ MpiRuntime::MpiRuntime() {
   mpi_check(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
   mpi_check(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_), "MPI_Comm_rank");
   mpi_check(MPI_Comm_size(MPI_COMM_WORLD, &world_size_), "MPI_Comm_size");
+  flight::set_world(world_rank_, world_size_);
   mpi_check(MPI_Op_create(&reduce16<bf16, bf16_to_float, float_to_bf16, false>, 1, &bf16_sum_),
             "MPI_Op_create");
   mpi_check(MPI_Op_create(&reduce16<bf16, bf16_to_float, float_to_bf16, true>, 1, &bf16_max_),
@@ -95,10 +99,44 @@ MpiRuntime& mpi_runtime() {
 
 void abort_job_on_timeout(const std::string& message) {
   std::fprintf(stderr, "[comm] %s\n", message.c_str());
+  const std::string dump = flight::write_dump(message);
+  if (dump.empty()) {
+    std::fprintf(stderr,
+                 "[comm] flight recorder, this rank's last operations (set MAMMOTH_FLIGHT_DIR or "
+                 "train --save-dir for every rank's dump):\n%s",
+                 flight::tail_text(8).c_str());
+  } else {
+    std::fprintf(stderr,
+                 "[comm] flight recorder: wrote %s; `mammoth flight %s` merges every rank's "
+                 "dump and names the rank that fell behind\n",
+                 dump.c_str(), std::filesystem::path(dump).parent_path().c_str());
+  }
   std::fflush(stderr);
   std::fflush(stdout);
+  // The other waiting ranks reach their own deadlines within moments; give them that long to
+  // write their dumps before the abort takes them down.
+  if (!dump.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   MPI_Abort(MPI_COMM_WORLD, kCommTimeoutExitCode);
   std::_Exit(kCommTimeoutExitCode);  // MPI_Abort does not return; this is in case it does
+}
+
+std::pair<int, int> running_world_rank() {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized) return {-1, 0};
+  int rank = 0, size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return {rank, size};
+}
+
+void abort_job_if_distributed(int code) {
+  if (running_world_rank().second <= 1) return;
+  std::fflush(stderr);
+  std::fflush(stdout);
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
 }
 
 namespace {
@@ -173,7 +211,12 @@ OpInfo op_info(const char* op, const char* detail, int value, const Tensor& t) {
 class MpiWork final : public Work {
  public:
   MpiWork(const MpiCommunicator& comm, OpInfo info, std::vector<Tensor> keep_alive)
-      : comm_(comm), info_(info), keep_alive_(std::move(keep_alive)) {}
+      : comm_(comm), info_(info), keep_alive_(std::move(keep_alive)) {
+    const bool p2p = !std::strcmp(info.op, "send") || !std::strcmp(info.op, "recv");
+    flight_ = flight::posted(
+        comm.flight_group(), info.op, info.str().c_str(), p2p ? info.value : -1,
+        info.has_tensor ? info.numel * static_cast<int64_t>(dtype_size(info.dtype)) : 0);
+  }
 
   ~MpiWork() override {
     if (!done_) {
@@ -218,6 +261,7 @@ class MpiWork final : public Work {
  private:
   void complete() {
     done_ = true;
+    flight::completed(flight_);
     if (finish_) finish_();
     finish_ = nullptr;
     keep_alive_.clear();
@@ -229,6 +273,7 @@ class MpiWork final : public Work {
   std::vector<Tensor> keep_alive_;
   std::function<void()> finish_;
   std::vector<MPI_Request> requests_;
+  uint64_t flight_ = 0;
   bool done_ = false;
 };
 
@@ -264,6 +309,19 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, CommOptions op
   mpi_check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
   mpi_check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
   mpi_check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+  flight::GroupInfo info{.name = name_, .backend = "mpi", .rank = rank_, .size = size_};
+  MPI_Group mine = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+  mpi_check(MPI_Comm_group(comm_, &mine), "MPI_Comm_group");
+  mpi_check(MPI_Comm_group(MPI_COMM_WORLD, &world), "MPI_Comm_group");
+  std::vector<int> ranks(static_cast<size_t>(size_));
+  for (int i = 0; i < size_; ++i) ranks[static_cast<size_t>(i)] = i;
+  info.world_ranks.resize(ranks.size());
+  mpi_check(MPI_Group_translate_ranks(mine, size_, ranks.data(), world, info.world_ranks.data()),
+            "MPI_Group_translate_ranks");
+  MPI_Group_free(&mine);
+  MPI_Group_free(&world);
+  world_ranks_ = info.world_ranks;
+  flight_group_ = flight::register_group(std::move(info));
 }
 
 MpiCommunicator::~MpiCommunicator() {

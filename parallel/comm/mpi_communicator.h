@@ -17,8 +17,12 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
+#include "base/signal_note.h"
 #include "parallel/comm/communicator.h"
+#include "parallel/comm/flight_recorder.h"
 
 namespace mammoth::parallel {
 
@@ -69,12 +73,30 @@ void mpi_check(int rc, const char* what);
 // kCommTimeoutExitCode. Used by all backends when a deadline passes.
 [[noreturn]] void abort_job_on_timeout(const std::string& message);
 
+// This process's world rank and size when MPI is running (initialised and not finalised), else
+// {-1, 0}. Never initialises MPI.
+std::pair<int, int> running_world_rank();
+
+// When MPI runs with more than one rank: aborts the whole job with `code`. A rank that failed
+// must not wait in MPI_Finalize for peers that wait for it until their deadline. Returns when
+// MPI is not running or the job has one rank.
+void abort_job_if_distributed(int code);
+
 // Polls `done` until it returns true, yielding the core once every `options.spin_polls` polls. When
 // options.timeout_s > 0 and it elapses first, calls abort_job_on_timeout(describe()). `describe` is
 // called only then, so it may build a string.
 template <typename Done, typename Describe>
 void poll_with_deadline(Done&& done, const CommOptions& options, Describe&& describe) {
   if (done()) return;
+  // A dump written because a signal arrived mid-wait is withdrawn if the wait then completes:
+  // only a rank that never got out of its wait has something to say.
+  bool dumped = false;
+  struct Withdraw {
+    bool& dumped;
+    ~Withdraw() {
+      if (dumped) flight::withdraw_dump();
+    }
+  } withdraw{dumped};
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   const bool bounded = options.timeout_s > 0;
@@ -85,8 +107,13 @@ void poll_with_deadline(Done&& done, const CommOptions& options, Describe&& desc
     if (done()) return;
     if (polls % spin == 0) std::this_thread::yield();
     // The clock costs ~20 ns; reading it every 16 polls keeps it out of the spin.
-    if (bounded && (polls & 15) == 0 && Clock::now() - start > limit) {
-      abort_job_on_timeout(describe());
+    if ((polls & 15) == 0) {
+      if (bounded && Clock::now() - start > limit) abort_job_on_timeout(describe());
+      // A signal (mpirun's SIGTERM after another rank aborted) while this rank waits: its
+      // flight record is what says where it was.
+      if (const int sig = take_noted_signal()) {
+        dumped = !flight::write_dump("signal " + std::to_string(sig) + " while waiting").empty();
+      }
     }
   }
 }
@@ -105,6 +132,8 @@ class MpiCommunicator final : public Communicator {
   const char* backend() const override { return "mpi"; }
   const CommOptions& options() const override { return options_; }
   MPI_Comm comm() const { return comm_; }  // for bootstrapping other backends and benchmarks
+  int flight_group() const { return flight_group_; }  // this group's id in the flight recorder
+  const std::vector<int>& world_ranks() const { return world_ranks_; }  // of the members
 
   std::unique_ptr<Work> iall_reduce(const engine::Tensor& in, const engine::Tensor& out,
                                     ReduceOp op) override;
@@ -131,6 +160,8 @@ class MpiCommunicator final : public Communicator {
   CommOptions options_;
   int rank_ = 0;
   int size_ = 1;
+  int flight_group_ = -1;
+  std::vector<int> world_ranks_;
 };
 
 // A communicator over all ranks of the job (a duplicate of MPI_COMM_WORLD named "world"), so its

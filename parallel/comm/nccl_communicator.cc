@@ -1,6 +1,7 @@
 // NCCL backend of Communicator (see nccl_communicator.h). Compiled only in CUDA builds.
 #include "parallel/comm/nccl_communicator.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <utility>
 
@@ -62,6 +63,16 @@ class NcclWork final : public Work {
         keep_alive_(std::move(keep_alive)) {
     CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventRecord(event_, comm.stream()));
+    // what_ is "op(...)"; point-to-point ones name their peer: "send(to 3, ...)".
+    const std::string op = what_.substr(0, what_.find('('));
+    int peer = -1;
+    if (op == "send") std::sscanf(what_.c_str(), "send(to %d", &peer);
+    if (op == "recv") std::sscanf(what_.c_str(), "recv(from %d", &peer);
+    int64_t bytes = 0;
+    for (const Tensor& t : keep_alive_) {
+      bytes = std::max<int64_t>(bytes, static_cast<int64_t>(t.nbytes()));
+    }
+    flight_ = flight::posted(comm.flight_group(), op.c_str(), what_.c_str(), peer, bytes);
   }
   ~NcclWork() override {
     if (!done_) {
@@ -85,6 +96,7 @@ class NcclWork final : public Work {
     }
     CUDA_CHECK(rc);
     done_ = true;
+    flight::completed(flight_);
     // Work the caller queues later on its stream must see the output.
     CUDA_CHECK(cudaStreamWaitEvent(caller_, event_, 0));
     keep_alive_.clear();
@@ -117,6 +129,7 @@ class NcclWork final : public Work {
   cudaStream_t caller_;
   std::vector<Tensor> keep_alive_;
   cudaEvent_t event_ = nullptr;
+  uint64_t flight_ = 0;
   bool done_ = false;
 };
 
@@ -144,6 +157,11 @@ NcclCommunicator::NcclCommunicator(MpiCommunicator& bootstrap, int device, std::
   nccl_check(ncclCommInitRank(&comm_, size_, id, rank_), "ncclCommInitRank");
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   CUDA_CHECK(cudaMalloc(&barrier_scratch_, sizeof(float)));
+  flight_group_ = flight::register_group({.name = name_,
+                                          .backend = "nccl",
+                                          .rank = rank_,
+                                          .size = size_,
+                                          .world_ranks = bootstrap.world_ranks()});
 }
 
 NcclCommunicator::~NcclCommunicator() {

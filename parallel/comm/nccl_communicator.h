@@ -41,6 +41,7 @@ class NcclCommunicator final : public Communicator {
   ncclComm_t comm() const { return comm_; }
   cudaStream_t stream() const { return stream_; }
   int device() const { return device_; }
+  int flight_group() const { return flight_group_; }
 
   std::unique_ptr<Work> iall_reduce(const engine::Tensor& in, const engine::Tensor& out,
                                     ReduceOp op) override;
@@ -73,6 +74,7 @@ class NcclCommunicator final : public Communicator {
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   void* barrier_scratch_ = nullptr;  // one float on the device for barrier()
+  int flight_group_ = -1;
 };
 
 }  // namespace mammoth::parallel

@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "base/error.h"
+#include "base/fault.h"
 #include "engine/autograd.h"
 #include "engine/ops.h"
 
@@ -101,6 +102,7 @@ Tensor PipelineStage::take(int direction, int boundary, int micro_batch, int pee
 }
 
 void PipelineStage::send(const Tensor& t, int direction, int boundary, int micro_batch, int peer) {
+  fault::point("send");
   Tensor c = t.detach().contiguous();
   if (direction == kActivation) {
     auto it = shapes_.find(boundary);
