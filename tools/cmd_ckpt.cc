@@ -76,6 +76,10 @@ int run_ckpt(const std::vector<std::string>& args) {
   const json::Value* hf = config ? config->find("model_config") : nullptr;
   MAMMOTH_CHECK(hf != nullptr) << "[ckpt] " << spath
                                << " has no config.model_config: not written by mammoth train";
+  MAMMOTH_CHECK(config->find("lora") == nullptr)
+      << "[ckpt] " << dir << " is a LoRA run's checkpoint (adapters only): export it with "
+      << "`mammoth ckpt export SAVE_DIR --merge-lora --out DIR` (SAVE_DIR/adapter, or the step's "
+         "adapter/ directory)";
   const models::ModelConfig cfg = models::config_from_hf_json(*hf, spath);
   auto model = models::build_model(cfg);
   std::vector<engine::train::CheckpointPiece> pieces;

@@ -31,7 +31,8 @@ int run(int argc, char** argv) {
                         {{"logits", logits.dtype(), logits.shape(),
                           static_cast<const uint8_t*>(logits.raw_data()), logits.nbytes()}},
                         {{"format", "pt"}});
-  std::printf("logits %s with LoRA r=%lld on %zu layers\n", engine::shape_str(logits.shape()).c_str(),
+  std::printf("logits %s with LoRA r=%lld on %zu layers\n",
+              engine::shape_str(logits.shape()).c_str(),
               static_cast<long long>(lora->options().rank), lora->targets().size());
   return 0;
 }

@@ -120,8 +120,7 @@ TEST_CASE("LoRA starts as the base model and merges into base + (alpha/r) B A") 
     model->eval();
     engine::NoGradGuard ng;
     const Tensor base = model->forward(ids());
-    auto lora =
-        models::apply_lora(*model, {.rank = 4, .alpha = 16, .targets = targets_for(name)});
+    auto lora = models::apply_lora(*model, {.rank = 4, .alpha = 16, .targets = targets_for(name)});
     CHECK(bitwise_equal(model->forward(ids()), base));  // B = 0: the base function
     randomise_b(*lora);
     const Tensor adapted = model->forward(ids());
@@ -155,7 +154,8 @@ TEST_CASE("an adapter directory saves and loads back into another copy of the mo
   auto back = models::load_adapter(*other, dir.file("adapter"));
   CHECK(bitwise_equal(other->forward(ids()), want));
   // PEFT's key names.
-  const auto file = mammoth::io::SafetensorsFile::open(dir.file("adapter/adapter_model.safetensors"));
+  const auto file =
+      mammoth::io::SafetensorsFile::open(dir.file("adapter/adapter_model.safetensors"));
   CHECK(file.find("base_model.model.transformer.h.1.mlp.c_fc.lora_A.weight") != nullptr);
   CHECK(file.find("base_model.model.transformer.h.1.mlp.c_fc.lora_B.weight") != nullptr);
 }
@@ -200,9 +200,10 @@ TEST_CASE("LoRA's optimizer states on gpt2 (124M) are below 2% of full fine-tuni
   auto lora = models::apply_lora(*model, {.rank = 8, .alpha = 16, .targets = {"c_attn"}});
   const int64_t with_lora = measure(lora->named_parameters());
   const double ratio = static_cast<double>(with_lora) / static_cast<double>(full);
-  std::printf("gpt2 AdamW states: full fine-tuning %lld bytes, LoRA r=8 on c_attn %lld bytes "
-              "(%.3f%%)\n",
-              static_cast<long long>(full), static_cast<long long>(with_lora), 100.0 * ratio);
+  std::printf(
+      "gpt2 AdamW states: full fine-tuning %lld bytes, LoRA r=8 on c_attn %lld bytes "
+      "(%.3f%%)\n",
+      static_cast<long long>(full), static_cast<long long>(with_lora), 100.0 * ratio);
   CHECK(full >= 2 * 4 * model->num_parameters());
   CHECK(with_lora > 0);
   CHECK(ratio < 0.02);
