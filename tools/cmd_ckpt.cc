@@ -43,6 +43,11 @@ int export_merged(std::string adapter, const std::string& out) {
   if (flag_changed("model")) base = absl::GetFlag(FLAGS_model);
   MAMMOTH_CHECK(!base.empty()) << "[ckpt] " << adapter
                                << " names no base_model_name_or_path: give --model BASE";
+  // A registered name is a fresh initialisation, not the weights the adapter was trained on.
+  MAMMOTH_CHECK(fs::is_directory(base))
+      << "[ckpt] --merge-lora needs the base model's weights: '" << base
+      << "' is not a Hugging Face model directory (a registered config is freshly initialised); "
+         "give --model HF_DIR";
   auto model = models::create_model(base);
   const auto lora = models::load_adapter(*model, adapter);
   models::merge_lora(*model, *lora);
