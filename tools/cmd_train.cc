@@ -254,15 +254,20 @@ std::shared_ptr<models::LoraAdapters> make_lora(models::LanguageModel& model) {
   const std::string adapter = absl::GetFlag(FLAGS_adapter);
   const bool shaped = flag_changed("lora_rank") || flag_changed("lora_alpha") ||
                       flag_changed("lora_dropout") || flag_changed("lora_targets");
+  if (adapter.empty() && absl::GetFlag(FLAGS_lora_rank) == 0) {
+    MAMMOTH_CHECK(!shaped) << "[train] --lora-alpha, --lora-dropout and --lora-targets need "
+                              "--lora-rank R (> 0)";
+    return nullptr;
+  }
+  // PEFT's CAUSAL_LM adapters, checked against peft for these two families.
+  const models::Family family = model.config().family;
+  MAMMOTH_CHECK(family == models::Family::kGpt2 || family == models::Family::kLlama)
+      << "[train] LoRA is supported for the causal LMs (GPT-2, LLaMA), not "
+      << models::family_name(family);
   if (!adapter.empty()) {
     MAMMOTH_CHECK(!shaped) << "[train] --adapter " << adapter
                            << " brings its own LoRA shape (adapter_config.json); drop --lora-*";
     return models::load_adapter(model, adapter);
-  }
-  if (absl::GetFlag(FLAGS_lora_rank) == 0) {
-    MAMMOTH_CHECK(!shaped) << "[train] --lora-alpha, --lora-dropout and --lora-targets need "
-                              "--lora-rank R (> 0)";
-    return nullptr;
   }
   models::LoraOptions o;
   o.rank = absl::GetFlag(FLAGS_lora_rank);
@@ -272,17 +277,7 @@ std::shared_ptr<models::LoraAdapters> make_lora(models::LanguageModel& model) {
   std::string targets = absl::GetFlag(FLAGS_lora_targets);
   if (targets.empty()) {
     // PEFT's defaults for these model types (its TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES).
-    switch (model.config().family) {
-      case models::Family::kGpt2:
-        targets = "c_attn";
-        break;
-      case models::Family::kLlama:
-        targets = "q_proj,v_proj";
-        break;
-      default:
-        MAMMOTH_THROW() << "[train] --lora-rank needs --lora-targets for "
-                        << models::family_name(model.config().family);
-    }
+    targets = family == models::Family::kGpt2 ? "c_attn" : "q_proj,v_proj";
   }
   o.targets = models::parse_lora_targets(targets);
   return models::apply_lora(model, o);
