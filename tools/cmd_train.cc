@@ -21,6 +21,7 @@
 #include "engine/data/build_shards.h"
 #include "engine/data/masking.h"
 #include "engine/data/token_shard.h"
+#include "engine/train/checkpoint.h"
 #include "engine/train/device.h"
 #include "engine/train/trainer.h"
 #include "memory/allocator.h"
@@ -283,6 +284,25 @@ std::shared_ptr<models::LoraAdapters> make_lora(models::LanguageModel& model) {
   return models::apply_lora(model, o);
 }
 
+// --resume: the checkpoint must train what this run trains (LoRA adapters of the same shape, or
+// the whole model), said before its tensors are read (their shapes would differ first).
+void check_lora_resume(const engine::train::TrainOptions& o, const json::Value& config) {
+  if (!o.resume) return;
+  const std::optional<std::string> dir = engine::train::latest_checkpoint(o.save_dir);
+  if (!dir || !std::filesystem::exists(*dir + "/state.json")) return;
+  const json::Value state = json::parse_file(*dir + "/state.json");
+  const json::Value* saved = state.find("config") ? state.at("config").find("lora") : nullptr;
+  const json::Value* ours = config.find("lora");
+  auto shape = [](const json::Value* c) {
+    if (c == nullptr) return std::string("the whole model (no LoRA)");
+    return "LoRA r=" + json::dump(c->at("r")) + " alpha=" + json::dump(c->at("lora_alpha")) +
+           " targets " + json::dump(c->at("target_modules"));
+  };
+  MAMMOTH_CHECK(shape(saved) == shape(ours))
+      << "[train] --resume: " << *dir << " trained " << shape(saved) << ", this run trains "
+      << shape(ours) << " (--lora-rank, --lora-alpha, --lora-targets must match)";
+}
+
 int run_train(const std::vector<std::string>& args) {
   MAMMOTH_CHECK(args.empty()) << "[train] unexpected argument '" << args[0] << "'";
   set_num_threads(absl::GetFlag(FLAGS_threads));
@@ -480,6 +500,7 @@ int run_train(const std::vector<std::string>& args) {
       models::save_adapter(*lora, *model, dir + "/adapter", model_name);
     };
   }
+  check_lora_resume(o, config);
   // --dump-batches: what the model is fed, as the tests of the masking rule read it.
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> dump(nullptr, std::fclose);
   if (!absl::GetFlag(FLAGS_dump_batches).empty()) {

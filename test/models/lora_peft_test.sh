@@ -51,7 +51,7 @@ grep -q "target 'q_proj' matches no Linear layer" "$work/err"
 refuse() {  # refuse EXPECTED_MESSAGE ARGS...: `mammoth train ARGS` fails naming the problem
   local want="$1"
   shift
-  if "$mammoth" train --data "$d/data.bin" --steps 1 "$@" 2>"$work/err"; then
+  if "$mammoth" train --data "$d/data.bin" --steps 1 --seq-len 16 "$@" 2>"$work/err"; then
     echo "accepted: $*"
     exit 1
   fi
@@ -60,5 +60,6 @@ refuse() {  # refuse EXPECTED_MESSAGE ARGS...: `mammoth train ARGS` fails naming
 refuse "LoRA is supported for the causal LMs (GPT-2, LLaMA), not bert" --model bert-tiny \
   --lora-rank 4 --lora-targets query
 refuse "need --lora-rank R" --model "$d/base" --lora-alpha 4
+refuse "this run trains the whole model (no LoRA)" --model "$d/base" --save-dir "$d/run" --resume
 refuse "brings its own LoRA shape" --model "$d/base" --adapter "$d/run/adapter" --lora-rank 2
 echo "lora_peft_test passed"
