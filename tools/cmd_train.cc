@@ -407,6 +407,12 @@ int run_train(const std::vector<std::string>& args) {
     lora_params = lora->named_parameters();
     engine::train::move_to_device(lora_params, device.device);
     o.trained_params = &lora_params;
+    // A frozen weight costs its forward and its input gradient (4 per parameter), not its own
+    // gradient; the adapters cost the full 6.
+    int64_t trainable = 0;
+    for (const auto& [name, t] : lora_params) trainable += t.numel();
+    o.flops_per_token -= 2.0 * static_cast<double>(model->num_parameters());
+    o.flops_per_token += 6.0 * static_cast<double>(trainable);
   }
 
   // Everything the plan turns on (tp/sp shards, pipeline stages, dp/ZeRO, offload).
