@@ -403,13 +403,13 @@ int run_train(const std::vector<std::string>& args) {
   // LoRA: adapters from the flags, or an adapter directory to continue; the model frozen.
   std::shared_ptr<models::LoraAdapters> lora = make_lora(*model);
   engine::nn::NamedTensors lora_params;
+  int64_t trainable = 0;  // the adapters' parameters
   if (lora) {
     lora_params = lora->named_parameters();
     engine::train::move_to_device(lora_params, device.device);
     o.trained_params = &lora_params;
     // A frozen weight costs its forward and its input gradient (4 per parameter), not its own
     // gradient; the adapters cost the full 6.
-    int64_t trainable = 0;
     for (const auto& [name, t] : lora_params) trainable += t.numel();
     o.flops_per_token -= 2.0 * static_cast<double>(model->num_parameters());
     o.flops_per_token += 6.0 * static_cast<double>(trainable);
@@ -490,8 +490,6 @@ int run_train(const std::vector<std::string>& args) {
     // A resumed run must train the same adapters (the trainer compares this).
     config.set("lora", lora->peft_config(model_name));
     if (lead) {
-      int64_t trainable = 0;
-      for (const auto& [name, t] : lora_params) trainable += t.numel();
       const int64_t total = model->num_parameters() + trainable;
       std::fprintf(stderr,
                    "[train] LoRA r=%lld alpha=%g dropout=%g on %zu layers: trainable %lld of "
