@@ -57,8 +57,12 @@ bool ends_with(const std::string& s, const std::string& suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+// PEFT's shorthand for every Linear layer but the output head.
+constexpr const char* kAllLinear = "all-linear";
+
 // PEFT's target_modules rule for a list: the path itself or its last dotted components.
 bool matches(const std::string& path, const std::string& target) {
+  if (target == kAllLinear) return !(path == "lm_head" || ends_with(path, ".lm_head"));
   return path == target || ends_with(path, "." + target);
 }
 
@@ -117,7 +121,7 @@ json::Value LoraAdapters::peft_config(const std::string& base_model) const {
   bool conv1d = false;
   for (const Target& t : targets_) conv1d = conv1d || t.conv1d;
   json::Value targets;
-  if (options_.regex) {
+  if (options_.regex || options_.targets == std::vector<std::string>{kAllLinear}) {
     targets = json::Value(options_.targets.front());
   } else {
     targets = json::Value::array();
@@ -292,7 +296,7 @@ LoraOptions read_adapter_config(const std::string& dir, std::string* base_model)
       << "[lora] " << path
       << ": target_modules must be a list of module names or one regular expression";
   if (t->is_string()) {
-    o.regex = true;
+    o.regex = t->as_string() != kAllLinear;
     o.targets = {t->as_string()};
   } else {
     for (const json::Value& v : *t) o.targets.push_back(v.as_string());

@@ -2,7 +2,8 @@
 //
 // apply_lora() wraps the Linear layers whose Hugging Face module path matches a target pattern
 // (PEFT's rule: a list entry matches a path equal to it or ending in "." + it; a single string
-// is a regular expression the whole path must match), so that
+// is a regular expression the whole path must match; "all-linear" is every Linear layer but the
+// output head), so that
 //
 //   y = W x + b + (alpha / r) * B (A (dropout(x)))      A [r, in], B [out, r]
 //

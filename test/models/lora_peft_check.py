@@ -28,7 +28,7 @@ def make(family, d):
         cfg = GPT2Config(vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=4,
                          resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
         model = GPT2LMHeadModel(cfg)
-    else:
+    else:  # llama, llama_all (the same model, other targets)
         from transformers import LlamaConfig, LlamaForCausalLM
         cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -89,6 +89,9 @@ def check(family, d):
     base = AutoModelForCausalLM.from_pretrained(f"{d}/base").eval()
     with torch.no_grad():
         e_base = rel(base(ids).logits, out.logits)
+    if family == "llama_all":
+        assert cfg["target_modules"] == "all-linear", cfg["target_modules"]
+        assert n_lora == 2 * 7, n_lora  # 2 layers x (q, k, v, o, gate, up, down), not lm_head
     print(f"{family}: logits vs PEFT {e_logits:.2e}, eval loss {mammoth_loss:.6f} vs PEFT "
           f"{out.loss.item():.6f} ({e_loss:.2e}); the adapter moves the logits by {e_base:.2e}")
     assert e_logits < 1e-5, e_logits

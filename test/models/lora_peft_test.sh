@@ -1,5 +1,6 @@
 #!/bin/bash
-# LoRA against HF peft, for GPT-2 (Conv1D, fan_in_fan_out) and LLaMA: transformers writes a tiny
+# LoRA against HF peft, for GPT-2 (Conv1D, fan_in_fan_out) and LLaMA (named targets and
+# "all-linear", with an untied head it must leave out): transformers writes a tiny
 # base model; `mammoth train --lora-*` trains adapters on it and saves a PEFT directory;
 # lora_peft_check.py loads that with PeftModel.from_pretrained and compares its logits with
 # Mammoth's forward (lora_logits) and its loss with `mammoth eval --adapter`; `mammoth ckpt
@@ -12,12 +13,13 @@ mammoth="$3"
 logits="$4"
 work="$(mktemp -d "${TEST_TMPDIR:-/tmp}/lora_peft.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
-for family in gpt2 llama; do
+for family in gpt2 llama llama_all; do
   d="$work/$family"
   mkdir -p "$d"
   case "$family" in
     gpt2) targets=c_attn,c_proj ;;
     llama) targets=q_proj,v_proj,o_proj,down_proj ;;
+    llama_all) targets=all-linear ;;  # PEFT's every-Linear-but-the-head
   esac
   "$python_sh" "$check" make "$family" "$d"
   "$mammoth" train --model "$d/base" --data "$d/data.bin" --lora-rank 4 --lora-alpha 8 \

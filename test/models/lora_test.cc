@@ -160,6 +160,20 @@ TEST_CASE("an adapter directory saves and loads back into another copy of the mo
   CHECK(file.find("base_model.model.transformer.h.1.mlp.c_fc.lora_B.weight") != nullptr);
 }
 
+TEST_CASE("all-linear wraps every Linear layer but the output head, as PEFT does") {
+  for (const std::string name : {"gpt2-tiny", "llama-tiny"}) {
+    INFO(name);
+    models::ModelConfig c = models::resolve_config(name);
+    c.tie_embeddings = false;  // an lm_head Linear that all-linear must leave out
+    auto model = models::build_model(c);
+    auto lora = models::apply_lora(*model, {.rank = 2, .alpha = 4, .targets = {"all-linear"}});
+    const int64_t per_layer = name == "gpt2-tiny" ? 4 : 7;
+    CHECK(static_cast<int64_t>(lora->targets().size()) == per_layer * model->config().n_layer);
+    for (const auto& t : lora->targets()) CHECK(t.path.find("lm_head") == std::string::npos);
+    CHECK(lora->peft_config("b").at("target_modules").as_string() == "all-linear");
+  }
+}
+
 TEST_CASE("adapter configs LoRA cannot honour are refused by name") {
   testing::TestDir dir;
   auto model = tiny("gpt2-tiny");
