@@ -114,6 +114,19 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
   plan::validate(plan_, {.model = &cfg});
   model_ = std::move(model);
   trained_ = model_.get();
+  // LoRA (o.trained_params: adapters beside a frozen model) trains under dp and ZeRO 0-2; the
+  // parallel forms that rebuild or move the model's parameters do not carry the adapters.
+  if (o.trained_params) {
+    trained_params_ = o.trained_params;
+    MAMMOTH_CHECK(plan_.tp == 1 && plan_.sp == 1 && plan_.sp_mode == "none")
+        << "[train] LoRA (--lora-rank / --adapter) with tensor or sequence parallelism (--tp, "
+           "--sp, --sp-mode) is not supported; use --dp";
+    MAMMOTH_CHECK(plan_.pp == 1) << "[train] LoRA with --pp is not supported; use --dp";
+    MAMMOTH_CHECK(!plan_.offloaded())
+        << "[train] LoRA with --offload is not supported (its optimizer states are small)";
+    MAMMOTH_CHECK(plan_.zero <= 2)
+        << "[train] LoRA with --zero 3 is not supported (the adapters are small); use --zero 2";
+  }
   model_->set_recompute_blocks(plan_.recompute_blocks);
   Parts& p = *parts_;
   const models::SpMode sp_mode = models::sp_mode_from_name(plan_.sp_mode);
@@ -217,7 +230,9 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
   if (mesh_ && plan_.dp > 1 && !plan_.offloaded()) {
     // Under pp each stage's replicas reduce their stage's parameters.
     p.dp = std::make_unique<parallel::DataParallel>(
-        p.pipeline ? p.pipeline->parameters() : trained_->named_parameters(),
+        p.pipeline        ? p.pipeline->parameters()
+        : trained_params_ ? *trained_params_
+                          : trained_->named_parameters(),
         mesh_->group(parallel::Axis::kDp),
         parallel::DataParallelOptions{.zero_stage = plan_.zero, .bucket_mb = plan_.bucket_mb});
     p.dp->broadcast_parameters();
@@ -298,8 +313,9 @@ TrainingRuntime::Memory TrainingRuntime::memory() const {
     return {m.params, m.grads, m.optimizer, how};
   }
   int64_t n = 0;
-  if (p.pipeline) {
-    for (const auto& [name, t] : p.pipeline->parameters()) n += t.numel();
+  if (p.pipeline || trained_params_) {
+    for (const auto& [name, t] : p.pipeline ? p.pipeline->parameters() : *trained_params_)
+      n += t.numel();
   } else {
     n = trained_->num_parameters();
   }

@@ -68,6 +68,7 @@ class TrainingRuntime {
   std::unique_ptr<parallel::DeviceMesh> mesh_;
   std::shared_ptr<models::LanguageModel> model_;
   models::LanguageModel* trained_ = nullptr;
+  const engine::nn::NamedTensors* trained_params_ = nullptr;  // LoRA's adapters; null: trained_'s
   std::unique_ptr<Parts> parts_;
 };
 

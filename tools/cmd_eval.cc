@@ -30,6 +30,7 @@
 #include "engine/ops.h"
 #include "engine/train/device.h"
 #include "models/layers.h"
+#include "models/lora.h"
 #include "models/registry.h"
 #include "models/vit/vit.h"
 #include "models/weights.h"
@@ -46,6 +47,9 @@ ABSL_FLAG(std::string, weights, "",
           "eval/generate: safetensors file with Hugging Face names, or a sharded checkpoint's "
           "index .json (default: the model directory's weights, or fresh weights for a "
           "registered name)");
+ABSL_FLAG(std::string, adapter, "",
+          "train/eval/generate: a PEFT LoRA adapter directory (adapter_config.json + "
+          "adapter_model.safetensors) applied on top of --model; train continues training it");
 ABSL_FLAG(std::string, tokens, "", "eval: llm.c token shard(s): file, directory or glob");
 ABSL_FLAG(std::string, text, "",
           "eval: a text file, encoded by the model directory's tokenizer (or --tokenizer); "
@@ -89,8 +93,17 @@ std::shared_ptr<models::LanguageModel> load_language_model(const std::string& na
   options.weights = weights;
   options.fresh_init = absl::GetFlag(FLAGS_fresh_init);
   auto m = models::create_language_model(name, options);
+  // The adapters hang on the model's layers (their deltas keep them alive).
+  std::shared_ptr<models::LoraAdapters> lora;
+  if (!absl::GetFlag(FLAGS_adapter).empty()) {
+    lora = models::load_adapter(*m, absl::GetFlag(FLAGS_adapter));
+    std::fprintf(stderr, "[%s] adapter: %s (LoRA r=%lld on %zu layers)\n", command,
+                 absl::GetFlag(FLAGS_adapter).c_str(), static_cast<long long>(lora->options().rank),
+                 lora->targets().size());
+  }
   m->eval();
   place_on_device(*m, command);
+  if (lora) engine::train::move_to_device(lora->named_parameters(), models::module_device(*m));
   return m;
 }
 

@@ -21,9 +21,11 @@
 #include "engine/data/build_shards.h"
 #include "engine/data/masking.h"
 #include "engine/data/token_shard.h"
+#include "engine/train/checkpoint.h"
 #include "engine/train/device.h"
 #include "engine/train/trainer.h"
 #include "memory/allocator.h"
+#include "models/lora.h"
 #include "models/registry.h"
 #include "parallel/comm/mpi_communicator.h"
 #include "parallel/mesh.h"
@@ -103,6 +105,16 @@ ABSL_FLAG(std::string, dump_batches, "",
           "debugging: write every training micro-batch the model is fed (input ids, targets, "
           "mesh coordinates) as one JSON line to this file (FILE.rankR for rank R of a "
           "multi-process run), replacing it");
+ABSL_FLAG(int64_t, lora_rank, 0,
+          "LoRA: train rank-R adapters on the --lora-targets layers, the model frozen (0: off); "
+          "saved as a PEFT adapter directory in --save-dir/adapter");
+ABSL_FLAG(double, lora_alpha, 8.0, "LoRA: the update is scaled by alpha / rank (PEFT's default 8)");
+ABSL_FLAG(double, lora_dropout, 0.0, "LoRA: dropout on the adapters' input while training");
+ABSL_FLAG(std::string, lora_targets, "",
+          "LoRA: module names as PEFT's target_modules writes them, comma-separated (a layer "
+          "matches when its Hugging Face module path is or ends with one), e.g. c_attn for "
+          "GPT-2, q_proj,v_proj for LLaMA");
+ABSL_DECLARE_FLAG(std::string, adapter);
 ABSL_DECLARE_FLAG(int, pp);
 ABSL_DECLARE_FLAG(std::string, pp_schedule);
 ABSL_DECLARE_FLAG(int, virtual_stages);
@@ -237,6 +249,60 @@ plan::ParallelPlan plan_from_flags(const parallel::ProcessInfo& proc,
   return plan_from_layout_flags("train", proc.world_size);
 }
 
+// The LoRA adapters the flags ask for (null: none): --adapter DIR's (its own shape, to train
+// further), or --lora-rank's on --lora-targets (PEFT's defaults per family when empty).
+std::shared_ptr<models::LoraAdapters> make_lora(models::LanguageModel& model) {
+  const std::string adapter = absl::GetFlag(FLAGS_adapter);
+  const bool shaped = flag_changed("lora_rank") || flag_changed("lora_alpha") ||
+                      flag_changed("lora_dropout") || flag_changed("lora_targets");
+  if (adapter.empty() && absl::GetFlag(FLAGS_lora_rank) == 0) {
+    MAMMOTH_CHECK(!shaped) << "[train] --lora-alpha, --lora-dropout and --lora-targets need "
+                              "--lora-rank R (> 0)";
+    return nullptr;
+  }
+  // PEFT's CAUSAL_LM adapters, checked against peft for these two families.
+  const models::Family family = model.config().family;
+  MAMMOTH_CHECK(family == models::Family::kGpt2 || family == models::Family::kLlama)
+      << "[train] LoRA is supported for the causal LMs (GPT-2, LLaMA), not "
+      << models::family_name(family);
+  if (!adapter.empty()) {
+    MAMMOTH_CHECK(!shaped) << "[train] --adapter " << adapter
+                           << " brings its own LoRA shape (adapter_config.json); drop --lora-*";
+    return models::load_adapter(model, adapter);
+  }
+  models::LoraOptions o;
+  o.rank = absl::GetFlag(FLAGS_lora_rank);
+  o.alpha = absl::GetFlag(FLAGS_lora_alpha);
+  o.dropout = absl::GetFlag(FLAGS_lora_dropout);
+  o.seed = static_cast<uint64_t>(absl::GetFlag(FLAGS_seed));
+  std::string targets = absl::GetFlag(FLAGS_lora_targets);
+  if (targets.empty()) {
+    // PEFT's defaults for these model types (its TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES).
+    targets = family == models::Family::kGpt2 ? "c_attn" : "q_proj,v_proj";
+  }
+  o.targets = models::parse_lora_targets(targets);
+  return models::apply_lora(model, o);
+}
+
+// --resume: the checkpoint must train what this run trains (LoRA adapters of the same shape, or
+// the whole model), said before its tensors are read (their shapes would differ first).
+void check_lora_resume(const engine::train::TrainOptions& o, const json::Value& config) {
+  if (!o.resume) return;
+  const std::optional<std::string> dir = engine::train::latest_checkpoint(o.save_dir);
+  if (!dir || !std::filesystem::exists(*dir + "/state.json")) return;
+  const json::Value state = json::parse_file(*dir + "/state.json");
+  const json::Value* saved = state.find("config") ? state.at("config").find("lora") : nullptr;
+  const json::Value* ours = config.find("lora");
+  auto shape = [](const json::Value* c) {
+    if (c == nullptr) return std::string("the whole model (no LoRA)");
+    return "LoRA r=" + json::dump(c->at("r")) + " alpha=" + json::dump(c->at("lora_alpha")) +
+           " targets " + json::dump(c->at("target_modules"));
+  };
+  MAMMOTH_CHECK(shape(saved) == shape(ours))
+      << "[train] --resume: " << *dir << " trained " << shape(saved) << ", this run trains "
+      << shape(ours) << " (--lora-rank, --lora-alpha, --lora-targets must match)";
+}
+
 int run_train(const std::vector<std::string>& args) {
   MAMMOTH_CHECK(args.empty()) << "[train] unexpected argument '" << args[0] << "'";
   set_num_threads(absl::GetFlag(FLAGS_threads));
@@ -339,6 +405,21 @@ int run_train(const std::vector<std::string>& args) {
     o.masking = masked_lm_options(cfg, "train");
   }
 
+  // LoRA: adapters from the flags, or an adapter directory to continue; the model frozen.
+  std::shared_ptr<models::LoraAdapters> lora = make_lora(*model);
+  engine::nn::NamedTensors lora_params;
+  int64_t trainable = 0;  // the adapters' parameters
+  if (lora) {
+    lora_params = lora->named_parameters();
+    engine::train::move_to_device(lora_params, device.device);
+    o.trained_params = &lora_params;
+    // A frozen weight costs its forward and its input gradient (4 per parameter), not its own
+    // gradient; the adapters cost the full 6.
+    for (const auto& [name, t] : lora_params) trainable += t.numel();
+    o.flops_per_token -= 2.0 * static_cast<double>(model->num_parameters());
+    o.flops_per_token += 6.0 * static_cast<double>(trainable);
+  }
+
   // Everything the plan turns on (tp/sp shards, pipeline stages, dp/ZeRO, offload).
   rt.assemble(model, o);
   models::LanguageModel& trained = rt.trained();
@@ -410,6 +491,25 @@ int run_train(const std::vector<std::string>& args) {
   json::Value config = json::Value::object();
   config.set("model", json::Value(model_name));
   config.set("model_config", models::config_to_hf_json(cfg));
+  if (lora) {
+    // A resumed run must train the same adapters (the trainer compares this).
+    config.set("lora", lora->peft_config(model_name));
+    if (lead) {
+      const int64_t total = model->num_parameters() + trainable;
+      std::fprintf(stderr,
+                   "[train] LoRA r=%lld alpha=%g dropout=%g on %zu layers: trainable %lld of "
+                   "%lld parameters (%.3f%%), the model's %lld frozen\n",
+                   static_cast<long long>(lora->options().rank), lora->options().alpha,
+                   lora->options().dropout, lora->targets().size(),
+                   static_cast<long long>(trainable), static_cast<long long>(total),
+                   100.0 * static_cast<double>(trainable) / static_cast<double>(total),
+                   static_cast<long long>(model->num_parameters()));
+    }
+    o.after_checkpoint = [&](const std::string& dir) {
+      models::save_adapter(*lora, *model, dir + "/adapter", model_name);
+    };
+  }
+  check_lora_resume(o, config);
   // --dump-batches: what the model is fed, as the tests of the masking rule read it.
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> dump(nullptr, std::fclose);
   if (!absl::GetFlag(FLAGS_dump_batches).empty()) {
@@ -449,6 +549,15 @@ int run_train(const std::vector<std::string>& args) {
     std::fprintf(stderr, "%s\n", r.interrupted ? " (interrupted; checkpoint saved)" : "");
   }
   if (lead) std::fprintf(stderr, "%s", rt.offload_report().c_str());
+  if (lora && lead) {
+    if (o.save_dir.empty()) {
+      std::fprintf(stderr, "[train] LoRA: no --save-dir, so the adapter is not saved\n");
+    } else {
+      const std::string dir = o.save_dir + "/adapter";
+      models::save_adapter(*lora, *model, dir, model_name);
+      std::fprintf(stderr, "[train] LoRA adapter (PEFT) written to %s\n", dir.c_str());
+    }
+  }
   return r.interrupted ? 130 : 0;
 }
 

@@ -44,6 +44,15 @@ NamedTensors Module::named_buffers() const {
   return out;
 }
 
+std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::named_modules() const {
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> out;
+  for (const auto& [name, child] : children_) {
+    out.emplace_back(name, child);
+    for (auto& [sub, m] : child->named_modules()) out.emplace_back(name + "." + sub, m);
+  }
+  return out;
+}
+
 std::vector<Tensor> Module::parameters() const {
   std::vector<Tensor> out;
   for (auto& [name, t] : named_parameters()) out.push_back(t);
@@ -108,7 +117,10 @@ Linear::Linear(int64_t in, int64_t out, bool with_bias, DType dtype)
   if (with_bias) bias = register_parameter("bias", Tensor::zeros({out}, dtype));
 }
 
-Tensor Linear::forward(const Tensor& x) const { return linear(x, weight, bias); }
+Tensor Linear::forward(const Tensor& x) const {
+  Tensor y = linear(x, weight, bias);
+  return delta ? y + delta->forward(x, training_) : y;
+}
 
 Embedding::Embedding(int64_t n, int64_t dim, DType dtype) {
   MAMMOTH_CHECK(n > 0 && dim > 0) << "[Embedding] sizes must be positive, got " << n << " x "

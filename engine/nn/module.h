@@ -32,6 +32,8 @@ class Module {
   NamedTensors named_parameters() const;
   std::vector<Tensor> parameters() const;
   NamedTensors named_buffers() const;
+  // Every module below this one (not itself), depth first, by full name ("h.0.attn.c_attn").
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_modules() const;
   int64_t num_parameters() const;
   void zero_grad() const;
 
@@ -67,13 +69,25 @@ class Module {
 // Fills t in place with N(mean, std) from Philox(seed, stream).
 void init_normal(const Tensor& t, uint64_t seed, uint64_t stream, double mean, double stddev);
 
-// y = x W^T + b, W [out, in] (PyTorch / Hugging Face nn.Linear layout).
+// A term added to a Linear's output by something that wraps the layer without being part of
+// it (LoRA, models/lora.h): its parameters stay out of the layer's (and the model's) names, so
+// the model's weights load, save and export as before.
+class LinearDelta {
+ public:
+  virtual ~LinearDelta() = default;
+  // x [..., in] -> [..., out]; `training` is the wrapped layer's mode (for dropout).
+  virtual Tensor forward(const Tensor& x, bool training) const = 0;
+};
+
+// y = x W^T + b, W [out, in] (PyTorch / Hugging Face nn.Linear layout); plus delta(x) when a
+// delta is attached.
 class Linear : public Module {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias = true, DType dtype = DType::kF32);
   Tensor forward(const Tensor& x) const;
   Tensor weight, bias;
   int64_t in_features, out_features;
+  std::shared_ptr<const LinearDelta> delta;  // null: none
 };
 
 class Embedding : public Module {

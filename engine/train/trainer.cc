@@ -221,7 +221,9 @@ TrainLoop::TrainLoop(nn::Module& model, const LossFn& loss_fn, const data::Token
   world_ = dp_ ? dp_->dp_size() : 1;
   lead_ = rank_ == 0 && o.logging_rank;
   quiet_ = o.quiet || !lead_;
-  params_ = o.optimizer_params ? *o.optimizer_params : model.named_parameters();
+  params_ = o.optimizer_params ? *o.optimizer_params
+            : o.trained_params ? *o.trained_params
+                               : model.named_parameters();
   // Model-parallel gradient sums run inside dp's bucket launches when dp can run them there,
   // so that the reduction overlaps the backward; otherwise after the whole backward:
   // after_backward, or sync_grad over every parameter.
@@ -255,6 +257,14 @@ TrainLoop::TrainLoop(nn::Module& model, const LossFn& loss_fn, const data::Token
            : optim::DecayFilter(optim::decay_matrices));
   }
   opt_ = offload_ ? &offload_->optimizer(ao) : own_opt_.get();
+  if (own_opt_ && !quiet_) {
+    // What the optimizer really allocated (its state tensors), not a formula.
+    int64_t state_bytes = 0;
+    const nn::NamedTensors state = own_opt_->state();
+    for (const auto& [name, t] : state) state_bytes += static_cast<int64_t>(t.nbytes());
+    std::fprintf(stderr, "[train] optimizer states: %lld bytes in %zu tensors on this rank\n",
+                 static_cast<long long>(state_bytes), state.size());
+  }
   // Several processes write one sharded checkpoint together (checkpoint.h).
   sharded_checkpoints_ = o.world_size > 1;
   MAMMOTH_CHECK(!sharded_checkpoints_ ||
@@ -407,8 +417,9 @@ void TrainLoop::save(int64_t at_step) {
       ShardedLayout layout;
       layout.world = o_.world_size;
       layout.layout = o_.layout.is_object() ? o_.layout : json::Value::object();
-      const nn::NamedTensors whole =
-          shards_ ? shards_->single_process_parameters() : model_.named_parameters();
+      const nn::NamedTensors whole = o_.trained_params ? *o_.trained_params
+                                     : shards_         ? shards_->single_process_parameters()
+                                                       : model_.named_parameters();
       layout.tensors = whole;
       for (const std::string& suffix : state_suffixes_) {
         for (const auto& [name, p] : whole) layout.tensors.emplace_back(name + "." + suffix, p);
@@ -426,6 +437,7 @@ void TrainLoop::save(int64_t at_step) {
   }
   if (checkpoint_lead_ && !quiet_)
     std::fprintf(stderr, "[train] saved checkpoint %s\n", dir.c_str());
+  if (checkpoint_lead_ && !dir.empty() && o_.after_checkpoint) o_.after_checkpoint(dir);
 }
 
 double TrainLoop::evaluate() {

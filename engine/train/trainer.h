@@ -96,6 +96,13 @@ struct TrainOptions {
   // `loss_scale` multiplies the loss before backward (fp16); the returned loss is unscaled.
   std::function<double(const std::vector<Tensor>& micro_batches, double loss_scale)> pipeline_step;
   const nn::NamedTensors* optimizer_params = nullptr;
+  // What trains when it is not the model's parameters, not owned: LoRA adapters
+  // (models/lora.h), the model's own parameters then frozen. The optimizer, dp and checkpoints
+  // (and their index) see these only; null: the model's parameters.
+  const nn::NamedTensors* trained_params = nullptr;
+  // Called on the rank that commits each checkpoint, once it is complete, with its directory
+  // (LoRA writes its adapter directory beside it).
+  std::function<void(const std::string& dir)> after_checkpoint;
   std::string tensorboard_dir;  // empty: no TensorBoard event file
   // Mixed precision (engine/amp): "fp32", "bf16" (autocast matmuls) or "fp16" (autocast plus
   // dynamic loss scaling that skips steps with inf/NaN gradients).
