@@ -98,6 +98,15 @@ RankRecord read_record(const json::Value& d) {
   return r;
 }
 
+// The member's view of group `key`, or nullptr when its record lacks the group.
+const Membership* membership(const std::map<int, RankRecord>& records, int rank,
+                             const std::string& key) {
+  const auto r = records.find(rank);
+  if (r == records.end()) return nullptr;
+  const auto g = r->second.groups.find(key);
+  return g == r->second.groups.end() ? nullptr : &g->second;
+}
+
 std::string describe(const Op& op) {
   std::ostringstream s;
   s << "#" << op.seq << " " << op.what;
@@ -140,29 +149,28 @@ Report merge_dumps(const std::vector<json::Value>& dumps) {
   for (const auto& [key, ranks] : members) {
     int64_t most = 0;
     for (int r : ranks) {
-      if (records.count(r)) most = std::max(most, records.at(r).groups.at(key).collectives);
+      if (const Membership* m = membership(records, r, key)) most = std::max(most, m->collectives);
     }
     // What the leaders wait in, from any leader's record.
     std::string awaited;
     std::vector<int> leaders;
     for (int r : ranks) {
-      if (!records.count(r)) continue;
-      const Membership& m = records.at(r).groups.at(key);
-      if (m.collectives != most) continue;
+      const Membership* m = membership(records, r, key);
+      if (!m || m->collectives != most) continue;
       leaders.push_back(r);
-      if (m.last_collective.in_flight) awaited = describe(m.last_collective);
+      if (m->last_collective.in_flight) awaited = describe(m->last_collective);
     }
     // Everyone reached the awaited collective, but some only long after the others: a rank
     // that was stopped or stuck and resumed (SIGCONT, say) before the dumps.
     if (!awaited.empty()) {
       double first = 1e300;
       for (int r : leaders) {
-        const auto& posted = records.at(r).groups.at(key).collective_posted_s;
+        const auto& posted = membership(records, r, key)->collective_posted_s;
         if (const auto it = posted.find(most); it != posted.end())
           first = std::min(first, it->second);
       }
       for (int r : leaders) {
-        const auto& posted = records.at(r).groups.at(key).collective_posted_s;
+        const auto& posted = membership(records, r, key)->collective_posted_s;
         const auto it = posted.find(most);
         if (it == posted.end() || it->second - first < kLateS) continue;
         out << "[flight] rank " << r << " reached " << awaited << " on group '" << key << "' "
@@ -181,13 +189,13 @@ Report merge_dumps(const std::vector<json::Value>& dumps) {
         }
         continue;
       }
-      const Membership& m = records.at(r).groups.at(key);
-      if (m.collectives >= most) continue;
+      const Membership* m = membership(records, r, key);
+      if (!m || m->collectives >= most) continue;
       out << "[flight] rank " << r << " fell behind on group '" << key << "': it posted "
-          << m.collectives << " collective(s), rank(s) " << list(leaders) << " posted " << most;
+          << m->collectives << " collective(s), rank(s) " << list(leaders) << " posted " << most;
       if (!awaited.empty()) out << " and wait in " << awaited;
       out << "; rank " << r << "'s last: "
-          << (m.last_collective.seq ? describe(m.last_collective) : std::string("none")) << "\n";
+          << (m->last_collective.seq ? describe(m->last_collective) : std::string("none")) << "\n";
       suspects.insert(r);
     }
   }
