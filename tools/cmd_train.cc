@@ -2,6 +2,8 @@
 // --data, on the embedded default corpus (tokenized once and cached). GPT-2 and LLaMA learn
 // next-token prediction; the BERT family learns masked-LM (engine/data/masking.h: --mask-prob,
 // --mask-token), the same rule `mammoth eval` scores.
+#include <mpi.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -81,6 +83,12 @@ ABSL_FLAG(double, val_fraction, 0.05,
           "fraction of --data held out when --val-data is empty (train); of the token stream "
           "written as validation shards (data)");
 ABSL_FLAG(int64_t, log_every, 10, "print a progress line every N steps");
+ABSL_FLAG(bool, detect_anomaly, false,
+          "stop at the first op whose output or gradient holds NaN or inf, naming it, its module, "
+          "shapes and rank (slow: a debugging mode)");
+ABSL_FLAG(bool, log_grad_norms, false,
+          "each --log-every step, every module's gradient norm in the --metrics line "
+          "(\"grad_norms\"); one process or plain dp");
 ABSL_FLAG(int, vocab_size, 1024,
           "BPE vocabulary trained for the embedded corpus (train) or the inputs (data)");
 ABSL_FLAG(double, peak_gflops, 0, "machine peak GFLOP/s for MFU (0: not reported)");
@@ -334,6 +342,25 @@ int run_train(const std::vector<std::string>& args) {
     o.masking = masked_lm_options(cfg, "train");
   }
 
+  o.detect_anomaly = absl::GetFlag(FLAGS_detect_anomaly);
+  o.log_grad_norms = absl::GetFlag(FLAGS_log_grad_norms);
+  // The per-module norms are of this process's whole gradients: sharded ones (ZeRO, tp, sp,
+  // pp, offload chunks) would need a reduction per module, which is not built.
+  MAMMOTH_CHECK(!o.log_grad_norms ||
+                (pl.zero == 0 && pl.tp == 1 && pl.sp == 1 && pl.pp == 1 && !pl.offloaded()))
+      << "[train] --log-grad-norms supports one process and plain dp (--zero 0, no --tp, --sp, "
+         "--pp or offload); this run is "
+      << plan::plan_summary(pl);
+  // Test hook for --detect-anomaly (test/engine/train/anomaly_test.sh): a NaN in a parameter.
+  if (const char* nan_param = std::getenv("MAMMOTH_TEST_NAN_PARAM")) {
+    const char* rank = std::getenv("MAMMOTH_TEST_NAN_RANK");
+    if (rank == nullptr || std::atoi(rank) == rt.rank()) {
+      o.inject_nan_param = nan_param;
+      const char* step = std::getenv("MAMMOTH_TEST_NAN_STEP");
+      o.inject_nan_step = step ? std::atoll(step) : 0;
+    }
+  }
+
   // Everything the plan turns on (tp/sp shards, pipeline stages, dp/ZeRO, offload).
   rt.assemble(model, o);
   models::LanguageModel& trained = rt.trained();
@@ -413,25 +440,42 @@ int run_train(const std::vector<std::string>& args) {
     dump.reset(std::fopen(path.c_str(), "w"));
     MAMMOTH_CHECK(dump != nullptr) << "[train] --dump-batches: cannot write " << path;
   }
-  const engine::train::TrainResult r = engine::train::train(
-      trained,
-      [&](const engine::Tensor& in, const engine::Tensor& tg) {
-        if (dump && trained.is_training()) {
-          json::Value line = json::Value::object();
-          for (const auto& [key, t] : {std::pair{"input", &in}, std::pair{"target", &tg}}) {
-            json::Value ids = json::Value::array();
-            for (int64_t id : t->to(Device::cpu()).to_int_vector()) ids.push_back(json::Value(id));
-            line.set(key, std::move(ids));
+  // An error inside the loop on one rank of several (a NaN --detect-anomaly found there, a
+  // non-finite loss) leaves the others waiting in their next collective until --comm-timeout:
+  // abort the whole job instead, with exit code 1, once the message is out.
+  auto train_or_abort = [&](auto&& run) {
+    if (pl.world() == 1) return run();
+    try {
+      return run();
+    } catch (const Error& e) {
+      std::fprintf(stderr, "mammoth train: error: %s\n", e.message().c_str());
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, 1);
+      std::_Exit(1);  // MPI_Abort does not return; this is in case it does
+    }
+  };
+  const engine::train::TrainResult r = train_or_abort([&] {
+    return engine::train::train(
+        trained,
+        [&](const engine::Tensor& in, const engine::Tensor& tg) {
+          if (dump && trained.is_training()) {
+            json::Value line = json::Value::object();
+            for (const auto& [key, t] : {std::pair{"input", &in}, std::pair{"target", &tg}}) {
+              json::Value ids = json::Value::array();
+              for (int64_t id : t->to(Device::cpu()).to_int_vector())
+                ids.push_back(json::Value(id));
+              line.set(key, std::move(ids));
+            }
+            line.set("shape", json::Value::array().push_back(in.size(0)).push_back(in.size(1)));
+            for (parallel::Axis a : parallel::kAllAxes)
+              line.set(parallel::axis_name(a), json::Value(mesh ? mesh->coord(a) : 0));
+            std::fprintf(dump.get(), "%s\n", json::dump(line).c_str());
+            std::fflush(dump.get());
           }
-          line.set("shape", json::Value::array().push_back(in.size(0)).push_back(in.size(1)));
-          for (parallel::Axis a : parallel::kAllAxes)
-            line.set(parallel::axis_name(a), json::Value(mesh ? mesh->coord(a) : 0));
-          std::fprintf(dump.get(), "%s\n", json::dump(line).c_str());
-          std::fflush(dump.get());
-        }
-        return trained.loss(in, tg);
-      },
-      train_data, val_data, o, config);
+          return trained.loss(in, tg);
+        },
+        train_data, val_data, o, config);
+  });
   if (lead && !r.losses.empty()) {
     std::fprintf(stderr, "[train] done: steps %lld..%lld, loss %.4f -> %.4f",
                  static_cast<long long>(r.first_step), static_cast<long long>(r.last_step),
