@@ -1,6 +1,6 @@
 #!/bin/bash
 # `mammoth ckpt inspect / verify / convert` on checkpoints of every layout a run writes (one
-# process, dp 2, ZeRO-3 dp 2, tp 2, pp 2):
+# process, dp 2, ZeRO-3 dp 2, tp 2, pp 2, sp 2 (Ulysses), dp 2 with host offload):
 #   1. inspect names the form, step, model, layout, files and every tensor;
 #   2. convert --to single and back --to sharded --shards 3 keeps every tensor bitwise: checked
 #      by a second reader (Python, reassembling the shards' "<tensor>@<offset>" pieces from the
@@ -21,8 +21,9 @@ common=(--steps 2 --log-every 1 --eval-every 0 --warmup 1 --threads 1 --seq-len 
   --micro-batch 2 --save-every 2)
 
 declare -A layouts=([np1]="" [dp2]="--dp 2" [zero3]="--dp 2 --zero 3" [tp2]="--tp 2"
-  [pp2]="--pp 2")
-for name in np1 dp2 zero3 tp2 pp2; do
+  [pp2]="--pp 2" [sp2]="--sp 2 --sp-mode ulysses" [offload]="--dp 2 --offload host --chunk-mb 0.25")
+all=(np1 dp2 zero3 tp2 pp2 sp2 offload)
+for name in "${all[@]}"; do
   # shellcheck disable=SC2086
   if [[ "$name" == np1 ]]; then
     "$mammoth" train "${common[@]}" --save-dir "$work/$name" >"$work/$name.log" 2>&1 ||
@@ -51,7 +52,7 @@ assert t["dtype"] == "f32" and t["bytes"] == 4 * t["shape"][0] * t["shape"][1], 
 PY
 
 # 2. convert round trips, checked by an independent reader.
-for name in np1 dp2 zero3 tp2 pp2; do
+for name in "${all[@]}"; do
   "$mammoth" ckpt convert "$work/$name" --to single --out "$work/$name.single"
   "$mammoth" ckpt convert "$work/$name.single" --to sharded --shards 3 --out "$work/$name.sharded"
   "$mammoth" ckpt verify "$work/$name.single" >/dev/null
