@@ -7,7 +7,8 @@
 #   2. a host that cannot be reached is named before anything starts;
 #   3. a busy TCP port on a host is named before anything starts;
 #   4. MAMMOTH_* reaches the remote rank (-x) and the failing rank's exit code comes back;
-#   5. hostfile, --include/--exclude and --master-addr errors are refused by name.
+#   5. hostfile, --include/--exclude and --master-addr errors are refused by name; a bare
+#      host line, --include and --nproc-per-node 2 (dp 4 over the two hosts) run.
 # Needs root and `ip netns`; the namespaces are removed however the test ends.
 set -euo pipefail
 mammoth="$(realpath "$1")"
@@ -155,4 +156,17 @@ in_a "$mammoth" "${launch[@]}" --hostfile "$work/hosts" --exclude 10.77.0.2 --po
   >"$work/exclude.log" 2>&1 || { cat "$work/exclude.log"; fail "--exclude"; }
 grep -q "^\[launch\] 1 rank on 1 host: .*-H 10.77.0.1:1 -np 1 " "$work/exclude.log" ||
   { cat "$work/exclude.log"; fail "--exclude did not drop the host"; }
+# Open MPI's bare host line (one slot) with --include; --nproc-per-node 2 on both: dp 4.
+printf '10.77.0.1\n10.77.0.2 slots=1\n' >"$work/bare_hosts"
+in_a "$mammoth" "${launch[@]}" --hostfile "$work/bare_hosts" --include 10.77.0.1 \
+  --port-base 29600 -- train --steps 1 --eval-every 0 --threads 1 --seq-len 16 --micro-batch 1 \
+  >"$work/include.log" 2>&1 || { cat "$work/include.log"; fail "--include"; }
+grep -q "^\[launch\] 1 rank on 1 host: .*-H 10.77.0.1:1 -np 1 " "$work/include.log" ||
+  { cat "$work/include.log"; fail "--include with a bare host line"; }
+in_a "$mammoth" "${launch[@]}" --hostfile "$work/hosts" --nproc-per-node 2 --port-base 29600 \
+  -- train --steps 2 --eval-every 0 --threads 1 --seq-len 16 --micro-batch 1 \
+  >"$work/four.log" 2>&1 || { cat "$work/four.log"; fail "--nproc-per-node 2"; }
+grep -q "^\[launch\] 4 ranks on 2 hosts: .*-H 10.77.0.1:2,10.77.0.2:2 -np 4 " "$work/four.log" ||
+  { cat "$work/four.log"; fail "--nproc-per-node 2: not 4 ranks"; }
+grep -q "x 4 dp = " "$work/four.log" || { cat "$work/four.log"; fail "--nproc-per-node 2: not dp 4"; }
 echo "PASS"
