@@ -342,6 +342,17 @@ int run_train(const std::vector<std::string>& args) {
     o.masking = masked_lm_options(cfg, "train");
   }
 
+  // An error inside the loop on one rank of several (a NaN --detect-anomaly found there, a
+  // non-finite loss) would leave the others waiting in their next collective until
+  // --comm-timeout: abort the whole job instead, with exit code 1, once the message is out.
+  if (pl.world() > 1) {
+    o.abort_job = [](const std::string& message) {
+      std::fprintf(stderr, "mammoth train: error: %s\n", message.c_str());
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, 1);
+      std::_Exit(1);  // MPI_Abort does not return; this is in case it does
+    };
+  }
   o.detect_anomaly = absl::GetFlag(FLAGS_detect_anomaly);
   o.log_grad_norms = absl::GetFlag(FLAGS_log_grad_norms);
   // The per-module norms are of this process's whole gradients: sharded ones (ZeRO, tp, sp,
@@ -440,42 +451,25 @@ int run_train(const std::vector<std::string>& args) {
     dump.reset(std::fopen(path.c_str(), "w"));
     MAMMOTH_CHECK(dump != nullptr) << "[train] --dump-batches: cannot write " << path;
   }
-  // An error inside the loop on one rank of several (a NaN --detect-anomaly found there, a
-  // non-finite loss) leaves the others waiting in their next collective until --comm-timeout:
-  // abort the whole job instead, with exit code 1, once the message is out.
-  auto train_or_abort = [&](auto&& run) {
-    if (pl.world() == 1) return run();
-    try {
-      return run();
-    } catch (const Error& e) {
-      std::fprintf(stderr, "mammoth train: error: %s\n", e.message().c_str());
-      std::fflush(stderr);
-      MPI_Abort(MPI_COMM_WORLD, 1);
-      std::_Exit(1);  // MPI_Abort does not return; this is in case it does
-    }
-  };
-  const engine::train::TrainResult r = train_or_abort([&] {
-    return engine::train::train(
-        trained,
-        [&](const engine::Tensor& in, const engine::Tensor& tg) {
-          if (dump && trained.is_training()) {
-            json::Value line = json::Value::object();
-            for (const auto& [key, t] : {std::pair{"input", &in}, std::pair{"target", &tg}}) {
-              json::Value ids = json::Value::array();
-              for (int64_t id : t->to(Device::cpu()).to_int_vector())
-                ids.push_back(json::Value(id));
-              line.set(key, std::move(ids));
-            }
-            line.set("shape", json::Value::array().push_back(in.size(0)).push_back(in.size(1)));
-            for (parallel::Axis a : parallel::kAllAxes)
-              line.set(parallel::axis_name(a), json::Value(mesh ? mesh->coord(a) : 0));
-            std::fprintf(dump.get(), "%s\n", json::dump(line).c_str());
-            std::fflush(dump.get());
+  const engine::train::TrainResult r = engine::train::train(
+      trained,
+      [&](const engine::Tensor& in, const engine::Tensor& tg) {
+        if (dump && trained.is_training()) {
+          json::Value line = json::Value::object();
+          for (const auto& [key, t] : {std::pair{"input", &in}, std::pair{"target", &tg}}) {
+            json::Value ids = json::Value::array();
+            for (int64_t id : t->to(Device::cpu()).to_int_vector()) ids.push_back(json::Value(id));
+            line.set(key, std::move(ids));
           }
-          return trained.loss(in, tg);
-        },
-        train_data, val_data, o, config);
-  });
+          line.set("shape", json::Value::array().push_back(in.size(0)).push_back(in.size(1)));
+          for (parallel::Axis a : parallel::kAllAxes)
+            line.set(parallel::axis_name(a), json::Value(mesh ? mesh->coord(a) : 0));
+          std::fprintf(dump.get(), "%s\n", json::dump(line).c_str());
+          std::fflush(dump.get());
+        }
+        return trained.loss(in, tg);
+      },
+      train_data, val_data, o, config);
   if (lead && !r.losses.empty()) {
     std::fprintf(stderr, "[train] done: steps %lld..%lld, loss %.4f -> %.4f",
                  static_cast<long long>(r.first_step), static_cast<long long>(r.last_step),

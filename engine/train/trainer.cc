@@ -658,7 +658,14 @@ TrainResult TrainLoop::run() {
 
 TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDataset& data,
                   const data::TokenDataset& val, const TrainOptions& o, const json::Value& config) {
-  return TrainLoop(model, loss_fn, data, val, o, config).run();
+  TrainLoop loop(model, loss_fn, data, val, o, config);  // set-up errors are every rank's
+  if (!o.abort_job) return loop.run();
+  try {
+    return loop.run();
+  } catch (const Error& e) {
+    o.abort_job(e.message());
+    throw;  // abort_job does not return; this is in case it does
+  }
 }
 
 }  // namespace mammoth::engine::train

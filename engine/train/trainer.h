@@ -125,6 +125,10 @@ struct TrainOptions {
   // norm ("grad_norms": {"h.0.attn.c_attn": ...}), from this process's whole gradients (one
   // process or plain dp, where they are the averaged ones).
   bool log_grad_norms = false;
+  // Several processes: called with the message of an error thrown inside the loop, to end the
+  // whole job (the other ranks would wait for this one in their next collective); it does not
+  // return. Null: the error propagates.
+  std::function<void(const std::string& message)> abort_job;
   // Test hook for --detect-anomaly: before step inject_nan_step (0-based) the first element of
   // parameter inject_nan_param is set to NaN. Empty: never.
   std::string inject_nan_param;
