@@ -1,6 +1,9 @@
 #include "engine/autograd.h"
 
+#include <cmath>
 #include <cstring>
+#include <memory>
+#include <string>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -54,7 +57,105 @@ Tensor accumulate(const Tensor& a, const Tensor& b) {
   }
   return add(a, b);
 }
+
+// Anomaly detection's state: null when off (the only cost then is testing this pointer).
+struct AnomalyState {
+  std::unordered_map<const TensorImpl*, std::string> param_names;
+  std::string where;
+};
+AnomalyState* g_anomaly = nullptr;
+
+std::string tensor_text(const Tensor& t) {
+  return t.defined() ? shape_str(t.shape()) + " " + dtype_name(t.dtype()) : "(none)";
+}
+
+// NaN and inf counts and the first bad element, for the message (read only on failure).
+std::string non_finite_text(const Tensor& t) {
+  int64_t nans = 0, infs = 0, first = -1;
+  const std::vector<double> v = t.to_vector();
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (std::isfinite(v[i])) continue;
+    (std::isnan(v[i]) ? nans : infs) += 1;
+    if (first < 0) first = static_cast<int64_t>(i);
+  }
+  return std::to_string(nans) + " NaN and " + std::to_string(infs) + " inf of " +
+         std::to_string(v.size()) + " elements, the first at flat index " + std::to_string(first);
+}
+
+bool non_finite(const Tensor& t) { return t.defined() && is_floating(t.dtype()) && !all_finite(t); }
+
+// The module an op being recorded runs in (see AnomalyDetectionScope).
+std::string module_of(const std::vector<Tensor>& inputs) {
+  for (const Tensor& t : inputs) {
+    if (!t.defined()) continue;
+    auto it = g_anomaly->param_names.find(t.impl());
+    if (it == g_anomaly->param_names.end()) continue;
+    const size_t dot = it->second.rfind('.');
+    return dot == std::string::npos ? it->second : it->second.substr(0, dot);
+  }
+  for (const Tensor& t : inputs) {
+    if (t.defined() && t.grad_fn() && !t.grad_fn()->module().empty()) return t.grad_fn()->module();
+  }
+  return "";
+}
+
+std::string module_text(const std::string& module) {
+  return module.empty() ? "outside any module (before the first parameter)"
+                        : "in module '" + module + "'";
+}
+
+void check_forward(const char* name, Node& node, const std::vector<Tensor>& inputs,
+                   const std::vector<Tensor*>& outputs) {
+  node.set_module(module_of(inputs));
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (!non_finite(*outputs[i])) continue;
+    std::string in;
+    for (const Tensor& t : inputs) {
+      in += (in.empty() ? "" : ", ") + tensor_text(t);
+      auto it = t.defined() ? g_anomaly->param_names.find(t.impl()) : g_anomaly->param_names.end();
+      if (it != g_anomaly->param_names.end()) in += " '" + it->second + "'";
+    }
+    MAMMOTH_THROW() << "[detect-anomaly] " << g_anomaly->where << ": forward op '" << name << "' "
+                    << module_text(node.module()) << " produced NaN or inf in output " << i << " "
+                    << tensor_text(*outputs[i]) << " (" << non_finite_text(*outputs[i])
+                    << "); inputs: " << in;
+  }
+}
+
+void check_backward(const Node& node, const std::vector<Tensor>& grad_outputs,
+                    const std::vector<Tensor>& grad_inputs) {
+  for (size_t i = 0; i < grad_inputs.size(); ++i) {
+    if (!non_finite(grad_inputs[i])) continue;
+    std::string out;
+    bool finite_in = true;
+    for (const Tensor& g : grad_outputs) {
+      out += (out.empty() ? "" : ", ") + tensor_text(g);
+      finite_in = finite_in && !non_finite(g);
+    }
+    MAMMOTH_THROW() << "[detect-anomaly] " << g_anomaly->where << ": backward of op '"
+                    << node.name() << "' " << module_text(node.module())
+                    << " produced NaN or inf in the gradient of input " << i << " "
+                    << tensor_text(grad_inputs[i]) << " (" << non_finite_text(grad_inputs[i])
+                    << ") from output gradients " << out
+                    << (finite_in ? " (all finite)" : " (not all finite)");
+  }
+}
+
 }  // namespace
+
+AnomalyDetectionScope::AnomalyDetectionScope(
+    const std::vector<std::pair<std::string, Tensor>>& params, std::string where) {
+  MAMMOTH_CHECK(g_anomaly == nullptr) << "[detect-anomaly] already enabled";
+  auto state = std::make_unique<AnomalyState>();
+  for (const auto& [name, p] : params) state->param_names[p.impl()] = name;
+  state->where = std::move(where);
+  g_anomaly = state.release();
+}
+
+AnomalyDetectionScope::~AnomalyDetectionScope() {
+  delete g_anomaly;
+  g_anomaly = nullptr;
+}
 
 bool grad_enabled() { return tls_grad_enabled; }
 
@@ -105,6 +206,7 @@ void record(const char* name, const std::vector<Tensor>& inputs,
   }
   auto node = std::make_shared<Node>(name, std::move(edges), static_cast<int>(outputs.size()),
                                      std::move(fn));
+  if (g_anomaly != nullptr) check_forward(name, *node, inputs, outputs);
   for (size_t i = 0; i < outputs.size(); ++i) {
     TensorImpl* impl = outputs[i]->impl();
     impl->requires_grad = true;
@@ -168,6 +270,7 @@ void run_backward(const Tensor& root, const Tensor& gradient) {
     pending.erase(n);
     grads_out.resize(n->num_outputs());
     std::vector<Tensor> grads_in = n->apply(grads_out);
+    if (g_anomaly != nullptr) check_backward(*n, grads_out, grads_in);
     grads_out.clear();  // no longer read: what only they held is free (or overwritable) now
     const std::vector<Edge>& edges = n->edges();
     for (size_t i = 0; i < edges.size(); ++i) {

@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/tensor.h"
@@ -63,6 +64,9 @@ class Node {
   const std::string& name() const { return name_; }
   const std::vector<Edge>& edges() const { return edges_; }
   int num_outputs() const { return num_outputs_; }
+  // The module the op ran in; set only under anomaly detection (empty otherwise).
+  const std::string& module() const { return module_; }
+  void set_module(std::string module) { module_ = std::move(module); }
   std::vector<Tensor> apply(const std::vector<Tensor>& grad_outputs);
   void release();  // frees the closure and saved tensors
 
@@ -71,6 +75,7 @@ class Node {
   std::vector<Edge> edges_;
   int num_outputs_;
   BackwardFn fn_;
+  std::string module_;
   bool released_ = false;
 };
 
@@ -90,6 +95,23 @@ void set_grad_ready_hook(const Tensor& param, std::function<void()> hook);
 
 // Runs backward from `root` seeded with `gradient`.
 void run_backward(const Tensor& root, const Tensor& gradient);
+
+// Anomaly detection (`train --detect-anomaly`): while enabled, every recorded op checks its
+// outputs and every backward node the gradients it returns; the first that holds NaN or inf
+// throws mammoth::Error naming the op, its module, the shapes involved and `where` (the rank).
+// The module of an op is that of a parameter it reads ("h.1.mlp.c_fc" for
+// "h.1.mlp.c_fc.weight"), else that of the op that produced its first input with one, so a
+// parameter-free op (gelu, a residual add) is named by the module it follows. Off, the cost is
+// one pointer test per recorded op and per backward node. On, each checked tensor is read on
+// the host: a debugging mode. Process-wide; not for concurrent training loops.
+class AnomalyDetectionScope {
+ public:
+  AnomalyDetectionScope(const std::vector<std::pair<std::string, Tensor>>& params,
+                        std::string where);
+  ~AnomalyDetectionScope();
+  AnomalyDetectionScope(const AnomalyDetectionScope&) = delete;
+  AnomalyDetectionScope& operator=(const AnomalyDetectionScope&) = delete;
+};
 
 // Zero-bubble pipelines split a backward into the input gradients (now: the next stage back
 // waits for them) and the weight gradients (later, in a bubble). Inside a

@@ -2,6 +2,7 @@
 // --data, on the embedded default corpus (tokenized once and cached). GPT-2 and LLaMA learn
 // next-token prediction; the BERT family learns masked-LM (engine/data/masking.h: --mask-prob,
 // --mask-token), the same rule `mammoth eval` scores.
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -83,6 +84,12 @@ ABSL_FLAG(double, val_fraction, 0.05,
           "fraction of --data held out when --val-data is empty (train); of the token stream "
           "written as validation shards (data)");
 ABSL_FLAG(int64_t, log_every, 10, "print a progress line every N steps");
+ABSL_FLAG(bool, detect_anomaly, false,
+          "stop at the first op whose output or gradient holds NaN or inf, naming it, its module, "
+          "shapes and rank (slow: a debugging mode)");
+ABSL_FLAG(bool, log_grad_norms, false,
+          "each --log-every step, every module's gradient norm in the --metrics line "
+          "(\"grad_norms\"); one process or plain dp");
 ABSL_FLAG(int, vocab_size, 1024,
           "BPE vocabulary trained for the embedded corpus (train) or the inputs (data)");
 ABSL_FLAG(double, peak_gflops, 0, "machine peak GFLOP/s for MFU (0: not reported)");
@@ -418,6 +425,24 @@ int run_train(const std::vector<std::string>& args) {
     for (const auto& [name, t] : lora_params) trainable += t.numel();
     o.flops_per_token -= 2.0 * static_cast<double>(model->num_parameters());
     o.flops_per_token += 6.0 * static_cast<double>(trainable);
+  }
+  o.detect_anomaly = absl::GetFlag(FLAGS_detect_anomaly);
+  o.log_grad_norms = absl::GetFlag(FLAGS_log_grad_norms);
+  // The per-module norms are of this process's whole gradients: sharded ones (ZeRO, tp, sp,
+  // pp, offload chunks) would need a reduction per module, which is not built.
+  MAMMOTH_CHECK(!o.log_grad_norms ||
+                (pl.zero == 0 && pl.tp == 1 && pl.sp == 1 && pl.pp == 1 && !pl.offloaded()))
+      << "[train] --log-grad-norms supports one process and plain dp (--zero 0, no --tp, --sp, "
+         "--pp or offload); this run is "
+      << plan::plan_summary(pl);
+  // Test hook for --detect-anomaly (test/engine/train/anomaly_test.sh): a NaN in a parameter.
+  if (const char* nan_param = std::getenv("MAMMOTH_TEST_NAN_PARAM")) {
+    const char* rank = std::getenv("MAMMOTH_TEST_NAN_RANK");
+    if (rank == nullptr || std::atoi(rank) == rt.rank()) {
+      o.inject_nan_param = nan_param;
+      const char* step = std::getenv("MAMMOTH_TEST_NAN_STEP");
+      o.inject_nan_step = step ? std::atoll(step) : 0;
+    }
   }
 
   // Everything the plan turns on (tp/sp shards, pipeline stages, dp/ZeRO, offload).

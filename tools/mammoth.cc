@@ -47,6 +47,7 @@ std::string normalize_flag(const std::string& arg) {
 std::vector<std::string> config_file_flags(std::vector<std::string>& args) {
   std::string path;
   for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--") break;  // what follows belongs to another program (`launch -- train`)
     if (args[i] == "--config" && i + 1 < args.size()) {
       path = args[i + 1];
       args.erase(args.begin() + static_cast<long>(i), args.begin() + static_cast<long>(i) + 2);
@@ -100,10 +101,14 @@ int main(int argc, char** argv) {
     std::vector<std::string> raw(argv + 2, argv + argc);
     std::vector<std::string> owned{std::string(argv[0]) + " " + name};
     for (std::string& a : mammoth::tools::config_file_flags(raw)) owned.push_back(std::move(a));
+    bool passthrough = false;  // after "--": another program's arguments, kept as given
     for (const std::string& a : raw) {
       // Abseil's --help lists only the flags of the file holding main(); every command's flags
       // live in tools/ (cmd_<command>.cc, some shared between commands), listed file by file.
-      owned.push_back(a == "--help" ? "--helpmatch=tools/" : mammoth::tools::normalize_flag(a));
+      owned.push_back(passthrough     ? a
+                      : a == "--help" ? "--helpmatch=tools/"
+                                      : mammoth::tools::normalize_flag(a));
+      passthrough = passthrough || a == "--";
     }
     std::vector<char*> args;
     for (std::string& a : owned) args.push_back(a.data());

@@ -67,6 +67,22 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
+// CRC-32C of every tensor's bytes in a safetensors file, so that a corrupt file can be narrowed
+// to the tensors it damaged (the file's own CRC only says that something changed).
+json::Value tensor_crcs(const std::string& path) {
+  const io::SafetensorsFile f = io::SafetensorsFile::open(path);
+  json::Value crcs = json::Value::object();
+  for (const io::TensorView& v : f.tensors()) {
+    crcs.set(v.name, json::Value(static_cast<int64_t>(crc32c(v.data, v.nbytes))));
+  }
+  return crcs;
+}
+
+bool is_safetensors(const std::string& file) {
+  const std::string ext = ".safetensors";
+  return file.size() > ext.size() && file.compare(file.size() - ext.size(), ext.size(), ext) == 0;
+}
+
 // manifest.json: size and CRC-32C of each file. `known` gives them for files whose writer
 // already computed them (shards); the others are read here.
 void write_manifest(const std::string& tmp_dir, int64_t step, const std::vector<std::string>& files,
@@ -84,6 +100,7 @@ void write_manifest(const std::string& tmp_dir, int64_t step, const std::vector<
     json::Value entry = json::Value::object();
     entry.set("bytes", json::Value(static_cast<int64_t>(fs::file_size(p))));
     entry.set("crc32c", json::Value(static_cast<int64_t>(crc32c_file(p))));
+    if (is_safetensors(f)) entry.set("tensor_crc32c", tensor_crcs(p));
     entries.set(f, entry);
   }
   manifest.set("files", entries);
@@ -200,10 +217,49 @@ std::optional<std::string> latest_checkpoint(const std::string& save_dir) {
   return dir;
 }
 
-void verify_checkpoint(const std::string& dir) {
+namespace {
+
+// Which tensors of a file whose CRC-32C differs from the manifest's were damaged: those whose
+// bytes no longer match their own CRC-32C ("<tensor>@<offset>" in a shard names the piece).
+std::string damaged_tensors(const std::string& path, const json::Value& entry) {
+  const json::Value* expected = entry.find("tensor_crc32c");
+  if (expected == nullptr) return " (this checkpoint predates per-tensor CRCs)";
+  std::string header_error;
+  try {
+    const io::SafetensorsFile f = io::SafetensorsFile::open(path);
+    std::string names;
+    for (const io::TensorView& v : f.tensors()) {
+      const json::Value* want = expected->find(v.name);
+      const int64_t crc = crc32c(v.data, v.nbytes);
+      if (want != nullptr && want->as_int() == crc) continue;
+      names += names.empty() ? "" : ", ";
+      // A shard's piece "<tensor>@<offset>" is named as the tensor and its range.
+      const size_t at = v.name.rfind('@');
+      if (at != std::string::npos && path.find("/shard_") != std::string::npos) {
+        const auto [tensor, offset] = parse_piece_key(v.name, path);
+        const int64_t n = static_cast<int64_t>(v.nbytes / dtype_size(v.dtype));
+        names += "'" + tensor + "' elements [" + std::to_string(offset) + ", " +
+                 std::to_string(offset + n) + ")";
+      } else {
+        names += "'" + v.name + "'";
+      }
+    }
+    if (!names.empty()) return "; damaged tensor(s): " + names;
+    return "; every tensor's bytes match their CRC-32C, so the damage is in the header's padding";
+  } catch (const Error& e) {
+    header_error = e.message();
+  }
+  return "; its safetensors header is damaged: " + header_error;
+}
+
+}  // namespace
+
+std::vector<std::string> checkpoint_problems(const std::string& dir) {
+  std::vector<std::string> problems;
   const std::string mpath = dir + "/manifest.json";
-  MAMMOTH_CHECK(fs::exists(mpath))
-      << "[checkpoint] " << mpath << " is missing: not a complete checkpoint";
+  if (!fs::exists(mpath)) {
+    return {"[checkpoint] " + mpath + " is missing: not a complete checkpoint"};
+  }
   const json::Value manifest = json::parse(read_file(mpath), mpath);
   const json::Value& files = manifest.at("files");
   MAMMOTH_CHECK(files.is_object()) << "[checkpoint] " << mpath << ": 'files' is not an object";
@@ -213,23 +269,42 @@ void verify_checkpoint(const std::string& dir) {
       sharded ? std::vector<std::string>{"index.json", "state.json"}
               : std::vector<std::string>{std::begin(kFiles), std::end(kFiles)};
   for (const std::string& f : needed) {
-    MAMMOTH_CHECK(files.contains(f)) << "[checkpoint] " << mpath << " does not list " << f;
+    if (!files.contains(f)) problems.push_back("[checkpoint] " + mpath + " does not list " + f);
   }
   for (const json::Value& entry : files) {
     const std::string& f = entry.key();
-    MAMMOTH_CHECK(!f.empty() && f.find('/') == std::string::npos && f[0] != '.')
-        << "[checkpoint] " << mpath << " lists a file outside the checkpoint: '" << f << "'";
+    if (f.empty() || f.find('/') != std::string::npos || f[0] == '.') {
+      problems.push_back("[checkpoint] " + mpath + " lists a file outside the checkpoint: '" + f +
+                         "'");
+      continue;
+    }
     const std::string p = dir + "/" + f;
-    MAMMOTH_CHECK(fs::exists(p)) << "[checkpoint] " << p << " is missing";
+    if (!fs::exists(p)) {
+      problems.push_back("[checkpoint] " + p + " is missing");
+      continue;
+    }
     const int64_t bytes = static_cast<int64_t>(fs::file_size(p));
-    MAMMOTH_CHECK(bytes == entry.at("bytes").as_int())
-        << "[checkpoint] " << p << " has " << bytes << " bytes, the manifest says "
-        << entry.at("bytes").as_int() << " (truncated or replaced)";
+    const int64_t want_bytes = entry.at("bytes").as_int();
+    if (bytes != want_bytes) {
+      problems.push_back("[checkpoint] " + p + " has " + std::to_string(bytes) +
+                         " bytes, the manifest says " + std::to_string(want_bytes) +
+                         " (truncated or replaced)");
+      continue;
+    }
     const int64_t crc = crc32c_file(p);
-    MAMMOTH_CHECK(crc == entry.at("crc32c").as_int())
-        << "[checkpoint] " << p << " is corrupt: CRC-32C " << crc << " differs from the manifest's "
-        << entry.at("crc32c").as_int();
+    const int64_t want_crc = entry.at("crc32c").as_int();
+    if (crc != want_crc) {
+      problems.push_back("[checkpoint] " + p + " is corrupt: CRC-32C " + std::to_string(crc) +
+                         " differs from the manifest's " + std::to_string(want_crc) +
+                         (is_safetensors(f) ? damaged_tensors(p, entry) : std::string()));
+    }
   }
+  return problems;
+}
+
+void verify_checkpoint(const std::string& dir) {
+  const std::vector<std::string> problems = checkpoint_problems(dir);
+  MAMMOTH_CHECK(problems.empty()) << problems.front();
 }
 
 }  // namespace mammoth::engine::train
@@ -372,6 +447,7 @@ void write_checkpoint_shard(const std::string& tmp_dir, int rank,
   json::Value entry = json::Value::object();
   entry.set("bytes", json::Value(static_cast<int64_t>(fs::file_size(path))));
   entry.set("crc32c", json::Value(static_cast<int64_t>(crc32c_file(path))));
+  entry.set("tensor_crc32c", tensor_crcs(path));
   write_file_synced(path + ".crc.json", json::dump(entry) + "\n");
 }
 
@@ -476,6 +552,71 @@ json::Value load_checkpoint_pieces(const std::string& dir, const std::vector<Che
     }
   }
   return state;
+}
+
+CheckpointInfo inspect_checkpoint(const std::string& dir) {
+  CheckpointInfo info;
+  info.dir = dir;
+  const std::string mpath = dir + "/manifest.json";
+  MAMMOTH_CHECK(fs::exists(mpath))
+      << "[checkpoint] " << mpath << " is missing: not a complete checkpoint";
+  info.files = json::parse(read_file(mpath), mpath).at("files");
+  const std::string spath = dir + "/state.json";
+  info.state = json::parse(read_file(spath), spath);
+  MAMMOTH_CHECK(info.state.is_object()) << "[checkpoint] " << spath << " is not a JSON object";
+  info.step = info.state.at("step").as_int();
+  info.layout = json::Value::object();
+  const std::string ipath = dir + "/index.json";
+  info.sharded = fs::exists(ipath);
+  if (info.sharded) {
+    const json::Value index = json::parse(read_file(ipath), ipath);
+    info.format = index.at("format").as_string();
+    if (const json::Value* l = index.find("layout")) info.layout = *l;
+  } else {
+    info.format = "mammoth-checkpoint (single file)";
+  }
+  const PieceTable table = read_pieces(dir);
+  std::map<const uint8_t*, std::string> file_of;  // a piece's file, by where its bytes lie
+  for (const io::SafetensorsFile& f : table.files) {
+    for (const io::TensorView& v : f.tensors()) {
+      file_of[v.data] = fs::path(f.path()).filename().string();
+    }
+  }
+  for (const auto& [name, dtype_shape] : table.tensors) {
+    CheckpointTensorInfo t;
+    t.name = name;
+    t.dtype = dtype_shape.first;
+    t.shape = dtype_shape.second;
+    t.bytes = numel_of(t.shape) * static_cast<int64_t>(dtype_size(t.dtype));
+    std::set<std::string> files;
+    for (const PieceSource& src : table.pieces.at(name)) {
+      ++t.pieces;
+      files.insert(file_of[src.view->data]);
+    }
+    t.files.assign(files.begin(), files.end());
+    info.tensors.push_back(std::move(t));
+  }
+  return info;
+}
+
+nn::NamedTensors load_whole_checkpoint(const std::string& dir, json::Value* state) {
+  const CheckpointInfo info = inspect_checkpoint(dir);
+  nn::NamedTensors whole;
+  std::vector<CheckpointPiece> into;
+  for (const CheckpointTensorInfo& t : info.tensors) {
+    whole.emplace_back(t.name, Tensor::empty(t.shape, t.dtype));
+    into.push_back({t.name, 0, whole.back().second});
+  }
+  const json::Value s = load_checkpoint_pieces(dir, into, /*whole=*/true);
+  if (state != nullptr) *state = s;
+  return whole;
+}
+
+bool is_optimizer_state(const std::string& name, const std::set<std::string>& names) {
+  // Parameters are leaves of the module tree, so no parameter's name is another tensor's name
+  // plus ".<suffix>"; optimizer state is exactly "<param>.<suffix>".
+  const size_t dot = name.rfind('.');
+  return dot != std::string::npos && names.count(name.substr(0, dot)) > 0;
 }
 
 SaveDirLock::SaveDirLock(const std::string& save_dir) {

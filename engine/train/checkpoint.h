@@ -30,6 +30,7 @@
 #pragma once
 
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -87,6 +88,43 @@ std::string commit_sharded_checkpoint(const std::string& save_dir, int64_t step,
 // checkpoint that nothing asks for (another model's) is an error too.
 json::Value load_checkpoint_pieces(const std::string& dir, const std::vector<CheckpointPiece>& into,
                                    bool whole = false);
+
+// ---- a checkpoint as a whole (`mammoth ckpt`) ----
+
+// Every check verify_checkpoint makes (manifest, sizes, CRC-32C of every file), collecting all
+// failures instead of stopping at the first. A corrupt safetensors file is narrowed to the
+// tensors whose per-tensor CRC-32C (recorded in the manifest) no longer matches.
+std::vector<std::string> checkpoint_problems(const std::string& dir);
+
+struct CheckpointTensorInfo {
+  std::string name;  // the single-process tensor
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  int64_t bytes = 0;
+  int pieces = 0;                  // 1 in the single form
+  std::vector<std::string> files;  // the files holding its pieces
+};
+struct CheckpointInfo {
+  std::string dir;
+  bool sharded = false;
+  std::string format;
+  int64_t step = 0;
+  json::Value layout;  // index.json's "layout" (the writing run's), {} for the single form
+  json::Value state;   // state.json
+  json::Value files;   // manifest.json's "files": bytes, crc32c, tensor_crc32c per file
+  std::vector<CheckpointTensorInfo> tensors;  // sorted by name
+};
+// Reads the manifest, index, state and the shards' headers; checks that the pieces cover
+// every tensor once, but not the CRCs (checkpoint_problems does).
+CheckpointInfo inspect_checkpoint(const std::string& dir);
+
+// Every tensor of the checkpoint whole, in its single-process shape, whichever form and
+// layout wrote it (verified first); `state` receives state.json.
+nn::NamedTensors load_whole_checkpoint(const std::string& dir, json::Value* state);
+
+// Whether tensor `name` of a checkpoint holding `names` is optimizer state ("<param>.<suffix>")
+// rather than a parameter: what goes into optimizer.safetensors of the single form.
+bool is_optimizer_state(const std::string& name, const std::set<std::string>& names);
 
 // An exclusive claim on a --save-dir for the life of a job: a second job that would write
 // checkpoints into the same directory is refused instead of interleaving its steps with ours.

@@ -51,6 +51,7 @@ void MetricsSink::record(const StepRecord& r) {
       m.set("predicted_peak_mem_bytes", json::Value(r.predicted_peak_mem_bytes));
     if (evaluated) m.set("val_loss", json::Value(r.val_loss));
     if (!r.offload.is_null()) m.set("offload", r.offload);
+    if (!r.grad_norms.is_null()) m.set("grad_norms", r.grad_norms);
     metrics_ << json::dump(m) << "\n";
     metrics_.flush();
   }

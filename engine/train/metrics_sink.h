@@ -31,7 +31,8 @@ struct StepRecord {
   int64_t predicted_peak_mem_bytes = 0;  // the planner's prediction for this rank (0: none)
   double val_loss = 0;                   // NaN: not evaluated this step
   double eta_s = 0;
-  json::Value offload;  // chunk tiers (null: no offload)
+  json::Value offload;     // chunk tiers (null: no offload)
+  json::Value grad_norms;  // --log-grad-norms: module -> unscaled gradient L2 norm (null: none)
 };
 
 struct MetricsSinkOptions {

@@ -130,8 +130,10 @@ class TrainLoop {
     double norm = 0;
     double loss_scale = 1.0;
     bool applied = true;
+    json::Value module_norms;  // --log-grad-norms on a logged step
   };
   Step step(int64_t step);
+  void inject_nan();
   double evaluate();
   void resume();
   void save(int64_t at_step);
@@ -456,12 +458,46 @@ double TrainLoop::evaluate() {
   return total / static_cast<double>(o_.eval_batches);
 }
 
+namespace {
+
+// Each module's gradient L2 norm (its own parameters: "h.0.attn.c_attn" holds .weight and
+// .bias), unscaled; in parameter order.
+json::Value module_grad_norms(const nn::NamedTensors& params, double loss_scale) {
+  std::vector<std::pair<std::string, nn::NamedTensors>> modules;
+  for (const auto& [name, p] : params) {
+    const size_t dot = name.rfind('.');
+    const std::string module = dot == std::string::npos ? name : name.substr(0, dot);
+    if (modules.empty() || modules.back().first != module) modules.push_back({module, {}});
+    modules.back().second.emplace_back(name, p);
+  }
+  json::Value norms = json::Value::object();
+  for (const auto& [module, ps] : modules) {
+    const double n = optim::grad_norm(ps) / loss_scale;
+    norms.set(module, std::isfinite(n) ? json::Value(n) : json::Value());  // JSON has no NaN
+  }
+  return norms;
+}
+
+}  // namespace
+
+void TrainLoop::inject_nan() {
+  for (const auto& [name, p] : model_.named_parameters()) {
+    if (name != o_.inject_nan_param) continue;
+    NoGradGuard ng;
+    fill_(p.reshape({-1}).slice(0, 0, 1), NAN);
+    return;
+  }
+  MAMMOTH_THROW() << "[train] the NaN test hook names parameter '" << o_.inject_nan_param
+                  << "', which this rank's model does not have";
+}
+
 // Forward and backward of the step's micro-batches (or the pipeline's schedule over them),
 // gradient synchronisation, the global norm, and the update.
 TrainLoop::Step TrainLoop::step(int64_t step) {
   fault::set_context(o_.world_rank, step + 1);
   fault::point("forward");
   Step s;
+  if (!o_.inject_nan_param.empty() && step == o_.inject_nan_step) inject_nan();
   s.lr = sched_.at(step, o_.lr);
   opt_->set_lr(s.lr);
   // This rank's contiguous share of the step's global batch, and the epoch each window is read
@@ -514,6 +550,9 @@ TrainLoop::Step TrainLoop::step(int64_t step) {
     s.loss = dp_->average(s.loss);
   }
   const nn::NamedTensors& grads_of = opt_->params();
+  if (o_.log_grad_norms && (step + 1 == o_.steps || (step + 1) % o_.log_every == 0)) {
+    s.module_norms = module_grad_norms(grads_of, s.loss_scale);
+  }
   if (step == o_.inject_inf_grad_step) {
     for (const auto& [name, p] : grads_of) {
       if (p.grad().defined()) {
@@ -560,6 +599,11 @@ TrainResult TrainLoop::run() {
   if (o_.resume) resume();
   int64_t step = resumed_step_;
   result.first_step = step;
+  std::optional<AnomalyDetectionScope> anomaly;
+  if (o_.detect_anomaly) {
+    anomaly.emplace(model_.named_parameters(), "rank " + std::to_string(o_.world_rank) + " of " +
+                                                   std::to_string(o_.world_size));
+  }
   MetricsSink sink(lead_ ? MetricsSinkOptions{.console = !quiet_,
                                               .log_every = o_.log_every,
                                               .metrics_path = o_.metrics_path,
@@ -594,6 +638,7 @@ TrainResult TrainLoop::run() {
     r.loss = s.loss;
     r.lr = s.lr;
     r.grad_norm = s.norm;
+    r.grad_norms = s.module_norms;
     r.loss_scale = s.loss_scale;
     r.scaling = scaling_;
     r.skipped_steps = scaler_.skipped_steps();
@@ -639,7 +684,9 @@ TrainResult TrainLoop::run() {
 
 TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDataset& data,
                   const data::TokenDataset& val, const TrainOptions& o, const json::Value& config) {
-  return TrainLoop(model, loss_fn, data, val, o, config).run();
+  // An error on one rank of several ends the whole job in tools/mammoth.cc (MPI_Abort).
+  TrainLoop loop(model, loss_fn, data, val, o, config);
+  return loop.run();
 }
 
 }  // namespace mammoth::engine::train

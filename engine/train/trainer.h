@@ -128,6 +128,17 @@ struct TrainOptions {
   // the offload runtime's own (offload->data_parallel()): it reduces gradient chunks and
   // shards the AdamW states by chunk; a separate runtime would fight over the parameters.
   OffloadRuntime* offload = nullptr;
+  // Debugging (`train --detect-anomaly`): the first op whose output or gradient holds NaN or inf
+  // stops the run, named (engine/autograd.h's AnomalyDetectionScope).
+  bool detect_anomaly = false;
+  // `train --log-grad-norms`: each logged step's metrics line holds every module's gradient L2
+  // norm ("grad_norms": {"h.0.attn.c_attn": ...}), from this process's whole gradients (one
+  // process or plain dp, where they are the averaged ones).
+  bool log_grad_norms = false;
+  // Test hook for --detect-anomaly: before step inject_nan_step (0-based) the first element of
+  // parameter inject_nan_param is set to NaN. Empty: never.
+  std::string inject_nan_param;
+  int64_t inject_nan_step = 0;
   // Test hook: the step (0-based) whose gradients are overwritten with +inf before the
   // finiteness check, to prove that fp16 skips exactly that step. -1: never.
   int64_t inject_inf_grad_step = -1;
