@@ -164,12 +164,15 @@ SchedulerStats Scheduler::stats() const {
 void Scheduler::release(Sequence* s, const std::string& reason, const std::string& error) {
   for (int64_t b : s->blocks) free_blocks_.push_back(b);
   s->blocks.clear();
+  {
+    // The stats first: whoever wakes on finish() must see the blocks returned.
+    std::lock_guard<std::mutex> lock(mu_);
+    reserved_ -= s->reserved;
+    s->reserved = 0;  // marks the sequence for removal from running_
+    ++stats_.finished;
+    stats_.kv_blocks_used = options_.kv_blocks - static_cast<int64_t>(free_blocks_.size());
+  }
   s->request->finish(reason, error);
-  std::lock_guard<std::mutex> lock(mu_);
-  reserved_ -= s->reserved;
-  s->reserved = 0;  // marks the sequence for removal from running_
-  ++stats_.finished;
-  stats_.kv_blocks_used = options_.kv_blocks - static_cast<int64_t>(free_blocks_.size());
 }
 
 void Scheduler::admit_locked() {
