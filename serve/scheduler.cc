@@ -170,6 +170,7 @@ void Scheduler::release(Sequence* s, const std::string& reason, const std::strin
     reserved_ -= s->reserved;
     s->reserved = 0;  // marks the sequence for removal from running_
     ++stats_.finished;
+    if (reason == "cancelled") ++stats_.cancelled;
     stats_.kv_blocks_used = options_.kv_blocks - static_cast<int64_t>(free_blocks_.size());
   }
   s->request->finish(reason, error);
@@ -180,6 +181,7 @@ void Scheduler::admit_locked() {
     if (it->request->cancelled()) {
       it->request->finish("cancelled");
       ++stats_.finished;
+      ++stats_.cancelled;
       it = waiting_.erase(it);
     } else {
       ++it;

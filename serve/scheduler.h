@@ -89,6 +89,7 @@ struct SchedulerOptions {
 struct SchedulerStats {
   int64_t requests = 0;          // submitted and admitted to the queue
   int64_t finished = 0;          // ended (any reason)
+  int64_t cancelled = 0;         // ended by cancel() (a client gone, a stop string)
   int64_t prompt_tokens = 0;     // prefilled
   int64_t generated_tokens = 0;  // sampled
   int64_t steps = 0;

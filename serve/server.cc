@@ -391,6 +391,9 @@ void Server::routes() {
                  static_cast<double>(s.requests));
           metric("mammoth_requests_finished_total", "counter",
                  "Generation requests ended (any reason).", static_cast<double>(s.finished));
+          metric("mammoth_requests_cancelled_total", "counter",
+                 "Generation requests cancelled (client gone, stop sequence).",
+                 static_cast<double>(s.cancelled));
           metric("mammoth_prompt_tokens_total", "counter", "Prompt tokens prefilled.",
                  static_cast<double>(s.prompt_tokens));
           metric("mammoth_generated_tokens_total", "counter", "Tokens sampled.",
