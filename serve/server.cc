@@ -605,7 +605,7 @@ void Server::routes() {
         if (messages == nullptr || !messages->is_array() || messages->empty()) {
           refuse("'messages' must be a non-empty list", "messages");
         }
-        std::vector<std::pair<std::string, std::string>> transcript;
+        std::vector<data::ChatMessage> transcript;
         for (const json::Value& m : *messages) {
           if (!m.is_object() || field(m, "role") == nullptr || !m.at("role").is_string()) {
             refuse("each message needs a string 'role'", "messages");
@@ -615,11 +615,17 @@ void Server::routes() {
             refuse("each message needs a string 'content' (content parts are not supported)",
                    "messages");
           }
-          transcript.emplace_back(m.at("role").as_string(), content->as_string());
+          transcript.push_back({m.at("role").as_string(), content->as_string()});
         }
         std::vector<int64_t> ids;
         // The template writes the special tokens itself (bos included), so none are added.
-        for (int32_t id : tokenizer_->encode(options_.chat(transcript), false)) {
+        std::string text;
+        try {
+          text = options_.chat(transcript);
+        } catch (const Error& e) {  // the template's raise_exception, say
+          refuse(e.message(), "messages", "invalid_chat");
+        }
+        for (int32_t id : tokenizer_->encode(text, false)) {
           ids.push_back(id);
         }
         const int64_t P = static_cast<int64_t>(ids.size());

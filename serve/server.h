@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/data/chat_template.h"
 #include "engine/data/tokenizer.h"
 #include "serve/scheduler.h"
 
@@ -30,8 +31,7 @@ class Server;
 namespace mammoth::serve {
 
 // A chat transcript -> the prompt text (the model's chat template, with the generation prompt).
-using ChatRenderer =
-    std::function<std::string(const std::vector<std::pair<std::string, std::string>>&)>;
+using ChatRenderer = std::function<std::string(const std::vector<data::ChatMessage>&)>;
 
 struct ServerOptions {
   std::string host = "127.0.0.1";

@@ -12,11 +12,13 @@
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "base/error.h"
+#include "engine/data/chat_template.h"
 #include "engine/data/tokenizer.h"
 #include "models/registry.h"
 #include "serve/scheduler.h"
@@ -25,6 +27,7 @@
 
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(std::string, weights);
+ABSL_DECLARE_FLAG(std::string, tokenizer);
 ABSL_FLAG(std::string, host, "127.0.0.1", "serve: address to listen on");
 ABSL_FLAG(int32_t, port, 8000, "serve: TCP port (0: any free port, printed)");
 ABSL_FLAG(std::string, served_model_name, "",
@@ -93,8 +96,21 @@ int run_serve(const std::vector<std::string>& args) {
     std::filesystem::path p(model_arg);
     o.model_name = p.has_filename() ? p.filename().string() : p.parent_path().filename().string();
   }
-  o.chat_missing_reason =
-      "/v1/chat/completions is not available: this build has no chat template support";
+  // The chat template lives beside the tokenizer (tokenizer_config.json).
+  const std::string tok_dir =
+      absl::GetFlag(FLAGS_tokenizer).empty() ? model_arg : absl::GetFlag(FLAGS_tokenizer);
+  std::optional<data::ChatTemplate> chat;
+  try {
+    chat.emplace(data::ChatTemplate::from_model_dir(tok_dir));
+  } catch (const Error& e) {
+    o.chat_missing_reason = "/v1/chat/completions is not available for this model: " + e.message();
+    std::fprintf(stderr, "[serve] no chat template: %s\n", e.message().c_str());
+  }
+  if (chat) {
+    o.chat = [&chat](const std::vector<data::ChatMessage>& messages) {
+      return chat->render(messages, /*add_generation_prompt=*/true);
+    };
+  }
   serve::Server server(&scheduler, &tok, o);
   const int port = server.bind();
   std::printf("[serve] listening on http://%s:%d (model '%s')\n", o.host.c_str(), port,

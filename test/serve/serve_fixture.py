@@ -18,6 +18,11 @@ import urllib.request
 WORDS = ("the of and to in is was for on that with as by at from it his an were are which "
          "this be or has had not but first one their its new after who they two").split()
 
+# ChatML, as Qwen2's directories have it (rendered by transformers' apply_chat_template).
+CHAT_TEMPLATE = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
+                 "message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
+                 "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
 
 def fail(msg):
     print("FAIL: " + msg, flush=True)
@@ -44,7 +49,9 @@ def make_model_dir(path, n_positions=128, seed=0):
     tok.train_from_iterator(lines, trainer=trainer)
     tok.save(os.path.join(path, "tokenizer.json"))
     with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
-        json.dump({"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"}, f)
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast",
+                   "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
+                   "chat_template": CHAT_TEMPLATE}, f)
     torch.manual_seed(seed)
     cfg = transformers.GPT2Config(vocab_size=tok.get_vocab_size(), n_positions=n_positions,
                                   n_embd=32, n_layer=2, n_head=2, initializer_range=0.3,

@@ -6,6 +6,8 @@ On a tiny Hugging Face GPT-2 directory (serve_fixture.py):
   - greedy completions equal `mammoth generate` alone for the same prompt, streaming and not,
     text prompts and token-id prompts (the text also equals HF `tokenizers`' decode of
     generate's ids); seeded sampling equals `mammoth generate --seed`;
+  - chat completions render the directory's chat template as transformers'
+    apply_chat_template does and continue it as generate does, streaming and not;
   - stop strings (string and list) cut the text before the stop, finish_reason "stop", also
     streaming; stream_options.include_usage sends the usage chunk;
   - every bad request (malformed JSON, unknown model, context overflow, zero/negative
@@ -147,6 +149,33 @@ def main():
         usage = chunk.usage or usage
     check(usage is not None and usage.completion_tokens == 5, f"include_usage: {usage}")
     print(f"stop {cut!r} cuts the text, streaming and not; include_usage")
+
+    # Chat: the directory's template (as transformers renders it), then the same completion.
+    import transformers
+    hf_tok = transformers.PreTrainedTokenizerFast.from_pretrained(d)
+    messages = [{"role": "system", "content": "be brief"},
+                {"role": "user", "content": "which this be"}]
+    rendered = hf_tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    want_ids, _ = generate(mammoth, d, tokens=hf.encode(rendered, add_special_tokens=False).ids,
+                           max_new=12, extra=["--eos-token", str(eos)])
+    want = hf.decode(want_ids, skip_special_tokens=True)
+    r = client.chat.completions.create(model=srv.model, messages=messages, max_tokens=12,
+                                       temperature=0)
+    check(r.object == "chat.completion" and r.choices[0].message.role == "assistant",
+          f"chat response: {r}")
+    check(r.choices[0].message.content == want,
+          f"chat: {r.choices[0].message.content!r}, generate on the template {want!r}")
+    chunks = list(client.chat.completions.create(model=srv.model, messages=messages,
+                                                 max_tokens=12, temperature=0, stream=True))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    check(text == want and chunks[0].choices[0].delta.role == "assistant",
+          f"streamed chat: {text!r}, want {want!r}")
+    check(chunks[-1].choices[0].finish_reason in ("stop", "length"), "chat finish_reason")
+    expect_error(srv, {"model": srv.model, "messages": []}, 400, param="messages",
+                 path="/v1/chat/completions")
+    expect_error(srv, {"model": srv.model, "messages": [{"role": "user"}]}, 400,
+                 param="messages", path="/v1/chat/completions")
+    print("chat completions use the model's template, streaming and not")
 
     # Bad requests: each its error, the server keeps serving.
     m = srv.model
