@@ -374,50 +374,53 @@ void Server::routes() {
                         .set("data", json::Value::array().push_back(model)));
         }));
 
-  h.Get("/metrics", guarded([this](const httplib::Request&, httplib::Response& res) {
-          const SchedulerStats s = scheduler_->stats();
-          std::ostringstream o;
-          auto metric = [&](const char* metric_name, const char* type, const char* help,
-                            double value) {
-            o << "# HELP " << metric_name << " " << help << "\n# TYPE " << metric_name << " "
-              << type << "\n"
-              << metric_name << " " << value << "\n";
-          };
-          metric("mammoth_http_requests_total", "counter", "HTTP requests received.",
-                 static_cast<double>(http_requests_.load()));
-          metric("mammoth_http_errors_total", "counter", "HTTP requests answered with an error.",
-                 static_cast<double>(http_errors_.load()));
-          metric("mammoth_requests_total", "counter", "Generation requests queued.",
-                 static_cast<double>(s.requests));
-          metric("mammoth_requests_finished_total", "counter",
-                 "Generation requests ended (any reason).", static_cast<double>(s.finished));
-          metric("mammoth_requests_cancelled_total", "counter",
-                 "Generation requests cancelled (client gone, stop sequence).",
-                 static_cast<double>(s.cancelled));
-          metric("mammoth_prompt_tokens_total", "counter", "Prompt tokens prefilled.",
-                 static_cast<double>(s.prompt_tokens));
-          metric("mammoth_generated_tokens_total", "counter", "Tokens sampled.",
-                 static_cast<double>(s.generated_tokens));
-          metric("mammoth_scheduler_steps_total", "counter", "Batched model steps.",
-                 static_cast<double>(s.steps));
-          metric("mammoth_tokens_per_second", "gauge", "Tokens sampled per second, last 5 s.",
-                 s.tokens_per_second);
-          metric("mammoth_queue_depth", "gauge", "Requests waiting for admission.",
-                 static_cast<double>(s.waiting));
-          metric("mammoth_running_sequences", "gauge", "Sequences in the running batch.",
-                 static_cast<double>(s.running));
-          metric("mammoth_kv_blocks_used", "gauge", "KV cache blocks holding positions.",
-                 static_cast<double>(s.kv_blocks_used));
-          metric("mammoth_kv_blocks_total", "gauge", "KV cache blocks in the pool.",
-                 static_cast<double>(s.kv_blocks_total));
-          o << "# HELP mammoth_time_to_first_token_seconds From queueing to the first token.\n"
-            << "# TYPE mammoth_time_to_first_token_seconds summary\n"
-            << "mammoth_time_to_first_token_seconds{quantile=\"0.5\"} " << s.ttft_p50 << "\n"
-            << "mammoth_time_to_first_token_seconds{quantile=\"0.99\"} " << s.ttft_p99 << "\n"
-            << "mammoth_time_to_first_token_seconds_sum " << s.ttft_sum << "\n"
-            << "mammoth_time_to_first_token_seconds_count " << s.ttft_count << "\n";
-          res.set_content(o.str(), "text/plain; version=0.0.4");
-        }));
+  h.Get(
+      "/metrics", guarded([this](const httplib::Request&, httplib::Response& res) {
+        const SchedulerStats s = scheduler_->stats();
+        std::ostringstream o;
+        struct Metric {
+          const char *name, *type, *help;
+          double value;
+        };
+        auto count = [](int64_t v) { return static_cast<double>(v); };
+        const Metric metrics[] = {
+            {"mammoth_http_requests_total", "counter", "HTTP requests received.",
+             count(http_requests_.load())},
+            {"mammoth_http_errors_total", "counter", "HTTP requests answered with an error.",
+             count(http_errors_.load())},
+            {"mammoth_requests_total", "counter", "Generation requests queued.", count(s.requests)},
+            {"mammoth_requests_finished_total", "counter",
+             "Generation requests ended (any reason).", count(s.finished)},
+            {"mammoth_requests_cancelled_total", "counter",
+             "Generation requests cancelled (client gone, stop sequence).", count(s.cancelled)},
+            {"mammoth_prompt_tokens_total", "counter", "Prompt tokens prefilled.",
+             count(s.prompt_tokens)},
+            {"mammoth_generated_tokens_total", "counter", "Tokens sampled.",
+             count(s.generated_tokens)},
+            {"mammoth_scheduler_steps_total", "counter", "Batched model steps.", count(s.steps)},
+            {"mammoth_tokens_per_second", "gauge", "Tokens sampled per second, last 5 s.",
+             s.tokens_per_second},
+            {"mammoth_queue_depth", "gauge", "Requests waiting for admission.", count(s.waiting)},
+            {"mammoth_running_sequences", "gauge", "Sequences in the running batch.",
+             count(s.running)},
+            {"mammoth_kv_blocks_used", "gauge", "KV cache blocks holding positions.",
+             count(s.kv_blocks_used)},
+            {"mammoth_kv_blocks_total", "gauge", "KV cache blocks in the pool.",
+             count(s.kv_blocks_total)},
+        };
+        for (const Metric& m : metrics) {
+          o << "# HELP " << m.name << " " << m.help << "\n# TYPE " << m.name << " " << m.type
+            << "\n"
+            << m.name << " " << m.value << "\n";
+        }
+        o << "# HELP mammoth_time_to_first_token_seconds From queueing to the first token.\n"
+          << "# TYPE mammoth_time_to_first_token_seconds summary\n"
+          << "mammoth_time_to_first_token_seconds{quantile=\"0.5\"} " << s.ttft_p50 << "\n"
+          << "mammoth_time_to_first_token_seconds{quantile=\"0.99\"} " << s.ttft_p99 << "\n"
+          << "mammoth_time_to_first_token_seconds_sum " << s.ttft_sum << "\n"
+          << "mammoth_time_to_first_token_seconds_count " << s.ttft_count << "\n";
+        res.set_content(o.str(), "text/plain; version=0.0.4");
+      }));
 
   // Shared by both completion routes: parse the body, check the model, build the job.
   auto parse_body = [name](const httplib::Request& req) {
