@@ -13,8 +13,9 @@ On a tiny Hugging Face GPT-2 directory (serve_fixture.py):
   - every bad request (malformed JSON, unknown model, context overflow, zero/negative
     max_tokens, wrong types, unsupported parameters, unknown routes) gets OpenAI's error object
     with its 4xx status, and the server keeps serving;
-  - 16 concurrent streaming clients each get the text they get alone; the KV pool is empty
-    afterwards (/metrics);
+  - 16 concurrent streaming clients each get the text they get alone, through a pool that holds
+    only about half of them at once (the rest queue); the KV pool is empty afterwards
+    (/metrics); a request larger than the whole pool is refused;
   - a client that disconnects mid-stream has its sequence cancelled and its blocks freed;
   - SIGTERM stops the server cleanly (exit 0).
 
@@ -80,7 +81,9 @@ def main():
     hf = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
     eos = hf.token_to_id("<|endoftext|>")
 
-    srv = Server(mammoth, d, "--kv-blocks", "256", "--kv-block-size", "16")
+    # 60 blocks of 16: the 16 concurrent clients below need 7 blocks each at worst, so about
+    # half of them wait in the queue at a time (admission control).
+    srv = Server(mammoth, d, "--kv-blocks", "60", "--kv-block-size", "16")
     client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
 
     status, body = srv.get("/health")
@@ -191,6 +194,9 @@ def main():
     for bad in (0, -3):
         expect_error(srv, {"model": m, "prompt": "hi", "max_tokens": bad}, 400,
                      param="max_tokens")
+    # Fits the context (1024) but not the pool (60 blocks of 16 = 960 positions).
+    expect_error(srv, {"model": m, "prompt": [1, 2, 3], "max_tokens": 1000}, 400,
+                 code="request_not_servable")
     expect_error(srv, {"model": m, "prompt": "hi", "max_tokens": "10"}, 400, param="max_tokens")
     expect_error(srv, {"model": m, "prompt": "hi", "temperature": "hot"}, 400,
                  param="temperature")
@@ -222,29 +228,41 @@ def main():
     # 16 concurrent streaming clients: each gets its solo text.
     alone = {}
     for p in PROMPTS:
-        alone[p] = client.completions.create(model=m, prompt=p, max_tokens=24,
+        alone[p] = client.completions.create(model=m, prompt=p, max_tokens=100,
                                              temperature=0).choices[0].text
     results, errors = {}, []
 
     def worker(i):
         try:
             p = PROMPTS[i % len(PROMPTS)]
-            results[i] = (p, stream_text(client, m, p, max_tokens=24, temperature=0)[0])
+            results[i] = (p, stream_text(client, m, p, max_tokens=100, temperature=0)[0])
         except Exception as e:  # noqa: BLE001 (reported below)
             errors.append(f"client {i}: {e!r}")
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(16)]
+    depth, done = [], threading.Event()
+
+    def watch():
+        while not done.is_set():
+            depth.append(srv.metrics()["mammoth_queue_depth"])
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=120)
+    done.set()
+    watcher.join()
+    check(max(depth) > 0, f"no request ever waited for the pool (queue depths {set(depth)})")
     check(not errors, f"concurrent clients failed: {errors}")
     check(len(results) == 16, f"{len(results)} of 16 concurrent clients finished")
     for i, (p, text) in results.items():
         check(text == alone[p], f"client {i} {p!r}: {text!r}, alone {alone[p]!r}")
     metrics = srv.wait_pool_empty()
-    check(metrics["mammoth_kv_blocks_total"] == 256, f"kv_blocks_total {metrics}")
-    check(metrics["mammoth_generated_tokens_total"] > 16 * 20, f"generated tokens {metrics}")
+    check(metrics["mammoth_kv_blocks_total"] == 60, f"kv_blocks_total {metrics}")
+    check(metrics["mammoth_generated_tokens_total"] > 16 * 90, f"generated tokens {metrics}")
     check(metrics["mammoth_time_to_first_token_seconds_count"] > 16, f"ttft count {metrics}")
     print("16 concurrent streaming clients each got their solo text; the KV pool is empty")
 
@@ -253,7 +271,7 @@ def main():
     u = urllib.parse.urlparse(srv.url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
     conn.request("POST", "/v1/completions",
-                 body=json.dumps({"model": m, "prompt": "the", "max_tokens": 1000,
+                 body=json.dumps({"model": m, "prompt": "the", "max_tokens": 900,
                                   "temperature": 0.8, "seed": 1, "stream": True}),
                  headers={"Content-Type": "application/json"})
     resp = conn.getresponse()
