@@ -104,7 +104,7 @@ PagedKVCache LanguageModel::make_paged_cache(int64_t num_blocks, int64_t block_s
   cache.num_blocks = num_blocks;
   const Device device = module_device(*this);
   for (int64_t l = 0; l < c.n_layer; ++l) {
-    const engine::Shape shape = {num_blocks * block_size, c.n_kv_head, c.head_dim()};
+    const engine::Shape shape = {c.n_kv_head, num_blocks * block_size, c.head_dim()};
     cache.k.push_back(Tensor::zeros(shape, c.dtype, device));
     cache.v.push_back(Tensor::zeros(shape, c.dtype, device));
   }
@@ -128,8 +128,8 @@ int64_t paged_row(const PagedKVCache& cache, const PagedSequence& seq, int64_t p
 std::pair<Tensor, Tensor> paged_append(PagedKVCache* cache, int64_t layer, const PagedSequence& seq,
                                        const Tensor& k_new, const Tensor& v_new) {
   const int64_t end = seq.start + seq.count;
-  const Tensor k_rows = k_new.select(0, 0).permute({1, 0, 2});  // [count, Hk, D]
-  const Tensor v_rows = v_new.select(0, 0).permute({1, 0, 2});
+  const Tensor k_rows = k_new.select(0, 0);  // [Hk, count, D]
+  const Tensor v_rows = v_new.select(0, 0);
   const Tensor& k_pool = cache->k[static_cast<size_t>(layer)];
   const Tensor& v_pool = cache->v[static_cast<size_t>(layer)];
   {
@@ -138,16 +138,16 @@ std::pair<Tensor, Tensor> paged_append(PagedKVCache* cache, int64_t layer, const
     for (int64_t p = seq.start; p < end;) {
       const int64_t run = std::min(end - p, cache->block_size - p % cache->block_size);
       const int64_t row = paged_row(*cache, seq, p), i = p - seq.start;
-      engine::copy_(k_pool.slice(0, row, row + run), k_rows.slice(0, i, i + run));
-      engine::copy_(v_pool.slice(0, row, row + run), v_rows.slice(0, i, i + run));
+      engine::copy_(k_pool.slice(1, row, row + run), k_rows.slice(1, i, i + run));
+      engine::copy_(v_pool.slice(1, row, row + run), v_rows.slice(1, i, i + run));
       p += run;
     }
   }
   std::vector<int64_t> rows(static_cast<size_t>(end));
   for (int64_t p = 0; p < end; ++p) rows[static_cast<size_t>(p)] = paged_row(*cache, seq, p);
   const Tensor index = Tensor::from_ints(rows, {end}).to(k_pool.device());
-  auto gather = [&](const Tensor& pool) {  // [end, Hk, D] -> [1, Hk, end, D]
-    return engine::index_select(pool, 0, index).permute({1, 0, 2}).unsqueeze(0);
+  auto gather = [&](const Tensor& pool) {  // -> [1, Hk, end, D], contiguous
+    return engine::index_select(pool, 1, index).unsqueeze(0);
   };
   return {gather(k_pool), gather(v_pool)};
 }

@@ -81,9 +81,11 @@ struct KVCache {
 // Keys and values of many sequences in fixed-size blocks from one pool (serving: serve/). Block b
 // holds positions [b * block_size, (b + 1) * block_size) of whichever sequence owns it; a
 // sequence's block table lists its blocks in position order, so position p lives in row
-// table[p / block_size] * block_size + p % block_size of every layer's k and v.
+// table[p / block_size] * block_size + p % block_size (dim 1) of every layer's k and v.
 struct PagedKVCache {
-  std::vector<engine::Tensor> k, v;  // per layer [num_blocks * block_size, Hk, head_dim]
+  // Per layer [Hk, num_blocks * block_size, head_dim]: heads outermost, so a sequence's keys
+  // gathered in position order are already attention's contiguous [Hk, T, D].
+  std::vector<engine::Tensor> k, v;
   int64_t block_size = 16;
   int64_t num_blocks = 0;
 };
