@@ -11,6 +11,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <optional>
 #include <thread>
@@ -28,6 +29,7 @@
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(std::string, weights);
 ABSL_DECLARE_FLAG(std::string, tokenizer);
+ABSL_DECLARE_FLAG(int, tp);
 ABSL_FLAG(std::string, host, "127.0.0.1", "serve: address to listen on");
 ABSL_FLAG(int32_t, port, 8000, "serve: TCP port (0: any free port, printed)");
 ABSL_FLAG(std::string, served_model_name, "",
@@ -58,6 +60,15 @@ void on_stop_signal(int) {
 
 int run_serve(const std::vector<std::string>& args) {
   MAMMOTH_CHECK(args.empty()) << "[serve] unexpected argument '" << args[0] << "'";
+  // Tensor-parallel serving (rank 0 serving HTTP, the others following its steps) is not built
+  // yet: refuse rather than serve from one rank, or from every rank on one port.
+  MAMMOTH_CHECK(absl::GetFlag(FLAGS_tp) == 1)
+      << "[serve] --tp " << absl::GetFlag(FLAGS_tp)
+      << ": tensor-parallel serving is not implemented yet; serve from one process (--tp 1)";
+  const char* world = std::getenv("OMPI_COMM_WORLD_SIZE");
+  MAMMOTH_CHECK(world == nullptr || std::string(world) == "1")
+      << "[serve] runs as one process, not under mpirun (world size " << world
+      << "): tensor-parallel serving is not implemented yet";
   // SIGINT and SIGTERM may arrive on any thread (the kernels' pool predates this command), so
   // the handler only writes a byte to a pipe that one watcher thread reads; a peer that closes
   // mid-write must not kill the process.
