@@ -177,21 +177,16 @@ std::string hf_script(const Options& o) {
 
 Result bench_hf(const Options& o, const std::string& python, const std::string& script,
                 const std::string& dir, const std::string& requests, int64_t concurrency) {
+  // The anchor writes its result to a file: its stdout and stderr stay the user's to read.
+  const std::string result = dir + "/anchor.json";
   std::ostringstream cmd;
   cmd << "'" << python << "' '" << script << "' --model-dir '" << dir << "' --requests '"
       << requests << "' --concurrency " << concurrency << " --max-tokens " << o.max_tokens
-      << " --threads " << num_threads();
-  FILE* pipe = ::popen(cmd.str().c_str(), "r");
-  MAMMOTH_CHECK(pipe != nullptr) << "[bench serve] cannot run " << cmd.str();
-  std::string out;
-  char buf[4096];
-  while (size_t got = std::fread(buf, 1, sizeof(buf), pipe)) out.append(buf, got);
-  const int rc = ::pclose(pipe);
-  MAMMOTH_CHECK(rc == 0) << "[bench serve] the transformers anchor failed (exit " << rc
+      << " --threads " << num_threads() << " --out '" << result << "'";
+  const int rc = std::system(cmd.str().c_str());
+  MAMMOTH_CHECK(rc == 0) << "[bench serve] the transformers anchor failed (status " << rc
                          << "): " << cmd.str();
-  const size_t start = out.rfind("\n{");
-  const json::Value v =
-      json::parse(out.substr(start == std::string::npos ? 0 : start + 1), "serve_bench.py");
+  const json::Value v = json::parse_file(result);
   Result r;
   r.tokens_per_s = v.at("tokens_per_s").as_double();
   r.ttft_p50_ms = v.at("ttft_p50_ms").as_double();

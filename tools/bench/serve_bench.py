@@ -5,9 +5,9 @@ Requests (a JSON list of prompt token-id lists) run in order in static batches o
 --concurrency: each batch is left-padded, generated greedily for exactly --max-tokens new tokens
 (min_new_tokens = max_new_tokens, so eos does not end a row early), and the next batch starts
 when it ends. Time to first token of a request is from its batch's start to the end of the
-batch's first forward (a logits processor notes the time when generate first asks it). Prints
-one JSON line: tokens_per_s (generated tokens over the whole run), ttft_p50_ms, ttft_p99_ms and
-every request's new ids.
+batch's first forward (a logits processor notes the time when generate first asks it). Writes
+a JSON object to --out: tokens_per_s (generated tokens over the whole run), ttft_p50_ms,
+ttft_p99_ms and every request's new ids.
 """
 import argparse
 import json
@@ -30,6 +30,7 @@ def main():
     ap.add_argument("--concurrency", type=int, required=True)
     ap.add_argument("--max-tokens", type=int, required=True)
     ap.add_argument("--threads", type=int, required=True)
+    ap.add_argument("--out", required=True)
     a = ap.parse_args()
     try:
         import torch
@@ -72,8 +73,9 @@ def main():
         ttft += [first_ms] * len(batch)
     wall = time.perf_counter() - t0
     tokens = sum(len(o) for o in outputs)
-    print(json.dumps({"tokens_per_s": tokens / wall, "ttft_p50_ms": quantile(ttft, 0.5),
-                      "ttft_p99_ms": quantile(ttft, 0.99), "outputs": outputs}))
+    with open(a.out, "w") as f:
+        json.dump({"tokens_per_s": tokens / wall, "ttft_p50_ms": quantile(ttft, 0.5),
+                   "ttft_p99_ms": quantile(ttft, 0.99), "outputs": outputs}, f)
 
 
 if __name__ == "__main__":
