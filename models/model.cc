@@ -1,5 +1,7 @@
 #include "models/model.h"
 
+#include <algorithm>
+
 #include "engine/autograd.h"
 #include "engine/nn/checkpoint.h"
 #include "engine/ops.h"
@@ -86,6 +88,104 @@ KVCache LanguageModel::make_cache(int64_t batch, int64_t capacity) const {
     cache.v.push_back(Tensor::zeros({batch, c.n_kv_head, capacity, c.head_dim()}, c.dtype, device));
   }
   return cache;
+}
+
+}  // namespace mammoth::models
+
+namespace mammoth::models {
+
+PagedKVCache LanguageModel::make_paged_cache(int64_t num_blocks, int64_t block_size) const {
+  const ModelConfig& c = config();
+  MAMMOTH_CHECK(num_blocks > 0 && block_size > 0)
+      << "[make_paged_cache] blocks and block size must be positive, got " << num_blocks << ", "
+      << block_size;
+  PagedKVCache cache;
+  cache.block_size = block_size;
+  cache.num_blocks = num_blocks;
+  const Device device = module_device(*this);
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    const engine::Shape shape = {c.n_kv_head, num_blocks * block_size, c.head_dim()};
+    cache.k.push_back(Tensor::zeros(shape, c.dtype, device));
+    cache.v.push_back(Tensor::zeros(shape, c.dtype, device));
+  }
+  return cache;
+}
+
+Tensor LanguageModel::forward_paged(const Tensor&, const std::vector<PagedSequence>&,
+                                    PagedKVCache*) {
+  MAMMOTH_THROW() << "[forward_paged] model family " << family_name(config().family)
+                  << " has no paged KV cache (GPT-2 and LLaMA have)";
+}
+
+namespace {
+// The pool row of position p of a sequence.
+int64_t paged_row(const PagedKVCache& cache, const PagedSequence& seq, int64_t p) {
+  return (*seq.blocks)[static_cast<size_t>(p / cache.block_size)] * cache.block_size +
+         p % cache.block_size;
+}
+}  // namespace
+
+std::pair<Tensor, Tensor> paged_append(PagedKVCache* cache, int64_t layer, const PagedSequence& seq,
+                                       const Tensor& k_new, const Tensor& v_new) {
+  const int64_t end = seq.start + seq.count;
+  const Tensor k_rows = k_new.select(0, 0);  // [Hk, count, D]
+  const Tensor v_rows = v_new.select(0, 0);
+  const Tensor& k_pool = cache->k[static_cast<size_t>(layer)];
+  const Tensor& v_pool = cache->v[static_cast<size_t>(layer)];
+  {
+    engine::NoGradGuard ng;
+    // One copy per run of positions inside one block: rows there are consecutive.
+    for (int64_t p = seq.start; p < end;) {
+      const int64_t run = std::min(end - p, cache->block_size - p % cache->block_size);
+      const int64_t row = paged_row(*cache, seq, p), i = p - seq.start;
+      engine::copy_(k_pool.slice(1, row, row + run), k_rows.slice(1, i, i + run));
+      engine::copy_(v_pool.slice(1, row, row + run), v_rows.slice(1, i, i + run));
+      p += run;
+    }
+  }
+  std::vector<int64_t> rows(static_cast<size_t>(end));
+  for (int64_t p = 0; p < end; ++p) rows[static_cast<size_t>(p)] = paged_row(*cache, seq, p);
+  const Tensor index = Tensor::from_ints(rows, {end}).to(k_pool.device());
+  auto gather = [&](const Tensor& pool) {  // -> [1, Hk, end, D], contiguous
+    return engine::index_select(pool, 1, index).unsqueeze(0);
+  };
+  return {gather(k_pool), gather(v_pool)};
+}
+
+Tensor paged_positions(const Tensor& ids, const std::vector<PagedSequence>& seqs,
+                       const PagedKVCache& cache, int64_t max_seq, const char* who) {
+  MAMMOTH_CHECK(ids.dim() == 1 && ids.dtype() == DType::kI64)
+      << "[" << who << "] ids must be i64 [N], got " << dtype_name(ids.dtype()) << " "
+      << engine::shape_str(ids.shape());
+  MAMMOTH_CHECK(!seqs.empty()) << "[" << who << "] no sequences";
+  std::vector<int64_t> pos;
+  for (const PagedSequence& s : seqs) {
+    MAMMOTH_CHECK(s.blocks != nullptr && s.count > 0 && s.start >= 0)
+        << "[" << who << "] a sequence needs a block table and at least one new token";
+    const int64_t end = s.start + s.count;
+    MAMMOTH_CHECK(end <= max_seq) << "[" << who << "] positions up to " << end << " exceed max_seq "
+                                  << max_seq;
+    MAMMOTH_CHECK(static_cast<int64_t>(s.blocks->size()) * cache.block_size >= end)
+        << "[" << who << "] " << s.blocks->size() << " blocks of " << cache.block_size
+        << " cannot hold " << end << " positions";
+    for (int64_t b : *s.blocks) {
+      MAMMOTH_CHECK(b >= 0 && b < cache.num_blocks)
+          << "[" << who << "] block " << b << " outside the pool of " << cache.num_blocks;
+    }
+    for (int64_t p = s.start; p < end; ++p) pos.push_back(p);
+  }
+  const int64_t n = static_cast<int64_t>(pos.size());
+  MAMMOTH_CHECK(ids.size(0) == n) << "[" << who << "] " << ids.size(0) << " ids for sequences with "
+                                  << n << " new tokens";
+  return Tensor::from_ints(pos, {n}).to(ids.device());
+}
+
+Tensor paged_last_rows(const Tensor& x, const std::vector<PagedSequence>& seqs) {
+  std::vector<int64_t> rows;
+  int64_t at = 0;
+  for (const PagedSequence& s : seqs) rows.push_back((at += s.count) - 1);
+  const int64_t S = static_cast<int64_t>(rows.size());
+  return engine::index_select(x, 1, Tensor::from_ints(rows, {S}).to(x.device()));
 }
 
 }  // namespace mammoth::models

@@ -78,6 +78,39 @@ struct KVCache {
                                                    const engine::Tensor& v_new);
 };
 
+// Keys and values of many sequences in fixed-size blocks from one pool (serving: serve/). Block b
+// holds positions [b * block_size, (b + 1) * block_size) of whichever sequence owns it; a
+// sequence's block table lists its blocks in position order, so position p lives in row
+// table[p / block_size] * block_size + p % block_size (dim 1) of every layer's k and v.
+struct PagedKVCache {
+  // Per layer [Hk, num_blocks * block_size, head_dim]: heads outermost, so a sequence's keys
+  // gathered in position order are already attention's contiguous [Hk, T, D].
+  std::vector<engine::Tensor> k, v;
+  int64_t block_size = 16;
+  int64_t num_blocks = 0;
+};
+
+// One sequence's share of a forward_paged step: `count` new tokens at positions
+// [start, start + count), after the `start` positions its blocks already hold.
+struct PagedSequence {
+  const std::vector<int64_t>* blocks = nullptr;  // covers at least start + count positions
+  int64_t start = 0;
+  int64_t count = 0;
+};
+
+// forward_paged's plumbing, shared by the families. paged_append writes one sequence's new keys
+// and values k_new, v_new [1, Hk, count, D] into its blocks of `layer` (no autograd) and returns
+// all its keys and values [1, Hk, start + count, D], gathered from the blocks in position order.
+std::pair<engine::Tensor, engine::Tensor> paged_append(PagedKVCache* cache, int64_t layer,
+                                                       const PagedSequence& seq,
+                                                       const engine::Tensor& k_new,
+                                                       const engine::Tensor& v_new);
+// Checks ids [N] against `seqs` and the pool, names `who`; returns the positions i64 [N].
+engine::Tensor paged_positions(const engine::Tensor& ids, const std::vector<PagedSequence>& seqs,
+                               const PagedKVCache& cache, int64_t max_seq, const char* who);
+// x [1, N, C] -> [1, S, C]: the row of each sequence's last new token.
+engine::Tensor paged_last_rows(const engine::Tensor& x, const std::vector<PagedSequence>& seqs);
+
 class LanguageModel : public Model {
  public:
   // ids i64 [B, T] -> logits [B, T, V]
@@ -94,6 +127,17 @@ class LanguageModel : public Model {
   virtual engine::Tensor forward_cached(const engine::Tensor& ids, KVCache* cache);
   // An empty cache for `batch` sequences of up to `capacity` positions.
   KVCache make_cache(int64_t batch, int64_t capacity) const;
+
+  // Continuous batching: one step over sequences of different lengths whose keys and values
+  // live in `cache`'s blocks. ids i64 [N] are every sequence's new tokens, concatenated in the
+  // order of `seqs` (N = sum of counts); their keys and values are written to the blocks, and
+  // the result is the logits [S, V] of each sequence's last new token. Projections and MLPs
+  // run once over all N tokens; attention runs per sequence over its own positions.
+  virtual bool supports_paged_kv() const { return false; }
+  virtual engine::Tensor forward_paged(const engine::Tensor& ids,
+                                       const std::vector<PagedSequence>& seqs, PagedKVCache* cache);
+  // An empty pool of `num_blocks` blocks of `block_size` positions, beside the weights.
+  PagedKVCache make_paged_cache(int64_t num_blocks, int64_t block_size) const;
 
   // Pipeline stages (models/pipeline/pipeline.h): the forward cut into embedding, blocks and
   // head, and which part uses each parameter. A family that implements these trains under

@@ -14,6 +14,7 @@
 #include "tools/bench/kernels_bench.h"
 #include "tools/bench/offload_bench.h"
 #include "tools/bench/plan_bench.h"
+#include "tools/bench/serve_bench.h"
 #include "tools/bench/train/train_bench.h"
 #include "tools/command.h"
 
@@ -46,6 +47,10 @@ const std::map<std::string, Bench>& benches() {
       {"plan",
        {"the planner's predicted step time vs `mammoth train` over 30+ plans (calibrated here)",
         run_plan_bench}},
+      {"serve",
+       {"serving tokens/s and time to first token at several concurrencies vs transformers "
+        "generate",
+        run_serve_bench}},
       {"train",
        {"training tokens/s vs PyTorch eager on the same model, batch and threads",
         run_train_bench}},

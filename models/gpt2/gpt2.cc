@@ -33,6 +33,23 @@ Tensor Gpt2Attention::forward(const Tensor& x, KVCache* cache, int64_t layer) co
   return resid_dropout_->forward(c_proj->forward(merge_heads(y)));
 }
 
+Tensor Gpt2Attention::forward_paged(const Tensor& x, const std::vector<PagedSequence>& seqs,
+                                    PagedKVCache* cache, int64_t layer) const {
+  const int64_t C = config_.d_model;
+  std::vector<Tensor> qkv = engine::split(c_attn->forward(x), {C, C, C}, -1);  // [1, N, C] each
+  std::vector<Tensor> ys;
+  int64_t at = 0;
+  for (const PagedSequence& s : seqs) {
+    auto heads = [&](const Tensor& t) {  // this sequence's rows -> [1, H, count, D]
+      return split_heads(t.slice(1, at, at + s.count), config_.n_head);
+    };
+    auto [k, v] = paged_append(cache, layer, s, heads(qkv[1]), heads(qkv[2]));
+    ys.push_back(merge_heads(attend(heads(qkv[0]), k, v, {.causal = true}, 0.0, false)));
+    at += s.count;
+  }
+  return resid_dropout_->forward(c_proj->forward(engine::concat(ys, 1)));
+}
+
 Gpt2Mlp::Gpt2Mlp(const ModelConfig& c) {
   const double proj_std = 0.02 / std::sqrt(2.0 * c.n_layer);
   c_fc = register_module("c_fc", std::make_shared<Linear>(c.d_model, c.d_ff, true, c.dtype));
@@ -54,6 +71,12 @@ Gpt2Block::Gpt2Block(const ModelConfig& c) {
 
 Tensor Gpt2Block::forward(const Tensor& x, KVCache* cache, int64_t layer) const {
   Tensor h1 = x + attn->forward(ln_1->forward(x), cache, layer);
+  return h1 + mlp->forward(ln_2->forward(h1));
+}
+
+Tensor Gpt2Block::forward_paged(const Tensor& x, const std::vector<PagedSequence>& seqs,
+                                PagedKVCache* cache, int64_t layer) const {
+  Tensor h1 = x + attn->forward_paged(ln_1->forward(x), seqs, cache, layer);
   return h1 + mlp->forward(ln_2->forward(h1));
 }
 
@@ -107,6 +130,18 @@ Tensor Gpt2::forward(const Tensor& ids) { return run(ids, nullptr); }
 Tensor Gpt2::forward_cached(const Tensor& ids, KVCache* cache) {
   MAMMOTH_CHECK(cache != nullptr) << "[Gpt2::forward_cached] cache is null";
   return run(ids, cache);
+}
+
+Tensor Gpt2::forward_paged(const Tensor& ids, const std::vector<PagedSequence>& seqs,
+                           PagedKVCache* cache) {
+  MAMMOTH_CHECK(cache != nullptr) << "[Gpt2::forward_paged] cache is null";
+  const Tensor pos = paged_positions(ids, seqs, *cache, config_.max_seq, "Gpt2::forward_paged");
+  Tensor x = wte->forward(ids.unsqueeze(0)) + wpe->forward(pos.unsqueeze(0));  // [1, N, C]
+  x = drop_->forward(x);
+  for (size_t l = 0; l < h->size(); ++l) {
+    x = (*h)[l].forward_paged(x, seqs, cache, static_cast<int64_t>(l));
+  }
+  return head(paged_last_rows(x, seqs)).select(0, 0);  // [S, V]
 }
 
 Tensor Gpt2::pipeline_embed(const Tensor& ids) {

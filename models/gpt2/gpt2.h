@@ -20,6 +20,9 @@ class Gpt2Attention : public engine::nn::Module {
   explicit Gpt2Attention(const ModelConfig& c);
   // x [B, T, C]; with a cache, T new positions after cache->length.
   engine::Tensor forward(const engine::Tensor& x, KVCache* cache, int64_t layer) const;
+  // x [1, N, C]: the new tokens of `seqs`, concatenated (LanguageModel::forward_paged).
+  engine::Tensor forward_paged(const engine::Tensor& x, const std::vector<PagedSequence>& seqs,
+                               PagedKVCache* cache, int64_t layer) const;
   std::shared_ptr<engine::nn::Linear> c_attn;  // [3C, C]: q, k, v
   std::shared_ptr<ScaledLinear> c_proj;        // [C, C]
 
@@ -43,6 +46,8 @@ class Gpt2Block : public engine::nn::Module {
  public:
   explicit Gpt2Block(const ModelConfig& c);
   engine::Tensor forward(const engine::Tensor& x, KVCache* cache, int64_t layer) const;
+  engine::Tensor forward_paged(const engine::Tensor& x, const std::vector<PagedSequence>& seqs,
+                               PagedKVCache* cache, int64_t layer) const;
   std::shared_ptr<engine::nn::LayerNorm> ln_1, ln_2;
   std::shared_ptr<Gpt2Attention> attn;
   std::shared_ptr<Gpt2Mlp> mlp;
@@ -54,6 +59,9 @@ class Gpt2 : public LanguageModel {
   engine::Tensor forward(const engine::Tensor& ids) override;
   bool supports_kv_cache() const override { return true; }
   engine::Tensor forward_cached(const engine::Tensor& ids, KVCache* cache) override;
+  bool supports_paged_kv() const override { return true; }
+  engine::Tensor forward_paged(const engine::Tensor& ids, const std::vector<PagedSequence>& seqs,
+                               PagedKVCache* cache) override;
   const ModelConfig& config() const override { return config_; }
   HfLayout hf_layout() const override;
 

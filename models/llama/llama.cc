@@ -40,6 +40,29 @@ Tensor LlamaAttention::forward(const Tensor& x, KVCache* cache, int64_t layer) c
   return o_proj->forward(merge_heads(y));
 }
 
+Tensor LlamaAttention::forward_paged(const Tensor& x, const std::vector<PagedSequence>& seqs,
+                                     PagedKVCache* cache, int64_t layer) const {
+  const int64_t D = config_.head_dim();
+  const Tensor q_all = q_proj->forward(x), k_all = k_proj->forward(x), v_all = v_proj->forward(x);
+  std::vector<Tensor> ys;
+  int64_t at = 0;
+  for (const PagedSequence& s : seqs) {
+    // This sequence's rows as [1, heads, count, D], rotated from its own position offset, the
+    // same rope call forward makes for a cache at s.start.
+    auto heads = [&](const Tensor& all, int64_t n, bool rotate) {
+      Tensor t = all.slice(1, at, at + s.count).reshape({1, s.count, n, D});
+      if (rotate) t = engine::rope(t, config_.rope_base, s.start);
+      return t.permute({0, 2, 1, 3});
+    };
+    auto [k, v] = paged_append(cache, layer, s, heads(k_all, config_.n_kv_head, true),
+                               heads(v_all, config_.n_kv_head, false));
+    ys.push_back(merge_heads(
+        attend(heads(q_all, config_.n_head, true), k, v, {.causal = true}, 0.0, false)));
+    at += s.count;
+  }
+  return o_proj->forward(engine::concat(ys, 1));
+}
+
 LlamaMlp::LlamaMlp(const ModelConfig& c) {
   gate_proj =
       register_module("gate_proj", std::make_shared<Linear>(c.d_model, c.d_ff, false, c.dtype));
@@ -63,6 +86,12 @@ LlamaDecoderLayer::LlamaDecoderLayer(const ModelConfig& c) {
 
 Tensor LlamaDecoderLayer::forward(const Tensor& x, KVCache* cache, int64_t layer) const {
   Tensor h = x + self_attn->forward(input_layernorm->forward(x), cache, layer);
+  return h + mlp->forward(post_attention_layernorm->forward(h));
+}
+
+Tensor LlamaDecoderLayer::forward_paged(const Tensor& x, const std::vector<PagedSequence>& seqs,
+                                        PagedKVCache* cache, int64_t layer) const {
+  Tensor h = x + self_attn->forward_paged(input_layernorm->forward(x), seqs, cache, layer);
   return h + mlp->forward(post_attention_layernorm->forward(h));
 }
 
@@ -98,6 +127,17 @@ Tensor LlamaModel::forward(const Tensor& ids, KVCache* cache) const {
   return norm->forward(x);
 }
 
+Tensor LlamaModel::forward_paged(const Tensor& ids, const std::vector<PagedSequence>& seqs,
+                                 PagedKVCache* cache) const {
+  MAMMOTH_CHECK(cache != nullptr) << "[Llama::forward_paged] cache is null";
+  paged_positions(ids, seqs, *cache, config_.max_seq, "Llama::forward_paged");
+  Tensor x = embed_tokens->forward(ids.unsqueeze(0));  // [1, N, C]
+  for (size_t l = 0; l < layers->size(); ++l) {
+    x = (*layers)[l].forward_paged(x, seqs, cache, static_cast<int64_t>(l));
+  }
+  return norm->forward(x);
+}
+
 Llama::Llama(ModelConfig config) : config_(std::move(config)) {
   config_.validate();
   model = register_module("model", std::make_shared<LlamaModel>(config_));
@@ -119,6 +159,13 @@ Tensor Llama::forward(const Tensor& ids) { return run(ids, nullptr); }
 Tensor Llama::forward_cached(const Tensor& ids, KVCache* cache) {
   MAMMOTH_CHECK(cache != nullptr) << "[Llama::forward_cached] cache is null";
   return run(ids, cache);
+}
+
+Tensor Llama::forward_paged(const Tensor& ids, const std::vector<PagedSequence>& seqs,
+                            PagedKVCache* cache) {
+  const Tensor h = paged_last_rows(model->forward_paged(ids, seqs, cache), seqs);  // [1, S, C]
+  return (lm_head ? lm_head->forward(h) : engine::linear(h, model->embed_tokens->weight))
+      .select(0, 0);
 }
 
 Tensor Llama::pipeline_embed(const Tensor& ids) {

@@ -18,6 +18,9 @@ class LlamaAttention : public engine::nn::Module {
  public:
   explicit LlamaAttention(const ModelConfig& c);
   engine::Tensor forward(const engine::Tensor& x, KVCache* cache, int64_t layer) const;
+  // x [1, N, C]: the new tokens of `seqs`, concatenated (LanguageModel::forward_paged).
+  engine::Tensor forward_paged(const engine::Tensor& x, const std::vector<PagedSequence>& seqs,
+                               PagedKVCache* cache, int64_t layer) const;
   std::shared_ptr<engine::nn::Linear> q_proj, k_proj, v_proj, o_proj;
 
  private:
@@ -36,6 +39,8 @@ class LlamaDecoderLayer : public engine::nn::Module {
  public:
   explicit LlamaDecoderLayer(const ModelConfig& c);
   engine::Tensor forward(const engine::Tensor& x, KVCache* cache, int64_t layer) const;
+  engine::Tensor forward_paged(const engine::Tensor& x, const std::vector<PagedSequence>& seqs,
+                               PagedKVCache* cache, int64_t layer) const;
   std::shared_ptr<engine::nn::RMSNorm> input_layernorm, post_attention_layernorm;
   std::shared_ptr<LlamaAttention> self_attn;
   std::shared_ptr<LlamaMlp> mlp;
@@ -47,6 +52,9 @@ class LlamaModel : public engine::nn::Module {
   explicit LlamaModel(const ModelConfig& c);
   // ids [B, T] -> final normed hidden states [B, T, C]
   engine::Tensor forward(const engine::Tensor& ids, KVCache* cache) const;
+  // ids [N] -> final normed hidden states [1, N, C] (LanguageModel::forward_paged)
+  engine::Tensor forward_paged(const engine::Tensor& ids, const std::vector<PagedSequence>& seqs,
+                               PagedKVCache* cache) const;
   int64_t recompute_blocks = 0;  // Model::recompute_blocks() while training, set by Llama
   std::shared_ptr<engine::nn::Embedding> embed_tokens;
   std::shared_ptr<ModuleList<LlamaDecoderLayer>> layers;
@@ -62,6 +70,9 @@ class Llama : public LanguageModel {
   engine::Tensor forward(const engine::Tensor& ids) override;
   bool supports_kv_cache() const override { return true; }
   engine::Tensor forward_cached(const engine::Tensor& ids, KVCache* cache) override;
+  bool supports_paged_kv() const override { return true; }
+  engine::Tensor forward_paged(const engine::Tensor& ids, const std::vector<PagedSequence>& seqs,
+                               PagedKVCache* cache) override;
   const ModelConfig& config() const override { return config_; }
   HfLayout hf_layout() const override;
 
