@@ -15,6 +15,10 @@
 # with AVX2, FMA and F16C (it is left out, and says so, without them); MAMMOTH_TEST_AVX2=0
 # leaves it out too.
 #
+# With the whole suite, the sanitizer passes follow (every cc_test under ASan + UBSan, the
+# threaded ones under TSan; "[asan]", "[tsan]"; MAMMOTH_TEST_SANITIZE=0 leaves them out), then
+# the fuzz pass (tools/fuzz.sh; MAMMOTH_TEST_FUZZ=0).
+#
 # The last line is
 #   N passed, M failed
 # counted per test target (and per pass) from Bazel's summary; a test that did not build or did
@@ -147,6 +151,41 @@ else
   avx2_note="$num_isa tests tagged isa ran again with MAMMOTH_ISA=avx2 in ${avx2_elapsed}s (exit status $avx2_rc)"
 fi
 
+# The sanitizer passes (whole suite only; MAMMOTH_TEST_SANITIZE=0 leaves them out): every unit
+# test (cc_test) again under AddressSanitizer + UndefinedBehaviorSanitizer (--config=asan,
+# .bazelrc), counted as "//pkg:name [asan]", and the tests tagged "tsan" (thread pool, io_uring
+# engine, chunk manager) under ThreadSanitizer, as "[tsan]". The multi-process tests are left
+# out (Open MPI itself reports under both).
+sanitize_note="not run (a subset of the suite was asked for)"
+sanitize_pass() {  # CONFIG TESTS
+  local config="$1" tests="$2"
+  echo
+  echo "[test] $config pass: $(echo "$tests" | sed '/^$/d' | wc -l) tests under --config=$config"
+  # shellcheck disable=SC2046 # one target per word
+  bazel test $(echo "$tests") --config="$config" \
+    --keep_going \
+    --test_tag_filters=-gpu \
+    --test_env=MAMMOTH_PYTHON="$MAMMOTH_PYTHON" \
+    --test_summary=short \
+    "${progress[@]}" \
+    "${bazel_args[@]}" 2>&1 | tee "$log_dir/bazel_$config.log"
+  local rc=${PIPESTATUS[0]}
+  count "$log_dir/bazel_$config.log" "$tests" "$rc" " [$config]"
+}
+if [[ "${patterns[*]}" == "//..." ]]; then
+  if [[ "${MAMMOTH_TEST_SANITIZE:-1}" == "0" ]]; then
+    sanitize_note="MAMMOTH_TEST_SANITIZE=0: not run"
+  else
+    sanitize_start=$SECONDS
+    unit_tests="$(comm -12 <(echo "$expected") <(query "kind(cc_test, $universe)") | sed '/^$/d')"
+    tsan_tests="$(comm -12 <(echo "$expected") <(query "attr(tags, $(tag_re tsan), tests($universe))") |
+      sed '/^$/d')"
+    sanitize_pass asan "$unit_tests"
+    sanitize_pass tsan "$tsan_tests"
+    sanitize_note="$(echo "$unit_tests" | wc -l) unit tests under asan, $(echo "$tsan_tests" | wc -l) under tsan in $((SECONDS - sanitize_start))s"
+  fi
+fi
+
 # The fuzz pass: every libFuzzer target of tools/fuzz.sh (our file parsers under ASan + UBSan,
 # built by clang outside Bazel) for a bounded time, each counted as "fuzz:<target>". Only with
 # the whole suite; MAMMOTH_TEST_FUZZ=0 leaves it out, MAMMOTH_FUZZ_SECONDS sets the time each.
@@ -181,6 +220,7 @@ fi
 echo
 echo "[test] bazel test took ${elapsed}s (exit status $bazel_rc)"
 echo "[test] AVX2 pass: $avx2_note"
+echo "[test] sanitizer passes: $sanitize_note"
 echo "[test] fuzz pass: $fuzz_note"
 if [[ -s "$log_dir/query.err" ]] && grep -q ERROR "$log_dir/query.err"; then
   echo "[test] bazel query reported errors:"

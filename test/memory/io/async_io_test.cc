@@ -428,7 +428,7 @@ TEST_CASE("io_uring: registered buffers take the fixed path", "[io]") {
   CHECK_FALSE(threads->register_buffer(staging.data(), staging.size()));
 }
 
-TEST_CASE("a write refused by the kernel is an error naming file, offset, length", "[io]") {
+TEST_CASE("a write refused by the kernel is an error naming file, offset, length", "[io][fork]") {
   const EngineKind kind = GENERATE(EngineKind::kUring, EngineKind::kThreads);
   CAPTURE(engine_kind_name(kind));
   mammoth::testing::TestDir dir;
@@ -454,7 +454,8 @@ TEST_CASE("a write refused by the kernel is an error naming file, offset, length
   CHECK(out.find("stats.failed=1") != std::string::npos);
 }
 
-TEST_CASE("engine choice: forced, and falling back when the kernel refuses io_uring", "[io]") {
+TEST_CASE("engine choice: forced, and falling back when the kernel refuses io_uring",
+          "[io][fork]") {
   mammoth::testing::TestDir dir;
   auto forced = make_async_io({.engine = EngineKind::kThreads}, dir.path());
   CHECK(forced->kind() == EngineKind::kThreads);
