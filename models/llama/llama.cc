@@ -3,6 +3,7 @@
 #include <tuple>
 
 #include "engine/ops.h"
+#include "models/llama/rope.h"
 
 namespace mammoth::models {
 
@@ -29,7 +30,7 @@ Tensor LlamaAttention::forward(const Tensor& x, KVCache* cache, int64_t layer) c
   // rope works on [B, T, H, D]; attention wants [B, H, T, D].
   auto project = [&](const Linear& proj, int64_t heads, bool rotate) {
     Tensor t = proj.forward(x).view({B, T, heads, D});
-    if (rotate) t = engine::rope(t, config_.rope_base, offset);
+    if (rotate) t = llama_rope(t, config_, offset, offset + T);
     return t.permute({0, 2, 1, 3});
   };
   Tensor q = project(*q_proj, config_.n_head, true);
@@ -79,7 +80,9 @@ Tensor LlamaModel::forward(const Tensor& ids, KVCache* cache) const {
       << "[Llama::forward] ids must be i64 [B, T], got " << dtype_name(ids.dtype()) << " "
       << engine::shape_str(ids.shape());
   const int64_t offset = cache != nullptr ? cache->length : 0;
-  MAMMOTH_CHECK(offset + ids.size(1) <= config_.max_seq)
+  // Dynamic NTK scaling exists to run past max_position_embeddings.
+  MAMMOTH_CHECK(offset + ids.size(1) <= config_.max_seq ||
+                config_.rope_scaling == ModelConfig::RopeScaling::kDynamic)
       << "[Llama::forward] positions up to " << offset + ids.size(1) << " exceed max_seq "
       << config_.max_seq;
   Tensor x = embed_tokens->forward(ids);
@@ -122,8 +125,10 @@ Tensor Llama::forward_cached(const Tensor& ids, KVCache* cache) {
 }
 
 Tensor Llama::pipeline_embed(const Tensor& ids) {
-  MAMMOTH_CHECK(ids.size(1) <= config_.max_seq) << "[Llama::pipeline_embed] " << ids.size(1)
-                                                << " positions exceed max_seq " << config_.max_seq;
+  MAMMOTH_CHECK(ids.size(1) <= config_.max_seq ||
+                config_.rope_scaling == ModelConfig::RopeScaling::kDynamic)
+      << "[Llama::pipeline_embed] " << ids.size(1) << " positions exceed max_seq "
+      << config_.max_seq;
   return model->embed_tokens->forward(ids);
 }
 
