@@ -1750,6 +1750,15 @@ ChatTemplate ChatTemplate::from_model_dir(const std::string& dir) {
   return ChatTemplate(read_text(jinja), tokens);
 }
 
+bool ChatTemplate::in_model_dir(const std::string& dir) {
+  const fs::path config_path = fs::path(dir) / "tokenizer_config.json";
+  if (fs::exists(fs::path(dir) / "chat_template.jinja")) return true;
+  if (!fs::exists(config_path)) return false;
+  const json::Value config = json::parse_file(config_path.string());
+  const json::Value* t = config.find("chat_template");
+  return t != nullptr && !t->is_null();
+}
+
 std::string ChatTemplate::render(const std::vector<ChatMessage>& messages,
                                  bool add_generation_prompt) const {
   List list;
