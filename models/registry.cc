@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <map>
 #include <set>
 #include <sstream>
 #include <utility>
@@ -701,7 +702,7 @@ std::shared_ptr<LanguageModel> create_language_model(const std::string& name_or_
   return lm;
 }
 
-void save_pretrained(const Model& model, const std::string& dir) {
+void save_pretrained(const Model& model, const std::string& dir, int64_t max_shard_bytes) {
   namespace fs = std::filesystem;
   fs::create_directories(dir);
   const std::string config_path = (fs::path(dir) / "config.json").string();
@@ -710,7 +711,48 @@ void save_pretrained(const Model& model, const std::string& dir) {
     out << json::dump(config_to_hf_json(model.config()), 2) << "\n";
     MAMMOTH_CHECK(out.good()) << "[save_pretrained] cannot write " << config_path;
   }
-  save_weights(model, (fs::path(dir) / "model.safetensors").string());
+  const HfLayout layout = model.hf_layout();
+  std::map<std::string, int64_t> bytes;
+  int64_t total = 0;
+  for (const auto& [name, p] : model.named_parameters()) {
+    bytes[name] = static_cast<int64_t>(p.nbytes());
+    total += bytes[name];
+  }
+  // Shards as transformers cuts them: in order, a new one when the next tensor would overflow.
+  std::vector<HfLayout> shards;
+  if (max_shard_bytes > 0 && total > max_shard_bytes) {
+    int64_t in_shard = 0;
+    for (const HfParam& p : layout.params) {
+      if (shards.empty() || (in_shard > 0 && in_shard + bytes.at(p.param) > max_shard_bytes)) {
+        shards.push_back(layout);
+        shards.back().params.clear();
+        in_shard = 0;
+      }
+      shards.back().params.push_back(p);
+      in_shard += bytes.at(p.param);
+    }
+  }
+  std::error_code ec;
+  if (shards.size() <= 1) {
+    fs::remove(fs::path(dir) / "model.safetensors.index.json", ec);
+    save_weights(model, (fs::path(dir) / "model.safetensors").string());
+    return;
+  }
+  fs::remove(fs::path(dir) / "model.safetensors", ec);
+  json::Value weight_map = json::Value::object();
+  for (size_t k = 0; k < shards.size(); ++k) {
+    char file[64];
+    std::snprintf(file, sizeof file, "model-%05zu-of-%05zu.safetensors", k + 1, shards.size());
+    save_named(model.named_parameters(), shards[k], (fs::path(dir) / file).string());
+    for (const HfParam& p : shards[k].params) weight_map.set(p.hf_name, file);
+  }
+  json::Value index = json::Value::object();
+  index.set("metadata", json::Value::object().set("total_size", total));
+  index.set("weight_map", std::move(weight_map));
+  const std::string index_path = (fs::path(dir) / "model.safetensors.index.json").string();
+  std::ofstream out(index_path);
+  out << json::dump(index, 2) << "\n";
+  MAMMOTH_CHECK(out.good()) << "[save_pretrained] cannot write " << index_path;
 }
 
 }  // namespace mammoth::models

@@ -80,6 +80,9 @@ std::shared_ptr<LanguageModel> create_language_model(const std::string& name_or_
                                                      const ModelOptions& options = {});
 
 // Writes DIR/config.json and DIR/model.safetensors (HF names and layouts), creating DIR.
-void save_pretrained(const Model& model, const std::string& dir);
+// With max_shard_bytes > 0 and more weight bytes than that, writes transformers' sharded form
+// instead: model-0000k-of-0000n.safetensors of at most max_shard_bytes each (a larger tensor
+// alone) and model.safetensors.index.json; the other form's files are removed.
+void save_pretrained(const Model& model, const std::string& dir, int64_t max_shard_bytes = 0);
 
 }  // namespace mammoth::models

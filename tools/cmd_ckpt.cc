@@ -3,6 +3,9 @@
 // (config.json + model.safetensors with HF names and layouts), loadable by `mammoth eval
 // --model DIR` and by transformers. CHECKPOINT is a step directory or a --save-dir (its
 // `latest`). The model comes from the checkpoint's own config; the optimizer state is left out.
+// Weights above --max-shard-mb are written in transformers' sharded form (shards + the
+// model.safetensors.index.json). When the run trained a model directory that still exists, its
+// tokenizer files (and chat template) are copied beside the weights, so the export is complete.
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -18,6 +21,9 @@
 
 // --out is defined by `mammoth data` (its output directory); here the model directory to write.
 ABSL_DECLARE_FLAG(std::string, out);
+ABSL_FLAG(double, max_shard_mb, 5000.0,
+          "ckpt export: weights above this many MB (10^6 bytes) are sharded, at most this much "
+          "per file (transformers' save_pretrained default: 5GB)");
 
 namespace mammoth::tools {
 namespace {
@@ -51,7 +57,20 @@ int run_ckpt(const std::vector<std::string>& args) {
   std::vector<engine::train::CheckpointPiece> pieces;
   for (const auto& [name, p] : model->named_parameters()) pieces.push_back({name, 0, p});
   const json::Value loaded = engine::train::load_checkpoint_pieces(dir, pieces);
-  models::save_pretrained(*model, out);
+  const double shard_mb = absl::GetFlag(FLAGS_max_shard_mb);
+  MAMMOTH_CHECK(shard_mb > 0) << "[ckpt] --max-shard-mb must be positive, got " << shard_mb;
+  models::save_pretrained(*model, out, static_cast<int64_t>(shard_mb * 1e6));
+  // The trained directory's tokenizer, when there is one.
+  const json::Value* source = config->find("model");
+  if (source != nullptr && source->is_string() && fs::is_directory(source->as_string())) {
+    for (const char* f :
+         {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+          "merges.txt", "tokenizer.model", "chat_template.jinja", "generation_config.json"}) {
+      const fs::path from = fs::path(source->as_string()) / f;
+      if (fs::exists(from) && !fs::equivalent(from.parent_path(), out))
+        fs::copy_file(from, fs::path(out) / f, fs::copy_options::overwrite_existing);
+    }
+  }
   std::printf("exported %s (%s, step %lld, %lld parameters) to %s\n", dir.c_str(),
               models::family_name(cfg.family), static_cast<long long>(loaded.at("step").as_int()),
               static_cast<long long>(model->num_parameters()), out.c_str());

@@ -347,6 +347,21 @@ int run_train(const std::vector<std::string>& args) {
           static_cast<long long>(train_data.size() - 1), static_cast<long long>(sft.seq_len),
           loss_on == "response" ? "response" : "prompt and response", loss_on.c_str(),
           absl::GetFlag(FLAGS_loss_on).empty() ? ", the default for instruction data" : "");
+  } else if (data_spec.empty() && std::filesystem::is_directory(model_name)) {
+    // A model directory keeps its vocabulary: the embedded corpus is tokenized with the
+    // directory's own tokenizer (here, on every rank alike), not with a BPE trained for it.
+    scratch.emplace();
+    data::BuildShardsOptions bo;
+    bo.out_dir = scratch->path();
+    bo.tokenizer_dir = model_name;
+    bo.val_fraction = 0.05;
+    bo.verbose = false;
+    const data::BuildShardsResult r = data::build_shards(bo);
+    if (lead)
+      std::fprintf(stderr, "[train] data: the embedded corpus, tokenized with %s's tokenizer\n",
+                   model_name.c_str());
+    train_data = data::TokenDataset::open(r.train_shards);
+    val_data = data::TokenDataset::open(r.val_shards);
   } else if (data_spec.empty()) {
     // Rank 0 tokenizes the corpus into the cache once; the others then read it.
     if (mesh && !lead) mesh->world().barrier();
