@@ -225,43 +225,9 @@ std::string to_json(const Value& v, const Fail& fail) {
       if (std::isnan(v.f)) return "NaN";
       if (std::isinf(v.f)) return v.f < 0 ? "-Infinity" : "Infinity";
       return python_float(v.f);
-    case Value::Kind::kString: {
-      std::string out = "\"";
-      for (char c : v.s) {
-        switch (c) {
-          case '"':
-            out += "\\\"";
-            break;
-          case '\\':
-            out += "\\\\";
-            break;
-          case '\n':
-            out += "\\n";
-            break;
-          case '\r':
-            out += "\\r";
-            break;
-          case '\t':
-            out += "\\t";
-            break;
-          case '\b':
-            out += "\\b";
-            break;
-          case '\f':
-            out += "\\f";
-            break;
-          default:
-            if (static_cast<unsigned char>(c) < 0x20) {
-              char u[8];
-              std::snprintf(u, sizeof u, "\\u%04x", c);
-              out += u;
-            } else {
-              out += c;
-            }
-        }
-      }
-      return out + "\"";
-    }
+    case Value::Kind::kString:
+      // json::dump escapes strings as json.dumps(ensure_ascii=False) does.
+      return json::dump(json::Value(v.s));
     case Value::Kind::kList: {
       std::string out = "[";
       for (size_t k = 0; k < v.list->size(); ++k)

@@ -16,7 +16,7 @@
    --loss-on all counts the prompts too (a different loss).
 Malformed examples are refused naming the line.
 
-Usage: instruction_data_test.py PATH/TO/mammoth
+Usage: instruction_data_interop_test.py PATH/TO/mammoth
 """
 import json
 import os
