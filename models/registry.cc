@@ -702,19 +702,30 @@ std::shared_ptr<LanguageModel> create_language_model(const std::string& name_or_
   return lm;
 }
 
-void save_pretrained(const Model& model, const std::string& dir, int64_t max_shard_bytes) {
+void save_pretrained(const Model& model, const std::string& dir,
+                     const SavePretrainedOptions& options) {
   namespace fs = std::filesystem;
   fs::create_directories(dir);
+  const int64_t max_shard_bytes = options.max_shard_bytes;
+  ModelConfig config = model.config();
+  engine::nn::NamedTensors params = model.named_parameters();
+  if (options.dtype) {
+    MAMMOTH_CHECK(is_floating(*options.dtype))
+        << "[save_pretrained] weights are saved as a floating dtype, not "
+        << dtype_name(*options.dtype);
+    config.dtype = *options.dtype;
+    for (auto& [name, p] : params) p = p.detach().to(*options.dtype);
+  }
   const std::string config_path = (fs::path(dir) / "config.json").string();
   {
     std::ofstream out(config_path);
-    out << json::dump(config_to_hf_json(model.config()), 2) << "\n";
+    out << json::dump(config_to_hf_json(config), 2) << "\n";
     MAMMOTH_CHECK(out.good()) << "[save_pretrained] cannot write " << config_path;
   }
   const HfLayout layout = model.hf_layout();
   std::map<std::string, int64_t> bytes;
   int64_t total = 0;
-  for (const auto& [name, p] : model.named_parameters()) {
+  for (const auto& [name, p] : params) {
     bytes[name] = static_cast<int64_t>(p.nbytes());
     total += bytes[name];
   }
@@ -735,7 +746,7 @@ void save_pretrained(const Model& model, const std::string& dir, int64_t max_sha
   std::error_code ec;
   if (shards.size() <= 1) {
     fs::remove(fs::path(dir) / "model.safetensors.index.json", ec);
-    save_weights(model, (fs::path(dir) / "model.safetensors").string());
+    save_named(params, layout, (fs::path(dir) / "model.safetensors").string());
     return;
   }
   fs::remove(fs::path(dir) / "model.safetensors", ec);
@@ -743,7 +754,7 @@ void save_pretrained(const Model& model, const std::string& dir, int64_t max_sha
   for (size_t k = 0; k < shards.size(); ++k) {
     char file[64];
     std::snprintf(file, sizeof file, "model-%05zu-of-%05zu.safetensors", k + 1, shards.size());
-    save_named(model.named_parameters(), shards[k], (fs::path(dir) / file).string());
+    save_named(params, shards[k], (fs::path(dir) / file).string());
     for (const HfParam& p : shards[k].params) weight_map.set(p.hf_name, file);
   }
   json::Value index = json::Value::object();

@@ -79,10 +79,16 @@ std::shared_ptr<Model> create_model(const std::string& name_or_dir,
 std::shared_ptr<LanguageModel> create_language_model(const std::string& name_or_dir,
                                                      const ModelOptions& options = {});
 
+struct SavePretrainedOptions {
+  // > 0: above this many weight bytes, transformers' sharded form instead of one file:
+  // model-0000k-of-0000n.safetensors of at most this much each (a larger tensor alone) and
+  // model.safetensors.index.json. Either form removes the other's files.
+  int64_t max_shard_bytes = 0;
+  // The weights' dtype in the files (and config.json's torch_dtype); unset: the parameters'.
+  std::optional<DType> dtype;
+};
 // Writes DIR/config.json and DIR/model.safetensors (HF names and layouts), creating DIR.
-// With max_shard_bytes > 0 and more weight bytes than that, writes transformers' sharded form
-// instead: model-0000k-of-0000n.safetensors of at most max_shard_bytes each (a larger tensor
-// alone) and model.safetensors.index.json; the other form's files are removed.
-void save_pretrained(const Model& model, const std::string& dir, int64_t max_shard_bytes = 0);
+void save_pretrained(const Model& model, const std::string& dir,
+                     const SavePretrainedOptions& options = {});
 
 }  // namespace mammoth::models

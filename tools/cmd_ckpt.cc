@@ -21,6 +21,9 @@
 
 // --out is defined by `mammoth data` (its output directory); here the model directory to write.
 ABSL_DECLARE_FLAG(std::string, out);
+ABSL_FLAG(std::string, dtype, "f32",
+          "ckpt export: the weights' dtype in the files: f32, bf16 or f16 (keeps a bf16 model "
+          "bf16; training itself keeps f32 master weights)");
 ABSL_FLAG(double, max_shard_mb, 5000.0,
           "ckpt export: weights above this many MB (10^6 bytes) are sharded, at most this much "
           "per file (transformers' save_pretrained default: 5GB)");
@@ -59,7 +62,11 @@ int run_ckpt(const std::vector<std::string>& args) {
   const json::Value loaded = engine::train::load_checkpoint_pieces(dir, pieces);
   const double shard_mb = absl::GetFlag(FLAGS_max_shard_mb);
   MAMMOTH_CHECK(shard_mb > 0) << "[ckpt] --max-shard-mb must be positive, got " << shard_mb;
-  models::save_pretrained(*model, out, static_cast<int64_t>(shard_mb * 1e6));
+  const DType dtype = dtype_from_name(absl::GetFlag(FLAGS_dtype));
+  MAMMOTH_CHECK(dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16)
+      << "[ckpt] --dtype must be f32, bf16 or f16, got " << absl::GetFlag(FLAGS_dtype);
+  models::save_pretrained(
+      *model, out, {.max_shard_bytes = static_cast<int64_t>(shard_mb * 1e6), .dtype = dtype});
   // The trained directory's tokenizer, when there is one.
   const json::Value* source = config->find("model");
   if (source != nullptr && source->is_string() && fs::is_directory(source->as_string())) {

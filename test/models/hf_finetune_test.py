@@ -7,6 +7,7 @@ here by `tokenizers`); `mammoth data --tokenizer DIR` tokenizes a text with it. 
     on the very batch it trained on (--dump-batches), and the vocabulary stays the directory's;
   - without --data it keeps the directory's vocabulary too (the embedded corpus tokenized with
     the directory's tokenizer);
+  - `ckpt export --dtype bf16` writes bf16 weights (torch_dtype bfloat16) transformers loads;
   - `mammoth ckpt export --max-shard-mb` writes transformers' sharded form (shards + index)
     with the tokenizer beside it, which AutoModelForCausalLM / AutoTokenizer load; trained at
     lr 0 the weights come back bitwise, and trained at lr > 0 transformers reproduces the
@@ -131,6 +132,20 @@ def main():
         print(f"lr 0 export equals the source weights: {not diff}")
         if diff:
             failures.append(f"exported weights differ: {diff[:3]}")
+
+        # bf16 asked for: bf16 files, torch_dtype bfloat16, the source weights rounded to bf16.
+        eb = os.path.join(root, "export_bf16")
+        run([mammoth, "ckpt", "export", s0, "--out", eb, "--dtype", "bf16"])
+        cfg_b = json.load(open(os.path.join(eb, "config.json")))
+        half = transformers.AutoModelForCausalLM.from_pretrained(eb, torch_dtype="auto")
+        hsd = half.state_dict()
+        bf16_ok = (cfg_b.get("torch_dtype") == "bfloat16" and
+                   all(hsd[k].dtype == torch.bfloat16 and torch.equal(hsd[k], rsd[k].bfloat16())
+                       for k in rsd if "rotary" not in k))
+        print(f"--dtype bf16 export: torch_dtype {cfg_b.get('torch_dtype')}, weights the source's "
+              f"rounded to bf16: {bf16_ok}")
+        if not bf16_ok:
+            failures.append("bf16 export")
 
         # 3. Real fine-tuning: the loss falls, and the export's loss in transformers equals
         # Mammoth's evaluation of the export on the same batch.
