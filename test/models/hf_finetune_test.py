@@ -21,6 +21,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing"))
+import curves  # noqa: E402
+
 import torch
 import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -78,7 +81,10 @@ def batch_rows(dump):
 
 
 def losses(metrics):
-    return [json.loads(line)["loss"] for line in open(metrics) if '"loss"' in line]
+    """The logged losses of a --metrics file, by step (test/testing/curves.py reads them)."""
+    name = os.path.basename(metrics)[:-len(".jsonl")]
+    column = curves.Runs(os.path.dirname(metrics)).column(name)
+    return [column[step] for step in sorted(column)]
 
 
 def main():

@@ -26,6 +26,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "testing"))
+import curves  # noqa: E402
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from chat_template_interop_test import LLAMA3, QWEN2  # noqa: E402
 
@@ -146,7 +149,10 @@ def run(cmd, **kw):
 
 
 def losses(metrics):
-    return [json.loads(line)["loss"] for line in open(metrics) if '"loss"' in line]
+    """The logged losses of a --metrics file, by step (test/testing/curves.py reads them)."""
+    name = os.path.basename(metrics)[:-len(".jsonl")]
+    column = curves.Runs(os.path.dirname(metrics)).column(name)
+    return [column[step] for step in sorted(column)]
 
 
 def main():
