@@ -10,7 +10,7 @@
 //
 // Every config.json key is either honoured, known not to change the computation (token ids,
 // architectures, torch_dtype, ...), or refused by name: a config the family cannot reproduce
-// (rope_scaling, another activation, an unknown key) is an error, never silently ignored.
+// (rope_scaling yarn, another activation, an unknown key) is an error, never silently ignored.
 //
 //   auto m = models::create_language_model("gpt2-tiny", {.vocab_size = 4096, .seed = 1});
 //   auto v = models::create_model("/data/vit-base-patch16-224");  // loads model.safetensors
