@@ -86,6 +86,11 @@ struct ModelConfig {
   int64_t num_patches() const {
     return patch_size > 0 ? (image_size / patch_size) * (image_size / patch_size) : 0;
   }
+  // Positions one sequence may hold: max_seq, except under LLaMA's dynamic NTK rope scaling,
+  // which exists to run past max_position_embeddings (no limit).
+  int64_t position_limit() const {
+    return rope_scaling == RopeScaling::kDynamic ? INT64_MAX : max_seq;
+  }
   // Throws Error naming the first inconsistent field (d_model % n_head, n_head % n_kv_head...).
   void validate() const;
 };

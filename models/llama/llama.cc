@@ -80,9 +80,7 @@ Tensor LlamaModel::forward(const Tensor& ids, KVCache* cache) const {
       << "[Llama::forward] ids must be i64 [B, T], got " << dtype_name(ids.dtype()) << " "
       << engine::shape_str(ids.shape());
   const int64_t offset = cache != nullptr ? cache->length : 0;
-  // Dynamic NTK scaling exists to run past max_position_embeddings.
-  MAMMOTH_CHECK(offset + ids.size(1) <= config_.max_seq ||
-                config_.rope_scaling == ModelConfig::RopeScaling::kDynamic)
+  MAMMOTH_CHECK(offset + ids.size(1) <= config_.position_limit())
       << "[Llama::forward] positions up to " << offset + ids.size(1) << " exceed max_seq "
       << config_.max_seq;
   Tensor x = embed_tokens->forward(ids);
@@ -125,8 +123,7 @@ Tensor Llama::forward_cached(const Tensor& ids, KVCache* cache) {
 }
 
 Tensor Llama::pipeline_embed(const Tensor& ids) {
-  MAMMOTH_CHECK(ids.size(1) <= config_.max_seq ||
-                config_.rope_scaling == ModelConfig::RopeScaling::kDynamic)
+  MAMMOTH_CHECK(ids.size(1) <= config_.position_limit())
       << "[Llama::pipeline_embed] " << ids.size(1) << " positions exceed max_seq "
       << config_.max_seq;
   return model->embed_tokens->forward(ids);
