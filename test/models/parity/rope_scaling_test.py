@@ -16,7 +16,10 @@ so our config.json export of rope_scaling / head_dim is the one transformers rea
            sliding window, with the same parameter names) and the export is not reloaded.
 Unsupported rope_scaling (yarn, longrope, unknown keys) must be refused by name.
 
-usage: rope_scaling_test.py PARITY_CHECK HF_CHECK_PY
+Greedy generation (mammoth generate, KV cache) of 20 tokens after a 10-token prompt equals
+transformers' generate for llama3 and for dynamic, whose max_position_embeddings 16 it passes.
+
+usage: rope_scaling_test.py PARITY_CHECK HF_CHECK_PY MAMMOTH
 """
 import json
 import os
@@ -106,6 +109,19 @@ def main():
                 print(f"== {name} {dtype}: {r.stdout.strip().splitlines()[-1] if r.stdout else ''}")
                 if r.returncode != 0:
                     print(r.stdout, r.stderr)
+                    status = 1
+            if name in ("llama3", "dynamic"):
+                m = transformers.AutoModelForCausalLM.from_pretrained(d).eval()
+                prompt = [5, 9, 2, 44, 17, 3, 8, 60, 11, 23]
+                want = m.generate(torch.tensor([prompt]), do_sample=False,
+                                  max_new_tokens=20)[0, len(prompt):].tolist()
+                r = subprocess.run([sys.argv[3], "generate", "--model", d, "--prompt-tokens",
+                                    ",".join(map(str, prompt)), "--max-new-tokens", "20",
+                                    "--temperature", "0"], capture_output=True, text=True)
+                got = json.loads(r.stdout.strip().splitlines()[-1])["tokens"] if r.stdout else None
+                print(f"== {name} greedy generation equals transformers': {got == want}")
+                if got != want:
+                    print(want, got, r.stderr[-500:])
                     status = 1
             if name != "head_dim":
                 r = subprocess.run([sys.executable, hf_check, d, os.path.join(d, "mammoth_f32")],
