@@ -91,8 +91,10 @@ struct AttentionOptions {
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v,
                  const AttentionOptions& options = {});
 // Rotary position embedding on x [B, T, H, D] (Hugging Face LLaMA's rotate-half form).
+// inv_freq (f32 [rotary_dim / 2] on x's device), when given, holds the frequencies in place of
+// base^(-2i / rotary_dim): scaled rope (models/llama/rope.h).
 Tensor rope(const Tensor& x, double base = 10000.0, int64_t position_offset = 0,
-            int64_t rotary_dim = 0);
+            int64_t rotary_dim = 0, const Tensor& inv_freq = Tensor());
 
 // ---- joining, splitting, indexing ----
 Tensor concat(const std::vector<Tensor>& tensors, int64_t dim);

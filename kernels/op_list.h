@@ -66,7 +66,7 @@
   X(scatter_add)  /* (dy [A,I,C], idx i64 [A,I,C]) -> (dx [A,R,C]) accumulates */                \
   /* randomness, position encodings, attention */                                                \
   X(dropout)            /* (x) -> (y, mask u8) DropoutParams (Philox 4x32-10 by seed, offset) */ \
-  X(rope)               /* (x [B,T,H,D]) -> (y) RopeParams; inverse=true rotates back */         \
+  X(rope)               /* (x [B,T,H,D][, inv_freq f32]) -> (y) RopeParams; inverse: back */     \
   X(attention)          /* (q [B,Hq,Tq,D], k [B,Hk,Tk,D], v, key_mask bool [B,Tk] or none) ->    \
                            (out [B,Hq,Tq,D], lse f32 [B,Hq,Tq]) AttentionParams */               \
   X(attention_backward) /* (dout, q, k, v, out, lse, key_mask?) -> (dq, dk, dv) */               \

@@ -26,12 +26,29 @@ Family family_from_name(const std::string& name) {
                   << "' (known: gpt2, llama, bert, vit)";
 }
 
+const char* rope_scaling_name(ModelConfig::RopeScaling s) {
+  switch (s) {
+    case ModelConfig::RopeScaling::kNone:
+      return "default";
+    case ModelConfig::RopeScaling::kLinear:
+      return "linear";
+    case ModelConfig::RopeScaling::kDynamic:
+      return "dynamic";
+    case ModelConfig::RopeScaling::kLlama3:
+      return "llama3";
+  }
+  return "?";
+}
+
 void ModelConfig::validate() const {
   const std::string where = "[ModelConfig] " + name + ": ";
   MAMMOTH_CHECK(n_layer > 0) << where << "n_layer must be positive, got " << n_layer;
   MAMMOTH_CHECK(n_head > 0) << where << "n_head must be positive, got " << n_head;
-  MAMMOTH_CHECK(d_model > 0 && d_model % n_head == 0)
+  // An explicit head_dim (LLaMA) frees d_model from being n_head * head_dim.
+  MAMMOTH_CHECK(d_model > 0 && (head_size > 0 || d_model % n_head == 0))
       << where << "d_model " << d_model << " must be a positive multiple of n_head " << n_head;
+  MAMMOTH_CHECK(head_size >= 0 && (head_size == 0 || family == Family::kLlama))
+      << where << "an explicit head_dim (" << head_size << ") is supported for llama only";
   MAMMOTH_CHECK(n_kv_head > 0 && n_head % n_kv_head == 0)
       << where << "n_head " << n_head << " must be a multiple of n_kv_head " << n_kv_head;
   MAMMOTH_CHECK(d_ff > 0) << where << "d_ff must be positive, got " << d_ff;
@@ -46,7 +63,24 @@ void ModelConfig::validate() const {
   if (family == Family::kLlama) {
     MAMMOTH_CHECK(head_dim() % 2 == 0)
         << where << "rotary embeddings need an even head_dim, got " << head_dim();
+    MAMMOTH_CHECK(rope_base > 0) << where << "rope_theta must be positive, got " << rope_base;
+    if (rope_scaling != RopeScaling::kNone) {
+      MAMMOTH_CHECK(rope_factor > 0) << where << "rope_scaling '" << rope_scaling_name(rope_scaling)
+                                     << "': factor must be positive, got " << rope_factor;
+    }
+    if (rope_scaling == RopeScaling::kLlama3) {
+      // The blend divides by high - low.
+      MAMMOTH_CHECK(rope_low_freq_factor > 0 && rope_high_freq_factor > rope_low_freq_factor)
+          << where << "rope_scaling 'llama3': need 0 < low_freq_factor < high_freq_factor, got "
+          << rope_low_freq_factor << " and " << rope_high_freq_factor;
+      MAMMOTH_CHECK(rope_original_max_seq > 0)
+          << where
+          << "rope_scaling 'llama3': original_max_position_embeddings must be positive, got "
+          << rope_original_max_seq;
+    }
   } else {
+    MAMMOTH_CHECK(rope_scaling == RopeScaling::kNone)
+        << where << family_name(family) << " has no rotary embeddings to scale";
     MAMMOTH_CHECK(n_kv_head == n_head)
         << where << family_name(family) << " has no grouped-query attention: n_kv_head "
         << n_kv_head << " != n_head " << n_head;

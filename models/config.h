@@ -48,6 +48,19 @@ struct ModelConfig {
   int64_t max_seq = 0;         // learned position table size (GPT-2, BERT); LLaMA: context length
   double norm_eps = 1e-5;      // LayerNorm / RMSNorm epsilon
   double rope_base = 10000.0;  // LLaMA rotary base (rope_theta)
+  // LLaMA's rope_scaling (config.json; transformers' rope_type), see models/llama/rope.h.
+  // kLinear divides every frequency by rope_factor; kDynamic (NTK) raises the base once a
+  // sequence is longer than max_seq (which it may then exceed); kLlama3 divides the frequencies
+  // whose wavelength exceeds rope_original_max_seq / rope_low_freq_factor by rope_factor and
+  // blends those between that and rope_original_max_seq / rope_high_freq_factor.
+  enum class RopeScaling { kNone, kLinear, kDynamic, kLlama3 };
+  RopeScaling rope_scaling = RopeScaling::kNone;
+  double rope_factor = 1.0;
+  double rope_low_freq_factor = 1.0;   // kLlama3
+  double rope_high_freq_factor = 4.0;  // kLlama3
+  int64_t rope_original_max_seq = 0;   // kLlama3: the context length before scaling
+  // LLaMA's explicit head_dim (config.json), which may differ from d_model / n_head; 0: none.
+  int64_t head_size = 0;
   bool tie_embeddings = true;  // LM head shares the token embedding (GPT-2, BERT MLM)
   double dropout = 0.0;  // residual/embedding/MLP dropout (GPT-2 resid/embd_pdrop, BERT hidden)
   double attn_dropout = 0.0;  // dropout on attention probabilities
@@ -65,13 +78,24 @@ struct ModelConfig {
   // Storage dtype of the parameters.
   DType dtype = DType::kF32;
 
-  int64_t head_dim() const { return n_head > 0 ? d_model / n_head : 0; }
+  int64_t head_dim() const {
+    if (head_size > 0) return head_size;
+    return n_head > 0 ? d_model / n_head : 0;
+  }
   // ViT: patches per image (without the class token).
   int64_t num_patches() const {
     return patch_size > 0 ? (image_size / patch_size) * (image_size / patch_size) : 0;
   }
+  // Positions one sequence may hold: max_seq, except under LLaMA's dynamic NTK rope scaling,
+  // which exists to run past max_position_embeddings (no limit).
+  int64_t position_limit() const {
+    return rope_scaling == RopeScaling::kDynamic ? INT64_MAX : max_seq;
+  }
   // Throws Error naming the first inconsistent field (d_model % n_head, n_head % n_kv_head...).
   void validate() const;
 };
+
+// transformers' rope_type names: "default", "linear", "dynamic", "llama3".
+const char* rope_scaling_name(ModelConfig::RopeScaling s);
 
 }  // namespace mammoth::models

@@ -66,10 +66,10 @@ std::vector<int64_t> generate(LanguageModel& model, const std::vector<int64_t>& 
     MAMMOTH_CHECK(t >= 0 && t < V) << "[generate] prompt token " << t << " outside vocab " << V;
   }
   const int64_t P = static_cast<int64_t>(prompt.size());
-  MAMMOTH_CHECK(P <= model.config().max_seq)
+  MAMMOTH_CHECK(P <= model.config().position_limit())
       << "[generate] prompt of " << P << " tokens exceeds max_seq " << model.config().max_seq;
   const int64_t capacity =
-      std::min(P + std::max<int64_t>(o.max_new_tokens, 0), model.config().max_seq);
+      std::min(P + std::max<int64_t>(o.max_new_tokens, 0), model.config().position_limit());
   engine::NoGradGuard ng;
   const bool was_training = model.is_training();
   model.eval();

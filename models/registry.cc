@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <map>
 #include <set>
 #include <sstream>
 #include <utility>
@@ -311,6 +312,58 @@ void special_tokens_from_tokenizer(const std::filesystem::path& dir, SpecialToke
   }
 }
 
+// config.json's rope_scaling as transformers 4.44 reads it for LLaMA: the kind in "rope_type"
+// or the older "type", and exactly the keys that kind uses. Other kinds (yarn, longrope, su)
+// and unknown keys are refused by name rather than rotated differently.
+void read_rope_scaling(const json::Value& rs, ModelConfig& c, const std::string& what) {
+  const std::string where = "[config_from_hf_json] " + what + ": rope_scaling";
+  MAMMOTH_CHECK(rs.is_object()) << where << " must be an object or null";
+  std::string kind;
+  for (const char* k : {"rope_type", "type"}) {
+    const json::Value* t = rs.find(k);
+    if (t == nullptr || t->is_null()) continue;
+    MAMMOTH_CHECK(t->is_string()) << where << ": " << k << " must be a string";
+    MAMMOTH_CHECK(kind.empty() || kind == t->as_string())
+        << where << ": rope_type '" << kind << "' and type '" << t->as_string() << "' disagree";
+    kind = t->as_string();
+  }
+  MAMMOTH_CHECK(!kind.empty()) << where << " has no rope_type";
+  std::set<std::string> keys = {"rope_type", "type"};
+  using S = ModelConfig::RopeScaling;
+  if (kind == "default") {
+    c.rope_scaling = S::kNone;
+  } else if (kind == "linear" || kind == "dynamic" || kind == "llama3") {
+    c.rope_scaling = kind == "linear" ? S::kLinear : (kind == "dynamic" ? S::kDynamic : S::kLlama3);
+    MAMMOTH_CHECK(rs.find("factor") != nullptr) << where << " '" << kind << "' needs a factor";
+    c.rope_factor = rs.at("factor").as_double();
+    keys.insert("factor");
+    if (kind == "llama3") {
+      for (const char* k :
+           {"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
+        MAMMOTH_CHECK(rs.find(k) != nullptr) << where << " 'llama3' needs " << k;
+      c.rope_low_freq_factor = rs.at("low_freq_factor").as_double();
+      c.rope_high_freq_factor = rs.at("high_freq_factor").as_double();
+      c.rope_original_max_seq = rs.at("original_max_position_embeddings").as_int();
+      keys.insert({"low_freq_factor", "high_freq_factor", "original_max_position_embeddings"});
+    } else if (kind == "dynamic" && rs.find("original_max_position_embeddings") != nullptr) {
+      // transformers 4.44 ignores it (dynamic NTK scales from max_position_embeddings); later
+      // versions use it, so only the value on which both agree is accepted.
+      const int64_t o = rs.at("original_max_position_embeddings").as_int();
+      MAMMOTH_CHECK(o == c.max_seq)
+          << where << " 'dynamic': original_max_position_embeddings " << o
+          << " != max_position_embeddings " << c.max_seq << " is not supported";
+      keys.insert("original_max_position_embeddings");
+    }
+  } else {
+    MAMMOTH_THROW() << where << " '" << kind
+                    << "' is not supported (default, linear, dynamic, llama3)";
+  }
+  for (const json::Value& m : rs) {
+    MAMMOTH_CHECK(keys.count(m.key()))
+        << where << " '" << kind << "': key '" << m.key() << "' is not supported";
+  }
+}
+
 }  // namespace
 
 std::vector<std::string> registered_names() {
@@ -401,23 +454,11 @@ ModelConfig config_from_hf_json(const json::Value& hf, const std::string& what) 
     c.attn_dropout = get_double(hf, "attention_dropout", 0.0);
     c.tie_embeddings = get_bool(hf, "tie_word_embeddings", false);
     check_activation(hf, "hidden_act", {"silu"}, what);
-    if (const json::Value* rs = hf.find("rope_scaling"); rs != nullptr && !rs->is_null()) {
-      std::string kind;
-      if (rs->is_object()) {
-        for (const char* k : {"rope_type", "type"})
-          if (const json::Value* t = rs->find(k); kind.empty() && t && t->is_string())
-            kind = t->as_string();
-      }
-      // "default" is transformers' name for plain rotary embeddings (no scaling).
-      MAMMOTH_CHECK(kind == "default")
-          << "[config_from_hf_json] " << what << ": rope_scaling"
-          << (kind.empty() ? "" : " '" + kind + "'")
-          << " is not supported (plain rotary embeddings with rope_theta only)";
-    }
-    if (int64_t hd = get_int(hf, "head_dim", c.d_model / c.n_head); hd != c.d_model / c.n_head) {
-      MAMMOTH_THROW() << "[config_from_hf_json] " << what << ": head_dim " << hd
-                      << " != hidden_size / num_attention_heads is not supported";
-    }
+    if (const json::Value* rs = hf.find("rope_scaling"); rs != nullptr && !rs->is_null())
+      read_rope_scaling(*rs, c, what);
+    // An explicit head_dim: the projections are n_head * head_dim wide, whatever hidden_size.
+    if (int64_t hd = get_int(hf, "head_dim", 0); hd > 0 && hd * c.n_head != c.d_model)
+      c.head_size = hd;
     require_bool(hf, "attention_bias", false, what);
     require_bool(hf, "mlp_bias", false, what);
   } else if (type == "bert" || type == "vit") {
@@ -502,6 +543,17 @@ json::Value config_to_hf_json(const ModelConfig& c) {
       v.set("num_key_value_heads", c.n_kv_head).set("intermediate_size", c.d_ff);
       v.set("max_position_embeddings", c.max_seq).set("rms_norm_eps", c.norm_eps);
       v.set("rope_theta", c.rope_base).set("hidden_act", "silu");
+      if (c.head_size > 0) v.set("head_dim", c.head_size);
+      if (c.rope_scaling != ModelConfig::RopeScaling::kNone) {
+        json::Value rs = json::Value::object();
+        rs.set("rope_type", rope_scaling_name(c.rope_scaling)).set("factor", c.rope_factor);
+        if (c.rope_scaling == ModelConfig::RopeScaling::kLlama3) {
+          rs.set("low_freq_factor", c.rope_low_freq_factor)
+              .set("high_freq_factor", c.rope_high_freq_factor)
+              .set("original_max_position_embeddings", c.rope_original_max_seq);
+        }
+        v.set("rope_scaling", std::move(rs));
+      }
       v.set("tie_word_embeddings", c.tie_embeddings);
       v.set("attention_dropout", c.attn_dropout);
       break;
@@ -650,16 +702,68 @@ std::shared_ptr<LanguageModel> create_language_model(const std::string& name_or_
   return lm;
 }
 
-void save_pretrained(const Model& model, const std::string& dir) {
+void save_pretrained(const Model& model, const std::string& dir,
+                     const SavePretrainedOptions& options) {
   namespace fs = std::filesystem;
   fs::create_directories(dir);
+  const int64_t max_shard_bytes = options.max_shard_bytes;
+  ModelConfig config = model.config();
+  engine::nn::NamedTensors params = model.named_parameters();
+  if (options.dtype) {
+    MAMMOTH_CHECK(is_floating(*options.dtype))
+        << "[save_pretrained] weights are saved as a floating dtype, not "
+        << dtype_name(*options.dtype);
+    config.dtype = *options.dtype;
+    for (auto& [name, p] : params) p = p.detach().to(*options.dtype);
+  }
   const std::string config_path = (fs::path(dir) / "config.json").string();
   {
     std::ofstream out(config_path);
-    out << json::dump(config_to_hf_json(model.config()), 2) << "\n";
+    out << json::dump(config_to_hf_json(config), 2) << "\n";
     MAMMOTH_CHECK(out.good()) << "[save_pretrained] cannot write " << config_path;
   }
-  save_weights(model, (fs::path(dir) / "model.safetensors").string());
+  const HfLayout layout = model.hf_layout();
+  std::map<std::string, int64_t> bytes;
+  int64_t total = 0;
+  for (const auto& [name, p] : params) {
+    bytes[name] = static_cast<int64_t>(p.nbytes());
+    total += bytes[name];
+  }
+  // Shards as transformers cuts them: in order, a new one when the next tensor would overflow.
+  std::vector<HfLayout> shards;
+  if (max_shard_bytes > 0 && total > max_shard_bytes) {
+    int64_t in_shard = 0;
+    for (const HfParam& p : layout.params) {
+      if (shards.empty() || (in_shard > 0 && in_shard + bytes.at(p.param) > max_shard_bytes)) {
+        shards.push_back(layout);
+        shards.back().params.clear();
+        in_shard = 0;
+      }
+      shards.back().params.push_back(p);
+      in_shard += bytes.at(p.param);
+    }
+  }
+  std::error_code ec;
+  if (shards.size() <= 1) {
+    fs::remove(fs::path(dir) / "model.safetensors.index.json", ec);
+    save_named(params, layout, (fs::path(dir) / "model.safetensors").string());
+    return;
+  }
+  fs::remove(fs::path(dir) / "model.safetensors", ec);
+  json::Value weight_map = json::Value::object();
+  for (size_t k = 0; k < shards.size(); ++k) {
+    char file[64];
+    std::snprintf(file, sizeof file, "model-%05zu-of-%05zu.safetensors", k + 1, shards.size());
+    save_named(params, shards[k], (fs::path(dir) / file).string());
+    for (const HfParam& p : shards[k].params) weight_map.set(p.hf_name, file);
+  }
+  json::Value index = json::Value::object();
+  index.set("metadata", json::Value::object().set("total_size", total));
+  index.set("weight_map", std::move(weight_map));
+  const std::string index_path = (fs::path(dir) / "model.safetensors.index.json").string();
+  std::ofstream out(index_path);
+  out << json::dump(index, 2) << "\n";
+  MAMMOTH_CHECK(out.good()) << "[save_pretrained] cannot write " << index_path;
 }
 
 }  // namespace mammoth::models

@@ -10,7 +10,7 @@
 //
 // Every config.json key is either honoured, known not to change the computation (token ids,
 // architectures, torch_dtype, ...), or refused by name: a config the family cannot reproduce
-// (rope_scaling, another activation, an unknown key) is an error, never silently ignored.
+// (rope_scaling yarn, another activation, an unknown key) is an error, never silently ignored.
 //
 //   auto m = models::create_language_model("gpt2-tiny", {.vocab_size = 4096, .seed = 1});
 //   auto v = models::create_model("/data/vit-base-patch16-224");  // loads model.safetensors
@@ -79,7 +79,16 @@ std::shared_ptr<Model> create_model(const std::string& name_or_dir,
 std::shared_ptr<LanguageModel> create_language_model(const std::string& name_or_dir,
                                                      const ModelOptions& options = {});
 
+struct SavePretrainedOptions {
+  // > 0: above this many weight bytes, transformers' sharded form instead of one file:
+  // model-0000k-of-0000n.safetensors of at most this much each (a larger tensor alone) and
+  // model.safetensors.index.json. Either form removes the other's files.
+  int64_t max_shard_bytes = 0;
+  // The weights' dtype in the files (and config.json's torch_dtype); unset: the parameters'.
+  std::optional<DType> dtype;
+};
 // Writes DIR/config.json and DIR/model.safetensors (HF names and layouts), creating DIR.
-void save_pretrained(const Model& model, const std::string& dir);
+void save_pretrained(const Model& model, const std::string& dir,
+                     const SavePretrainedOptions& options = {});
 
 }  // namespace mammoth::models

@@ -13,6 +13,9 @@
 // run wrote (dp, ZeRO, tp, pp, offload) converts. `hf` writes a Hugging Face model directory
 // (config.json + model.safetensors with HF names and layouts), loadable by `mammoth eval
 // --model DIR` and by transformers; the optimizer state is left out.
+// Weights above --max-shard-mb are written in transformers' sharded form (shards + the
+// model.safetensors.index.json). When the run trained a model directory that still exists, its
+// tokenizer files (and chat template) are copied beside the weights, so the export is complete.
 //
 // `mammoth ckpt export ADAPTER --merge-lora --out DIR [--model BASE]`: a PEFT LoRA adapter
 // directory (or a LoRA run's --save-dir, whose adapter/ it reads) merged into its base model
@@ -43,6 +46,12 @@ ABSL_FLAG(int, shards, 1, "ckpt convert --to sharded: the number of shard files"
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_FLAG(bool, merge_lora, false,
           "ckpt export: merge a LoRA adapter directory into its base model (see `ckpt export`)");
+ABSL_FLAG(std::string, dtype, "f32",
+          "ckpt export: the weights' dtype in the files: f32, bf16 or f16 (keeps a bf16 model "
+          "bf16; training itself keeps f32 master weights)");
+ABSL_FLAG(double, max_shard_mb, 5000.0,
+          "ckpt export: weights above this many MB (10^6 bytes) are sharded, at most this much "
+          "per file (transformers' save_pretrained default: 5GB)");
 
 namespace mammoth::tools {
 namespace {
@@ -221,7 +230,24 @@ int export_hf(const std::string& dir, const std::string& out) {
   std::vector<train::CheckpointPiece> pieces;
   for (const auto& [name, p] : model->named_parameters()) pieces.push_back({name, 0, p});
   const json::Value loaded = train::load_checkpoint_pieces(dir, pieces);
-  models::save_pretrained(*model, out);
+  const double shard_mb = absl::GetFlag(FLAGS_max_shard_mb);
+  MAMMOTH_CHECK(shard_mb > 0) << "[ckpt] --max-shard-mb must be positive, got " << shard_mb;
+  const DType dtype = dtype_from_name(absl::GetFlag(FLAGS_dtype));
+  MAMMOTH_CHECK(dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16)
+      << "[ckpt] --dtype must be f32, bf16 or f16, got " << absl::GetFlag(FLAGS_dtype);
+  models::save_pretrained(
+      *model, out, {.max_shard_bytes = static_cast<int64_t>(shard_mb * 1e6), .dtype = dtype});
+  // The trained directory's tokenizer, when there is one.
+  const json::Value* source = config->find("model");
+  if (source != nullptr && source->is_string() && fs::is_directory(source->as_string())) {
+    for (const char* f :
+         {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+          "merges.txt", "tokenizer.model", "chat_template.jinja", "generation_config.json"}) {
+      const fs::path from = fs::path(source->as_string()) / f;
+      if (fs::exists(from) && !fs::equivalent(from.parent_path(), out))
+        fs::copy_file(from, fs::path(out) / f, fs::copy_options::overwrite_existing);
+    }
+  }
   std::printf("exported %s (%s, step %lld, %lld parameters) to %s\n", dir.c_str(),
               models::family_name(cfg.family), static_cast<long long>(loaded.at("step").as_int()),
               static_cast<long long>(model->num_parameters()), out.c_str());

@@ -11,6 +11,11 @@
 // with them, the given vocabulary (e.g. GPT-2's own) is used and copied there. With no TEXT at
 // all the embedded default corpus is tokenized. Shards hold uint16 ids, uint32 when the
 // vocabulary exceeds 65536. `mammoth train --data DIR/train_*.bin` reads the result.
+//
+// Instruction data: when every TEXT is a .jsonl file of chat messages or prompt/response pairs
+// (engine/data/instruction_data.h), the --tokenizer directory's tokenizer and chat template
+// render and tokenize it, packed into --seq-len bins with a loss mask (which tokens are the
+// responses); `mammoth train --data DIR --seq-len N` trains on it with the same N.
 #include <glob.h>
 
 #include <algorithm>
@@ -25,6 +30,7 @@
 #include "base/thread_pool.h"
 #include "engine/data/build_shards.h"
 #include "engine/data/image_shard.h"
+#include "engine/data/instruction_data.h"
 #include "engine/data/tokenizer.h"
 #include "tools/command.h"
 
@@ -47,6 +53,7 @@ ABSL_FLAG(std::string, train_max_bytes, "256M",
 ABSL_DECLARE_FLAG(int, vocab_size);
 ABSL_DECLARE_FLAG(double, val_fraction);
 ABSL_DECLARE_FLAG(int, threads);
+ABSL_DECLARE_FLAG(int64_t, seq_len);
 ABSL_FLAG(bool, quiet, false, "no progress lines");
 ABSL_FLAG(int64_t, synthetic_images, 0,
           "instead of text: write N synthetic labelled images for ViT to --out/images.bin");
@@ -175,8 +182,32 @@ int run_data(const std::vector<std::string>& args) {
   }
   set_num_threads(absl::GetFlag(FLAGS_threads));
 
+  const std::vector<std::string> files = expand_inputs(args);
+  const auto jsonl = [](const std::string& f) { return fs::path(f).extension() == ".jsonl"; };
+  const size_t n_jsonl = static_cast<size_t>(std::count_if(files.begin(), files.end(), jsonl));
+  if (n_jsonl > 0) {
+    MAMMOTH_CHECK(n_jsonl == files.size())
+        << "[data] instruction data (.jsonl) and plain text cannot be mixed in one run";
+    MAMMOTH_CHECK(!tokenizer.empty())
+        << "[data] instruction data (.jsonl) needs --tokenizer DIR: the model directory whose "
+           "tokenizer and chat template render it";
+    data::InstructionDataOptions io;
+    io.jsonl_files = files;
+    io.out_dir = out;
+    io.seq_len = absl::GetFlag(FLAGS_seq_len);
+    io.verbose = !absl::GetFlag(FLAGS_quiet);
+    const data::InstructionDataResult r = data::build_instruction_data(io, tokenizer);
+    std::printf(
+        "%s: %lld examples -> %lld sequences of --seq-len %lld (%lld response tokens); train "
+        "with --data %s --seq-len %lld\n",
+        out.c_str(), static_cast<long long>(r.examples), static_cast<long long>(r.bins),
+        static_cast<long long>(io.seq_len), static_cast<long long>(r.response_tokens), out.c_str(),
+        static_cast<long long>(io.seq_len));
+    return 0;
+  }
+
   data::BuildShardsOptions o;
-  o.text_files = expand_inputs(args);
+  o.text_files = files;
   o.out_dir = out;
   o.vocab_size = absl::GetFlag(FLAGS_vocab_size);
   o.vocab_json = vocab_json;

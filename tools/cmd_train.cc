@@ -1,7 +1,9 @@
 // `mammoth train`: trains a model-zoo language model on llm.c token shards, or, with no
 // --data, on the embedded default corpus (tokenized once and cached). GPT-2 and LLaMA learn
 // next-token prediction; the BERT family learns masked-LM (engine/data/masking.h: --mask-prob,
-// --mask-token), the same rule `mammoth eval` scores.
+// --mask-token), the same rule `mammoth eval` scores. Instruction data (a directory `mammoth
+// data` made from .jsonl, or a .jsonl file tokenized here with the --tokenizer / --model
+// directory) trains with the loss on the responses only (--loss-on response, its default).
 
 #include <algorithm>
 #include <cstdio>
@@ -20,6 +22,7 @@
 #include "base/thread_pool.h"
 #include "engine/data/bpe.h"
 #include "engine/data/build_shards.h"
+#include "engine/data/instruction_data.h"
 #include "engine/data/masking.h"
 #include "engine/data/token_shard.h"
 #include "engine/train/checkpoint.h"
@@ -43,7 +46,14 @@
 
 ABSL_FLAG(std::string, model, "gpt2-tiny", "registered model name or Hugging Face model directory");
 ABSL_FLAG(std::string, data, "",
-          "token shards (file, glob or directory of llm.c .bin files); empty: the embedded corpus");
+          "token shards (file, glob or directory of llm.c .bin files), instruction data (a "
+          "directory `mammoth data` wrote from .jsonl, or a .jsonl file); empty: the embedded "
+          "corpus");
+ABSL_FLAG(std::string, loss_on, "",
+          "instruction data: which next-token targets count, response (the assistant turns and "
+          "what closes them; the default for instruction data) or all (prompts too; never "
+          "padding)");
+ABSL_DECLARE_FLAG(std::string, tokenizer);
 ABSL_FLAG(std::string, val_data, "", "validation shards; empty: hold out --val-fraction of --data");
 ABSL_FLAG(int64_t, steps, 300, "optimizer steps");
 ABSL_FLAG(int64_t, micro_batch, 8, "sequences per micro-batch");
@@ -156,6 +166,26 @@ ABSL_FLAG(double, comm_timeout, 600.0,
 namespace mammoth::tools {
 
 namespace {
+
+// A directory under $TMPDIR removed with this object: instruction data tokenized for one run.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "mammoth-sft-XXXXXX").string();
+    MAMMOTH_CHECK(::mkdtemp(tmpl.data()) != nullptr) << "[train] cannot create " << tmpl;
+    path_ = tmpl;
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
 
 std::string cache_dir() {
   const char* home = std::getenv("HOME");
@@ -341,9 +371,76 @@ int run_train(const std::vector<std::string>& args) {
   const std::string amp = pl.amp;
   parallel::DeviceMesh* mesh = rt.mesh();
 
-  data::TokenDataset train_data, val_data;
+  data::TokenDataset train_data, val_data, loss_mask;
   int64_t vocab = 0;
-  if (absl::GetFlag(FLAGS_data).empty()) {
+  std::string data_spec = absl::GetFlag(FLAGS_data);
+  const std::string model_name = absl::GetFlag(FLAGS_model);
+  std::optional<ScratchDir> scratch;
+  if (std::filesystem::path(data_spec).extension() == ".jsonl") {
+    // Tokenized here (on every rank alike) with the tokenizer and chat template of --tokenizer,
+    // else of the --model directory, packed to --seq-len.
+    std::string dir = absl::GetFlag(FLAGS_tokenizer);
+    if (dir.empty()) dir = model_name;
+    MAMMOTH_CHECK(std::filesystem::is_directory(dir))
+        << "[train] --data " << data_spec << " is instruction data: it needs a model directory's "
+        << "tokenizer and chat template (--model HF_DIR, or --tokenizer DIR)";
+    scratch.emplace();
+    data::InstructionDataOptions io;
+    io.jsonl_files = {data_spec};
+    io.out_dir = scratch->path();
+    io.seq_len = pl.seq_len;
+    io.verbose = lead;
+    data::build_instruction_data(io, dir);
+    data_spec = scratch->path();
+  }
+  const bool instructions = !data_spec.empty() && data::is_instruction_dir(data_spec);
+  const std::string loss_on = absl::GetFlag(FLAGS_loss_on).empty()
+                                  ? (instructions ? "response" : "all")
+                                  : absl::GetFlag(FLAGS_loss_on);
+  MAMMOTH_CHECK(loss_on == "response" || loss_on == "all")
+      << "[train] --loss-on must be response or all, got '" << loss_on << "'";
+  MAMMOTH_CHECK(instructions || loss_on == "all")
+      << "[train] --loss-on response needs instruction data (a directory `mammoth data` wrote "
+         "from .jsonl, or a .jsonl file); --data '"
+      << data_spec << "' has no loss mask";
+  int64_t sft_vocab = 0;  // the instruction data's tokenizer's
+  if (instructions) {
+    data::InstructionData sft = data::open_instruction_data(data_spec);
+    sft_vocab = sft.vocab_size;
+    MAMMOTH_CHECK(sft.seq_len == pl.seq_len)
+        << "[train] the instruction data in " << data_spec << " is packed to --seq-len "
+        << sft.seq_len << ", not " << pl.seq_len << ": train with --seq-len " << sft.seq_len;
+    MAMMOTH_CHECK(absl::GetFlag(FLAGS_val_data).empty())
+        << "[train] --val-data with instruction data is not supported (--val-fraction holds "
+           "out its last sequences)";
+    train_data = std::move(sft.tokens);
+    loss_mask = std::move(sft.loss_mask);
+    // A registered model takes the tokenizer's vocabulary; a directory keeps its own.
+    if (!std::filesystem::is_directory(model_name)) vocab = sft.vocab_size;
+    if (lead)
+      std::fprintf(
+          stderr,
+          "[train] instruction data: %lld tokens in sequences of %lld; loss on %s "
+          "tokens (--loss-on %s%s)\n",
+          static_cast<long long>(train_data.size() - 1), static_cast<long long>(sft.seq_len),
+          loss_on == "response" ? "response" : "prompt and response", loss_on.c_str(),
+          absl::GetFlag(FLAGS_loss_on).empty() ? ", the default for instruction data" : "");
+  } else if (data_spec.empty() && std::filesystem::is_directory(model_name)) {
+    // A model directory keeps its vocabulary: the embedded corpus is tokenized with the
+    // directory's own tokenizer (here, on every rank alike), not with a BPE trained for it.
+    scratch.emplace();
+    data::BuildShardsOptions bo;
+    bo.out_dir = scratch->path();
+    bo.tokenizer_dir = model_name;
+    bo.val_fraction = 0.05;
+    bo.verbose = false;
+    const data::BuildShardsResult r = data::build_shards(bo);
+    if (lead)
+      std::fprintf(stderr, "[train] data: the embedded corpus, tokenized with %s's tokenizer\n",
+                   model_name.c_str());
+    train_data = data::TokenDataset::open(r.train_shards);
+    val_data = data::TokenDataset::open(r.val_shards);
+  } else if (data_spec.empty()) {
     // Rank 0 tokenizes the corpus into the cache once; the others then read it.
     if (mesh && !lead) mesh->world().barrier();
     const data::BuildShardsResult r = default_data(absl::GetFlag(FLAGS_vocab_size));
@@ -352,7 +449,7 @@ int run_train(const std::vector<std::string>& args) {
     val_data = data::TokenDataset::open(r.val_shards);
     vocab = r.vocab_size;
   } else {
-    train_data = data::TokenDataset::open(absl::GetFlag(FLAGS_data));
+    train_data = data::TokenDataset::open(data_spec);
     if (!absl::GetFlag(FLAGS_val_data).empty()) {
       val_data = data::TokenDataset::open(absl::GetFlag(FLAGS_val_data));
     }
@@ -360,8 +457,9 @@ int run_train(const std::vector<std::string>& args) {
 
   models::ModelOptions mo;
   if (vocab > 0) mo.vocab_size = vocab;
-  const std::string model_name = absl::GetFlag(FLAGS_model);
   const bool masked_lm = models::resolve_config(model_name).family == models::Family::kBert;
+  MAMMOTH_CHECK(!(instructions && masked_lm))
+      << "[train] instruction data trains causal models (gpt2, llama), not " << model_name;
   if (vocab > 0 && masked_lm) {
     // The embedded corpus's byte-level BPE has no [MASK]: the model's vocabulary is the BPE's
     // plus one id for it, and <|endoftext|> (the BPE's last id) separates documents as [SEP].
@@ -410,6 +508,14 @@ int run_train(const std::vector<std::string>& args) {
   if (masked_lm) {
     o.objective = "masked_lm";
     o.masking = masked_lm_options(cfg, "train");
+  }
+  if (instructions) {
+    o.loss_parts = &loss_mask;
+    o.loss_min_part = static_cast<int>(loss_on == "response" ? data::TokenPart::kResponse
+                                                             : data::TokenPart::kPrompt);
+    MAMMOTH_CHECK(cfg.vocab_size >= sft_vocab)
+        << "[train] the instruction data's tokenizer has more ids than " << model_name
+        << "'s vocabulary of " << cfg.vocab_size;
   }
 
   // LoRA: adapters from the flags, or an adapter directory to continue; the model frozen.

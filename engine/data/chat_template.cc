@@ -225,43 +225,9 @@ std::string to_json(const Value& v, const Fail& fail) {
       if (std::isnan(v.f)) return "NaN";
       if (std::isinf(v.f)) return v.f < 0 ? "-Infinity" : "Infinity";
       return python_float(v.f);
-    case Value::Kind::kString: {
-      std::string out = "\"";
-      for (char c : v.s) {
-        switch (c) {
-          case '"':
-            out += "\\\"";
-            break;
-          case '\\':
-            out += "\\\\";
-            break;
-          case '\n':
-            out += "\\n";
-            break;
-          case '\r':
-            out += "\\r";
-            break;
-          case '\t':
-            out += "\\t";
-            break;
-          case '\b':
-            out += "\\b";
-            break;
-          case '\f':
-            out += "\\f";
-            break;
-          default:
-            if (static_cast<unsigned char>(c) < 0x20) {
-              char u[8];
-              std::snprintf(u, sizeof u, "\\u%04x", c);
-              out += u;
-            } else {
-              out += c;
-            }
-        }
-      }
-      return out + "\"";
-    }
+    case Value::Kind::kString:
+      // json::dump escapes strings as json.dumps(ensure_ascii=False) does.
+      return json::dump(json::Value(v.s));
     case Value::Kind::kList: {
       std::string out = "[";
       for (size_t k = 0; k < v.list->size(); ++k)
@@ -1748,6 +1714,15 @@ ChatTemplate ChatTemplate::from_model_dir(const std::string& dir) {
                                    << "' has no chat template (tokenizer_config.json's "
                                       "\"chat_template\" or chat_template.jinja)";
   return ChatTemplate(read_text(jinja), tokens);
+}
+
+bool ChatTemplate::in_model_dir(const std::string& dir) {
+  const fs::path config_path = fs::path(dir) / "tokenizer_config.json";
+  if (fs::exists(fs::path(dir) / "chat_template.jinja")) return true;
+  if (!fs::exists(config_path)) return false;
+  const json::Value config = json::parse_file(config_path.string());
+  const json::Value* t = config.find("chat_template");
+  return t != nullptr && !t->is_null();
 }
 
 std::string ChatTemplate::render(const std::vector<ChatMessage>& messages,

@@ -3,9 +3,9 @@
 // trained on, rendered here the way transformers' apply_chat_template(..., tokenize=False) does.
 //
 // transformers (4.44) renders with Jinja2 (trim_blocks and lstrip_blocks on; no loopcontrols, so
-// {% break %} is an error there as here) and passes messages, add_generation_prompt, bos_token / eos_token / unk_token /
-// pad_token, tools = none, documents = none and a raise_exception(message) function. This file
-// holds a small interpreter for the part of Jinja that real chat templates use:
+// {% break %} is an error there as here) and passes messages, add_generation_prompt, bos_token /
+// eos_token / unk_token / pad_token, tools = none, documents = none and a raise_exception(message)
+// function. This file holds a small interpreter for the part of Jinja that real chat templates use:
 //
 //   {{ expr }}  {% if / elif / else / endif %}  {% for x in xs [if cond] %}...{% else %}
 //   {% endfor %}  {% set name = expr %}  {% set ns.attr = expr %}
@@ -21,9 +21,9 @@
 //   methods: str.strip / lstrip / rstrip / split / startswith / endswith / upper / lower /
 //            title / capitalize / replace, dict.items / keys / values / get
 //
-// Anything else (break / continue, macros, call / filter / raw blocks, {% generation %}, unknown filters, tests
-// or methods, rendering a list as text) is refused with an Error naming it and the template
-// line, never rendered differently from Jinja.
+// Anything else (break / continue, macros, call / filter / raw blocks, {% generation %}, unknown
+// filters, tests or methods, rendering a list as text) is refused with an Error naming it and the
+// template line, never rendered differently from Jinja.
 #pragma once
 
 #include <memory>
@@ -43,6 +43,8 @@ class ChatTemplate {
   // special tokens from the same tokenizer_config.json. Throws naming the directory when there
   // is no template.
   static ChatTemplate from_model_dir(const std::string& dir);
+  // Whether DIR has a chat template for from_model_dir to read (it may still fail to parse).
+  static bool in_model_dir(const std::string& dir);
 
   // The special tokens a template may reference ("" renders as the empty string, as an absent
   // token does in transformers).

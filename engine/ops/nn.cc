@@ -170,22 +170,28 @@ Tensor dropout(const Tensor& x_in, double p, uint64_t seed, uint64_t offset, boo
   return y;
 }
 
-Tensor rope(const Tensor& x_in, double base, int64_t position_offset, int64_t rotary_dim) {
+Tensor rope(const Tensor& x_in, double base, int64_t position_offset, int64_t rotary_dim,
+            const Tensor& inv_freq_in) {
   check_defined(x_in, "rope", "x");
   detail::check_floating("rope", x_in);
   MAMMOTH_CHECK(x_in.dim() == 4) << "[rope] expects x of shape [B, T, H, D], got "
                                  << shape_str(x_in.shape());
+  const Tensor inv_freq = inv_freq_in.defined() ? inv_freq_in.contiguous() : Tensor();
+  MAMMOTH_CHECK(!inv_freq.defined() || (inv_freq.dim() == 1 && inv_freq.dtype() == DType::kF32 &&
+                                        inv_freq.device() == x_in.device()))
+      << "[rope] inv_freq must be f32 [rotary_dim / 2] on x's device, got "
+      << dtype_name(inv_freq.dtype()) << " " << shape_str(inv_freq.shape());
   const Tensor x = x_in.contiguous();
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   const kernels::RopeParams p{base, position_offset, rotary_dim, false};
-  detail::launch(Kernel::rope, {x}, {y}, &p);
+  detail::launch(Kernel::rope, {x, inv_freq}, {y}, &p);
   if (needs_grad({x})) {
-    record("rope", {x}, {&y}, [p](const std::vector<Tensor>& g) {
+    record("rope", {x}, {&y}, [p, inv_freq](const std::vector<Tensor>& g) {
       kernels::RopeParams inv = p;
       inv.inverse = true;
       const Tensor gc = g[0].contiguous();
       Tensor dx = Tensor::empty(gc.shape(), gc.dtype(), gc.device());
-      detail::launch(Kernel::rope, {gc}, {dx}, &inv);
+      detail::launch(Kernel::rope, {gc, inv_freq}, {dx}, &inv);
       return std::vector<Tensor>{dx};
     });
   }

@@ -53,14 +53,22 @@ class SignalScope {
 // `mlm` the windows' tokens masked by the rule and their labels. The masks are keyed by each
 // window's index in `d` and the epoch it is read in (`epochs`; empty: epoch 0, as evaluation
 // reads), so every layout and every resumed run masks a window alike.
+// With `parts` (instruction data), targets whose token part is below min_part become -100.
 std::pair<Tensor, Tensor> make_batch(const data::TokenDataset& d, const data::WindowSampler& s,
                                      const std::vector<int64_t>& windows, Device device,
                                      const data::MaskingRule* mlm,
-                                     const std::vector<int64_t>& epochs = {}) {
+                                     const std::vector<int64_t>& epochs = {},
+                                     const data::TokenDataset* parts = nullptr, int min_part = 0) {
   const int64_t B = static_cast<int64_t>(windows.size()), T = s.seq_len();
   std::vector<int32_t> in(static_cast<size_t>(B * T)), tg(static_cast<size_t>(B * T));
+  std::vector<int32_t> part(parts ? static_cast<size_t>(T) : 0);
   for (int64_t b = 0; b < B; ++b) {
     data::read_window(d, s, windows[b], in.data() + b * T, tg.data() + b * T);
+    if (parts) {
+      parts->read(s.window_start(windows[b]) + 1, T, part.data());
+      for (int64_t t = 0; t < T; ++t)
+        if (part[t] < min_part) tg[b * T + t] = -100;
+    }
     if (!mlm) continue;
     const uint64_t epoch = epochs.empty() ? 0 : static_cast<uint64_t>(epochs[b]);
     mlm->apply(static_cast<uint64_t>(windows[b]), epoch, in.data() + b * T, tg.data() + b * T, T);
@@ -213,6 +221,16 @@ TrainLoop::TrainLoop(nn::Module& model, const LossFn& loss_fn, const data::Token
     data::MaskingOptions mo = o.masking;
     mo.seed = o.seed;
     mlm_ = std::make_unique<data::MaskingRule>(mo);
+  }
+  if (o.loss_parts != nullptr) {
+    // A pipeline stage takes its targets from the window's ids, not from make_batch.
+    MAMMOTH_CHECK(!o.pipeline_step && o.objective == "next_token")
+        << "[train] instruction data's loss mask has no pipeline or masked-LM form";
+    MAMMOTH_CHECK(o.loss_parts->size() == data.size())
+        << "[train] the loss mask has " << o.loss_parts->size() << " entries for " << data.size()
+        << " tokens";
+    MAMMOTH_CHECK(val.size() == 0 || (o.val_loss_parts && o.val_loss_parts->size() == val.size()))
+        << "[train] validation data without its loss mask";
   }
   MAMMOTH_CHECK(sampler_.num_train_windows() > 0)
       << "[train] the training data has " << data.size() << " tokens: too few for one window of "
@@ -451,7 +469,8 @@ double TrainLoop::evaluate() {
     const std::vector<int64_t> windows = own_val_
                                              ? val_sampler_.batch_indices(k, o_.micro_batch)
                                              : val_sampler_.val_batch_indices(k, o_.micro_batch);
-    auto [in, tg] = make_batch(val_data_, val_sampler_, windows, o_.device, mlm_.get());
+    auto [in, tg] = make_batch(val_data_, val_sampler_, windows, o_.device, mlm_.get(), {},
+                               own_val_ ? o_.val_loss_parts : o_.loss_parts, o_.loss_min_part);
     total += loss_fn_(in, tg).item();
   }
   model_.train();
@@ -517,7 +536,8 @@ TrainLoop::Step TrainLoop::step(int64_t step) {
       const std::vector<int64_t> part_epochs =
           mlm_ ? std::vector<int64_t>(epochs.begin() + from, epochs.begin() + to)
                : std::vector<int64_t>();
-      auto [in, tg] = make_batch(data_, sampler_, part, o_.device, mlm_.get(), part_epochs);
+      auto [in, tg] = make_batch(data_, sampler_, part, o_.device, mlm_.get(), part_epochs,
+                                 o_.loss_parts, o_.loss_min_part);
       if (o_.pipeline_step) {
         // The window as one row of seq_len + 1 tokens: the input plus its last target.
         pipeline_batches.push_back(concat({in, tg.slice(1, o_.seq_len - 1, o_.seq_len)}, 1));

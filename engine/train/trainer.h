@@ -37,6 +37,13 @@ struct TrainOptions {
   // Validation batches follow the same objective.
   std::string objective = "next_token";
   data::MaskingOptions masking;  // masked_lm: mask token, vocabulary, special tokens, fractions
+  // Instruction data (engine/data/instruction_data.h): the part of every token of the training
+  // data (val_loss_parts: of the validation data), 0 padding, 1 prompt, 2 response, as ids; a
+  // next-token target whose part is below loss_min_part is -100 (ignored by the loss, as
+  // masked-LM's unchosen positions are). Null: every target counts.
+  const data::TokenDataset* loss_parts = nullptr;
+  const data::TokenDataset* val_loss_parts = nullptr;
+  int loss_min_part = 2;
   double lr = 1e-3;
   double min_lr_ratio = 0.1;
   int64_t warmup = 20;

@@ -402,9 +402,16 @@ void rope_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,
   // cos/sin depend on (t, i) only: one table for all batches and heads.
   std::vector<T> cs(static_cast<size_t>(Tn * half)), sn(cs.size());
   std::vector<double> inv_freq(static_cast<size_t>(half));
+  // An explicit table (in[1], f32 [rot / 2]: scaled rope, models/llama/rope.h) replaces base.
+  const float* table = in.size() > 1 && in[1].data != nullptr ? in[1].ptr<const float>() : nullptr;
+  MAMMOTH_CHECK(table == nullptr || in[1].numel() == half)
+      << "[rope] inv_freq has " << in[1].numel() << " entries, need rotary dim / 2 = " << half;
   for (int64_t i = 0; i < half; ++i) {
     // inv_freq rounded to float as Hugging Face computes it, for bitwise-close parity
-    inv_freq[i] = static_cast<float>(1.0 / std::pow(p->base, static_cast<double>(2 * i) / rot));
+    inv_freq[i] =
+        table != nullptr
+            ? table[i]
+            : static_cast<float>(1.0 / std::pow(p->base, static_cast<double>(2 * i) / rot));
   }
   parallel_for(0, Tn, std::max<int64_t>(1, 256 / std::max<int64_t>(half, 1)),
                [&](int64_t t0, int64_t t1) {

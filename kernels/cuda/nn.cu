@@ -529,8 +529,8 @@ void dropout_kernel(std::span<const TensorArg> in, std::span<const TensorArg> ou
 // Angles are computed as the CPU does (inv_freq rounded to float, then double cos/sin).
 template <typename T>
 __global__ void rope_pairs(const T* __restrict__ x, T* __restrict__ y, int64_t rows, int64_t Tn,
-                           int64_t H, int64_t D, int64_t rot, double base, int64_t pos0,
-                           double sign) {
+                           int64_t H, int64_t D, int64_t rot, double base,
+                           const float* __restrict__ table, int64_t pos0, double sign) {
   const int64_t half = rot / 2;
   const int64_t total = rows * D;
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
@@ -543,7 +543,9 @@ __global__ void rope_pairs(const T* __restrict__ x, T* __restrict__ y, int64_t r
     } else if (i < half) {
       const int64_t t = (row / H) % Tn;
       const double pos = static_cast<double>(pos0 + t);
-      const float inv_freq = static_cast<float>(1.0 / pow(base, static_cast<double>(2 * i) / rot));
+      const float inv_freq =
+          table != nullptr ? table[i]
+                           : static_cast<float>(1.0 / pow(base, static_cast<double>(2 * i) / rot));
       const double ang = pos * static_cast<double>(inv_freq);
       const float cs = static_cast<float>(cos(ang)), sn = static_cast<float>(sign * sin(ang));
       const float a = to_float(xr[i]), b = to_float(xr[i + half]);
@@ -562,10 +564,14 @@ void rope_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,
   const int64_t rot = p->rotary_dim > 0 ? p->rotary_dim : D;
   MAMMOTH_CHECK(rot % 2 == 0 && rot <= D)
       << "[rope] rotary dim " << rot << " must be even and at most the head dim " << D;
+  // An explicit table (in[1], f32 [rot / 2] on the device: scaled rope) replaces base.
+  const float* table = in.size() > 1 && in[1].data != nullptr ? in[1].ptr<const float>() : nullptr;
+  MAMMOTH_CHECK(table == nullptr || in[1].numel() == rot / 2)
+      << "[rope] inv_freq has " << in[1].numel() << " entries, need rotary dim / 2 = " << rot / 2;
   const int64_t rows = B * Tn * H;
   if (rows * D == 0) return;
   rope_pairs<T><<<grid_for(rows * D, 256), 256, 0, stream()>>>(
-      xa.ptr<const T>(), out[0].ptr<T>(), rows, Tn, H, D, rot, p->base, p->position_offset,
+      xa.ptr<const T>(), out[0].ptr<T>(), rows, Tn, H, D, rot, p->base, table, p->position_offset,
       p->inverse ? -1.0 : 1.0);
   CUDA_CHECK_LAUNCH("rope");
 }

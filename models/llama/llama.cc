@@ -3,6 +3,7 @@
 #include <tuple>
 
 #include "engine/ops.h"
+#include "models/llama/rope.h"
 
 namespace mammoth::models {
 
@@ -29,7 +30,7 @@ Tensor LlamaAttention::forward(const Tensor& x, KVCache* cache, int64_t layer) c
   // rope works on [B, T, H, D]; attention wants [B, H, T, D].
   auto project = [&](const Linear& proj, int64_t heads, bool rotate) {
     Tensor t = proj.forward(x).view({B, T, heads, D});
-    if (rotate) t = engine::rope(t, config_.rope_base, offset);
+    if (rotate) t = llama_rope(t, config_, offset, offset + T);
     return t.permute({0, 2, 1, 3});
   };
   Tensor q = project(*q_proj, config_.n_head, true);
@@ -48,10 +49,10 @@ Tensor LlamaAttention::forward_paged(const Tensor& x, const std::vector<PagedSeq
   int64_t at = 0;
   for (const PagedSequence& s : seqs) {
     // This sequence's rows as [1, heads, count, D], rotated from its own position offset, the
-    // same rope call forward makes for a cache at s.start.
+    // same rope forward applies for a cache at s.start (rope_scaling included).
     auto heads = [&](const Tensor& all, int64_t n, bool rotate) {
       Tensor t = all.slice(1, at, at + s.count).reshape({1, s.count, n, D});
-      if (rotate) t = engine::rope(t, config_.rope_base, s.start);
+      if (rotate) t = llama_rope(t, config_, s.start, s.start + s.count);
       return t.permute({0, 2, 1, 3});
     };
     auto [k, v] = paged_append(cache, layer, s, heads(k_all, config_.n_kv_head, true),
@@ -108,7 +109,7 @@ Tensor LlamaModel::forward(const Tensor& ids, KVCache* cache) const {
       << "[Llama::forward] ids must be i64 [B, T], got " << dtype_name(ids.dtype()) << " "
       << engine::shape_str(ids.shape());
   const int64_t offset = cache != nullptr ? cache->length : 0;
-  MAMMOTH_CHECK(offset + ids.size(1) <= config_.max_seq)
+  MAMMOTH_CHECK(offset + ids.size(1) <= config_.position_limit())
       << "[Llama::forward] positions up to " << offset + ids.size(1) << " exceed max_seq "
       << config_.max_seq;
   Tensor x = embed_tokens->forward(ids);
@@ -169,8 +170,9 @@ Tensor Llama::forward_paged(const Tensor& ids, const std::vector<PagedSequence>&
 }
 
 Tensor Llama::pipeline_embed(const Tensor& ids) {
-  MAMMOTH_CHECK(ids.size(1) <= config_.max_seq) << "[Llama::pipeline_embed] " << ids.size(1)
-                                                << " positions exceed max_seq " << config_.max_seq;
+  MAMMOTH_CHECK(ids.size(1) <= config_.position_limit())
+      << "[Llama::pipeline_embed] " << ids.size(1) << " positions exceed max_seq "
+      << config_.max_seq;
   return model->embed_tokens->forward(ids);
 }
 

@@ -26,6 +26,7 @@
 #include "engine/ops.h"
 #include "models/layers.h"
 #include "models/llama/llama.h"
+#include "models/llama/rope.h"
 #include "models/policies/policy.h"
 #include "models/registry.h"
 #include "parallel/sequence_parallel/sequence_parallel.h"
@@ -53,8 +54,9 @@ struct SeqContext {
 };
 
 // Rotary embedding of t [B, n, H, D] whose rows are the global `positions`: engine::rope takes
-// one offset, so each run of consecutive positions is rotated from its first one.
-Tensor rope_at(const Tensor& t, const std::vector<int64_t>& positions, double base) {
+// one offset, so each run of consecutive positions is rotated from its first one. Dynamic NTK
+// scaling (which needs the sequence length) is refused when the policy is built.
+Tensor rope_at(const Tensor& t, const std::vector<int64_t>& positions, const ModelConfig& c) {
   const int64_t n = static_cast<int64_t>(positions.size());
   MAMMOTH_CHECK(t.size(1) == n) << "[llama_policy] " << t.size(1) << " rows but " << n
                                 << " positions";
@@ -63,7 +65,7 @@ Tensor rope_at(const Tensor& t, const std::vector<int64_t>& positions, double ba
   for (int64_t i = 1; i <= n; ++i) {
     if (i < n && positions[i] == positions[i - 1] + 1) continue;
     Tensor part = start == 0 && i == n ? t : t.slice(1, start, i);
-    runs.push_back(engine::rope(part, base, positions[start]));
+    runs.push_back(llama_rope(part, c, positions[start], 0));
     start = i;
   }
   return runs.size() == 1 ? runs[0] : engine::concat(runs, 1);
@@ -74,6 +76,9 @@ class TpLlamaAttention : public engine::nn::Module {
   TpLlamaAttention(const ModelConfig& c, Communicator& tp, bool sequence_parallel)
       : config_(c), tp_(tp) {
     const int p = tp.size();
+    MAMMOTH_CHECK(c.rope_scaling != ModelConfig::RopeScaling::kDynamic)
+        << "[llama_policy] rope_scaling 'dynamic' is not supported under tp / sp (its base "
+           "depends on the whole sequence's length); linear and llama3 are";
     MAMMOTH_CHECK(c.n_head % p == 0)
         << "[llama_policy] n_head " << c.n_head << " does not divide by tp " << p;
     MAMMOTH_CHECK(c.n_kv_head % p == 0 || p % c.n_kv_head == 0)
@@ -105,7 +110,7 @@ class TpLlamaAttention : public engine::nn::Module {
     auto project = [&](const ColumnParallelLinear& proj, int64_t heads, bool rotate) {
       Tensor t = proj.forward(x);
       t = t.view({t.size(0), t.size(1), heads, D});
-      if (rotate) t = rope_at(t, *seq.positions, config_.rope_base);
+      if (rotate) t = rope_at(t, *seq.positions, config_);
       return t.permute({0, 2, 1, 3}).contiguous();
     };
     Tensor q = project(*q_proj, Hl, true);

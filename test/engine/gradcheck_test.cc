@@ -200,6 +200,13 @@ std::map<std::string, std::vector<Case>> cases() {
                {[](const Inputs& x) { return rope(x[0], 100.0, 0, 2); },  // partial rotary dim
                 [] {
                   return Inputs{leaf({1, 4, 1, 6}, 58)};
+                }},
+               // An explicit inv_freq table (scaled rope); the table itself takes no gradient.
+               {[](const Inputs& x) {
+                  return rope(x[0], 10000.0, 2, 0, Tensor::from_vector({0.7, 0.02}, {2}));
+                },
+                [] {
+                  return Inputs{leaf({1, 3, 2, 4}, 59)};
                 }}};
   c["concat"] = {{[](const Inputs& x) {
                     return concat({x[0], x[1]}, 1);

@@ -281,10 +281,27 @@ TEST_CASE("config.json keys that change the computation are honoured or refused 
   CHECK(l.norm_eps == 1e-5);
   CHECK(l.rope_base == 500000.0);
   CHECK(l.tie_embeddings);
+  // rope_scaling: the kinds and keys transformers 4.44 implements for LLaMA (logits against
+  // transformers in test/models/parity:rope_scaling_test), everything else refused by name.
   CHECK_THROWS_WITH(llama_with(R"("rope_scaling": {"rope_type": "llama3", "factor": 8.0})"),
-                    Catch::Contains("rope_scaling 'llama3'"));
-  CHECK_THROWS_WITH(llama_with(R"("rope_scaling": {"type": "linear", "factor": 2.0})"),
-                    Catch::Contains("rope_scaling 'linear'"));
+                    Catch::Contains("rope_scaling 'llama3' needs low_freq_factor"));
+  const ModelConfig linear = llama_with(R"("rope_scaling": {"type": "linear", "factor": 2.0})");
+  CHECK(linear.rope_scaling == ModelConfig::RopeScaling::kLinear);
+  CHECK(linear.rope_factor == 2.0);
+  const ModelConfig l3 = llama_with(
+      R"("head_dim": 16, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+         "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})");
+  CHECK(l3.rope_scaling == ModelConfig::RopeScaling::kLlama3);
+  CHECK(l3.rope_original_max_seq == 8192);
+  CHECK(l3.head_dim() == 16);
+  CHECK(config_from_hf_json(config_to_hf_json(l3), "round trip").rope_high_freq_factor == 4.0);
+  CHECK_THROWS_WITH(llama_with(R"("rope_scaling": {"rope_type": "yarn", "factor": 4.0})"),
+                    Catch::Contains("rope_scaling 'yarn' is not supported"));
+  CHECK_THROWS_WITH(llama_with(R"("rope_scaling": {"type": "dynamic", "factor": 2.0, "beta": 1})"),
+                    Catch::Contains("key 'beta' is not supported"));
+  CHECK_THROWS_WITH(
+      llama_with(R"("rope_scaling": {"rope_type": "linear", "type": "dynamic", "factor": 2.0})"),
+      Catch::Contains("disagree"));
   CHECK_NOTHROW(llama_with(R"("rope_scaling": {"rope_type": "default"})"));
   CHECK_THROWS_WITH(llama_with(R"("hidden_act": "gelu")"), Catch::Contains("hidden_act 'gelu'"));
   CHECK_THROWS_WITH(llama_with(R"("sliding_window": 4096)"), Catch::Contains("'sliding_window'"));

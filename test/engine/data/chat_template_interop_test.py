@@ -10,16 +10,20 @@ and where the template raises (raise_exception) ours must raise with the same me
 
 The Llama 3, Qwen2 (ChatML), Llama 2, Mistral and Zephyr templates are those their model
 directories ship; "features" exercises the rest of the Jinja subset we claim (namespace, loop
-variables, filters, tests, slices, arithmetic, for-else, whitespace control).
+variables, filters, tests, slices, arithmetic, for-else, whitespace control). Then 300 random
+templates made of tags, comments, '-' / '+' markers, spaces, tabs and newlines must render as
+Jinja2 itself renders them with transformers' settings (trim_blocks, lstrip_blocks).
 
 Usage: chat_template_interop_test.py PATH/TO/chat_template_tool
 """
 import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
 
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
@@ -163,11 +167,53 @@ def write_dir(path, template):
     return AutoTokenizer.from_pretrained(path)
 
 
+def whitespace_cases(n, seed):
+    pieces = ["{% if true %}", "{% endif %}", "{%- if true %}", "{% if true -%}", "{%- endif -%}",
+              "{%+ if true %}", "{# c #}", "{#- c -#}", "{{ 'x' }}", "{{- 'y' -}}", " ", "  ",
+              "\n", "\t", "a", "\n  ", "  \n", "{% set z = 1 %}", "{%- set z = 2 -%}"]
+    rng = random.Random(seed)
+    cases = []
+    for _ in range(n):
+        depth, out = 0, []
+        for _ in range(rng.randint(1, 12)):
+            p = rng.choice(pieces)
+            if "endif" in p:
+                if depth == 0:
+                    continue
+                depth -= 1
+            elif "if true" in p:
+                depth += 1
+            out.append(p)
+        out += ["{% endif %}"] * depth + (["\n"] if rng.random() < 0.3 else [])
+        cases.append("".join(out))
+    return cases
+
+
+def check_whitespace(tool, root):
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    cases_path = os.path.join(root, "empty.json")
+    json.dump([{"messages": [], "add_generation_prompt": False}], open(cases_path, "w"))
+    bad = 0
+    for i, src in enumerate(whitespace_cases(300, 26)):
+        d = os.path.join(root, f"ws{i}")
+        os.makedirs(d)
+        json.dump({"chat_template": src}, open(os.path.join(d, "tokenizer_config.json"), "w"))
+        ours = json.loads(subprocess.run([tool, d, cases_path], check=True, capture_output=True,
+                                         text=True).stdout)[0]
+        want = env.from_string(src).render()
+        if ours.get("text") != want:
+            bad += 1
+            print(f"WHITESPACE MISMATCH {src!r}\n  want {want!r}\n  got  {ours!r}")
+    print(f"300 whitespace templates checked against Jinja2, {bad} mismatches")
+    return bad
+
+
 def main():
     tool = sys.argv[1]
     failures = 0
     checked = 0
     with tempfile.TemporaryDirectory() as root:
+        failures += check_whitespace(tool, root)
         dirs = dict(TEMPLATES)
         # The named-list form: transformers (and we) take "default".
         dirs["named_list"] = {"default": QWEN2, "tool_use": LLAMA3}

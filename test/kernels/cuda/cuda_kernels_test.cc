@@ -696,6 +696,13 @@ TEST_CASE("rope") {
          {Out({2, 13, 3, 40})},
          &partial,
          2.0});
+  // An explicit inv_freq table (f32 whatever x's dtype: scaled rope, models/llama/rope.h).
+  check({"rope inv_freq table",
+         Kernel::rope,
+         {Fr({2, 13, 3, 8}), Fixed(DType::kF32, {4}, {0.9, 0.21, 0.05, 0.003})},
+         {Out({2, 13, 3, 8})},
+         &full,
+         2.0});
 }
 
 // ---- attention ----------------------------------------------------------------------------

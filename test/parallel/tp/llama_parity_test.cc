@@ -18,7 +18,10 @@ constexpr int64_t kSeq = 13, kVocab = 37;
 struct Variant {
   int64_t n_head = 0, n_kv_head = 0, d_model = 0;  // 0: llama-tiny's
   bool tied = false;
-  bool recompute = false;  // activation checkpointing in the sharded model
+  bool recompute = false;    // activation checkpointing in the sharded model
+  bool llama3_rope = false;  // rope_scaling llama3 (all three frequency bands at head_dim 16)
+  int64_t head_size = 0;     // an explicit head_dim (0: d_model / n_head)
+  bool dynamic_rope = false;
 };
 
 std::shared_ptr<models::LanguageModel> make_variant(const Variant& v) {
@@ -31,6 +34,18 @@ std::shared_ptr<models::LanguageModel> make_variant(const Variant& v) {
   if (v.n_kv_head > 0) c.n_kv_head = v.n_kv_head;
   if (v.d_model > 0) c.d_model = v.d_model;
   c.tie_embeddings = v.tied;
+  if (v.llama3_rope) {
+    c.rope_scaling = models::ModelConfig::RopeScaling::kLlama3;
+    c.rope_factor = 8.0;
+    c.rope_low_freq_factor = 1.0;
+    c.rope_high_freq_factor = 4.0;
+    c.rope_original_max_seq = 8;
+  }
+  if (v.dynamic_rope) {
+    c.rope_scaling = models::ModelConfig::RopeScaling::kDynamic;
+    c.rope_factor = 2.0;
+  }
+  c.head_size = v.head_size;
   c.validate();
   auto m = std::dynamic_pointer_cast<models::LanguageModel>(models::build_model(c, 5));
   REQUIRE(m != nullptr);
@@ -143,6 +158,24 @@ TEST_CASE("llama tp2 split_gather recompute") {
 }
 TEST_CASE("llama tp2 sp2 ring recompute") {
   parity({.tp = 2, .sp = 2}, models::SpMode::kRing, {.recompute = true});
+}
+
+// Scaled rotary frequencies and an explicit head_dim through the policy's rope (ring attention's
+// zigzag layout rotates runs of positions from their own offsets). The ring run's tolerance is
+// the harness's 1e-6 on the loss, which its fused-attention reference only just meets here
+// with head_dim 24 (3.5e-6 at step 9); 32 keeps the same check in its margin.
+TEST_CASE("llama tp2 llama3 rope head_dim") {
+  parity({.tp = 2}, models::SpMode::kNone, {.llama3_rope = true, .head_size = 24});
+}
+TEST_CASE("llama tp2 sp2 ring llama3 rope head_dim") {
+  parity({.tp = 2, .sp = 2}, models::SpMode::kRing, {.llama3_rope = true, .head_size = 32});
+}
+// Dynamic NTK's base depends on the whole sequence's length, which a policy layer does not see.
+TEST_CASE("llama dynamic rope refused") {
+  auto w = world();
+  parallel::DeviceMesh mesh(w, {.tp = 2});
+  auto model = make_variant({.dynamic_rope = true});
+  REQUIRE_THROWS_WITH(models::apply_policy(*model, mesh), Catch::Contains("'dynamic'"));
 }
 
 // 3 KV heads can be neither split over 2 ranks nor replicated on them: refused, naming sizes.
