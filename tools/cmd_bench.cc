@@ -47,7 +47,7 @@ const std::map<std::string, Bench>& benches() {
        {"the planner's predicted step time vs `mammoth train` over 30+ plans (calibrated here)",
         run_plan_bench}},
       {"train",
-       {"training tokens/s vs PyTorch eager on the same model, batch and threads",
+       {"training tokens/s vs PyTorch eager and compiled, same model, batch and threads",
         run_train_bench}},
   };
   return b;

@@ -56,6 +56,7 @@
 #include "kernels/params.h"
 #include "kernels/registry.h"
 #include "memory/allocator.h"
+#include "tools/bench/anchor_isa.h"
 
 namespace mammoth::tools {
 namespace {
@@ -251,18 +252,6 @@ std::string find_bf16_script(const Options& o) {
   return "";
 }
 
-// The settings that cap PyTorch at AVX2 (oneDNN, ATen's kernels, MKL), as a command prefix.
-constexpr const char* kAnchorAvx2Env =
-    "ONEDNN_MAX_CPU_ISA=AVX2 DNNL_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 "
-    "MKL_ENABLE_INSTRUCTIONS=AVX2 ";
-
-// Whether the anchor runs capped at AVX2: our kernels run AVX2 (forced by --isa or MAMMOTH_ISA,
-// or the CPU's best) while the CPU could run more.
-bool anchor_isa_cap() {
-  return kc::active_simd_isa() == kc::SimdIsa::kAvx2 &&
-         kc::simd_isa_supported(kc::SimdIsa::kAvx512);
-}
-
 // Runs the anchor script for `shapes` at `threads`; its last output line is a JSON object.
 // On failure returns an object {"error": why}.
 json::Value torch_bf16_anchor(const Options& o, int threads,
@@ -288,7 +277,7 @@ json::Value torch_bf16_anchor(const Options& o, int threads,
   }
   // An AVX2 run of ours gets an AVX2 anchor: oneDNN, ATen's dispatch and MKL capped at AVX2, so
   // a forced ISA compares like with like (and on such a CPU the bf16 anchor says it cannot run).
-  const std::string cap = anchor_isa_cap() ? kAnchorAvx2Env : "";
+  const std::string cap = anchor_capped_at_avx2() ? kAnchorAvx2Env : "";
   const std::string cmd = cap + "'" + python + "' '" + script + "' --threads " +
                           std::to_string(threads) + " --reps " + std::to_string(o.reps) +
                           " --shapes " + spec;
@@ -835,7 +824,7 @@ int run_kernels_bench(const std::vector<std::string>& args) {
   std::printf("mammoth bench kernels: fused kernels %s, sgemm %s (%s); best of %d runs\n",
               kc::simd_isa_name(kc::active_simd_isa()), kc::gemm_isa_name(kc::active_gemm_isa()),
               isa_source.c_str(), opt.reps);
-  if (anchor_isa_cap()) {
+  if (anchor_capped_at_avx2()) {
     std::printf("bf16 anchor capped at AVX2 to match ours: %s\n", kAnchorAvx2Env);
   }
   std::printf(
