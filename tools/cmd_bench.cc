@@ -52,7 +52,7 @@ const std::map<std::string, Bench>& benches() {
         "generate",
         run_serve_bench}},
       {"train",
-       {"training tokens/s vs PyTorch eager on the same model, batch and threads",
+       {"training tokens/s vs PyTorch eager and compiled, same model, batch and threads",
         run_train_bench}},
   };
   return b;

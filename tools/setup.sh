@@ -13,9 +13,26 @@
 #    PyPI clients the tests open our files with: safetensors, tokenizers, tensorboard,
 #    transformers, peft, and the openai client that talks to `mammoth serve`.
 #
+# 3. Only with --bench-anchor: current PyTorch from PyPI (2.x, MKL / oneDNN, torch.compile) in a
+#    SEPARATE venv at $MAMMOTH_ANCHOR_VENV (default ~/.cache/mammoth/venv-torch2), the anchor of
+#    `mammoth bench train`. About 1 GB; never part of the default setup, the build or CI.
+#
+#   bash tools/setup.sh --bench-anchor
+#
 # Idempotent, and quick when everything is present. Runs as root, or as a user with sudo.
 # The CUDA toolkit is not installed here: the build uses /usr/local/cuda when it exists.
 set -euo pipefail
+
+bench_anchor=0
+for arg in "$@"; do
+  case "$arg" in
+    --bench-anchor) bench_anchor=1 ;;
+    *)
+      echo "[setup] unknown argument '$arg' (the only one is --bench-anchor)" >&2
+      exit 2
+      ;;
+  esac
+done
 
 PACKAGES=(
   bazel-bootstrap
@@ -122,6 +139,45 @@ if [[ ${#missing_sys[@]} -ne 0 ]]; then
   echo "[setup] the venv does not see Debian's ${missing_sys[*]} (python3-torch, python3-numpy);" \
     "remove $MAMMOTH_VENV and rerun" >&2
   exit 1
+fi
+
+# --- The PyTorch 2.x benchmark anchor (--bench-anchor only) -----------------------------------
+# PyPI's torch wheel links a few NVIDIA runtime libraries even when it runs on the CPU; beside
+# /usr/local/cuda these four, installed without their dependencies, were enough (issue 27). The
+# venv has no system site packages so Debian's torch 1.13 cannot shadow it. bin/python-anchor
+# sets the library path those libraries need and runs the venv's python: the bench calls that.
+MAMMOTH_ANCHOR_VENV="${MAMMOTH_ANCHOR_VENV:-$HOME/.cache/mammoth/venv-torch2}"
+ANCHOR_NVIDIA=(nvidia-cufile nvidia-cusparselt-cu13 nvidia-nvshmem-cu13 nvidia-nccl-cu13)
+ANCHOR_DEPS=(numpy typing_extensions sympy filelock jinja2 networkx fsspec setuptools)
+if [[ "$bench_anchor" == 1 ]]; then
+  anchor_python="$MAMMOTH_ANCHOR_VENV/bin/python"
+  if [[ ! -x "$anchor_python" ]]; then
+    say "creating anchor venv $MAMMOTH_ANCHOR_VENV (no system site packages)"
+    mkdir -p "$(dirname "$MAMMOTH_ANCHOR_VENV")"
+    /usr/bin/python3 -m venv "$MAMMOTH_ANCHOR_VENV"
+  fi
+  if "$anchor_python" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("torch") is None)'
+  then
+    say "anchor venv: torch present"
+  else
+    say "pip install ${ANCHOR_DEPS[*]}"
+    "$anchor_python" -m pip install -q --disable-pip-version-check "${ANCHOR_DEPS[@]}"
+    say "pip install --no-deps torch ${ANCHOR_NVIDIA[*]} (~1 GB)"
+    "$anchor_python" -m pip install -q --disable-pip-version-check --no-deps torch \
+      "${ANCHOR_NVIDIA[@]}"
+  fi
+  site="$("$anchor_python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  nv="$site/nvidia"
+  {
+    echo '#!/bin/bash'
+    echo '# Made by tools/setup.sh --bench-anchor: PyPI torch with the NVIDIA libraries it links.'
+    echo "export LD_LIBRARY_PATH=\"$nv/nccl/lib:/usr/local/cuda/lib64:$nv/cu13/lib:$nv/nvshmem/lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}\""
+    echo "exec \"$anchor_python\" \"\$@\""
+  } >"$MAMMOTH_ANCHOR_VENV/bin/python-anchor"
+  chmod +x "$MAMMOTH_ANCHOR_VENV/bin/python-anchor"
+  version="$("$MAMMOTH_ANCHOR_VENV/bin/python-anchor" -c 'import torch; print(torch.__version__)')" ||
+    { echo "[setup] the anchor's torch does not import; see above" >&2; exit 1; }
+  say "anchor: torch $version via $MAMMOTH_ANCHOR_VENV/bin/python-anchor"
 fi
 
 # --- What the build will use -----------------------------------------------------------------

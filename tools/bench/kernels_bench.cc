@@ -21,6 +21,9 @@
 // python3-torch), run by tools/bench/kernels/bf16_anchor.py in a Python subprocess: the python
 // is --python, else $MAMMOTH_PYTHON, else /usr/bin/python3 (as `mammoth bench train` finds it).
 // Without torch (or with --no-torch) those rows have no anchor and say why; no number is made up.
+// When our kernels run AVX2 on a CPU with AVX-512 (--isa or MAMMOTH_ISA), the anchor is capped at
+// AVX2 too (ONEDNN_MAX_CPU_ISA and friends); oneDNN has no bf16 matmul there, as on an AVX2-only
+// CPU, so those rows say that and every other row runs.
 //
 // --json FILE writes one object per row: {name, shape, threads, ours, anchor, unit, ratio}
 // (anchor and ratio null when there is none; bf16 rows add anchor_impl, or anchor_error).
@@ -53,6 +56,7 @@
 #include "kernels/params.h"
 #include "kernels/registry.h"
 #include "memory/allocator.h"
+#include "tools/bench/anchor_isa.h"
 
 namespace mammoth::tools {
 namespace {
@@ -271,8 +275,12 @@ json::Value torch_bf16_anchor(const Options& o, int threads,
             (s->tb ? "1" : "0") + ":" + std::to_string(s->M) + ":" + std::to_string(s->N) + ":" +
             std::to_string(s->K);
   }
-  const std::string cmd = "'" + python + "' '" + script + "' --threads " + std::to_string(threads) +
-                          " --reps " + std::to_string(o.reps) + " --shapes " + spec;
+  // An AVX2 run of ours gets an AVX2 anchor: oneDNN, ATen's dispatch and MKL capped at AVX2, so
+  // a forced ISA compares like with like (and on such a CPU the bf16 anchor says it cannot run).
+  const std::string cap = anchor_capped_at_avx2() ? kAnchorAvx2Env : "";
+  const std::string cmd = cap + "'" + python + "' '" + script + "' --threads " +
+                          std::to_string(threads) + " --reps " + std::to_string(o.reps) +
+                          " --shapes " + spec;
   FILE* pipe = ::popen(cmd.c_str(), "r");
   if (pipe == nullptr) return failed("cannot run " + cmd);
   std::string out;
@@ -816,6 +824,9 @@ int run_kernels_bench(const std::vector<std::string>& args) {
   std::printf("mammoth bench kernels: fused kernels %s, sgemm %s (%s); best of %d runs\n",
               kc::simd_isa_name(kc::active_simd_isa()), kc::gemm_isa_name(kc::active_gemm_isa()),
               isa_source.c_str(), opt.reps);
+  if (anchor_capped_at_avx2()) {
+    std::printf("bf16 anchor capped at AVX2 to match ours: %s\n", kAnchorAvx2Env);
+  }
   std::printf(
       "STREAM triad anchor: %lld floats per array, AVX2 loads, best of plain and "
       "streaming stores, sampled between every kernel's runs; each row's anchor: the best triad "

@@ -7,7 +7,7 @@ a fixed number of threads, the best of --reps runs after a warm-up, and prints o
 as its last line: {"torch", "threads", "rows": [{"name", "gflops", "impl"}]}. "impl" is the
 oneDNN primitive that ran the shape (from oneDNN's verbose log of the warm-up call), so the
 table says whether it was AMX, AVX512_BF16, a reference path or no oneDNN at all. Exits 3 if
-torch cannot be imported.
+torch cannot be imported, 4 (with {"error"}) if torch has no bf16 matmul on this CPU / ISA.
 """
 
 import argparse
@@ -72,7 +72,17 @@ def main():
     rows = []
     for name, ta, tb, m, n, k in shapes:
         a, b = operands(ta, tb, m, n, k)
-        impl = first_call(a, b)  # also the warm-up: primitive creation, page faults
+        try:
+            impl = first_call(a, b)  # also the warm-up: primitive creation, page faults
+        except RuntimeError as e:
+            # oneDNN has no bf16 matmul below AVX512_BF16 / AVX512-BW (an AVX2-only CPU, or
+            # ONEDNN_MAX_CPU_ISA=AVX2): the rows say so and the bench goes on.
+            print(json.dumps({"error": "torch %s has no bf16 matmul on this CPU/ISA (oneDNN "
+                              "needs AVX-512 BF16; ONEDNN_MAX_CPU_ISA=%s): %s" % (
+                                  torch.__version__,
+                                  os.environ.get("ONEDNN_MAX_CPU_ISA", "unset"),
+                                  str(e).splitlines()[0])}))
+            sys.exit(4)
         best = float("inf")
         for _ in range(args.reps):
             t0 = time.perf_counter()

@@ -1,15 +1,18 @@
 #include "tools/bench/train/train_bench.h"
 
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <sstream>
 
 #include "base/error.h"
@@ -19,10 +22,14 @@
 #include "engine/autograd.h"
 #include "engine/ops.h"
 #include "engine/optim/optim.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/isa_env.h"
+#include "kernels/cpu/simd.h"
 #include "models/policies/policy.h"
 #include "models/registry.h"
 #include "parallel/comm/mpi_communicator.h"
 #include "parallel/mesh.h"
+#include "tools/bench/anchor_isa.h"
 
 namespace mammoth::tools {
 namespace {
@@ -42,6 +49,8 @@ struct Options {
   std::string python;
   std::string script;
   bool torch = true;
+  bool compile = true;  // also time the anchor under torch.compile (when its torch has it)
+  int rounds = 3;       // alternating rounds: ours, eager, compiled, ours, ...
   std::vector<int> tp;  // --tp 1,2,4: tensor-parallel scaling rows (under mpirun)
 };
 
@@ -80,6 +89,10 @@ Options parse(const std::vector<std::string>& args) {
       o.torch = false;
       continue;
     }
+    if (flag == "--no-compile") {
+      o.compile = false;
+      continue;
+    }
     if (eq == std::string::npos) {
       MAMMOTH_CHECK(i + 1 < args.size()) << "[bench train] " << flag << " needs a value";
       value = args[++i];
@@ -97,6 +110,8 @@ Options parse(const std::vector<std::string>& args) {
       o.threads = static_cast<int>(parse_int(flag, value));
     } else if (flag == "--steps") {
       o.steps = static_cast<int>(parse_int(flag, value));
+    } else if (flag == "--rounds") {
+      o.rounds = static_cast<int>(parse_int(flag, value));
     } else if (flag == "--warmup") {
       o.warmup = static_cast<int>(parse_int(flag, value));
     } else if (flag == "--json") {
@@ -113,11 +128,13 @@ Options parse(const std::vector<std::string>& args) {
     } else {
       MAMMOTH_THROW() << "[bench train] unknown option '" << args[i]
                       << "' (known: --models --amp --batch --seq --threads --steps --warmup "
-                         "--json --python --torch-script --no-torch --tp)";
+                         "--json --python --torch-script --no-torch --no-compile --rounds --tp)";
     }
   }
-  MAMMOTH_CHECK(o.batch > 0 && o.seq > 0 && o.steps > 0 && !o.models.empty() && !o.amps.empty())
-      << "[bench train] --batch, --seq, --steps must be > 0 and --models, --amp non-empty";
+  MAMMOTH_CHECK(o.batch > 0 && o.seq > 0 && o.steps > 0 && o.rounds > 0 && !o.models.empty() &&
+                !o.amps.empty())
+      << "[bench train] --batch, --seq, --steps, --rounds must be > 0 and --models, --amp "
+         "non-empty";
   return o;
 }
 
@@ -201,23 +218,114 @@ Measured bench_ours(models::LanguageModel& model, const Options& o,
   return m;
 }
 
-json::Value bench_torch(const models::ModelConfig& c, const Options& o, const std::string& amp,
-                        const std::string& python, const std::string& script) {
-  std::ostringstream cmd;
-  cmd << "'" << python << "' '" << script << "' --n-layer " << c.n_layer << " --n-head " << c.n_head
-      << " --d-model " << c.d_model << " --vocab " << c.vocab_size << " --max-seq " << c.max_seq
-      << " --batch " << o.batch << " --seq " << o.seq << " --threads " << num_threads()
-      << " --steps " << o.steps << " --warmup " << o.warmup << " --amp " << amp;
-  FILE* pipe = ::popen(cmd.str().c_str(), "r");
-  MAMMOTH_CHECK(pipe != nullptr) << "[bench train] cannot run " << cmd.str();
-  std::string out;
-  char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof(buf), pipe)) out.append(buf, n);
-  const int rc = ::pclose(pipe);
-  MAMMOTH_CHECK(rc == 0) << "[bench train] the PyTorch anchor failed (exit " << rc
-                         << "): " << cmd.str();
-  const size_t start = out.rfind("\n{");
-  return json::parse(out.substr(start == std::string::npos ? 0 : start + 1), "train_bench.py");
+// The PyTorch anchor (train_bench.py) as a child process that stays up for the whole row: it
+// builds its model once, compiles once, then times `--steps` steps of a mode for each line we
+// send, so its rounds alternate with ours in one job. Its stderr is ours (torch's warnings).
+class TorchAnchor {
+ public:
+  explicit TorchAnchor(const std::string& cmd) : cmd_(cmd) {
+    int in[2], out[2];
+    MAMMOTH_CHECK(::pipe(in) == 0 && ::pipe(out) == 0) << "[bench train] pipe failed";
+    std::fflush(nullptr);
+    pid_ = ::fork();
+    MAMMOTH_CHECK(pid_ >= 0) << "[bench train] fork failed";
+    if (pid_ == 0) {
+      ::dup2(in[0], 0);
+      ::dup2(out[1], 1);
+      for (int fd : {in[0], in[1], out[0], out[1]}) ::close(fd);
+      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    ::close(in[0]);
+    ::close(out[1]);
+    to_ = ::fdopen(in[1], "w");
+    from_ = ::fdopen(out[0], "r");
+    // A child that dies while we write must be an error message, not our SIGPIPE.
+    old_sigpipe_ = std::signal(SIGPIPE, SIG_IGN);
+    info_ = read_reply();
+  }
+  ~TorchAnchor() {
+    std::fclose(to_);  // EOF on its stdin: the script exits
+    std::fclose(from_);
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    std::signal(SIGPIPE, old_sigpipe_);
+  }
+  TorchAnchor(const TorchAnchor&) = delete;
+  TorchAnchor& operator=(const TorchAnchor&) = delete;
+
+  // The script's first line: torch version, CPU capability, whether it can compile, BLAS.
+  const json::Value& info() const { return info_; }
+
+  // Times one round of `mode` ("eager" or "compiled"); {"ms_per_step", ...}.
+  json::Value run(const std::string& mode) {
+    MAMMOTH_CHECK(std::fprintf(to_, "%s\n", mode.c_str()) > 0 && std::fflush(to_) == 0)
+        << "[bench train] the PyTorch anchor exited: " << cmd_;
+    json::Value v = read_reply();
+    MAMMOTH_CHECK(!v.contains("error"))
+        << "[bench train] the PyTorch anchor: " << v.at("error").as_string();
+    return v;
+  }
+
+ private:
+  // The next stdout line that is a JSON object (anything else torch prints is skipped).
+  json::Value read_reply() {
+    char* line = nullptr;
+    size_t cap = 0;
+    std::string last;
+    while (::getline(&line, &cap, from_) > 0) {
+      last = line;
+      while (!last.empty() && (last.back() == '\n' || last.back() == '\r')) last.pop_back();
+      if (!last.empty() && last.front() == '{') break;
+      last.clear();
+    }
+    std::free(line);
+    MAMMOTH_CHECK(!last.empty()) << "[bench train] the PyTorch anchor exited without a result: "
+                                 << cmd_;
+    return json::parse(last, "train_bench.py");
+  }
+
+  std::string cmd_;
+  pid_t pid_ = -1;
+  FILE* to_ = nullptr;
+  FILE* from_ = nullptr;
+  void (*old_sigpipe_)(int) = SIG_DFL;
+  json::Value info_;
+};
+
+// Which Python runs the anchor, and why: --python, else $MAMMOTH_ANCHOR_PYTHON, else the
+// PyTorch 2.x venv of `tools/setup.sh --bench-anchor`, else $MAMMOTH_PYTHON or Debian's python3
+// (torch 1.13, eager only), labelled as the fallback it is.
+struct AnchorPython {
+  std::string python;
+  std::string source;
+};
+
+AnchorPython find_anchor_python(const Options& o) {
+  if (!o.python.empty()) return {o.python, "--python"};
+  if (const char* env = std::getenv("MAMMOTH_ANCHOR_PYTHON"); env != nullptr && *env != '\0') {
+    MAMMOTH_CHECK(::access(env, X_OK) == 0)
+        << "[bench train] MAMMOTH_ANCHOR_PYTHON=" << env << " is not an executable";
+    return {env, "MAMMOTH_ANCHOR_PYTHON"};
+  }
+  const char* home = std::getenv("HOME");
+  const std::string venv =
+      std::string(home != nullptr ? home : "") + "/.cache/mammoth/venv-torch2/bin/python-anchor";
+  if (home != nullptr && ::access(venv.c_str(), X_OK) == 0) {
+    return {venv, "the PyTorch 2.x venv of tools/setup.sh --bench-anchor"};
+  }
+  const char* env = std::getenv("MAMMOTH_PYTHON");
+  const std::string py = env != nullptr && *env != '\0' ? env : "/usr/bin/python3";
+  return {py, "FALLBACK: no PyTorch 2.x anchor at " + venv +
+                  " (bash tools/setup.sh --bench-anchor installs it); Debian's torch, eager"};
+}
+
+// The median of the rounds (the mean of the middle two for an even count).
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t h = v.size() / 2;
+  return v.size() % 2 == 1 ? v[h] : 0.5 * (v[h - 1] + v[h]);
 }
 
 // Tensor-parallel scaling: the same step (model, batch, amp) on the first t ranks of the job
@@ -308,61 +416,119 @@ int run_train_bench(const std::vector<std::string>& args) {
     return run_tp_bench(o);
   }
   set_num_threads(o.threads);
-  std::string python = o.python;
-  if (python.empty()) {
-    const char* env = std::getenv("MAMMOTH_PYTHON");
-    python = env && *env ? env : "/usr/bin/python3";
-  }
+  const AnchorPython anchor = o.torch ? find_anchor_python(o) : AnchorPython{};
   const std::string script = o.torch ? find_script(o) : "";
-  // OpenBLAS reads its core type when torch loads it; the script also sets it, this makes the
-  // command line printed below complete.
-  std::printf("train step, B%lld T%lld, %d threads; anchor: PyTorch eager (%s)\n",
-              static_cast<long long>(o.batch), static_cast<long long>(o.seq), num_threads(),
-              o.torch ? python.c_str() : "skipped");
-  std::printf("%-12s %-5s %10s %12s %12s %12s %7s %12s\n", "model", "amp", "params", "ours ms",
-              "torch ms", "ours tok/s", "ratio", "ours cpu ms");
+  // The anchor's environment: our thread count for OpenMP / MKL too (inductor's generated code
+  // reads OMP_NUM_THREADS), and AVX2 caps when our kernels run AVX2 on an AVX-512 CPU.
+  const std::string env = "OMP_NUM_THREADS=" + std::to_string(num_threads()) +
+                          " MKL_NUM_THREADS=" + std::to_string(num_threads()) + " " +
+                          (anchor_capped_at_avx2() ? kAnchorAvx2Env : "");
+  std::printf(
+      "train step, B%lld T%lld, %d threads, %d rounds (ours, eager%s, ours, ...), "
+      "medians; ours: fused kernels %s, sgemm %s (%s)\n",
+      static_cast<long long>(o.batch), static_cast<long long>(o.seq), num_threads(), o.rounds,
+      o.compile ? ", compiled" : "", kernels::cpu::simd_isa_name(kernels::cpu::active_simd_isa()),
+      kernels::cpu::gemm_isa_name(kernels::cpu::active_gemm_isa()),
+      kernels::cpu::isa_request_source().c_str());
+  if (o.torch) {
+    std::printf("anchor python: %s (%s)\nanchor environment: %s\n", anchor.python.c_str(),
+                anchor.source.c_str(), env.c_str());
+  } else {
+    std::printf("anchor: skipped (--no-torch)\n");
+  }
   json::Value rows = json::Value::array();
-  std::string blas;
   for (const std::string& name : o.models) {
     models::ModelOptions mo;
     mo.max_seq = std::max<int64_t>(o.seq, 1);
     mo.seed = 1;
     auto model = models::create_language_model(name, mo);
-    const models::ModelConfig& cfg = model->config();
+    const models::ModelConfig& c = model->config();
     for (const std::string& amp : o.amps) {
-      const Measured ours = bench_ours(*model, o, engine::amp::parse_precision(amp));
+      std::unique_ptr<TorchAnchor> torch;
+      std::vector<std::string> modes;
+      if (o.torch) {
+        std::ostringstream cmd;
+        cmd << env << "'" << anchor.python << "' '" << script << "' --n-layer " << c.n_layer
+            << " --n-head " << c.n_head << " --d-model " << c.d_model << " --vocab " << c.vocab_size
+            << " --max-seq " << c.max_seq << " --batch " << o.batch << " --seq " << o.seq
+            << " --threads " << num_threads() << " --steps " << o.steps << " --warmup " << o.warmup
+            << " --amp " << amp;
+        torch = std::make_unique<TorchAnchor>(cmd.str());
+        const json::Value& in = torch->info();
+        const bool can_compile = in.at("compile").as_bool();
+        modes.push_back("eager");
+        if (o.compile && can_compile) modes.push_back("compiled");
+        std::printf(
+            "anchor for %s %s: torch %s, ATen CPU capability %s, inductor ISA %s, %lld threads, "
+            "SDPA %s, fused AdamW %s, MKL %s, oneDNN %s, BLAS mapped %s%s\n",
+            name.c_str(), amp.c_str(), in.at("torch").as_string().c_str(),
+            in.at("cpu_capability").as_string().c_str(), in.at("inductor_isa").as_string().c_str(),
+            static_cast<long long>(in.at("threads").as_int()),
+            in.at("sdpa").as_bool() ? "yes" : "no", in.at("fused_adamw").as_bool() ? "yes" : "no",
+            in.at("mkl").as_bool() ? "yes" : "no", in.at("mkldnn").as_bool() ? "yes" : "no",
+            json::dump(in.at("blas")).c_str(),
+            can_compile ? ""
+            : o.compile ? "; this torch has no torch.compile: eager only"
+                        : "");
+        MAMMOTH_CHECK(in.at("threads").as_int() == num_threads())
+            << "[bench train] the anchor runs " << in.at("threads").as_int() << " threads, not "
+            << num_threads();
+      }
+      std::vector<double> ours_ms, ours_cpu;
+      std::vector<std::vector<double>> torch_ms(modes.size());
+      for (int r = 0; r < o.rounds; ++r) {
+        const Measured m = bench_ours(*model, o, engine::amp::parse_precision(amp));
+        ours_ms.push_back(m.ms);
+        ours_cpu.push_back(m.cpu_ms);
+        std::printf("  %s %s round %d: ours %.1f ms", name.c_str(), amp.c_str(), r + 1, m.ms);
+        for (size_t i = 0; i < modes.size(); ++i) {
+          const json::Value t = torch->run(modes[i]);
+          torch_ms[i].push_back(t.at("ms_per_step").as_double());
+          std::printf(", %s %.1f ms", modes[i].c_str(), torch_ms[i].back());
+          const double warm = t.at("warmup_s").as_double();
+          if (warm > 0) std::printf(" (warm-up %.1f s)", warm);
+        }
+        std::printf("\n");
+        std::fflush(stdout);
+      }
       const double tokens = static_cast<double>(o.batch * o.seq);
+      const double ms = median(ours_ms);
       json::Value row = json::Value::object();
       row.set("name", json::Value("train_" + name + "_" + amp));
       row.set("shape", json::Value("B" + std::to_string(o.batch) + " T" + std::to_string(o.seq)));
       row.set("threads", json::Value(static_cast<int64_t>(num_threads())));
-      row.set("ours", json::Value(tokens / (ours.ms / 1e3)));
-      row.set("ours_ms", json::Value(ours.ms));
-      row.set("ours_cpu_ms", json::Value(ours.cpu_ms));
+      row.set("rounds", json::Value(static_cast<int64_t>(o.rounds)));
+      row.set("ours", json::Value(tokens / (ms / 1e3)));
+      row.set("ours_ms", json::Value(ms));
+      row.set("ours_cpu_ms", json::Value(median(ours_cpu)));
       row.set("unit", json::Value("tokens/s"));
       row.set("params", json::Value(model->num_parameters()));
-      double torch_ms = 0;
-      if (o.torch) {
-        const json::Value t = bench_torch(cfg, o, amp, python, script);
-        torch_ms = t.at("ms_per_step").as_double();
-        row.set("anchor", json::Value(tokens / (torch_ms / 1e3)));
-        row.set("anchor_ms", json::Value(torch_ms));
-        row.set("ratio", json::Value(torch_ms / ours.ms));
-        row.set("anchor_blas", t.at("blas"));
-        row.set("anchor_threads", t.at("threads"));
-        blas = json::dump(t.at("blas")) +
-               ", OPENBLAS_CORETYPE=" + t.at("openblas_coretype").as_string() + ", torch " +
-               t.at("torch").as_string();
+      std::printf("%-12s %-5s %9.1fM  ours %.1f ms (%.1f tok/s, cpu %.1f ms)", name.c_str(),
+                  amp.c_str(), static_cast<double>(model->num_parameters()) / 1e6, ms,
+                  tokens / (ms / 1e3), median(ours_cpu));
+      for (size_t i = 0; i < modes.size(); ++i) {
+        // "anchor" / "ratio" are the eager anchor's (as before); the compiled one has its own.
+        const double t = median(torch_ms[i]);
+        const std::string key = modes[i] == "eager" ? "" : "_" + modes[i];
+        row.set("anchor" + key, json::Value(tokens / (t / 1e3)));
+        row.set("anchor" + key + "_ms", json::Value(t));
+        row.set("ratio" + key, json::Value(t / ms));
+        std::printf(", %s %.1f ms (ours %.2fx)", modes[i].c_str(), t, t / ms);
       }
-      std::printf("%-12s %-5s %9.1fM %12.1f %12.1f %12.1f %6.2fx %12.1f\n", name.c_str(),
-                  amp.c_str(), static_cast<double>(model->num_parameters()) / 1e6, ours.ms,
-                  torch_ms, tokens / (ours.ms / 1e3), o.torch ? torch_ms / ours.ms : 0.0,
-                  ours.cpu_ms);
+      std::printf("\n");
+      if (torch) {
+        const json::Value& in = torch->info();
+        row.set("anchor_torch", in.at("torch"));
+        row.set("anchor_cpu_capability", in.at("cpu_capability"));
+        row.set("anchor_inductor_isa", in.at("inductor_isa"));
+        row.set("anchor_blas", in.at("blas"));
+        row.set("anchor_threads", in.at("threads"));
+        row.set("anchor_python_source", json::Value(anchor.source));
+      }
       std::fflush(stdout);
       rows.push_back(row);
     }
   }
-  if (!blas.empty()) std::printf("PyTorch BLAS: %s\n", blas.c_str());
   if (!o.json_path.empty()) {
     std::ofstream f(o.json_path);
     MAMMOTH_CHECK(f.good()) << "[bench train] cannot write --json " << o.json_path;
