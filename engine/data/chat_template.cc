@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -1007,6 +1008,11 @@ struct ChatTemplate::Program {
 namespace {
 
 // ---- evaluation ----------------------------------------------------------------------------
+// A template comes from a downloaded tokenizer_config.json: rendering is bounded, so a hostile
+// or broken one is refused instead of exhausting memory (range(10**12), 'a' * 10**12).
+constexpr size_t kMaxText = size_t{16} << 20;    // bytes of any string, the output included
+constexpr int64_t kMaxItems = int64_t{1} << 20;  // elements of a range()
+
 class Renderer {
  public:
   explicit Renderer(std::map<std::string, Value> globals) { scopes_.push_back(std::move(globals)); }
@@ -1017,9 +1023,11 @@ class Renderer {
       switch (n.kind) {
         case Node::Kind::kText:
           out += n.text;
+          if (out.size() > kMaxText) fail("the rendered text exceeds 16 MiB");
           break;
         case Node::Kind::kOutput:
           out += to_text(eval(*n.expr), fail);
+          if (out.size() > kMaxText) fail("the rendered text exceeds 16 MiB");
           break;
         case Node::Kind::kIf: {
           const Body* chosen = &n.else_body;
@@ -1208,7 +1216,10 @@ class Renderer {
   Value arithmetic(const std::string& op, const Value& a, const Value& b, const Fail& fail) {
     if (op == "~") return Value::str(to_text(a, fail) + to_text(b, fail));
     if (op == "+") {
-      if (a.is(Value::Kind::kString) && b.is(Value::Kind::kString)) return Value::str(a.s + b.s);
+      if (a.is(Value::Kind::kString) && b.is(Value::Kind::kString)) {
+        if (a.s.size() + b.s.size() > kMaxText) fail("a string would exceed 16 MiB");
+        return Value::str(a.s + b.s);
+      }
       if (a.is(Value::Kind::kList) && b.is(Value::Kind::kList)) {
         List l = *a.list;
         l.insert(l.end(), b.list->begin(), b.list->end());
@@ -1216,8 +1227,11 @@ class Renderer {
       }
     }
     if (op == "*" && a.is(Value::Kind::kString) && b.is_intlike()) {
+      const int64_t times = b.as_int();
+      if (times > 0 && a.s.size() > kMaxText / static_cast<size_t>(times))
+        fail("a string would exceed 16 MiB");
       std::string s;
-      for (int64_t k = 0; k < b.as_int(); ++k) s += a.s;
+      for (int64_t k = 0; k < times; ++k) s += a.s;
       return Value::str(s);
     }
     if (!a.is_number() || !b.is_number()) {
@@ -1230,22 +1244,40 @@ class Renderer {
     const int64_t x = a.as_int(), y = b.as_int();
     const double p = a.as_double(), q = b.as_double();
     if ((op == "/" || op == "//" || op == "%") && q == 0) fail("division by zero");
-    if (op == "+") return ints ? Value::integer(x + y) : Value::real(p + q);
-    if (op == "-") return ints ? Value::integer(x - y) : Value::real(p - q);
-    if (op == "*") return ints ? Value::integer(x * y) : Value::real(p * q);
+    int64_t r = 0;
+    if (ints && (op == "+" || op == "-" || op == "*")) {
+      const bool overflow = op == "+"   ? __builtin_add_overflow(x, y, &r)
+                            : op == "-" ? __builtin_sub_overflow(x, y, &r)
+                                        : __builtin_mul_overflow(x, y, &r);
+      if (overflow) fail("integer overflow in '" + op + "'");
+      return Value::integer(r);
+    }
+    if (ints && (op == "//" || op == "%") && x == INT64_MIN && y == -1)
+      fail("integer overflow in '" + op + "'");
+    if (op == "+") return Value::real(p + q);
+    if (op == "-") return Value::real(p - q);
+    if (op == "*") return Value::real(p * q);
     if (op == "/") return Value::real(p / q);
     if (op == "//") {
       if (ints) return Value::integer(x / y - ((x % y != 0) && ((x < 0) != (y < 0))));
       return Value::real(std::floor(p / q));
     }
     if (op == "%") {
-      if (ints) return Value::integer(((x % y) + y) % y);
+      if (ints) {
+        const int64_t m = x % y;  // x == INT64_MIN, y == -1 was refused above
+        return Value::integer(m != 0 && ((m < 0) != (y < 0)) ? m + y : m);
+      }
       return Value::real(p - q * std::floor(p / q));
     }
     if (ints && y >= 0) {
-      int64_t r = 1;
-      for (int64_t k = 0; k < y; ++k) r *= x;
-      return Value::integer(r);
+      // Square and multiply: 63 steps at most, each checked.
+      int64_t power = 1, base = x;
+      for (int64_t e = y; e > 0; e >>= 1) {
+        if ((e & 1) && __builtin_mul_overflow(power, base, &power))
+          fail("integer overflow in '**'");
+        if (e > 1 && __builtin_mul_overflow(base, base, &base)) fail("integer overflow in '**'");
+      }
+      return Value::integer(power);
     }
     return Value::real(std::pow(p, q));
   }
@@ -1408,6 +1440,11 @@ class Renderer {
       if (args.size() >= 2) lo = args[0].as_int(), hi = args[1].as_int();
       if (args.size() == 3) step = args[2].as_int();
       if (step == 0) fail("range() step cannot be zero");
+      const __int128 span = step > 0 ? __int128{hi} - lo : __int128{lo} - hi;
+      const __int128 count = span <= 0 ? 0
+                                       : (span + (step > 0 ? step : -__int128{step}) - 1) /
+                                             (step > 0 ? step : -__int128{step});
+      if (count > kMaxItems) fail("range() of more than 2^20 elements");
       List out;
       for (int64_t k = lo; step > 0 ? k < hi : k > hi; k += step) out.push_back(Value::integer(k));
       return Value::make_list(std::move(out));
@@ -1620,7 +1657,10 @@ class Renderer {
       case Expr::Kind::kNeg: {
         Value v = eval(*e.args[0]);
         if (v.is(Value::Kind::kFloat)) return Value::real(-v.f);
-        if (v.is_intlike()) return Value::integer(-v.as_int());
+        if (v.is_intlike()) {
+          if (v.as_int() == INT64_MIN) fail("integer overflow in unary '-'");
+          return Value::integer(-v.as_int());
+        }
         fail(std::string("unary '-' of a ") + kind_name(v));
       }
       case Expr::Kind::kNot:

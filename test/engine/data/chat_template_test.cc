@@ -84,6 +84,26 @@ TEST_CASE("chat_template raise_exception throws with the template's message") {
   }
 }
 
+TEST_CASE("chat_template bounds what a template may build, and refuses integer overflow") {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"{{ range(10 ** 12) | length }}", "range() of more than 2^20 elements"},
+      {"{{ 'ab' * 10 ** 12 }}", "a string would exceed 16 MiB"},
+      {"{% set s = 'x' * 16777216 %}{{ s + s }}", "a string would exceed 16 MiB"},
+      {"{% for i in range(1048576) %}{{ 'abcdefghijklmnopq' }}{% endfor %}",
+       "the rendered text exceeds 16 MiB"},
+      {"{{ 9223372036854775807 + 1 }}", "integer overflow in '+'"},
+      {"{{ 3037000500 * 3037000500 }}", "integer overflow in '*'"},
+      {"{{ 2 ** 63 }}", "integer overflow in '**'"},
+      {"{{ -(-9223372036854775807 - 1) }}", "integer overflow in unary '-'"},
+  };
+  for (const auto& [source, message] : cases) {
+    CAPTURE(source);
+    CHECK_THROWS_WITH(render(source), Catch::Contains(message));
+  }
+  CHECK(render("{{ 2 ** 62 }}|{{ -7 % 3 }}|{{ 7 % -3 }}|{{ -7 // 2 }}") ==
+        "4611686018427387904|2|-2|-4");  // Python's values
+}
+
 TEST_CASE("chat_template refuses what it cannot honour, by name") {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"{{ x", "unclosed '{{'"},
