@@ -19,10 +19,25 @@ std::vector<int64_t> prompt_of(int64_t i, int64_t len) {
   return p;
 }
 
+// The registered tiny models, and llama-tiny with Llama 3.1's rope_scaling (the paged path must
+// rotate with the scaled frequencies, as forward does).
+std::shared_ptr<models::LanguageModel> paged_model(const std::string& name) {
+  if (name != "llama-tiny-llama3") return models::create_language_model(name, {.seed = 3});
+  models::ModelConfig c = models::resolve_config("llama-tiny");
+  c.rope_scaling = models::ModelConfig::RopeScaling::kLlama3;
+  c.rope_factor = 8.0;
+  c.rope_low_freq_factor = 1.0;
+  c.rope_high_freq_factor = 4.0;
+  c.rope_original_max_seq = 8;
+  auto m = std::dynamic_pointer_cast<models::LanguageModel>(models::build_model(c, 3));
+  REQUIRE(m != nullptr);
+  return m;
+}
+
 TEST_CASE("forward_paged: batched steps over scattered blocks equal forward_cached alone") {
-  for (const std::string name : {"gpt2-tiny", "llama-tiny"}) {
+  for (const std::string name : {"gpt2-tiny", "llama-tiny", "llama-tiny-llama3"}) {
     INFO(name);
-    auto m = models::create_language_model(name, {.seed = 3});
+    auto m = paged_model(name);
     m->eval();
     engine::NoGradGuard ng;
     const int64_t bs = 4, steps = 6;
