@@ -80,13 +80,6 @@ def batch_rows(dump):
     return rows
 
 
-def losses(metrics):
-    """The logged losses of a --metrics file, by step (test/testing/curves.py reads them)."""
-    name = os.path.basename(metrics)[:-len(".jsonl")]
-    column = curves.Runs(os.path.dirname(metrics)).column(name)
-    return [column[step] for step in sorted(column)]
-
-
 def main():
     mammoth = sys.argv[1]
     failures = []
@@ -109,7 +102,7 @@ def main():
         m0, d0, s0 = (os.path.join(root, n) for n in ("m0.jsonl", "b0.jsonl", "save0"))
         r = run([mammoth, "train", "--data", os.path.join(shards, "train_*.bin"), "--steps", "1",
                  "--lr", "0", "--metrics", m0, "--dump-batches", d0, "--save-dir", s0] + common)
-        ours, theirs = losses(m0)[0], hf_loss(ref, batch_rows(d0))
+        ours, theirs = curves.losses(m0)[0], hf_loss(ref, batch_rows(d0))
         rel = abs(ours - theirs) / abs(theirs)
         print(f"first-step loss: mammoth {ours:.6f}, transformers {theirs:.6f} (rel {rel:.1e})")
         if rel > 1e-5:
@@ -158,7 +151,7 @@ def main():
         m1, s1, e1 = (os.path.join(root, n) for n in ("m1.jsonl", "save1", "export1"))
         run([mammoth, "train", "--data", os.path.join(shards, "train_*.bin"), "--steps", "30",
              "--lr", "3e-3", "--metrics", m1, "--save-dir", s1] + common)
-        ls = losses(m1)
+        ls = curves.losses(m1)
         print(f"fine-tuning loss {ls[0]:.3f} -> {ls[-1]:.3f}")
         if not ls[-1] < ls[0]:
             failures.append("fine-tuning loss did not fall")
@@ -167,7 +160,7 @@ def main():
         m2, d2 = os.path.join(root, "m2.jsonl"), os.path.join(root, "b2.jsonl")
         run([mammoth, "train", "--data", os.path.join(shards, "train_*.bin"), "--steps", "1",
              "--lr", "0", "--metrics", m2, "--dump-batches", d2] + common[:1] + [e1] + common[2:])
-        ours, theirs = losses(m2)[0], hf_loss(tuned, batch_rows(d2))
+        ours, theirs = curves.losses(m2)[0], hf_loss(tuned, batch_rows(d2))
         print(f"export of the tuned model: mammoth {ours:.6f}, transformers {theirs:.6f}")
         if abs(ours - theirs) / abs(theirs) > 1e-5:
             failures.append("tuned export loss")

@@ -14,6 +14,14 @@ Every check prints the largest relative difference it found, so a passing log st
 close the runs were.
 """
 import json
+import os
+
+
+def losses(metrics):
+    """The logged losses of one --metrics file (PATH.jsonl), in step order."""
+    name = os.path.basename(metrics)[:-len(".jsonl")]
+    column = Runs(os.path.dirname(metrics)).column(name)
+    return [column[step] for step in sorted(column)]
 
 
 class Runs:

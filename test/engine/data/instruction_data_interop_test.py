@@ -148,13 +148,6 @@ def run(cmd, **kw):
     return r
 
 
-def losses(metrics):
-    """The logged losses of a --metrics file, by step (test/testing/curves.py reads them)."""
-    name = os.path.basename(metrics)[:-len(".jsonl")]
-    column = curves.Runs(os.path.dirname(metrics)).column(name)
-    return [column[step] for step in sorted(column)]
-
-
 def main():
     mammoth = sys.argv[1]
     failures = []
@@ -220,7 +213,7 @@ def main():
                  "--dump-batches", dump] + common)
         if "loss on response tokens (--loss-on response, the default" not in r.stderr:
             failures.append("default --loss-on not printed")
-        ls = losses(metrics)
+        ls = curves.losses(metrics)
         print(f"train --loss-on response: loss {ls[0]:.3f} -> {ls[-1]:.3f} over {len(ls)} steps")
         if not ls[-1] < 0.5 * ls[0]:
             failures.append("response loss did not fall by half")
@@ -248,17 +241,17 @@ def main():
         m2 = os.path.join(root, "m2.jsonl")
         run([mammoth, "train", "--data", jsonl, "--tokenizer", os.path.join(root, "chatml"),
              "--steps", "2", "--metrics", m2] + common)
-        same = abs(losses(m2)[0] - ls[0]) < 1e-6
-        print(f"train --data FILE.jsonl: first loss {losses(m2)[0]:.6f} (directory's "
+        same = abs(curves.losses(m2)[0] - ls[0]) < 1e-6
+        print(f"train --data FILE.jsonl: first loss {curves.losses(m2)[0]:.6f} (directory's "
               f"{ls[0]:.6f}): {'same' if same else 'DIFFERENT'}")
         if not same:
             failures.append("--data FILE.jsonl")
         m3 = os.path.join(root, "m3.jsonl")
         run([mammoth, "train", "--data", data, "--loss-on", "all", "--steps", "2",
              "--metrics", m3] + common)
-        if abs(losses(m3)[0] - ls[0]) < 1e-3:
+        if abs(curves.losses(m3)[0] - ls[0]) < 1e-3:
             failures.append("--loss-on all gives the response-only loss")
-        print(f"--loss-on all: first loss {losses(m3)[0]:.4f}")
+        print(f"--loss-on all: first loss {curves.losses(m3)[0]:.4f}")
 
         # Refusals, by name.
         bad = [('{"messages": [{"role": "user", "content": "x"}]}', "no assistant message"),
