@@ -17,7 +17,7 @@ API in the shapes that real model directories have:
   unk      Metaspace (always, split) without byte fallback: unknown characters fuse into <unk>
 Each is saved as a model directory (tokenizer.json + tokenizer_config.json), and gpt2's model
 also as vocab.json + merges.txt alone; our ids must equal
-theirs on a multilingual text of about 300 KB (whole, and line by line), with and without
+theirs on a multilingual text of about 1 MB (whole, and line by line), with and without
 add_special_tokens, and our decoding of their ids (with and without skip_special_tokens) must
 equal theirs. Files we cannot honour exactly (NFKC, an unknown regex, WordPiece, dropout, an
 unknown key, malformed JSON) must be refused with an error naming what is refused.
@@ -105,12 +105,12 @@ def random_text(seed, n):
 
 
 def corpus():
-    """About 300 KB of varied text: the samples, random mixtures and word salad."""
+    """About 1 MB of varied text: the samples, random mixtures and word salad."""
     rng = random.Random(7)
     parts = []
     size = 0
     i = 0
-    while size < 300_000:
+    while size < 1_050_000:
         if i % 5 == 0:
             t = SAMPLES[(i // 5) % len(SAMPLES)]
         elif i % 5 == 1:
