@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -41,12 +42,15 @@ ImageShard ImageShard::open(const std::string& path) {
       !__builtin_mul_overflow(static_cast<uint64_t>(in.channels), static_cast<uint64_t>(in.height),
                               &pixel_bytes) &&
       !__builtin_mul_overflow(pixel_bytes, static_cast<uint64_t>(in.width), &pixel_bytes) &&
+      // One image's C*H*W must fit pixels_per_image()'s int64 even when count is 0.
+      pixel_bytes <= static_cast<uint64_t>(INT64_MAX) &&
       !__builtin_mul_overflow(pixel_bytes, static_cast<uint64_t>(in.count), &pixel_bytes) &&
       !__builtin_add_overflow(header_bytes + static_cast<uint64_t>(in.count) * sizeof(int32_t),
                               pixel_bytes, &expected);
   MAMMOTH_CHECK(fits && s.file_.size() == expected)
       << "[image_shard] " << path << " is " << s.file_.size() << " bytes but its header describes "
-      << (fits ? std::to_string(expected) : std::string("more than 2^64"))
+      << (fits ? std::to_string(expected)
+               : std::string("an impossible size (over 2^63 bytes an image or 2^64 in all)"))
       << " (truncated or not an image shard)";
   s.labels_ = reinterpret_cast<const int32_t*>(s.file_.data() + header_bytes);
   s.pixels_ = s.file_.data() + header_bytes + in.count * sizeof(int32_t);

@@ -79,5 +79,16 @@ TEST_CASE("an image shard header whose sizes overflow 64 bits is refused") {
   header[256] = 0;  // the one label
   const std::string path =
       dir.write("wrap.bin", std::string(reinterpret_cast<const char*>(header), sizeof(header)));
-  CHECK_THROWS_WITH(data::ImageShard::open(path), Catch::Contains("more than 2^64"));
+  CHECK_THROWS_WITH(data::ImageShard::open(path), Catch::Contains("an impossible size"));
+}
+
+TEST_CASE("an empty image shard whose one image would not fit int64 is refused") {
+  // The fuzz pass found this one: count 0 makes the file's size match (the header alone) while
+  // C*H*W = 3670016 * 2097152 * 2097152 overflowed pixels_per_image() (UBSan).
+  TestDir dir;
+  int32_t header[256] = {
+      data::kImageShardMagic, data::kImageShardVersion, 0, 3670016, 2097152, 2097152, 2};
+  const std::string path =
+      dir.write("empty.bin", std::string(reinterpret_cast<const char*>(header), sizeof(header)));
+  CHECK_THROWS_WITH(data::ImageShard::open(path), Catch::Contains("an impossible size"));
 }
