@@ -3,7 +3,6 @@
 #include "parallel/comm/mpi_communicator.h"
 
 #include <climits>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -191,14 +190,21 @@ struct OpInfo {
   DType dtype = DType::kF32;
   int64_t numel = 0;
 
-  std::string str() const {
-    std::string s = std::string(op) + "(" + detail;
-    if (value >= 0) s += std::to_string(value);
+  // Into buf (cut at n): no allocation, as the flight recorder formats every operation.
+  void format(char* buf, size_t n) const {
+    char value_text[16] = "";
+    if (value >= 0) std::snprintf(value_text, sizeof(value_text), "%d", value);
     if (has_tensor) {
-      if (*detail) s += ", ";
-      s += std::string(dtype_name(dtype)) + ", " + std::to_string(numel) + " elements";
+      std::snprintf(buf, n, "%s(%s%s%s%s, %lld elements)", op, detail, value_text,
+                    *detail ? ", " : "", dtype_name(dtype), static_cast<long long>(numel));
+    } else {
+      std::snprintf(buf, n, "%s(%s%s)", op, detail, value_text);
     }
-    return s + ")";
+  }
+  std::string str() const {
+    char buf[160];
+    format(buf, sizeof(buf));
+    return buf;
   }
 };
 
@@ -213,8 +219,10 @@ class MpiWork final : public Work {
   MpiWork(const MpiCommunicator& comm, OpInfo info, std::vector<Tensor> keep_alive)
       : comm_(comm), info_(info), keep_alive_(std::move(keep_alive)) {
     const bool p2p = !std::strcmp(info.op, "send") || !std::strcmp(info.op, "recv");
+    char what[96];
+    info.format(what, sizeof(what));
     flight_ = flight::posted(
-        comm.flight_group(), info.op, info.str().c_str(), p2p ? info.value : -1,
+        comm.flight_group(), info.op, what, p2p ? info.value : -1,
         info.has_tensor ? info.numel * static_cast<int64_t>(dtype_size(info.dtype)) : 0);
   }
 
