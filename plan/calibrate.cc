@@ -141,16 +141,21 @@ struct GemmFit {
 };
 
 // The engine's sgemm at the GEMMs of transformer blocks: T tokens x linear layers of width w
-// (w -> 4w, 4w -> w, w -> 3w), each as the forward (NN: T x out x in), the input gradient
-// (NT: T x in x out) and the weight gradient (TN: in x out x T), fitted as
-// time = 2MNK (a + b / K + c / min(M, N)) + call.
+// (w -> 4w, 4w -> w, w -> 3w; w = 43 makes a ragged 172 as in llama-tiny's MLP), each in the
+// orientation engine::linear calls it: the forward (NT: T x out x in, W stored [out, in]), the
+// input gradient (NN: T x in x out) and the weight gradient (TN: out x in x T), fitted as
+// time = 2M'N'K (a + b / K + c / min(M, N)) + call with M', N' rounded up to the micro-kernel's
+// register tile (a 32-wide output fills half of a 64-wide tile and costs as much as a full one).
 GemmFit measure_gemm(bool quick) {
   namespace kc = kernels::cpu;
   const std::vector<int64_t> widths =
-      quick ? std::vector<int64_t>{16, 64, 128} : std::vector<int64_t>{16, 32, 64, 128, 256};
+      quick ? std::vector<int64_t>{16, 64, 128} : std::vector<int64_t>{16, 32, 43, 64, 128, 256};
   const std::vector<int64_t> tokens =
       quick ? std::vector<int64_t>{64, 512} : std::vector<int64_t>{64, 256, 1024};
   GemmFit fit;
+  const kc::GemmTile tile = kc::sgemm_tile();
+  fit.model.tile_rows = tile.rows;
+  fit.model.tile_cols = tile.cols;
   json::Value pts = json::Value::array();
   std::vector<std::vector<double>> xs;
   std::vector<double> ys;
@@ -163,8 +168,8 @@ GemmFit measure_gemm(bool quick) {
           bool ta, tb;
           int64_t m, n, k;
         };
-        for (const G& g : {G{false, false, T, out, in}, G{false, true, T, in, out},
-                           G{true, false, in, out, T}}) {
+        for (const G& g : {G{false, true, T, out, in}, G{false, false, T, in, out},
+                           G{true, false, out, in, T}}) {
           // Operands rotate through copies filling ~8 MiB, past the per-core caches: in a
           // training step a GEMM finds its weights and activations in the shared cache or
           // memory, not in the L1/L2 that a loop over one set of buffers keeps them in.
@@ -188,7 +193,9 @@ GemmFit measure_gemm(bool quick) {
               3, quick ? 0.002 : 0.003);
           const double flops = 2.0 * static_cast<double>(g.m * g.n * g.k);
           const double mn = static_cast<double>(std::min(g.m, g.n));
-          xs.push_back({flops, flops / static_cast<double>(g.k), flops / mn, 1.0});
+          const double padded = fit.model.padded_flops(
+              static_cast<double>(g.m), static_cast<double>(g.n), static_cast<double>(g.k));
+          xs.push_back({padded, padded / static_cast<double>(g.k), padded / mn, 1.0});
           ys.push_back(t);
           pts.push_back(
               json::Value::array().push_back(g.m).push_back(g.n).push_back(g.k).push_back(t));
@@ -201,7 +208,10 @@ GemmFit measure_gemm(bool quick) {
     }
   }
   const std::vector<double> c = fit_nonnegative(xs, ys);
-  fit.model = {c[0], c[1], c[2], c[3]};
+  fit.model.per_flop = c[0];
+  fit.model.per_flop_k = c[1];
+  fit.model.per_flop_mn = c[2];
+  fit.model.call = c[3];
   if (!fit.model.calibrated()) fit.model.per_flop = 1 / fit.rate;
   fit.points = std::move(pts);
   return fit;
@@ -237,6 +247,28 @@ OpFit measure_ops(bool quick) {
   const auto& [b2, t2] = pts.back();
   const double per_byte = t2 > t1 ? (t2 - t1) / (b2 - b1) : t2 / b2;
   return {pts.front().second / 2, 1.0 / per_byte, points_json(pts)};
+}
+
+// A chain of `n` broadcast divides through autograd and its backward, x [8, 4, r, 32] / s
+// [8, 4, r, 1] with both requiring grad (ring attention's merge divides its blocks' outputs by
+// their softmax sums this way): seconds per element of x per op, forward and backward, beyond
+// the two per-call overheads measure_ops found.
+double measure_broadcast_ops(bool quick, double op_overhead) {
+  const int n = 8;
+  const int64_t r = quick ? 16 : 64;
+  Tensor x = Tensor::randn({8, 4, r, 32}, 11).requires_grad_();
+  Tensor s = Tensor::randn({8, 4, r, 1}, 12, 2.0, 0.1).requires_grad_();  // away from 0
+  const double t = time_call(
+      [&] {
+        Tensor y = x;
+        for (int i = 0; i < n; ++i) y = engine::div(y, s);
+        engine::sum(y).backward();
+        x.zero_grad();
+        s.zero_grad();
+      },
+      quick ? 3 : 5, quick ? 0.004 : 0.01);
+  const double per_op = std::max(t / n - 2 * op_overhead, t / n / 2);
+  return per_op / static_cast<double>(x.numel());
 }
 
 // engine::attention forward and backward, causal, 8 x 4 heads x 64 tokens at head sizes 16-64,
@@ -421,6 +453,8 @@ Cluster calibrate_this_machine(const CalibrateOptions& o) {
   const OpFit ops = measure_ops(o.quick);
   say("engine op per-call cost", ops.overhead * 1e6, "us");
   say("engine op bandwidth (in cache)", ops.bandwidth / 1e9, "GB/s");
+  const double broadcast = measure_broadcast_ops(o.quick, ops.overhead);
+  say("broadcast op per element", broadcast * 1e9, "ns");
   json::Value attn_points;
   const std::vector<std::pair<double, double>> attn =
       measure_attention(o.quick, ops.overhead, attn_points);
@@ -473,6 +507,7 @@ Cluster calibrate_this_machine(const CalibrateOptions& o) {
                              : copy_bw / 10;
   c.nvme = {disk_bw, disk.latency > 0 ? disk.latency : 1e-4};
   c.op_overhead = ops.overhead;
+  c.broadcast_op_per_element = broadcast;
   c.gemm_call_overhead = gemm.model.call;
   c.attention_rate = attn.back().second;
   c.attention_rates = attn;
@@ -485,7 +520,8 @@ Cluster calibrate_this_machine(const CalibrateOptions& o) {
           .set("what",
                "fma peak: register FMA loop x threads; sgemm: kernels/cpu sgemm at T x (N, K) "
                "fwd/dx/dw, time = call + flops / rate ([flops, s] points); ops: autograd chain of "
-               "mul_scalar fwd+bwd, time per op = 2 overhead + bytes / bw ([bytes, s]); "
+               "mul_scalar fwd+bwd, time per op = 2 overhead + bytes / bw ([bytes, s]); broadcast "
+               "op: autograd chain of [8,4,r,32] / [8,4,r,1] fwd+bwd, per element; "
                "attention: engine::attention fwd+bwd ([flops, s]); comm: MPI_Allreduce 2 local "
                "ranks ([bytes, s]); disk: 1 write+fsync, 1 read after fadvise(DONTNEED)")
           .set("quick", o.quick)

@@ -76,11 +76,17 @@ double interpolate(const std::vector<std::pair<double, double>>& pts, double x) 
   return pts.back().second;
 }
 
+double Cluster::GemmTimeModel::padded_flops(double m, double n, double k) const {
+  auto up = [](double x, int tile) { return std::ceil(x / tile) * tile; };
+  return 2 * up(m, tile_rows) * up(n, tile_cols) * k;
+}
+
 double Cluster::gemm_time(double m, double n, double k, const std::string& amp) const {
   const double flops = 2 * m * n * k;
   if (flops <= 0) return 0;
   if (gemm.calibrated())
-    return flops * (gemm.per_flop + gemm.per_flop_k / k + gemm.per_flop_mn / std::min(m, n)) +
+    return gemm.padded_flops(m, n, k) *
+               (gemm.per_flop + gemm.per_flop_k / k + gemm.per_flop_mn / std::min(m, n)) +
            gemm.call;
   return flops / (peak_for(amp) * matmul_efficiency) + gemm_call_overhead;
 }
@@ -120,8 +126,8 @@ Cluster cluster_from_json(const json::Value& v, const std::string& what) {
       v,
       {"name", "description", "devices_per_node", "nodes", "peak_tflops", "matmul_efficiency",
        "matmul_efficiency_source", "memory_gib", "device_memory_GBps", "host_memory_GBps", "links",
-       "op_overhead_us", "gemm_call_us", "gemm_time_model", "attention_GFLOPs",
-       "attention_GFLOPs_by_head_dim", "overlaps_communication", "calibration"},
+       "op_overhead_us", "broadcast_op_ns_per_element", "gemm_call_us", "gemm_time_model",
+       "attention_GFLOPs", "attention_GFLOPs_by_head_dim", "overlaps_communication", "calibration"},
       what);
   Cluster c;
   const json::Value* name = v.find("name");
@@ -169,6 +175,7 @@ Cluster cluster_from_json(const json::Value& v, const std::string& what) {
   c.nvme = link_from(links, "nvme", what);
   for (auto [key, out, unit] :
        {std::tuple<const char*, double*, double>{"op_overhead_us", &c.op_overhead, kMicro},
+        {"broadcast_op_ns_per_element", &c.broadcast_op_per_element, 1e-9},
         {"gemm_call_us", &c.gemm_call_overhead, kMicro},
         {"attention_GFLOPs", &c.attention_rate, kGiga}}) {
     const json::Value* n = v.find(key);
@@ -179,7 +186,9 @@ Cluster cluster_from_json(const json::Value& v, const std::string& what) {
   }
   if (const json::Value* g = v.find("gemm_time_model")) {
     const std::string where = what + ".gemm_time_model";
-    refuse_unknown(*g, {"ns_per_flop", "ns_per_flop_times_k", "ns_per_flop_times_mn", "call_us"},
+    refuse_unknown(*g,
+                   {"ns_per_flop", "ns_per_flop_times_k", "ns_per_flop_times_mn", "call_us",
+                    "tile_rows", "tile_cols"},
                    where);
     c.gemm.per_flop = positive(*g, "ns_per_flop", where) * 1e-9;
     for (auto [key, out, unit] :
@@ -190,6 +199,14 @@ Cluster cluster_from_json(const json::Value& v, const std::string& what) {
       MAMMOTH_CHECK(n != nullptr && n->is_number() && n->as_double() >= 0)
           << "[cluster] " << where << "." << key << " must be a number >= 0";
       *out = n->as_double() * unit;
+    }
+    for (auto [key, out] : {std::pair<const char*, int*>{"tile_rows", &c.gemm.tile_rows},
+                            {"tile_cols", &c.gemm.tile_cols}}) {
+      const json::Value* n = g->find(key);
+      if (n == nullptr) continue;
+      MAMMOTH_CHECK(n->is_int() && n->as_int() >= 1 && n->as_int() <= 1024)
+          << "[cluster] " << where << "." << key << " must be an integer in [1, 1024]";
+      *out = static_cast<int>(n->as_int());
     }
   }
   if (const json::Value* r = v.find("attention_GFLOPs_by_head_dim"))
@@ -227,13 +244,17 @@ json::Value cluster_to_json(const Cluster& c) {
                      .set("pcie", link_json(c.pcie))
                      .set("nvme", link_json(c.nvme)));
   if (c.op_overhead > 0) v.set("op_overhead_us", c.op_overhead / kMicro);
+  if (c.broadcast_op_per_element > 0)
+    v.set("broadcast_op_ns_per_element", c.broadcast_op_per_element * 1e9);
   if (c.gemm_call_overhead > 0) v.set("gemm_call_us", c.gemm_call_overhead / kMicro);
   if (c.gemm.calibrated())
     v.set("gemm_time_model", json::Value::object()
                                  .set("ns_per_flop", c.gemm.per_flop * 1e9)
                                  .set("ns_per_flop_times_k", c.gemm.per_flop_k * 1e9)
                                  .set("ns_per_flop_times_mn", c.gemm.per_flop_mn * 1e9)
-                                 .set("call_us", c.gemm.call / kMicro));
+                                 .set("call_us", c.gemm.call / kMicro)
+                                 .set("tile_rows", c.gemm.tile_rows)
+                                 .set("tile_cols", c.gemm.tile_cols));
   if (c.attention_rate > 0) v.set("attention_GFLOPs", c.attention_rate / kGiga);
   if (!c.attention_rates.empty())
     v.set("attention_GFLOPs_by_head_dim", rates_json(c.attention_rates));

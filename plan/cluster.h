@@ -28,13 +28,18 @@
 // A calibrated machine (`mammoth plan --calibrate`, plan/calibrate.h) adds what dominates tiny
 // models on a CPU, where a step is thousands of small kernel calls rather than a few large GEMMs:
 //     "op_overhead_us": 2.1,        // one engine op's dispatch, graph record and allocation
+//     "broadcast_op_ns_per_element": 1.5,  // an op whose operand broadcasts, forward + backward
 //     "gemm_call_us": 4.0,          // one GEMM call beyond its FLOPs at the sustained rate
 //     "gemm_time_model": {"ns_per_flop": 0.02, "ns_per_flop_times_k": 0.3,
-//                         "ns_per_flop_times_mn": 0.4, "call_us": 3},
-//                                   // an M x N x K GEMM takes 2MNK (a + b / K + c / min(M, N))
-//                                   // + call: a short reduction (K) pays its output's traffic,
-//                                   // a thin output (M, N) its operand packing; replaces
-//                                   // gemm_call_us and matmul_efficiency for the time
+//                         "ns_per_flop_times_mn": 0.4, "call_us": 3,
+//                         "tile_rows": 6, "tile_cols": 64},
+//                                   // an M x N x K GEMM takes 2M'N'K (a + b / K + c / min(M, N))
+//                                   // + call, M' and N' being M and N rounded up to the
+//                                   // micro-kernel's register tile (default 1: no rounding): a
+//                                   // short reduction (K) pays its output's traffic, a thin
+//                                   // output (M, N) its operand packing, a ragged one the
+//                                   // tile's unused lanes; replaces gemm_call_us and
+//                                   // matmul_efficiency for the time
 //     "attention_GFLOPs": 9.5,      // the fused attention kernel's rate (0: at the GEMM rate)
 //     "attention_GFLOPs_by_head_dim": [[16, 4.2], [32, 8.0], ...],  // the same by head size
 //     "overlaps_communication": false,  // default true; false: collectives never run behind
@@ -77,11 +82,18 @@ struct Cluster {
   Link intra_node, inter_node, pcie, nvme;
   // Measured per-call costs (seconds; 0 when not calibrated) and the attention kernel's rate.
   double op_overhead = 0;
+  // Seconds per element of an engine op whose operand broadcasts (x [..., n] by s [..., 1]:
+  // ring attention's block merge), forward and backward; its backward reduces over the
+  // broadcast dim. 0: at the plain op's bandwidth.
+  double broadcast_op_per_element = 0;
   double gemm_call_overhead = 0;
   double attention_rate = 0;  // FLOP/s
   struct GemmTimeModel {      // seconds per FLOP, per FLOP x K, per FLOP x min(M, N); per call
     double per_flop = 0, per_flop_k = 0, per_flop_mn = 0, call = 0;
+    int tile_rows = 1, tile_cols = 1;  // FLOPs are counted over M and N rounded up to these
     bool calibrated() const { return per_flop > 0; }
+    // 2 M N K with M and N rounded up to the tile.
+    double padded_flops(double m, double n, double k) const;
   } gemm;
   // (head size, FLOP/s) rising in head size; empty when not calibrated.
   std::vector<std::pair<double, double>> attention_rates;

@@ -115,6 +115,35 @@ BlockCalls block_calls(models::Family family) {
       return {19, 4, 12, 4};
   }
 }
+// Ring attention on a calibrated machine (parallel/sequence_parallel ring_attention) calls no
+// fused kernel: the sequence is cut into 2 sp chunks of c positions, a rank holds two, and each
+// pair of a local query chunk and an arriving key chunk that is not wholly masked (causal:
+// 2 sp + 1 of the 4 sp) is attended blockwise and merged into the running result by its
+// log-sum-exp. Per pair: two batched c x c x d GEMMs forward and four backward, four ops over
+// the [b, heads, c, c] scores, one broadcast divide of the [b, heads, c, d] output, three small
+// ops on the [b, heads, c, 1] statistics and two slices; per merge (a chunk's pairs after its
+// first), three broadcast multiplies / divides and an add of outputs and nine small ops. An
+// op's forward and backward cost two call overheads and its traffic: 16 bytes per element at
+// the op bandwidth, or the measured broadcast rate.
+struct RingCost {
+  double forward = 0, backward = 0;
+};
+
+RingCost ring_attention_cost(const Cluster& c, double batch_heads, double seq, int sp, double d,
+                             bool causal, const std::string& amp) {
+  const double chunk = std::ceil(seq / (2.0 * sp));
+  const double pairs = causal ? 2.0 * sp + 1 : 4.0 * sp;
+  const double merges = pairs - 2;
+  const double scores = batch_heads * chunk * chunk, out = batch_heads * chunk * d;
+  const double op = c.op_overhead, plain = 16 / c.device_memory_bandwidth;
+  const double bcast = c.broadcast_op_per_element > 0 ? c.broadcast_op_per_element : plain;
+  const double ops = pairs * ((4 + 1 + 3 + 2) * 2 * op + 4 * scores * plain + out * bcast) +
+                     merges * ((4 + 9) * 2 * op + 3 * out * bcast + out * plain);
+  const double qk = batch_heads * c.gemm_time(chunk, chunk, d, amp);  // S = Q K^T, dS = dO V^T
+  const double pv = batch_heads * c.gemm_time(chunk, d, chunk, amp);  // O = E V, dV, dQ, dK
+  return {pairs * (qk + pv) + ops / 3, pairs * (qk + 3 * pv) + 2 * ops / 3};
+}
+
 constexpr double kHeadOps = 5;  // embedding (+ position add), final norm, head, cross-entropy
 
 }  // namespace
@@ -254,8 +283,9 @@ TimePrediction TimeModel::evaluate(const ParallelPlan& plan, bool bound_only) {
     block.b_compute = weights / peak + 2 * attn + 2 * mem_f + calls.ops * op + calls.linears * gemm;
     block.w_compute = weights / peak + calls.linears * gemm;
   } else {
-    // A calibrated GEMM rate depends on the GEMM's shape: each linear layer's forward
-    // (T x out x in), input gradient (T x in x out) and weight gradient (in x out x T).
+    // A calibrated GEMM rate depends on the GEMM's shape, as engine::linear calls it: each
+    // linear layer's forward (T x out x in), input gradient (T x in x out) and weight gradient
+    // (out x in x T).
     const double t = tokens / seq_div, ff = static_cast<double>(cfg.d_ff);
     std::vector<std::pair<double, double>> linears;  // (in, out) on this rank
     if (cfg.family == models::Family::kLlama) {
@@ -265,12 +295,19 @@ TimePrediction TimeModel::evaluate(const ParallelPlan& plan, bool bound_only) {
       linears = {{h, (attn_dim + 2 * kv_dim) / tp}, {attn_dim / tp, h}, {h, ff / tp}, {ff / tp, h}};
     }
     const double attn = c.attention_time(attn_core, static_cast<double>(cfg.head_dim()), plan.amp);
-    block.f_compute = attn + mem_f + calls.ops * op;
-    block.b_compute = 2 * attn + 2 * mem_f + calls.ops * op;
+    RingCost core{attn, 2 * attn};
+    if (plan.sp_mode == "ring" && sp > 1) {
+      const bool causal =
+          cfg.family == models::Family::kGpt2 || cfg.family == models::Family::kLlama;
+      core = ring_attention_cost(c, b * static_cast<double>(cfg.n_head) / tp, s, sp,
+                                 static_cast<double>(cfg.head_dim()), causal, plan.amp);
+    }
+    block.f_compute = core.forward + mem_f + calls.ops * op;
+    block.b_compute = core.backward + 2 * mem_f + calls.ops * op;
     for (const auto& [in, out] : linears) {
       block.f_compute += c.gemm_time(t, out, in, plan.amp);
       block.b_compute += c.gemm_time(t, in, out, plan.amp);
-      block.w_compute += c.gemm_time(in, out, t, plan.amp);
+      block.w_compute += c.gemm_time(out, in, t, plan.amp);
     }
   }
   const double act_bytes = tokens * h * elem / seq_div;  // one activation on one rank
@@ -313,7 +350,7 @@ TimePrediction TimeModel::evaluate(const ParallelPlan& plan, bool bound_only) {
       const double t = tokens / seq_div, v = static_cast<double>(cfg.vocab_size) / tp;
       f = c.gemm_time(t, v, h, plan.amp);
       dx = c.gemm_time(t, h, v, plan.amp);
-      dw = c.gemm_time(h, v, t, plan.amp);
+      dw = c.gemm_time(v, h, t, plan.amp);
     }
     head.f_compute = f + 2 * logits / hbm + kHeadOps * op;
     head.b_compute = dx + 2 * logits / hbm + kHeadOps * op;

@@ -248,6 +248,11 @@ const char* gemm_isa_name(GemmIsa isa) {
   return "unknown";
 }
 
+GemmTile sgemm_tile() {
+  const GemmKernels& k = active_kernels();
+  return {k.mr, k.nr};
+}
+
 void sgemm_fused(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                  const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
                  int64_t ldc, const GemmEpilogue& epilogue) {

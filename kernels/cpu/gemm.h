@@ -33,6 +33,14 @@ const char* gemm_isa_name(GemmIsa isa);
 // True if this CPU can run the given family (kAuto and kPortable are always supported).
 bool gemm_isa_supported(GemmIsa isa);
 
+// The register tile of the active fp32 micro-kernel: sgemm computes C in blocks of
+// rows x cols, so an M x N product costs as much as ceil(M / rows) rows x ceil(N / cols) cols
+// (the planner's GEMM time model pads by it).
+struct GemmTile {
+  int rows = 1, cols = 1;
+};
+GemmTile sgemm_tile();
+
 // Elementwise function applied after alpha*AB + beta*C + bias.
 enum class GemmActivation { kNone, kGeluTanh };
 

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include "base/json.h"
+#include "kernels/cpu/gemm.h"
 #include "models/registry.h"
 #include "plan/cluster.h"
 #include "plan/parallel_plan.h"
@@ -36,6 +37,18 @@ TEST_CASE("a quick calibration is a usable cluster", "[plan][calibrate]") {
   CHECK(again.attention_rates.size() == c.attention_rates.size());
   CHECK(again.overlaps_communication == c.overlaps_communication);
   CHECK(again.gemm_time(64, 384, 128, "fp32") == Approx(c.gemm_time(64, 384, 128, "fp32")));
+  // The fit counts FLOPs over the active micro-kernel's register tile: an output one column
+  // past a whole number of tiles costs a whole tile more.
+  const kernels::cpu::GemmTile tile = kernels::cpu::sgemm_tile();
+  CHECK(c.gemm.tile_rows == tile.rows);
+  CHECK(c.gemm.tile_cols == tile.cols);
+  CHECK(again.gemm.tile_cols == tile.cols);
+  if (tile.cols > 1) {
+    const double m = 100.0 * tile.rows, n = 4.0 * tile.cols;
+    CHECK(c.gemm.padded_flops(m, n + 1, 64) == Approx(2.0 * m * (n + tile.cols) * 64));
+    CHECK(c.gemm.padded_flops(m + 1, n, 64) == Approx(2.0 * (m + tile.rows) * n * 64));
+    CHECK(c.gemm_time(m, n + 1, 64, "fp32") > c.gemm_time(m, n, 64, "fp32"));
+  }
   // Thin outputs cost more per FLOP than wide ones (or the same, where the fit finds no term).
   CHECK(c.gemm_time(64, 512, 128, "fp32") / (64.0 * 512 * 128) >=
         c.gemm_time(1024, 512, 128, "fp32") / (1024.0 * 512 * 128));
@@ -63,6 +76,12 @@ TEST_CASE("calibrated keys are refused when malformed", "[plan][calibrate]") {
                                .set("ns_per_flop_times_k", 0.0)
                                .set("ns_per_flop_times_mn", 0.0)
                                .set("call_us", 1.0));
+  json::Value tiles = v;
+  tiles.at("gemm_time_model").set("tile_cols", 0);
+  CHECK_THROWS_WITH(cluster_from_json(tiles), Catch::Contains("tile_cols"));
+  tiles.at("gemm_time_model").set("tile_cols", 64).set("tile_rows", 6).set("tile_depth", 2);
+  CHECK_THROWS_WITH(cluster_from_json(tiles), Catch::Contains("tile_depth"));
+  tiles.at("gemm_time_model").set("tile_depth", 2);
   v.set("overlaps_communication", 1);
   CHECK_THROWS_WITH(cluster_from_json(v), Catch::Contains("overlaps_communication"));
 }
