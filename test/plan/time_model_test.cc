@@ -117,5 +117,46 @@ TEST_CASE("dp overlap and the system options", "[plan][time]") {
   CHECK(megatron.step_time > ours.step_time);
 }
 
+// A calibrated CPU-like cluster: per-call costs and a fitted GEMM time, as plan --calibrate
+// writes (the figures are round, not measured: the test checks the model's structure).
+Cluster calibrated_like() {
+  Cluster c = load_cluster("h200_node");
+  c.peak_fp32 = c.peak_tf32 = c.peak_bf16 = c.peak_fp16 = 100e9;
+  c.op_overhead = 1e-6;
+  c.device_memory_bandwidth = 20e9;
+  c.gemm = {.per_flop = 1e-11,
+            .per_flop_k = 0,
+            .per_flop_mn = 1e-10,
+            .call = 4e-7,
+            .tile_rows = 6,
+            .tile_cols = 64};
+  c.attention_rates = {{16, 15e9}, {64, 40e9}};
+  c.overlaps_communication = false;
+  return c;
+}
+
+TEST_CASE("ring attention is costed blockwise on a calibrated machine", "[plan][time]") {
+  const models::ModelConfig gpt2 = models::resolve_config("gpt2-tiny");
+  Cluster c = calibrated_like();
+  ParallelPlan p = layout(1, 1, 1, 8, 2, 64);
+  p.amp = "fp32";
+  p.device = "cpu";
+  p.sp = 2;
+  p.sp_mode = "ulysses";
+  const TimePrediction fused = TimeModel(gpt2, c).predict(p);
+  p.sp_mode = "ring";
+  const TimePrediction ring = TimeModel(gpt2, c).predict(p);
+  // Five chunk pairs of small ops and GEMMs per block cost more than one fused kernel call.
+  CHECK(ring.parts.compute > fused.parts.compute);
+  // The broadcast ops' measured rate is used where given: a slower one costs more.
+  const double before = ring.parts.compute;
+  c.broadcast_op_per_element = 1e-8;
+  const double slow = TimeModel(gpt2, c).predict(p).parts.compute;
+  c.broadcast_op_per_element = 2e-8;
+  const double slower = TimeModel(gpt2, c).predict(p).parts.compute;
+  CHECK(slower > slow);
+  CHECK(slow != Approx(before));
+}
+
 }  // namespace
 }  // namespace mammoth::plan
