@@ -650,7 +650,15 @@ int run_launch(const std::vector<std::string>& args) {
       return a.code;
     }
     const std::string host = hosts[host_of_rank(hosts, a.failed_rank)].name;
-    const Resized r = shrink_world(hosts, a.failed_rank, world, layout);
+    Resized r;
+    try {
+      r = shrink_world(hosts, a.failed_rank, world, layout);
+    } catch (const Error& e) {
+      // Too few ranks left is the end of the job, with the status of its failure.
+      std::fprintf(stderr, "[launch] rank %d on %s %s\n%s\n", a.failed_rank, host.c_str(),
+                   a.why.c_str(), e.what());
+      return a.code;
+    }
     const std::optional<std::string> ckpt = engine::train::latest_checkpoint(layout.save_dir);
     command = restart_args(args, layout, r.dp, r.grad_accum);
     // mpirun hands its own environment to local ranks, so -x alone would not keep it out.

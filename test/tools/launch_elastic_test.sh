@@ -5,7 +5,8 @@
 #      from step_00000004, says why, exits 0; its metrics after the restart equal, field by
 #      field (timings aside), those of `train --resume` run by hand at dp 3 from a copy of
 #      that checkpoint;
-#   2. --min-ranks above what is left, and --max-restarts 0, stop with mpirun's status, named;
+#   2. --min-ranks above what is left (after a rank exits 1, named with its status), and
+#      --max-restarts 0, stop with mpirun's status, said by name;
 #   3. an elastic command without --save-dir, or with a --plan file, is refused by name.
 set -euo pipefail
 mammoth="$(realpath "$1")"
@@ -55,8 +56,12 @@ print("steps 5-7 equal the hand resume:", [round(r["loss"], 6) for r in b])
 PY
 
 # 2. what is left is too small, or no restart is allowed.
-MAMMOTH_FAULT=kill@1:3 "$mammoth" "${launch[@]}" --min-ranks 4 -- "${train[@]}" --dp 4 \
-  --grad-accum 3 --save-dir "$work/c" >"$work/c.log" 2>&1 && fail "--min-ranks 4 restarted"
+rc=0
+MAMMOTH_FAULT=exit1@1:3 "$mammoth" "${launch[@]}" --min-ranks 4 -- "${train[@]}" --dp 4 \
+  --grad-accum 3 --save-dir "$work/c" >"$work/c.log" 2>&1 || rc=$?
+[[ $rc == 1 ]] || { cat "$work/c.log"; fail "--min-ranks 4: exit $rc, not the rank's 1"; }
+grep -q "^\[launch\] rank 1 on localhost exited with status 1$" "$work/c.log" ||
+  { cat "$work/c.log"; fail "the rank that exited 1 is not named"; }
 grep -q "3 ranks left; the largest layout that keeps the global batch 12 at micro-batch 1 is dp 3 x 1 = 3 ranks, fewer than --min-ranks 4; not restarting" \
   "$work/c.log" || { cat "$work/c.log"; fail "--min-ranks not named"; }
 MAMMOTH_FAULT=exit1@3:2 "$mammoth" launch --np 4 --btl self,vader --elastic --max-restarts 0 \
