@@ -678,7 +678,9 @@ int run_launch(const std::vector<std::string>& args) {
 }  // namespace
 }  // namespace mammoth::tools
 
-MAMMOTH_COMMAND(launch,
-                "start a command on the hosts of a hostfile through mpirun, after checking each "
-                "(`launch --hostfile FILE -- train ...`)",
-                mammoth::tools::run_launch);
+MAMMOTH_COMMAND(
+    launch,
+    "start a command on the hosts of a hostfile through mpirun, after checking each "
+    "(`launch --hostfile FILE -- train ...`), or on this machine (`--np N`); `--elastic` "
+    "restarts from the last checkpoint with the ranks left",
+    mammoth::tools::run_launch);
