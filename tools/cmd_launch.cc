@@ -25,6 +25,23 @@
 // subnet (oob_tcp_if_include / btl_tcp_if_include). The job forwards MAMMOTH_*, NCCL_* and
 // CUDA_VISIBLE_DEVICES (mpirun -x), prints the mpirun line it runs, and exits with mpirun's
 // status: the first failing rank's exit code.
+//
+// --np N instead of --hostfile: N ranks on this machine, no host checks (nothing is remote).
+//
+// --elastic [--max-restarts K] [--min-ranks M]: when the job fails, restart it from the latest
+// checkpoint of the command's --save-dir with the ranks that are left, at most K times. The
+// failed rank is the one mpirun names as the cause ("mpirun noticed that process rank R ...
+// exited on signal", or "Process name: [[J,S],R] Exit code: C"): mpirun reports the first rank
+// that died or exited non-zero and kills the others, so exactly one rank is taken as failed per
+// attempt; a failure in which mpirun names no rank is not restarted. Its slot leaves the world
+// (its host's slots shrink by one; ranks map to hosts in hostfile order, slots each, as
+// mpirun's default by-slot mapping places them). The layout keeps --tp, --pp and --sp and
+// shrinks dp to what the ranks left hold (idle ranks beyond dp * tp * pp * sp are dropped),
+// refused by name below --min-ranks or below one model replica. The restart runs the same
+// command with --dp rewritten (when given) and --resume added; checkpoints reshard on load.
+// Micro-batch and accumulation stay, so the global batch shrinks with dp, as a hand resume at
+// that size does. MAMMOTH_FAULT (test-only fault injection) is forwarded to the first attempt
+// only: an injected fault models one failure, not a rank that fails on every start.
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
@@ -38,14 +55,18 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "base/error.h"
+#include "engine/train/checkpoint.h"
 #include "tools/command.h"
+#include "tools/plan_flags.h"
 
 ABSL_FLAG(std::string, hostfile, "", "launch: hosts, one per line (`host slots=N [max_slots=M]`)");
 ABSL_FLAG(int, nproc_per_node, 0, "launch: ranks per host (0: each host's slots)");
@@ -59,6 +80,14 @@ ABSL_FLAG(std::string, btl, "tcp,vader,self", "launch: Open MPI byte transfer la
 ABSL_FLAG(int, port_base, 29500, "launch: first TCP port of MPI's tcp transport on every host");
 ABSL_FLAG(int, port_range, 32, "launch: TCP ports from --port-base that MPI may listen on");
 ABSL_FLAG(double, check_timeout, 15.0, "launch: seconds each host check may take");
+// train's, for the defaults of a command that does not give them.
+ABSL_DECLARE_FLAG(int64_t, micro_batch);
+ABSL_DECLARE_FLAG(int64_t, grad_accum);
+ABSL_FLAG(int, np, 0, "launch: ranks on this machine only, instead of --hostfile (no host checks)");
+ABSL_FLAG(bool, elastic, false,
+          "launch: on a failure, restart from the latest checkpoint with the ranks left");
+ABSL_FLAG(int, max_restarts, 3, "launch --elastic: restarts at most");
+ABSL_FLAG(int, min_ranks, 1, "launch --elastic: fewest ranks a restart may run with");
 ABSL_FLAG(std::string, probe_ports, "",
           "launch (internal, run on each host by the checks): exit 1 unless ports P:N are free");
 
@@ -268,67 +297,235 @@ std::string local_subnet(const std::string& addr) {
   return found;
 }
 
-int run_launch(const std::vector<std::string>& args) {
-  if (!absl::GetFlag(FLAGS_probe_ports).empty())
-    return probe_ports(absl::GetFlag(FLAGS_probe_ports));
-  MAMMOTH_CHECK(!args.empty())
-      << "[launch] usage: mammoth launch --hostfile FILE [--nproc-per-node N] "
-         "[--include H1@H2 | --exclude H] [--master-addr ADDR] -- COMMAND [ARGS...]";
-  const std::string hostfile = absl::GetFlag(FLAGS_hostfile);
-  MAMMOTH_CHECK(!hostfile.empty()) << "[launch] needs --hostfile FILE";
-  std::vector<Host> hosts = parse_hostfile(hostfile);
-  const std::string include = absl::GetFlag(FLAGS_include);
-  const std::string exclude = absl::GetFlag(FLAGS_exclude);
-  MAMMOTH_CHECK(include.empty() || exclude.empty())
-      << "[launch] give --include or --exclude, not both";
-  if (!include.empty() || !exclude.empty()) {
-    const std::set<std::string> named = host_list(include.empty() ? exclude : include,
-                                                  include.empty() ? "exclude" : "include", hosts);
-    std::vector<Host> kept;
-    for (const Host& h : hosts) {
-      if (named.count(h.name) == (include.empty() ? 0u : 1u)) kept.push_back(h);
-    }
-    hosts = kept;
-    MAMMOTH_CHECK(!hosts.empty()) << "[launch] --exclude " << exclude << " leaves no host";
+// The command's flags that an elastic restart reads or rewrites (after `--`).
+struct CommandLayout {
+  int dp = 0;  // 0: not given (train derives it from the world)
+  int tp = 1, pp = 1, sp = 1;
+  int64_t micro_batch = 0, grad_accum = 0;
+  std::string save_dir;
+};
+
+// The value of --NAME in `args` ("--name V", "--name=V", hyphens or underscores), or nullopt.
+std::optional<std::string> command_flag(const std::vector<std::string>& args,
+                                        const std::string& name) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string a = normalize_flag(args[i]);
+    if (a == "--" + name && i + 1 < args.size()) return args[i + 1];
+    if (a.rfind("--" + name + "=", 0) == 0) return a.substr(name.size() + 3);
   }
-  const int per_node = absl::GetFlag(FLAGS_nproc_per_node);
-  MAMMOTH_CHECK(per_node >= 0) << "[launch] --nproc-per-node " << per_node << " is negative";
+  return std::nullopt;
+}
+
+CommandLayout command_layout(const std::vector<std::string>& args) {
+  for (const char* name : {"plan", "config"}) {
+    MAMMOTH_CHECK(!command_flag(args, name))
+        << "[launch] --elastic resizes the layout given by the command's --dp/--tp/--pp/--sp; "
+           "it cannot rewrite a --"
+        << name << " file: give the layout and --save-dir as flags";
+  }
+  CommandLayout l;
+  auto count = [&args](const char* name, int fallback) {
+    const std::optional<std::string> v = command_flag(args, name);
+    return v ? parse_count(*v, std::string("the command's --") + name) : fallback;
+  };
+  l.dp = count("dp", 0);
+  l.tp = count("tp", 1);
+  l.pp = count("pp", 1);
+  l.sp = count("sp", 1);
+  l.micro_batch = count("micro_batch", static_cast<int>(absl::GetFlag(FLAGS_micro_batch)));
+  l.grad_accum = count("grad_accum", static_cast<int>(absl::GetFlag(FLAGS_grad_accum)));
+  l.save_dir = command_flag(args, "save_dir").value_or("");
+  MAMMOTH_CHECK(!l.save_dir.empty())
+      << "[launch] --elastic restarts from the command's checkpoints: give it --save-dir DIR "
+         "(and --save-every N, or nothing survives a failure)";
+  return l;
+}
+
+// `args` with --NAME set to `value` (replaced where given, else appended).
+std::vector<std::string> with_flag(const std::vector<std::string>& args, const std::string& name,
+                                   const std::string& value) {
+  std::vector<std::string> out;
+  bool set = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string a = normalize_flag(args[i]);
+    if (a == "--" + name && i + 1 < args.size()) {
+      out.insert(out.end(), {args[i], value});
+      ++i;
+      set = true;
+    } else if (a.rfind("--" + name + "=", 0) == 0) {
+      out.push_back(args[i].substr(0, args[i].find('=') + 1) + value);
+      set = true;
+    } else {
+      out.push_back(args[i]);
+    }
+  }
+  if (!set) {
+    std::string flag = name;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    out.insert(out.end(), {"--" + flag, value});
+  }
+  return out;
+}
+
+// The restart's command: the layout's --dp (when the command gave one) and --grad-accum,
+// and --resume.
+std::vector<std::string> restart_args(const std::vector<std::string>& args, const CommandLayout& l,
+                                      int dp, int64_t grad_accum) {
+  std::vector<std::string> out = with_flag(args, "grad_accum", std::to_string(grad_accum));
+  if (l.dp > 0) out = with_flag(out, "dp", std::to_string(dp));
+  bool resume = false;
+  for (const std::string& arg : out) {
+    const std::string a = normalize_flag(arg);
+    resume = resume || a == "--resume" || a == "--resume=true";
+    MAMMOTH_CHECK(a != "--resume=false" && a != "--noresume")
+        << "[launch] --elastic restarts with --resume; the command says " << arg;
+  }
+  if (!resume) out.push_back("--resume");
+  return out;
+}
+
+struct Attempt {
+  int code = 0;
+  int failed_rank = -1;  // the rank mpirun named as the cause, -1: none named
+  std::string why;       // mpirun's words for it
+};
+
+// mpirun's report of the rank that ended the job, from one line of its stderr.
+void scan_mpirun_line(const std::string& line, Attempt& a, bool& want_exit_code) {
+  if (a.failed_rank >= 0 && !want_exit_code) return;
+  int rank = -1;
+  const size_t noticed = line.find("noticed that process rank ");
+  if (noticed != std::string::npos &&
+      std::sscanf(line.c_str() + noticed, "noticed that process rank %d", &rank) == 1) {
+    a.failed_rank = rank;
+    const size_t on = line.find(" exited on ");
+    a.why = on == std::string::npos ? "died" : trim(line.substr(on + 1));
+    while (!a.why.empty() && a.why.back() == '.') a.why.pop_back();
+    return;
+  }
+  int job = 0, step = 0;
+  const size_t name = line.find("Process name: [[");
+  if (a.failed_rank < 0 && name != std::string::npos &&
+      std::sscanf(line.c_str() + name, "Process name: [[%d,%d],%d]", &job, &step, &rank) == 3) {
+    a.failed_rank = rank;
+    a.why = "exited non-zero";
+    want_exit_code = true;
+    return;
+  }
+  const size_t code = line.find("Exit code:");
+  if (want_exit_code && code != std::string::npos) {
+    a.why = "exited with status " + trim(line.substr(code + 10));
+    want_exit_code = false;
+  }
+}
+
+// Runs the mpirun line; its stderr (the ranks' too) passes through and is scanned for the rank
+// mpirun names as the cause of a failure.
+Attempt run_mpirun(std::vector<std::string> cmd) {
+  int fds[2];
+  MAMMOTH_CHECK(::pipe(fds) == 0) << "[launch] pipe: " << std::strerror(errno);
+  const pid_t pid = ::fork();
+  MAMMOTH_CHECK(pid >= 0) << "[launch] fork: " << std::strerror(errno);
+  if (pid == 0) {
+    ::dup2(fds[1], STDERR_FILENO);
+    ::close(fds[0]);
+    ::close(fds[1]);
+    std::vector<char*> argv;
+    for (std::string& a : cmd) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execvp(argv[0], argv.data());
+    std::fprintf(stderr, "[launch] cannot run mpirun: %s\n", std::strerror(errno));
+    std::_Exit(127);
+  }
+  ::close(fds[1]);
+  Attempt a;
+  bool want_exit_code = false;
+  std::FILE* in = ::fdopen(fds[0], "r");
+  MAMMOTH_CHECK(in != nullptr) << "[launch] fdopen: " << std::strerror(errno);
+  char* buf = nullptr;
+  size_t cap = 0;
+  ssize_t n;
+  while ((n = ::getline(&buf, &cap, in)) > 0) {
+    std::fwrite(buf, 1, static_cast<size_t>(n), stderr);
+    std::fflush(stderr);
+    scan_mpirun_line(std::string(buf, static_cast<size_t>(n)), a, want_exit_code);
+  }
+  std::free(buf);
+  std::fclose(in);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  a.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return a;
+}
+
+// The host (index into `hosts`) of `rank` under mpirun's by-slot mapping.
+size_t host_of_rank(const std::vector<Host>& hosts, int rank) {
+  int first = 0;
+  for (size_t i = 0; i < hosts.size(); ++i) {
+    if (rank < first + hosts[i].slots) return i;
+    first += hosts[i].slots;
+  }
+  MAMMOTH_THROW() << "[launch] mpirun named rank " << rank << ", beyond the " << first
+                  << " ranks started";
+}
+
+int world_of(const std::vector<Host>& hosts) {
   int world = 0;
+  for (const Host& h : hosts) world += h.slots;
+  return world;
+}
+
+struct Resized {
+  int dp = 0;
+  int64_t grad_accum = 0;
+};
+
+// Drops `rank`'s slot and picks the largest dp the ranks left hold (tp * pp * sp ranks per
+// model replica) that keeps the global batch with the same micro-batch (train refuses to
+// resume a checkpoint under another global batch); the slots beyond it leave too, the last
+// hosts' first.
+Resized shrink_world(std::vector<Host>& hosts, int rank, int world, const CommandLayout& l) {
+  Host& failed = hosts[host_of_rank(hosts, rank)];
+  --failed.slots;
+  const int replica = l.tp * l.pp * l.sp;
+  const int left = world_of(hosts);
+  const int64_t global = (l.dp > 0 ? l.dp : world / replica) * l.micro_batch * l.grad_accum;
+  Resized r;
+  for (int dp = left / replica; dp >= 1 && r.dp == 0; --dp) {
+    if (global % (dp * l.micro_batch) == 0) r = {dp, global / (dp * l.micro_batch)};
+  }
+  MAMMOTH_CHECK(r.dp >= 1) << "[launch] --elastic: " << left << " rank" << (left == 1 ? "" : "s")
+                           << " left, fewer than one model replica (tp " << l.tp << " x pp " << l.pp
+                           << " x sp " << l.sp << " = " << replica << "); not restarting";
+  MAMMOTH_CHECK(r.dp * replica >= absl::GetFlag(FLAGS_min_ranks))
+      << "[launch] --elastic: " << left << " ranks left; the largest layout that keeps the "
+      << "global batch " << global << " at micro-batch " << l.micro_batch << " is dp " << r.dp
+      << " x " << replica << " = " << r.dp * replica << " ranks, fewer than --min-ranks "
+      << absl::GetFlag(FLAGS_min_ranks) << "; not restarting";
+  for (int extra = left - r.dp * replica; extra > 0; --extra) {
+    auto h = std::find_if(hosts.rbegin(), hosts.rend(), [](const Host& x) { return x.slots > 0; });
+    --h->slots;
+  }
+  hosts.erase(
+      std::remove_if(hosts.begin(), hosts.end(), [](const Host& h) { return h.slots == 0; }),
+      hosts.end());
+  return r;
+}
+
+// The mpirun line for `hosts` running `args`.
+std::vector<std::string> mpirun_line(const std::vector<Host>& hosts, const std::string& subnet,
+                                     const std::string& binary,
+                                     const std::vector<std::string>& args) {
   std::string host_arg;
-  for (Host& h : hosts) {
-    if (per_node > 0) {
-      MAMMOTH_CHECK(h.max_slots == 0 || per_node <= h.max_slots)
-          << "[launch] --nproc-per-node " << per_node << " exceeds " << host_text(h)
-          << "'s max_slots=" << h.max_slots;
-      h.slots = per_node;
-    }
-    world += h.slots;
+  for (const Host& h : hosts)
     host_arg += (host_arg.empty() ? "" : ",") + h.name + ":" + std::to_string(h.slots);
-  }
-  MAMMOTH_CHECK(absl::GetFlag(FLAGS_port_base) > 0 && absl::GetFlag(FLAGS_port_range) > 0 &&
-                absl::GetFlag(FLAGS_port_base) + absl::GetFlag(FLAGS_port_range) <= 65536)
-      << "[launch] --port-base " << absl::GetFlag(FLAGS_port_base) << " --port-range "
-      << absl::GetFlag(FLAGS_port_range) << " is not a range of TCP ports";
-  std::string subnet;
-  if (!absl::GetFlag(FLAGS_master_addr).empty())
-    subnet = local_subnet(absl::GetFlag(FLAGS_master_addr));
-
-  const std::string binary = self_path();
-  const auto [rc, out] = run_shell("sha256sum " + quote(binary));
-  MAMMOTH_CHECK(rc == 0) << "[launch] sha256sum " << binary << " failed: " << out;
-  const std::string hash = first_word(out);
-  for (const Host& h : hosts) {
-    check_host(h, binary, hash);
-    std::fprintf(stderr, "[launch] %s: reachable, same binary, ports free; %d rank%s\n",
-                 h.name.c_str(), h.slots, h.slots == 1 ? "" : "s");
-  }
-
   std::vector<std::string> cmd = {"mpirun"};
   if (::geteuid() == 0) cmd.push_back("--allow-run-as-root");
   auto mca = [&cmd](const std::string& key, const std::string& value) {
     cmd.insert(cmd.end(), {"--mca", key, value});
   };
-  mca("plm_rsh_agent", absl::GetFlag(FLAGS_ssh));
+  if (absl::GetFlag(FLAGS_np) == 0) mca("plm_rsh_agent", absl::GetFlag(FLAGS_ssh));
   mca("btl", absl::GetFlag(FLAGS_btl));
   mca("btl_tcp_port_min_v4", std::to_string(absl::GetFlag(FLAGS_port_base)));
   mca("btl_tcp_port_range_v4", std::to_string(absl::GetFlag(FLAGS_port_range)));
@@ -337,7 +534,8 @@ int run_launch(const std::vector<std::string>& args) {
     mca("btl_tcp_if_include", subnet);
   }
   // mammoth sizes its own thread pool; Open MPI's default core binding would squeeze it.
-  cmd.insert(cmd.end(), {"--bind-to", "none", "-H", host_arg, "-np", std::to_string(world)});
+  cmd.insert(cmd.end(),
+             {"--bind-to", "none", "-H", host_arg, "-np", std::to_string(world_of(hosts))});
   std::vector<std::string> forwarded;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string var(*e);
@@ -350,34 +548,139 @@ int run_launch(const std::vector<std::string>& args) {
   for (const std::string& name : forwarded) cmd.insert(cmd.end(), {"-x", name});
   cmd.push_back(binary);
   cmd.insert(cmd.end(), args.begin(), args.end());
+  return cmd;
+}
 
-  std::string line;
-  for (const std::string& a : cmd) line += (line.empty() ? "" : " ") + quote(a);
-  std::fprintf(stderr, "[launch] %d rank%s on %zu host%s: %s\n", world, world == 1 ? "" : "s",
-               hosts.size(), hosts.size() == 1 ? "" : "s", line.c_str());
-  std::fflush(stderr);
-  const pid_t pid = ::fork();
-  MAMMOTH_CHECK(pid >= 0) << "[launch] fork: " << std::strerror(errno);
-  if (pid == 0) {
-    std::vector<char*> argv;
-    for (std::string& a : cmd) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    ::execvp(argv[0], argv.data());
-    std::fprintf(stderr, "[launch] cannot run mpirun: %s\n", std::strerror(errno));
-    std::_Exit(127);
+int run_launch(const std::vector<std::string>& args) {
+  if (!absl::GetFlag(FLAGS_probe_ports).empty())
+    return probe_ports(absl::GetFlag(FLAGS_probe_ports));
+  MAMMOTH_CHECK(!args.empty())
+      << "[launch] usage: mammoth launch (--hostfile FILE [--nproc-per-node N] "
+         "[--include H1@H2 | --exclude H] [--master-addr ADDR] | --np N) "
+         "[--elastic [--max-restarts K] [--min-ranks M]] -- COMMAND [ARGS...]";
+  const std::string hostfile = absl::GetFlag(FLAGS_hostfile);
+  const int np = absl::GetFlag(FLAGS_np);
+  MAMMOTH_CHECK(hostfile.empty() != (np == 0))
+      << "[launch] needs --hostfile FILE or --np N (ranks on this machine), one of them";
+  MAMMOTH_CHECK(np >= 0) << "[launch] --np " << np << " is negative";
+  const bool elastic = absl::GetFlag(FLAGS_elastic);
+  MAMMOTH_CHECK(absl::GetFlag(FLAGS_max_restarts) >= 0 && absl::GetFlag(FLAGS_min_ranks) >= 1)
+      << "[launch] --max-restarts " << absl::GetFlag(FLAGS_max_restarts) << " --min-ranks "
+      << absl::GetFlag(FLAGS_min_ranks) << ": want a count >= 0 and one >= 1";
+  const CommandLayout layout = elastic ? command_layout(args) : CommandLayout{};
+  std::vector<Host> hosts;
+  std::string subnet;
+  const std::string binary = self_path();
+  if (np > 0) {
+    for (const char* flag : {"nproc_per_node", "include", "exclude", "master_addr"}) {
+      MAMMOTH_CHECK(!flag_changed(flag))
+          << "[launch] --" << flag << " selects hosts of a --hostfile; --np runs on this machine";
+    }
+    hosts.push_back({.name = "localhost", .slots = np});
+  } else {
+    hosts = parse_hostfile(hostfile);
+    const std::string include = absl::GetFlag(FLAGS_include);
+    const std::string exclude = absl::GetFlag(FLAGS_exclude);
+    MAMMOTH_CHECK(include.empty() || exclude.empty())
+        << "[launch] give --include or --exclude, not both";
+    if (!include.empty() || !exclude.empty()) {
+      const std::set<std::string> named = host_list(include.empty() ? exclude : include,
+                                                    include.empty() ? "exclude" : "include", hosts);
+      std::vector<Host> kept;
+      for (const Host& h : hosts) {
+        if (named.count(h.name) == (include.empty() ? 0u : 1u)) kept.push_back(h);
+      }
+      hosts = kept;
+      MAMMOTH_CHECK(!hosts.empty()) << "[launch] --exclude " << exclude << " leaves no host";
+    }
+    const int per_node = absl::GetFlag(FLAGS_nproc_per_node);
+    MAMMOTH_CHECK(per_node >= 0) << "[launch] --nproc-per-node " << per_node << " is negative";
+    for (Host& h : hosts) {
+      if (per_node > 0) {
+        MAMMOTH_CHECK(h.max_slots == 0 || per_node <= h.max_slots)
+            << "[launch] --nproc-per-node " << per_node << " exceeds " << host_text(h)
+            << "'s max_slots=" << h.max_slots;
+        h.slots = per_node;
+      }
+    }
+    MAMMOTH_CHECK(absl::GetFlag(FLAGS_port_base) > 0 && absl::GetFlag(FLAGS_port_range) > 0 &&
+                  absl::GetFlag(FLAGS_port_base) + absl::GetFlag(FLAGS_port_range) <= 65536)
+        << "[launch] --port-base " << absl::GetFlag(FLAGS_port_base) << " --port-range "
+        << absl::GetFlag(FLAGS_port_range) << " is not a range of TCP ports";
+    if (!absl::GetFlag(FLAGS_master_addr).empty())
+      subnet = local_subnet(absl::GetFlag(FLAGS_master_addr));
+    const auto [rc, out] = run_shell("sha256sum " + quote(binary));
+    MAMMOTH_CHECK(rc == 0) << "[launch] sha256sum " << binary << " failed: " << out;
+    const std::string hash = first_word(out);
+    for (const Host& h : hosts) {
+      check_host(h, binary, hash);
+      std::fprintf(stderr, "[launch] %s: reachable, same binary, ports free; %d rank%s\n",
+                   h.name.c_str(), h.slots, h.slots == 1 ? "" : "s");
+    }
   }
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  if (elastic && layout.dp > 0) {
+    MAMMOTH_CHECK(layout.dp * layout.tp * layout.pp * layout.sp == world_of(hosts))
+        << "[launch] --elastic: the command's dp " << layout.dp << " x tp " << layout.tp << " x pp "
+        << layout.pp << " x sp " << layout.sp << " is not the " << world_of(hosts)
+        << " ranks launched";
   }
-  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  if (code != 0) std::fprintf(stderr, "[launch] mpirun exited with %d\n", code);
-  return code;
+
+  std::vector<std::string> command = args;
+  for (int restart = 0;; ++restart) {
+    const std::vector<std::string> cmd = mpirun_line(hosts, subnet, binary, command);
+    std::string line;
+    for (const std::string& a : cmd) line += (line.empty() ? "" : " ") + quote(a);
+    const int world = world_of(hosts);
+    std::fprintf(stderr, "[launch] %d rank%s on %zu host%s: %s\n", world, world == 1 ? "" : "s",
+                 hosts.size(), hosts.size() == 1 ? "" : "s", line.c_str());
+    std::fflush(stderr);
+    const Attempt a = run_mpirun(cmd);
+    if (a.code == 0) return 0;
+    std::fprintf(stderr, "[launch] mpirun exited with %d\n", a.code);
+    if (!elastic) return a.code;
+    if (restart == absl::GetFlag(FLAGS_max_restarts)) {
+      std::fprintf(stderr, "[launch] --elastic: %d restart%s (--max-restarts) used; giving up\n",
+                   restart, restart == 1 ? "" : "s");
+      return a.code;
+    }
+    if (a.failed_rank < 0) {
+      std::fprintf(stderr,
+                   "[launch] --elastic: mpirun named no failed rank (the launch itself failed?); "
+                   "not restarting\n");
+      return a.code;
+    }
+    const std::string host = hosts[host_of_rank(hosts, a.failed_rank)].name;
+    Resized r;
+    try {
+      r = shrink_world(hosts, a.failed_rank, world, layout);
+    } catch (const Error& e) {
+      // Too few ranks left is the end of the job, with the status of its failure.
+      std::fprintf(stderr, "[launch] rank %d on %s %s\n%s\n", a.failed_rank, host.c_str(),
+                   a.why.c_str(), e.what());
+      return a.code;
+    }
+    const std::optional<std::string> ckpt = engine::train::latest_checkpoint(layout.save_dir);
+    command = restart_args(args, layout, r.dp, r.grad_accum);
+    // mpirun hands its own environment to local ranks, so -x alone would not keep it out.
+    const bool fault = std::getenv("MAMMOTH_FAULT") != nullptr;
+    ::unsetenv("MAMMOTH_FAULT");
+    std::fprintf(stderr,
+                 "[launch] --elastic restart %d of %d: rank %d on %s %s; %d ranks left: dp %d x "
+                 "tp %d x pp %d x sp %d, grad-accum %lld (the global batch kept), %s%s\n",
+                 restart + 1, absl::GetFlag(FLAGS_max_restarts), a.failed_rank, host.c_str(),
+                 a.why.c_str(), world_of(hosts), r.dp, layout.tp, layout.pp, layout.sp,
+                 static_cast<long long>(r.grad_accum),
+                 ckpt ? ("resuming from " + *ckpt).c_str() : "no checkpoint yet: from the start",
+                 fault ? " (MAMMOTH_FAULT not passed on)" : "");
+  }
 }
 
 }  // namespace
 }  // namespace mammoth::tools
 
-MAMMOTH_COMMAND(launch,
-                "start a command on the hosts of a hostfile through mpirun, after checking each "
-                "(`launch --hostfile FILE -- train ...`)",
-                mammoth::tools::run_launch);
+MAMMOTH_COMMAND(
+    launch,
+    "start a command on the hosts of a hostfile through mpirun, after checking each "
+    "(`launch --hostfile FILE -- train ...`), or on this machine (`--np N`); `--elastic` "
+    "restarts from the last checkpoint with the ranks left",
+    mammoth::tools::run_launch);

@@ -27,8 +27,10 @@
 // `mammoth train` shares them (and plan shares train's --model and --seq-len) with
 // ABSL_DECLARE_FLAG (Abseil flags are global to the binary).
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -270,9 +272,12 @@ int run_plan(const std::vector<std::string>& args) {
   const std::string trace = absl::GetFlag(FLAGS_trace);
   if (!trace.empty()) {
     std::ofstream out(trace);
+    MAMMOTH_CHECK(out.good()) << "[plan] cannot create --trace file '" << trace
+                              << "': " << std::strerror(errno);
     out << pl::chrome_trace_json(schedule, result);
     out.close();
-    MAMMOTH_CHECK(out.good()) << "[plan] cannot write --trace file '" << trace << "'";
+    MAMMOTH_CHECK(out.good()) << "[plan] writing --trace file '" << trace
+                              << "' failed (disk full?): " << std::strerror(errno);
     std::printf("wrote Chrome trace %s\n", trace.c_str());
   }
   return 0;

@@ -1,8 +1,10 @@
 #include "engine/train/metrics_sink.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -23,7 +25,8 @@ MetricsSink::MetricsSink(const MetricsSinkOptions& options) : options_(options) 
     tensorboard_ = std::make_unique<TensorBoardWriter>(options_.tensorboard_dir);
   if (!options_.metrics_path.empty()) {
     metrics_.open(options_.metrics_path, options_.append ? std::ios::app : std::ios::trunc);
-    MAMMOTH_CHECK(metrics_.good()) << "[train] cannot open --metrics " << options_.metrics_path;
+    MAMMOTH_CHECK(metrics_.good()) << "[train] cannot open --metrics " << options_.metrics_path
+                                   << ": " << std::strerror(errno);
   }
 }
 
@@ -54,6 +57,10 @@ void MetricsSink::record(const StepRecord& r) {
     if (!r.grad_norms.is_null()) m.set("grad_norms", r.grad_norms);
     metrics_ << json::dump(m) << "\n";
     metrics_.flush();
+    // A full disk or a failing device shows here, not at open; a metrics file with holes
+    // would pass for a complete run.
+    MAMMOTH_CHECK(metrics_.good()) << "[train] writing --metrics " << options_.metrics_path
+                                   << " failed (disk full?): " << std::strerror(errno);
   }
   if (tensorboard_) {
     std::vector<std::pair<std::string, float>> scalars = {

@@ -2,9 +2,11 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -218,18 +220,23 @@ std::string write_dump(const std::string& reason) {
   if (!dir || !*dir) return "";
   const std::string path =
       std::string(dir) + "/rank_" + std::to_string(recorder().world_rank()) + ".json";
+  // The job is failing already: a dump that cannot be written is reported, not thrown.
+  const std::string tmp = path + ".tmp";
   try {
     std::filesystem::create_directories(dir);
-    const std::string tmp = path + ".tmp";
     {
       std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+      if (!f) throw std::runtime_error(std::string("cannot create: ") + std::strerror(errno));
       f << dump_json(reason) << "\n";
       f.close();
-      if (!f) throw std::runtime_error("write failed");
+      if (!f)
+        throw std::runtime_error(std::string("write failed (disk full?): ") + std::strerror(errno));
     }
     std::filesystem::rename(tmp, path);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "[flight] could not write %s: %s\n", path.c_str(), e.what());
+    std::error_code ec;
+    std::filesystem::remove(tmp, ec);
     return "";
   }
   return path;

@@ -8,7 +8,8 @@
 #   3. a busy TCP port on a host is named before anything starts;
 #   4. MAMMOTH_* reaches the remote rank (-x) and the failing rank's exit code comes back;
 #   5. hostfile, --include/--exclude and --master-addr errors are refused by name; a bare
-#      host line, --include and --nproc-per-node 2 (dp 4 over the two hosts) run.
+#      host line, --include and --nproc-per-node 2 (dp 4 over the two hosts) run;
+#   6. --elastic: rank 2 (the second host's first) killed; the restart runs on 2 + 1 slots.
 # Needs root and `ip netns`; the namespaces are removed however the test ends.
 set -euo pipefail
 mammoth="$(realpath "$1")"
@@ -169,4 +170,16 @@ in_a "$mammoth" "${launch[@]}" --hostfile "$work/hosts" --nproc-per-node 2 --por
 grep -q "^\[launch\] 4 ranks on 2 hosts: .*-H 10.77.0.1:2,10.77.0.2:2 -np 4 " "$work/four.log" ||
   { cat "$work/four.log"; fail "--nproc-per-node 2: not 4 ranks"; }
 grep -q "x 4 dp = " "$work/four.log" || { cat "$work/four.log"; fail "--nproc-per-node 2: not dp 4"; }
+
+# 6. --elastic across the hosts: the killed rank's host loses its slot.
+MAMMOTH_FAULT=kill@2:3 in_a "$mammoth" "${launch[@]}" --hostfile "$work/hosts" \
+  --nproc-per-node 2 --port-base 29600 --elastic --max-restarts 1 -- train --steps 4 \
+  --eval-every 0 --threads 1 --seq-len 16 --micro-batch 1 --grad-accum 3 --dp 4 --save-every 2 \
+  --save-dir "$work/elastic" --comm-timeout 20 >"$work/elastic.log" 2>&1 ||
+  { cat "$work/elastic.log"; fail "--elastic over two hosts"; }
+grep -a "^\[launch\] --elastic" "$work/elastic.log"
+grep -q "^\[launch\] --elastic restart 1 of 1: rank 2 on 10.77.0.2 exited on signal 9 (Killed); 3 ranks left: dp 3 " \
+  "$work/elastic.log" || fail "--elastic: the restart does not name rank 2 on 10.77.0.2"
+grep -q "^\[launch\] 3 ranks on 2 hosts: .*-H 10.77.0.1:2,10.77.0.2:1 -np 3 " "$work/elastic.log" ||
+  fail "--elastic: the second host did not lose one slot"
 echo "PASS"
