@@ -54,7 +54,8 @@ PACKAGES=(
   libclang-rt-16-dev
   libcpp-httplib-dev
 )
-PY_MODULES=(safetensors tokenizers tensorboard transformers peft openai)
+# jinja2: transformers' apply_chat_template, the reference of the chat-template tests.
+PY_MODULES=(safetensors tokenizers tensorboard transformers peft openai jinja2)
 # What pip installs for each module above. transformers 4.44.2 is the newest that runs on
 # Debian's torch 1.13; it pins tokenizers < 0.20 (pip resolves that). peft and accelerate ask
 # for torch >= 1.13, which Debian's "1.13.0a0" does not satisfy for pip (a pre-release), so pip
