@@ -1,6 +1,10 @@
 #include "serve/server.h"
 
+#include <dirent.h>
 #include <httplib.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <cstdio>
@@ -31,6 +35,59 @@ json::Value error_body(const ApiError& e) {
                                                 .set("type", e.type)
                                                 .set("param", or_null(e.param))
                                                 .set("code", or_null(e.code)));
+}
+
+// The numeric host and port of a socket address, as cpp-httplib fills Request::remote_addr.
+bool numeric_address(const sockaddr_storage& a, socklen_t len, std::string* host, int* port) {
+  char h[NI_MAXHOST], p[NI_MAXSERV];
+  if (getnameinfo(reinterpret_cast<const sockaddr*>(&a), len, h, sizeof h, p, sizeof p,
+                  NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
+    return false;
+  }
+  *host = h;
+  *port = std::atoi(p);
+  return true;
+}
+
+// The descriptor of the connection `req` arrived on, or -1. cpp-httplib 0.11 (Debian's) gives
+// a handler no socket and no is_connection_closed(), so the connection is found by its two
+// endpoints; it stays open, on the same descriptor, until the handler returns.
+int connection_socket(const httplib::Request& req) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  int found = -1;
+  while (dirent* e = readdir(dir)) {
+    if (e->d_name[0] == '.') continue;
+    const int fd = std::atoi(e->d_name);
+    sockaddr_storage a{};
+    socklen_t len = sizeof a;
+    std::string host;
+    int port = -1;
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0 ||
+        !numeric_address(a, len, &host, &port) || port != req.local_port) {
+      continue;
+    }
+    len = sizeof a;
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0 ||
+        !numeric_address(a, len, &host, &port) || port != req.remote_port ||
+        host != req.remote_addr) {
+      continue;
+    }
+    found = fd;
+    break;
+  }
+  closedir(dir);
+  return found;
+}
+
+// Whether the client closed its end: a readable socket with nothing to read has seen the
+// peer's FIN (or a reset). Bytes waiting (a pipelined request) mean it is still there.
+bool peer_closed(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  if (poll(&p, 1, 0) <= 0) return false;
+  if (p.revents & (POLLERR | POLLHUP)) return true;
+  char c;
+  return recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
 }
 
 [[noreturn]] void refuse(std::string message, std::string param = "", std::string code = "",
@@ -472,15 +529,20 @@ void Server::routes() {
   // choice from a piece of text and a finish reason (null while streaming).
   auto answer = [](std::shared_ptr<Job> job, const Sampling& s, json::Value head,
                    std::function<json::Value(const std::string&, const json::Value&)> choice,
-                   std::function<json::Value()> first, httplib::Response& res) {
+                   std::function<json::Value()> first, const httplib::Request& req,
+                   httplib::Response& res) {
     if (!s.stream) {
+      // A client that hangs up while waiting frees its sequence, as a stream's does.
+      const int fd = connection_socket(req);
       std::string text;
-      job->run(
+      auto alive = [fd] { return fd < 0 || !peer_closed(fd); };
+      const bool ok = job->run(
           [&](const std::string& piece) {
             text += piece;
-            return true;
+            return alive();
           },
-          [] { return true; });
+          alive);
+      if (!ok) return;  // nobody to answer
       if (job->finish_reason == "error") {
         throw ApiError{503, job->error, "", "", "server_error"};
       }
@@ -588,7 +650,7 @@ void Server::routes() {
                      .set("logprobs", json::Value())
                      .set("finish_reason", reason);
                },
-               nullptr, res);
+               nullptr, req, res);
          }));
 
   h.Post(
@@ -669,7 +731,7 @@ void Server::routes() {
                   .set("logprobs", json::Value())
                   .set("finish_reason", json::Value());
             },
-            res);
+            req, res);
       }));
 }
 

@@ -16,7 +16,8 @@ On a tiny Hugging Face GPT-2 directory (serve_fixture.py):
   - 16 concurrent streaming clients each get the text they get alone, through a pool that holds
     only about half of them at once (the rest queue); the KV pool is empty afterwards
     (/metrics); a request larger than the whole pool is refused;
-  - a client that disconnects mid-stream has its sequence cancelled and its blocks freed;
+  - a client that disconnects mid-stream, or while waiting for a non-streaming answer, has
+    its sequence cancelled and its blocks freed;
   - --tp 2 is refused by name (not built yet);
   - SIGTERM stops the server cleanly (exit 0).
 
@@ -64,6 +65,16 @@ def expect_error(srv, body, status, param=None, code=None, raw=None, path="/v1/c
     status_ok, _ = srv.get("/health")
     check(status_ok == 200, "the server stopped serving after a bad request")
     return err
+
+
+def wait_cancelled(srv, before, who):
+    """Waits until the cancelled-requests counter passes `before` and the KV pool is empty."""
+    deadline = time.time() + 20
+    while srv.metrics()["mammoth_requests_cancelled_total"] == before:
+        if time.time() > deadline:
+            fail(f"{who} was not cancelled: {srv.metrics()}")
+        time.sleep(0.05)
+    srv.wait_pool_empty()
 
 
 def stream_text(client, model, prompt, **kw):
@@ -281,13 +292,21 @@ def main():
     check(first.startswith(b"data: ") or first.strip().isalnum(), f"stream start: {first!r}")
     conn.sock.close()
     conn.close()
-    deadline = time.time() + 20
-    while srv.metrics()["mammoth_requests_cancelled_total"] == before:
-        if time.time() > deadline:
-            fail(f"a disconnected stream was not cancelled: {srv.metrics()}")
-        time.sleep(0.05)
-    srv.wait_pool_empty()
+    wait_cancelled(srv, before, "a disconnected stream")
     print("a disconnected stream is cancelled and frees its blocks")
+
+    # A non-streaming client that hangs up while it waits: its sequence is cancelled too.
+    before = srv.metrics()["mammoth_requests_cancelled_total"]
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+    conn.request("POST", "/v1/completions",
+                 body=json.dumps({"model": m, "prompt": "the", "max_tokens": 900,
+                                  "temperature": 0.8, "seed": 2}),
+                 headers={"Content-Type": "application/json"})
+    time.sleep(0.2)
+    conn.sock.close()
+    conn.close()
+    wait_cancelled(srv, before, "a disconnected non-streaming client")
+    print("a disconnected non-streaming client is cancelled and frees its blocks")
 
     # What serve cannot honour yet is refused by name at startup.
     res = subprocess.run([mammoth, "serve", "--model", d, "--port", "0", "--tp", "2"],
