@@ -15,6 +15,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
@@ -372,6 +373,10 @@ void index_shards(PieceTable& t) {
       auto [name, offset] = parse_piece_key(v.name, f.path());
       MAMMOTH_CHECK(v.shape.size() == 1)
           << "[checkpoint] " << f.path() << ": piece '" << v.name << "' is not 1-D";
+      // Coverage adds the piece's size to its offset: that sum must not wrap.
+      MAMMOTH_CHECK(offset <= std::numeric_limits<int64_t>::max() - v.shape[0])
+          << "[checkpoint] " << f.path() << ": piece '" << v.name
+          << "' ends past the largest element index";
       t.pieces[name].push_back({&v, offset});
     }
   }
@@ -389,7 +394,7 @@ PieceTable read_pieces(const std::string& dir) {
       // Sizes are multiplied (coverage, allocation) later: refuse what would wrap int64 there.
       uint64_t bytes = 0;
       MAMMOTH_CHECK(io::tensor_bytes(shape, dtype, &bytes) &&
-                    bytes <= static_cast<uint64_t>(INT64_MAX))
+                    bytes <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
           << "[checkpoint] " << ipath << ": tensor '" << e.key() << "' has shape "
           << shape_str(shape) << ", which has a negative size or more bytes than int64 holds";
       t.tensors[e.key()] = {dtype, shape};

@@ -267,6 +267,17 @@ def checkpoint_seeds(mammoth, mpirun):
         lambda i: i.__setitem__("shards", i["shards"] + i["shards"])))
     put("checkpoint", "dtype_unknown", sharded_with(
         lambda i: i["tensors"]["wpe.weight"].__setitem__("dtype", "f8")))
+
+    # A piece whose offset is near INT64_MAX: offset + size wrapped in the coverage check.
+    def rename_first_piece(blob, offset):
+        n = struct.unpack("<Q", blob[:8])[0]
+        header = json.loads(blob[8:8 + n])
+        key = next(k for k in header if k != "__metadata__")
+        header[key.rsplit("@", 1)[0] + "@" + str(offset)] = header.pop(key)
+        return st(header, blob[8 + n:])
+
+    put("checkpoint", "piece_offset_wrap", sep.join(
+        [b"", sharded[1], sharded[2], rename_first_piece(sharded[3], (1 << 63) - 1), sharded[4]]))
     subprocess.run(["rm", "-rf", work], check=True)
 
 

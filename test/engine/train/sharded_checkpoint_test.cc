@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "engine/ops.h"
 #include "engine/train/checkpoint.h"
@@ -124,6 +125,14 @@ TEST_CASE("a gap or an overlap between the ranks' pieces refuses to commit") {
                save(dir.path(), 4, {{cut("a", a, 0, 35)}, {cut("b", b, 0, 11)}});
              }),
              Catch::Contains("no shard holds 'a.exp_avg'"));
+  // A piece whose offset plus size passes INT64_MAX (found by the checkpoint fuzz target: the
+  // sum wrapped negative in the coverage check).
+  CHECK_THAT(error_of([&] {
+               save(dir.path(), 4,
+                    {{cut("a", a, 0, 35), cut("a.exp_avg", ea, 0, 35), cut("b", b, 0, 11)},
+                     {{"b", std::numeric_limits<int64_t>::max() - 3, b.slice(0, 0, 5)}}});
+             }),
+             Catch::Contains("piece 'b@9223372036854775804' ends past the largest element index"));
   // The last good checkpoint is still the latest, and no temporary directory is left.
   CHECK(*engine::train::latest_checkpoint(dir.path()) == good);
   CHECK_FALSE(fs::exists(dir.path() + "/step_00000004"));
