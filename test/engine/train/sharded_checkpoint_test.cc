@@ -125,8 +125,8 @@ TEST_CASE("a gap or an overlap between the ranks' pieces refuses to commit") {
                save(dir.path(), 4, {{cut("a", a, 0, 35)}, {cut("b", b, 0, 11)}});
              }),
              Catch::Contains("no shard holds 'a.exp_avg'"));
-  // A piece whose offset plus size passes INT64_MAX (found by the checkpoint fuzz target: the
-  // sum wrapped negative in the coverage check).
+  // A piece whose offset plus size passes INT64_MAX (confirmed on the checkpoint fuzz target:
+  // the sum wrapped negative in the coverage check).
   CHECK_THAT(error_of([&] {
                save(dir.path(), 4,
                     {{cut("a", a, 0, 35), cut("a.exp_avg", ea, 0, 35), cut("b", b, 0, 11)},
