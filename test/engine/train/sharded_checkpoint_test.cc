@@ -1,7 +1,8 @@
 // Sharded checkpoints (engine/train/checkpoint.h) written by simulated ranks in one process:
 // pieces cut anywhere load back into any other cut, a gap or an overlap between the ranks'
-// pieces refuses to commit (nothing replaces the last good checkpoint), and a corrupt shard,
-// a missing tensor or a wrong shape are clear errors.
+// pieces refuses to commit (nothing replaces the last good checkpoint), a corrupt shard, a
+// missing tensor or a wrong shape are clear errors, and so is an index.json whose shapes or
+// shard names lie.
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
