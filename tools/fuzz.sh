@@ -54,14 +54,16 @@ declare -A SOURCES=(
   [image_shard]="engine/data/image_shard.cc engine/data/mapped_file.cc base/error.cc"
   [bpe]="engine/data/bpe.cc engine/data/unicode_class.cc engine/data/mapped_file.cc base/json.cc base/thread_pool.cc base/error.cc"
   [chat_template]="engine/data/chat_template.cc base/json.cc base/error.cc"
+  [checkpoint]="engine/train/checkpoint.cc engine/io/tensor_io.cc engine/io/safetensors.cc engine/tensor.cc engine/autograd.cc engine/nn/module.cc memory/allocator.cc kernels/registry.cc base/crc32c.cc base/json.cc base/dtype.cc base/error.cc"
   [tokenizer]="engine/data/tokenizer.cc engine/data/bpe.cc engine/data/unicode_class.cc engine/data/mapped_file.cc base/json.cc base/thread_pool.cc base/error.cc"
 )
 # Largest input libFuzzer generates per target (shards need their 1024-byte header and more).
 declare -A MAX_LEN=(
   [safetensors]=4096 [json]=4096 [token_shard]=4096 [indexed_dataset]=4096
-  [image_shard]=8192 [bpe]=8192 [tokenizer]=8192 [chat_template]=4096
+  [image_shard]=8192 [bpe]=8192 [tokenizer]=8192 [chat_template]=4096 [checkpoint]=32768
 )
-ALL_TARGETS=(safetensors json token_shard indexed_dataset image_shard bpe tokenizer chat_template)
+ALL_TARGETS=(safetensors json token_shard indexed_dataset image_shard bpe tokenizer chat_template
+             checkpoint)
 [[ ${#TARGETS[@]} -eq 0 ]] && TARGETS=("${ALL_TARGETS[@]}")
 for t in "${TARGETS[@]}"; do
   [[ -n "${SOURCES[$t]:-}" ]] || { echo "fuzz.sh: unknown target '$t' (have: ${ALL_TARGETS[*]})" >&2; exit 2; }

@@ -17,6 +17,14 @@
 
 namespace mammoth::io {
 
+bool tensor_bytes(const std::vector<int64_t>& shape, DType dtype, uint64_t* out) {
+  uint64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0 || __builtin_mul_overflow(n, static_cast<uint64_t>(d), &n)) return false;
+  }
+  return !__builtin_mul_overflow(n, static_cast<uint64_t>(dtype_size(dtype)), out);
+}
+
 namespace {
 
 constexpr char kMetadataKey[] = "__metadata__";
@@ -33,15 +41,6 @@ std::string supported_dtypes() {
   std::string s;
   for (DType t : kAllDTypes) s += std::string(s.empty() ? "" : ", ") + dtype_safetensors_name(t);
   return s;
-}
-
-// Elements * dtype size, or false on uint64 overflow.
-bool tensor_bytes(const std::vector<int64_t>& shape, DType dtype, uint64_t* out) {
-  uint64_t n = 1;
-  for (int64_t d : shape) {
-    if (d < 0 || __builtin_mul_overflow(n, static_cast<uint64_t>(d), &n)) return false;
-  }
-  return !__builtin_mul_overflow(n, static_cast<uint64_t>(dtype_size(dtype)), out);
 }
 
 // A non-negative integer from the header, with errors naming the file, tensor and field.

@@ -43,6 +43,10 @@ struct TensorView {
 // The reference implementation's limit on the header size.
 inline constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 
+// A tensor's bytes (elements times dtype size) into *out; false for a negative dimension or when
+// the product overflows uint64, so sizes read from a file can be checked before use.
+bool tensor_bytes(const std::vector<int64_t>& shape, DType dtype, uint64_t* out);
+
 class SafetensorsFile {
  public:
   // Maps `path` read-only and validates the whole header.

@@ -8,12 +8,14 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
@@ -371,6 +373,10 @@ void index_shards(PieceTable& t) {
       auto [name, offset] = parse_piece_key(v.name, f.path());
       MAMMOTH_CHECK(v.shape.size() == 1)
           << "[checkpoint] " << f.path() << ": piece '" << v.name << "' is not 1-D";
+      // Coverage adds the piece's size to its offset: that sum must not wrap.
+      MAMMOTH_CHECK(offset <= std::numeric_limits<int64_t>::max() - v.shape[0])
+          << "[checkpoint] " << f.path() << ": piece '" << v.name
+          << "' ends past the largest element index";
       t.pieces[name].push_back({&v, offset});
     }
   }
@@ -384,11 +390,25 @@ PieceTable read_pieces(const std::string& dir) {
     for (const json::Value& e : index.at("tensors")) {
       std::vector<int64_t> shape;
       for (const json::Value& d : e.at("shape")) shape.push_back(d.as_int());
-      t.tensors[e.key()] = {dtype_from_name(e.at("dtype").as_string()), shape};
+      const DType dtype = dtype_from_name(e.at("dtype").as_string());
+      // Sizes are multiplied (coverage, allocation) later: refuse what would wrap int64 there.
+      uint64_t bytes = 0;
+      MAMMOTH_CHECK(io::tensor_bytes(shape, dtype, &bytes) &&
+                    bytes <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+          << "[checkpoint] " << ipath << ": tensor '" << e.key() << "' has shape "
+          << shape_str(shape) << ", which has a negative size or more bytes than int64 holds";
+      t.tensors[e.key()] = {dtype, shape};
     }
     t.files.reserve(index.at("shards").size());
+    std::set<std::string> shard_files;
     for (const json::Value& f : index.at("shards")) {
-      t.files.push_back(io::SafetensorsFile::open(dir + "/" + f.as_string()));
+      const std::string& name = f.as_string();
+      // A shard is a file of this checkpoint, each read once (its pieces would count twice).
+      MAMMOTH_CHECK(!name.empty() && name.find('/') == std::string::npos && name[0] != '.')
+          << "[checkpoint] " << ipath << " lists a shard outside the checkpoint: '" << name << "'";
+      MAMMOTH_CHECK(shard_files.insert(name).second)
+          << "[checkpoint] " << ipath << " lists the shard '" << name << "' twice";
+      t.files.push_back(io::SafetensorsFile::open(dir + "/" + name));
     }
     index_shards(t);
     check_coverage(t, dir);

@@ -7,6 +7,7 @@ committed, so this only needs rerunning when a format or a seed changes).
 import json
 import os
 import struct
+import sys
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
 
@@ -201,3 +202,86 @@ put("tokenizer", "sentencepiece", tokenizer_json(
         {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]},
     merges=[("h", "e"), ("l", "l")], byte_fallback=True,
     extra_vocab=[f"<0x{b:02X}>" for b in range(256)]) + "\n--text--\n" + TEXT)
+
+
+# ---- checkpoint: manifest "\n--next--\n" state "\n--next--\n" index "\n--next--\n" blob 0
+# "\n--next--\n" blob 1 (an empty manifest: the fuzz target writes a truthful one; an empty
+# index: the single-process form). Made from real checkpoints of a 1-layer, 4-wide GPT-2 that
+# `mammoth train --save-dir` writes (one process, and 2 ranks under ZeRO-1 for the sharded
+# form), so only when a mammoth binary is given: --mammoth PATH [--mpirun test/testing/mpirun.sh].
+def checkpoint_seeds(mammoth, mpirun):
+    import subprocess
+    import tempfile
+
+    work = tempfile.mkdtemp(prefix="mammoth_ckpt_corpus.")
+    env = dict(os.environ, HOME=os.path.join(work, "home"))
+    with open(os.path.join(work, "t.txt"), "w") as f:
+        f.writelines(f"the cat sat on the mat and the dog ran to the cat {i}\n" for i in range(300))
+    os.makedirs(os.path.join(work, "tiny"))
+    with open(os.path.join(work, "tiny", "config.json"), "w") as f:
+        json.dump({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 4,
+                   "n_layer": 1, "n_head": 1, "n_positions": 8, "n_ctx": 8, "vocab_size": 257,
+                   "layer_norm_epsilon": 1e-5, "activation_function": "gelu_new",
+                   "tie_word_embeddings": True}, f)
+    run = lambda *a: subprocess.run(list(a), cwd=work, env=env, check=True,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run(mammoth, "data", "--out", "tok", "--vocab-size", "257", "--quiet", "t.txt")
+    train = ["train", "--data", "tok", "--steps", "1", "--seq-len", "8", "--micro-batch", "1",
+             "--log-every", "1", "--eval-every", "0", "--threads", "1", "--warmup", "1",
+             "--model", "tiny", "--fresh-init", "--save-every", "1"]
+    run(mammoth, *train, "--save-dir", "single")
+    run("bash", mpirun, "-np", "2", mammoth, *train, "--zero", "1", "--save-dir", "sharded")
+
+    def read(d, f):
+        with open(os.path.join(work, d, "step_00000001", f), "rb") as fh:
+            return fh.read()
+
+    sep = b"\n--next--\n"
+    single = [read("single", f) for f in ("manifest.json", "state.json")] + [b""] + \
+        [read("single", f) for f in ("model.safetensors", "optimizer.safetensors")]
+    sharded = [read("sharded", f) for f in ("manifest.json", "state.json", "index.json",
+                                            "shard_00000.safetensors",
+                                            "shard_00001.safetensors")]
+    put("checkpoint", "single", sep.join([b""] + single[1:]))
+    put("checkpoint", "single_manifest", sep.join(single))
+    put("checkpoint", "sharded", sep.join([b""] + sharded[1:]))
+    put("checkpoint", "sharded_manifest", sep.join(sharded))
+    index = json.loads(sharded[2])
+
+    def sharded_with(change):
+        i = json.loads(json.dumps(index))
+        change(i)
+        return sep.join([b"", sharded[1], json.dumps(i).encode()] + sharded[3:])
+
+    # Hostile indexes behind a truthful manifest: shapes whose product wraps or is negative,
+    # a shard list naming files outside the checkpoint or more shards than exist.
+    put("checkpoint", "shape_wrap", sharded_with(
+        lambda i: i["tensors"].__setitem__("wpe.weight", {"dtype": "f32",
+                                                          "shape": [1 << 32, 1 << 32, 32]})))
+    put("checkpoint", "shape_negative", sharded_with(
+        lambda i: i["tensors"]["wpe.weight"].__setitem__("shape", [-8, -4])))
+    put("checkpoint", "shard_outside", sharded_with(
+        lambda i: i.__setitem__("shards", ["../ckpt/shard_00000.safetensors",
+                                           "shard_00001.safetensors"])))
+    put("checkpoint", "shard_repeated", sharded_with(
+        lambda i: i.__setitem__("shards", i["shards"] + i["shards"])))
+    put("checkpoint", "dtype_unknown", sharded_with(
+        lambda i: i["tensors"]["wpe.weight"].__setitem__("dtype", "f8")))
+
+    # A piece whose offset is near INT64_MAX: offset + size wrapped in the coverage check.
+    def rename_first_piece(blob, offset):
+        n = struct.unpack("<Q", blob[:8])[0]
+        header = json.loads(blob[8:8 + n])
+        key = next(k for k in header if k != "__metadata__")
+        header[key.rsplit("@", 1)[0] + "@" + str(offset)] = header.pop(key)
+        return st(header, blob[8 + n:])
+
+    put("checkpoint", "piece_offset_wrap", sep.join(
+        [b"", sharded[1], sharded[2], rename_first_piece(sharded[3], (1 << 63) - 1), sharded[4]]))
+    subprocess.run(["rm", "-rf", work], check=True)
+
+
+if "--mammoth" in sys.argv:
+    mpirun = sys.argv[sys.argv.index("--mpirun") + 1] if "--mpirun" in sys.argv else \
+        os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing", "mpirun.sh")
+    checkpoint_seeds(os.path.abspath(sys.argv[sys.argv.index("--mammoth") + 1]), mpirun)

@@ -1,10 +1,12 @@
 // Sharded checkpoints (engine/train/checkpoint.h) written by simulated ranks in one process:
 // pieces cut anywhere load back into any other cut, a gap or an overlap between the ranks'
-// pieces refuses to commit (nothing replaces the last good checkpoint), and a corrupt shard,
-// a missing tensor or a wrong shape are clear errors.
+// pieces refuses to commit (nothing replaces the last good checkpoint), a corrupt shard, a
+// missing tensor or a wrong shape are clear errors, and so is an index.json whose shapes or
+// shard names lie.
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "engine/ops.h"
 #include "engine/train/checkpoint.h"
@@ -124,6 +126,14 @@ TEST_CASE("a gap or an overlap between the ranks' pieces refuses to commit") {
                save(dir.path(), 4, {{cut("a", a, 0, 35)}, {cut("b", b, 0, 11)}});
              }),
              Catch::Contains("no shard holds 'a.exp_avg'"));
+  // A piece whose offset plus size passes INT64_MAX (confirmed on the checkpoint fuzz target:
+  // the sum wrapped negative in the coverage check).
+  CHECK_THAT(error_of([&] {
+               save(dir.path(), 4,
+                    {{cut("a", a, 0, 35), cut("a.exp_avg", ea, 0, 35), cut("b", b, 0, 11)},
+                     {{"b", std::numeric_limits<int64_t>::max() - 3, b.slice(0, 0, 5)}}});
+             }),
+             Catch::Contains("piece 'b@9223372036854775804' ends past the largest element index"));
   // The last good checkpoint is still the latest, and no temporary directory is left.
   CHECK(*engine::train::latest_checkpoint(dir.path()) == good);
   CHECK_FALSE(fs::exists(dir.path() + "/step_00000004"));
@@ -180,4 +190,56 @@ TEST_CASE("a corrupt shard, a missing tensor or a wrong shape are clear errors")
              }),
              Catch::Contains("shard_00001.safetensors is corrupt"));
   CHECK(b2.to_vector() == std::vector<double>(11, 0.0));  // nothing was written
+}
+
+// Found with test/fuzz/checkpoint_fuzz.cc: index.json is read without a CRC check by
+// inspect_checkpoint (`mammoth ckpt`), and its shapes and shard names were trusted. A shape whose
+// product wraps int64 (to 0 here, matching an empty piece), a negative shape (whose product
+// equals the real one), a shard outside the checkpoint and a shard listed twice are refused,
+// naming index.json.
+TEST_CASE("an index.json that lies about shapes or shards is refused by name") {
+  testing::TestDir dir;
+  const Tensor a = tensor_a(), b = tensor_b();
+  const std::string ckpt =
+      save(dir.path(), 1, {{cut("a", a, 0, 35), cut("a.exp_avg", a, 0, 35)}, {cut("b", b, 0, 11)}});
+  const std::string ipath = ckpt + "/index.json";
+  std::string original;
+  {
+    std::ifstream in(ipath, std::ios::binary);
+    original.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  CHECK_NOTHROW(engine::train::inspect_checkpoint(ckpt));
+  const auto refusal_with = [&](const std::function<void(json::Value&)>& lie) {
+    json::Value index = json::parse(original, ipath);
+    lie(index);
+    std::ofstream(ipath, std::ios::binary | std::ios::trunc) << json::dump(index);
+    return error_of([&] { engine::train::inspect_checkpoint(ckpt); });
+  };
+  const auto shape = [](std::vector<int64_t> dims) {
+    json::Value s = json::Value::array();
+    for (int64_t d : dims) s.push_back(json::Value(d));
+    return s;
+  };
+  CHECK_THAT(
+      refusal_with([&](json::Value& i) {
+        i.at("tensors").at("b").set("shape", shape({int64_t{1} << 32, int64_t{1} << 32, 11}));
+      }),
+      Catch::Contains("index.json: tensor 'b' has shape (4294967296, 4294967296, 11)"));
+  CHECK_THAT(
+      refusal_with([&](json::Value& i) {
+        i.at("tensors").at("a").set("shape", shape({-5, -7}));
+      }),
+      Catch::Contains("index.json: tensor 'a' has shape (-5, -7), which has a negative size"));
+  CHECK_THAT(refusal_with([&](json::Value& i) {
+               i.set("shards",
+                     json::Value::array()
+                         .push_back(json::Value("../" + fs::path(ckpt).filename().string() +
+                                                "/shard_00000.safetensors"))
+                         .push_back(json::Value("shard_00001.safetensors")));
+             }),
+             Catch::Contains("lists a shard outside the checkpoint"));
+  CHECK_THAT(refusal_with([&](json::Value& i) {
+               i.at("shards").push_back(json::Value("shard_00001.safetensors"));
+             }),
+             Catch::Contains("lists the shard 'shard_00001.safetensors' twice"));
 }
