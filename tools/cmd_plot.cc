@@ -181,6 +181,14 @@ void panel(std::ostringstream& svg, double left, double top, double width, doubl
   svg << "</g>\n";
 }
 
+void write_svg(const std::string& out, const std::string& svg) {
+  std::ofstream file(out, std::ios::trunc);
+  MAMMOTH_CHECK(file.good()) << "[plot] cannot write '" << out << "'";
+  file << svg;
+  file.flush();
+  MAMMOTH_CHECK(file.good()) << "[plot] writing '" << out << "' failed";
+}
+
 // One rank's events from the merged trace.
 struct RankLanes {
   struct Span {
@@ -291,11 +299,7 @@ int plot_trace(const std::string& dir) {
     top += group_h;
   }
   svg << "</svg>\n";
-  std::ofstream file(out, std::ios::trunc);
-  MAMMOTH_CHECK(file.good()) << "[plot] cannot write '" << out << "'";
-  file << svg.str();
-  file.flush();
-  MAMMOTH_CHECK(file.good()) << "[plot] writing '" << out << "' failed";
+  write_svg(out, svg.str());
   std::printf("%s: %zu rank(s), %.3f ms\n", out.c_str(), ranks.size(), (t_hi - t_lo) / 1e3);
   return 0;
 }
@@ -340,11 +344,7 @@ int run_plot(const std::vector<std::string>& args) {
           {{&m.tokens_per_s, "#2ca02c", "tokens/s"}}, x_lo, x_hi);
   }
   svg << "</svg>\n";
-  std::ofstream file(out, std::ios::trunc);
-  MAMMOTH_CHECK(file.good()) << "[plot] cannot write '" << out << "'";
-  file << svg.str();
-  file.flush();
-  MAMMOTH_CHECK(file.good()) << "[plot] writing '" << out << "' failed";
+  write_svg(out, svg.str());
   std::printf("%s: %zu steps, loss %.4g -> %.4g%s\n", out.c_str(), m.loss.x.size(),
               m.loss.y.front(), m.loss.y.back(),
               m.val_loss.x.empty() ? "" : (", val " + fmt(m.val_loss.y.back())).c_str());

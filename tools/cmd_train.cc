@@ -299,6 +299,10 @@ std::unique_ptr<profile::Session> make_profile_session(engine::train::TrainOptio
     MAMMOTH_CHECK(!flag_changed("profile_steps")) << "[train] --profile-steps needs --profile DIR";
     return nullptr;
   }
+  MAMMOTH_CHECK(device.device.is_cpu())
+      << "[train] --profile traces the CPU backend only (CUDA kernel events and the CUDA "
+         "caching allocator are not traced); this run trains on "
+      << device.device;
   profile::SessionOptions so;
   so.dir = dir;
   std::tie(so.first, so.last) = profile::parse_steps(absl::GetFlag(FLAGS_profile_steps));

@@ -63,7 +63,8 @@ Session::Session(SessionOptions o) : o_(std::move(o)) {
 
 void Session::on_step(int64_t step, bool begin) {
   if (done_) return;
-  if (begin && step == o_.first && !running_) {
+  // From the first step at or past A (a resumed run may start later), to B.
+  if (begin && step >= o_.first && step < o_.last && !running_) {
     // The common clock. Rank 0 publishes its steady_clock reading and boot id, then every rank
     // leaves one barrier: a rank on the same boot of the same machine shares rank 0's
     // CLOCK_MONOTONIC and takes its reading as time 0 (exact); any other takes the moment it

@@ -5,7 +5,8 @@
      analyze's per-token count times the tokens of the profiled steps; the memory tracer's peak
      equals the allocator's measured peak and its attribution sums to it; `plot --trace DIR` writes an SVG (parsed as XML) with
      a lane group per rank;
-  2. one process with --offload nvme: chunk moves and NVMe reads / writes are in the trace.
+  2. one process with --offload nvme: chunk moves and NVMe reads / writes are in the trace;
+  3. bad --profile-steps are refused by name.
 usage: profile_test.py MAMMOTH MPIRUN_SH
 """
 import json
@@ -133,6 +134,14 @@ def main():
     assert io & {"chunk_load", "chunk_prefetch"} and "chunk_evict" in io, io
     assert {"nvme_read", "nvme_write"} <= io, io
     assert any(e["ph"] == "C" and e["name"].startswith("chunks.") for e in evs)
+
+    # 3. Inputs it cannot honour are refused by name.
+    for flags, message in ((["--profile", prof2, "--profile-steps", "3:2"], "--profile-steps must be A:B"),
+                           (["--profile-steps", "1:2"], "--profile-steps needs --profile DIR"),
+                           (["--profile", prof2, "--profile-steps", "9:12"], "the run has 4 steps")):
+        p = subprocess.run([mammoth, "train", *COMMON, *flags], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+        assert p.returncode != 0 and message in p.stdout, (flags, p.stdout[-500:])
     print("profile_test: ok")
 
 
