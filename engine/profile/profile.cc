@@ -52,7 +52,7 @@ ThreadBuffer* buffer() {
   if (mine->session != session) {
     // start() cleared the counts under its lock; a thread that slept through it catches up.
     std::lock_guard<std::mutex> lock(r.mu);
-    if (mine->events.size() < r.capacity) mine->events.resize(r.capacity);
+    mine->events.resize(r.capacity);
     mine->used = 0;
     mine->dropped = 0;
     mine->session = session;
