@@ -324,6 +324,10 @@ std::unique_ptr<profile::Session> make_profile_session(engine::train::TrainOptio
   so.param_bytes = m.params;
   so.grad_bytes = m.grads;
   so.optimizer_bytes = m.optimizer;
+  std::vector<std::pair<const void*, std::string>> names;
+  for (const auto& [name, t] : rt.trained().named_parameters())
+    names.emplace_back(t.arg().data, name);
+  profile::set_param_names(names);
   auto session = std::make_unique<profile::Session>(std::move(so));
   o.on_step = [s = session.get()](int64_t step, bool begin) { s->on_step(step, begin); };
   return session;

@@ -18,7 +18,9 @@ inline void make_resident(const Tensor& t, bool write) {
 }
 
 // A kernel launch's profile args (engine/profile): dtype, device, the first input's and output's
-// shapes, the bytes its arguments span and, for matmul, its FLOPs (2 M N K per batch).
+// shapes, the bytes its arguments span, for matmul its FLOPs (2 M N K per batch), and its
+// module: that of a parameter it reads, else the last one this thread saw (a gelu or a
+// residual add is named by the module it follows).
 void describe_launch(kernels::Kernel kernel, const Tensor& key,
                      const std::vector<kernels::TensorArg>& in,
                      const std::vector<kernels::TensorArg>& out, char* args);

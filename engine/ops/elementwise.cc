@@ -94,6 +94,15 @@ void describe_launch(kernels::Kernel kernel, const Tensor& key,
     w.put(",\"flops\":%.0f", 2.0 * static_cast<double>(out[0].numel()) *
                                  static_cast<double>(in[0].shape[in[0].ndim - 1]));
   }
+  thread_local const char* last_module = nullptr;
+  for (const kernels::TensorArg& t : in) {
+    const char* m = t.data ? profile::param_module(t.data) : nullptr;
+    if (m != nullptr) {
+      last_module = m;
+      break;
+    }
+  }
+  if (last_module != nullptr) w.put(",\"module\":\"%s\"", last_module);
   if (!in.empty() && in[0].data) w.shape("in", in[0]);
   if (!out.empty()) w.shape("out", out[0]);
 }

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "base/error.h"
 #include "base/json.h"
 
 namespace mammoth::profile {
@@ -138,6 +139,27 @@ MemoryTracer& tracer() {
 }
 
 }  // namespace
+
+std::unordered_map<const void*, std::string>& param_modules() {
+  static auto* m = new std::unordered_map<const void*, std::string>;
+  return *m;
+}
+
+void set_param_names(const std::vector<std::pair<const void*, std::string>>& params) {
+  MAMMOTH_CHECK(!on()) << "[profile] parameter names are set before a session starts";
+  param_modules().clear();
+  for (const auto& [data, name] : params) {
+    if (data == nullptr) continue;
+    const size_t dot = name.rfind('.');
+    param_modules()[data] = dot == std::string::npos ? name : name.substr(0, dot);
+  }
+}
+
+const char* param_module(const void* data) {
+  const auto& m = param_modules();
+  const auto it = m.find(data);
+  return it == m.end() ? nullptr : it->second.c_str();
+}
 
 const char* mem_tag_name(MemTag tag) {
   switch (tag) {

@@ -93,6 +93,13 @@ struct MemoryPeak {
 void memory_begin(int64_t live_bytes);
 MemoryPeak memory_peak();
 
+// Module paths for op events: each parameter's data address and name ("h.1.mlp.c_fc.weight"),
+// so that a view of it (a transpose, a reshape) is named too; set before a session starts,
+// read without a lock while it runs. Paged parameters (offload) move and go unnamed.
+void set_param_names(const std::vector<std::pair<const void*, std::string>>& params);
+// The module of the parameter whose data starts at `data` ("h.1.mlp.c_fc"), or null.
+const char* param_module(const void* data);
+
 // Starts a session: clears what earlier sessions recorded; every thread's buffer holds up to
 // `events_per_thread` events.
 void start(size_t events_per_thread = size_t{1} << 16);

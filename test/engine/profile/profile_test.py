@@ -61,6 +61,8 @@ def main():
             assert cat in cats, f"rank {r}: no {cat} events ({cats})"
         ops = [e for e in evs if e["ph"] == "X" and e["cat"] == "compute"]
         assert any(e["name"] == "matmul" and e["args"].get("flops", 0) > 0 for e in ops), r
+        assert any(e["name"] == "matmul" and e["args"].get("module", "").count(".") >= 2
+                   for e in ops), (r, {e["args"].get("module") for e in ops})
         assert all("dtype" in e["args"] and "bytes" in e["args"]
                    for e in ops if e["name"] not in ("step", "optimizer")), r
         assert sum(1 for e in evs if e["ph"] == "X" and e["name"] == "step") == 3, r
