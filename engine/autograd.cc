@@ -10,6 +10,7 @@
 #include "engine/op_list.h"
 #include "engine/ops.h"
 #include "engine/ops/common.h"
+#include "engine/profile/profile.h"
 
 namespace mammoth::engine {
 namespace {
@@ -33,9 +34,12 @@ bool is_listed_op(const char* name) {
 // `owned`: g is the backward pass's own handle (the caller of accumulate_grad may still read its
 // g, which a reference count seen through that reference cannot tell).
 void accumulate_into(TensorImpl* leaf, const Tensor& g, bool owned) {
+  profile::MemTagScope tag(profile::MemTag::kGradients);
   if (!leaf->grad.defined()) {
     const bool adopt = owned && detail::overwritable(g, g) && g.nbytes() == g.storage()->nbytes;
     leaf->grad = adopt ? g : g.is_contiguous() ? g.clone() : g.contiguous();
+    // The memory tracer: a backward's buffer that became the gradient counts as one.
+    if (adopt && profile::on()) profile::retag(g.storage()->data, profile::MemTag::kGradients);
   } else if (detail::overwritable(leaf->grad, g)) {
     detail::launch(kernels::Kernel::add, {leaf->grad, g}, {leaf->grad});
   } else {
@@ -222,6 +226,7 @@ void set_grad_ready_hook(const Tensor& param, std::function<void()> hook) {
 }
 
 void run_backward(const Tensor& root, const Tensor& gradient) {
+  profile::MemTagScope tag(profile::MemTag::kTemporaries);
   MAMMOTH_CHECK(root.requires_grad())
       << "[backward] the tensor does not require grad and has no grad_fn";
   Tensor seed = gradient;

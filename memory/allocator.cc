@@ -8,6 +8,7 @@
 #include <new>
 
 #include "base/error.h"
+#include "engine/profile/profile.h"
 
 namespace mammoth::memory {
 
@@ -83,12 +84,23 @@ void* CpuAllocator::allocate(size_t nbytes) {
   while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
   }
   num_allocs_.fetch_add(1);
+  // The memory tracer (train --profile): every value allocated_bytes takes, so the trace's
+  // maximum is the allocator's peak over the profiled steps.
+  if (profile::on()) {
+    profile::note_alloc(p, static_cast<int64_t>(nbytes));
+    profile::counter("memory.cpu", now);
+  }
   return p;
 }
 
 void CpuAllocator::deallocate(void* ptr, size_t nbytes) {
   if (ptr == nullptr) return;
-  allocated_.fetch_sub(static_cast<int64_t>(nbytes));
+  const int64_t now =
+      allocated_.fetch_sub(static_cast<int64_t>(nbytes)) - static_cast<int64_t>(nbytes);
+  if (profile::on()) {
+    profile::note_free(ptr, static_cast<int64_t>(nbytes));
+    profile::counter("memory.cpu", now);
+  }
   const size_t size = block_size(nbytes);
   if (size >= kCacheMin && cached_.load() + static_cast<int64_t>(size) <= cache_limit_.load()) {
     std::lock_guard<std::mutex> lock(cache_mu_);

@@ -58,7 +58,9 @@ ABSL_FLAG(int, micro_batches, 4,
           "plan: micro-batches per step streamed through the pipeline (train: --grad-accum)");
 ABSL_FLAG(std::string, pp_schedule, "1f1b", "pipeline schedule: gpipe, 1f1b, interleaved or zb");
 ABSL_FLAG(int, virtual_stages, 1, "model chunks per pipeline rank (interleaved schedule)");
-ABSL_FLAG(std::string, trace, "", "plan: write the schedule as Chrome trace JSON to this file");
+ABSL_FLAG(std::string, trace, "",
+          "plan: write the schedule as Chrome trace JSON to this file; plot: draw the timeline "
+          "of this train --profile directory");
 ABSL_FLAG(std::string, pp_partition, "balanced",
           "how layers are cut into pipeline stages: balanced (by FLOPs, head included) or count");
 ABSL_FLAG(bool, show_partition, false, "plan: print the pipeline stage partition of --model");

@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "absl/flags/declare.h"
@@ -25,10 +26,12 @@
 #include "engine/data/instruction_data.h"
 #include "engine/data/masking.h"
 #include "engine/data/token_shard.h"
+#include "engine/profile/session.h"
 #include "engine/train/checkpoint.h"
 #include "engine/train/device.h"
 #include "engine/train/trainer.h"
 #include "memory/allocator.h"
+#include "models/analyze.h"
 #include "models/lora.h"
 #include "models/registry.h"
 #include "parallel/comm/mpi_communicator.h"
@@ -103,6 +106,10 @@ ABSL_FLAG(bool, log_grad_norms, false,
 ABSL_FLAG(int, vocab_size, 1024,
           "BPE vocabulary trained for the embedded corpus (train) or the inputs (data)");
 ABSL_FLAG(double, peak_gflops, 0, "machine peak GFLOP/s for MFU (0: not reported)");
+ABSL_FLAG(std::string, profile, "",
+          "train: write a Chrome trace per rank (DIR/rank_R.trace.json), a merged one and a "
+          "summary for the --profile-steps steps to this directory (engine/profile)");
+ABSL_FLAG(std::string, profile_steps, "1:4", "train --profile: the steps A:B profiled (A..B-1)");
 ABSL_FLAG(bool, activation_checkpointing, false,
           "keep only each transformer block's input and recompute the block in backward");
 ABSL_FLAG(int64_t, recompute_blocks, 0,
@@ -277,6 +284,53 @@ plan::ParallelPlan auto_plan(const parallel::ProcessInfo& proc, const plan::Clus
     world->broadcast(bytes, 0);
   }
   return plan::plan_from_json(json::parse(text, "--plan auto"));
+}
+
+// --profile DIR: the session the trainer's step observer drives. The FLOPs are mammoth
+// analyze's count (models/analyze.h) for the plan's global batch.
+std::unique_ptr<profile::Session> make_profile_session(engine::train::TrainOptions& o,
+                                                       const models::ModelConfig& cfg,
+                                                       const plan::ParallelPlan& pl,
+                                                       parallel::DeviceMesh* mesh,
+                                                       const engine::train::DeviceChoice& device,
+                                                       const runtime::TrainingRuntime& rt) {
+  const std::string dir = absl::GetFlag(FLAGS_profile);
+  if (dir.empty()) {
+    MAMMOTH_CHECK(!flag_changed("profile_steps")) << "[train] --profile-steps needs --profile DIR";
+    return nullptr;
+  }
+  MAMMOTH_CHECK(device.device.is_cpu())
+      << "[train] --profile traces the CPU backend only (CUDA kernel events and the CUDA "
+         "caching allocator are not traced); this run trains on "
+      << device.device;
+  profile::SessionOptions so;
+  so.dir = dir;
+  std::tie(so.first, so.last) = profile::parse_steps(absl::GetFlag(FLAGS_profile_steps));
+  so.last = std::min(so.last, o.steps);
+  MAMMOTH_CHECK(so.first < so.last)
+      << "[train] --profile-steps " << absl::GetFlag(FLAGS_profile_steps) << ": the run has "
+      << o.steps << " steps (0.." << o.steps - 1 << ")";
+  so.rank = mesh ? mesh->rank() : 0;
+  so.world = mesh ? mesh->world_size() : 1;
+  if (mesh) so.barrier = [mesh] { mesh->world().barrier(); };
+  so.flops_per_step = models::analyze(cfg, pl.seq_len).flops_per_token_train *
+                      static_cast<double>(pl.global_batch() * pl.seq_len);
+  so.model_config = json::dump(models::config_to_hf_json(cfg));
+  so.peak_flops = absl::GetFlag(FLAGS_peak_gflops) * 1e9;
+  const Device on = device.device;
+  so.allocator_peak = [on] { return memory::allocator_for(on).stats().peak_bytes; };
+  so.allocator_live = [on] { return memory::allocator_for(on).stats().allocated_bytes; };
+  const runtime::TrainingRuntime::Memory m = rt.memory();
+  so.param_bytes = m.params;
+  so.grad_bytes = m.grads;
+  so.optimizer_bytes = m.optimizer;
+  std::vector<std::pair<const void*, std::string>> names;
+  for (const auto& [name, t] : rt.trained().named_parameters())
+    names.emplace_back(t.arg().data, name);
+  profile::set_param_names(names);
+  auto session = std::make_unique<profile::Session>(std::move(so));
+  o.on_step = [s = session.get()](int64_t step, bool begin) { s->on_step(step, begin); };
+  return session;
 }
 
 // The run's plan: the planner's (--plan auto), --plan FILE's, or train's layout flags'.
@@ -553,6 +607,7 @@ int run_train(const std::vector<std::string>& args) {
 
   // Everything the plan turns on (tp/sp shards, pipeline stages, dp/ZeRO, offload).
   rt.assemble(model, o);
+  std::unique_ptr<profile::Session> profiling = make_profile_session(o, cfg, pl, mesh, device, rt);
   models::LanguageModel& trained = rt.trained();
 
   if (lead) {

@@ -6,6 +6,7 @@
 
 #include "engine/autograd.h"
 #include "engine/ops.h"
+#include "engine/profile/profile.h"
 #include "kernels/params.h"
 #include "kernels/registry.h"
 
@@ -15,6 +16,14 @@ namespace mammoth::engine::detail {
 inline void make_resident(const Tensor& t, bool write) {
   if (t.defined() && t.storage()->ensure_resident) t.storage()->ensure_resident(write);
 }
+
+// A kernel launch's profile args (engine/profile): dtype, device, the first input's and output's
+// shapes, the bytes its arguments span, for matmul its FLOPs (2 M N K per batch), and its
+// module: that of a parameter it reads, else the last one this thread saw (a gelu or a
+// residual add is named by the module it follows).
+void describe_launch(kernels::Kernel kernel, const Tensor& key,
+                     const std::vector<kernels::TensorArg>& in,
+                     const std::vector<kernels::TensorArg>& out, char* args);
 
 // Launches the `kernel` registered for `key`'s device and dtype.
 inline void launch_for(const Tensor& key, kernels::Kernel kernel,
@@ -26,6 +35,8 @@ inline void launch_for(const Tensor& key, kernels::Kernel kernel,
   std::vector<kernels::TensorArg> in, out;
   for (const Tensor& t : inputs) in.push_back(t.defined() ? t.arg() : kernels::TensorArg{});
   for (const Tensor& t : outputs) out.push_back(t.arg());
+  profile::Scope scope(profile::Lane::kCompute, kernels::kernel_name(kernel));
+  if (scope.active()) describe_launch(kernel, key, in, out, scope.args());
   kernels::launch(kernel, key.device().type, key.dtype(), in, out, params);
 }
 

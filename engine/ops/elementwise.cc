@@ -1,5 +1,6 @@
 // Elementwise ops: binary maps with broadcasting, unary maps, scalar maps, where, cast.
 #include <cmath>
+#include <cstdio>
 
 #include "engine/ops/common.h"
 
@@ -47,6 +48,63 @@ Shape broadcast_shapes(const char* op, const Shape& a, const Shape& b) {
     out[i] = da == 1 ? db : da;
   }
   return out;
+}
+
+namespace {
+
+// Appends printf-style text to a fixed buffer; `full` once something did not fit.
+struct ArgWriter {
+  char* out;
+  size_t cap;
+  size_t n = 0;
+  bool full = false;
+  template <typename... A>
+  void put(const char* fmt, A... a) {
+    if (full) return;
+    const int w = std::snprintf(out + n, cap - n, fmt, a...);
+    if (w < 0 || static_cast<size_t>(w) >= cap - n) {
+      full = true;
+      out[n] = '\0';  // the cut member is dropped whole
+      return;
+    }
+    n += static_cast<size_t>(w);
+  }
+  void shape(const char* key, const kernels::TensorArg& t) {
+    const size_t mark = n;
+    put(",\"%s\":[", key);
+    for (int d = 0; d < t.ndim; ++d) put(d ? ",%lld" : "%lld", static_cast<long long>(t.shape[d]));
+    put("%s", "]");
+    if (full) out[n = mark] = '\0';
+  }
+};
+
+}  // namespace
+
+void describe_launch(kernels::Kernel kernel, const Tensor& key,
+                     const std::vector<kernels::TensorArg>& in,
+                     const std::vector<kernels::TensorArg>& out, char* args) {
+  int64_t bytes = 0;
+  for (const auto* list : {&in, &out})
+    for (const kernels::TensorArg& t : *list)
+      if (t.data) bytes += t.numel() * static_cast<int64_t>(dtype_size(t.dtype));
+  ArgWriter w{args, profile::Scope::kArgs};
+  w.put("\"dtype\":\"%s\",\"device\":\"%s\",\"bytes\":%lld", dtype_name(key.dtype()),
+        key.device().is_cpu() ? "cpu" : "cuda", static_cast<long long>(bytes));
+  if (kernel == kernels::Kernel::matmul && !in.empty() && !out.empty() && in[0].ndim > 0) {
+    w.put(",\"flops\":%.0f", 2.0 * static_cast<double>(out[0].numel()) *
+                                 static_cast<double>(in[0].shape[in[0].ndim - 1]));
+  }
+  thread_local const char* last_module = nullptr;
+  for (const kernels::TensorArg& t : in) {
+    const char* m = t.data ? profile::param_module(t.data) : nullptr;
+    if (m != nullptr) {
+      last_module = m;
+      break;
+    }
+  }
+  if (last_module != nullptr) w.put(",\"module\":\"%s\"", last_module);
+  if (!in.empty() && in[0].data) w.shape("in", in[0]);
+  if (!out.empty()) w.shape("out", out[0]);
 }
 
 }  // namespace detail

@@ -17,6 +17,7 @@
 #include "engine/nn/rng.h"
 #include "engine/ops.h"
 #include "engine/optim/optim.h"
+#include "engine/profile/profile.h"
 #include "engine/train/checkpoint.h"
 #include "engine/train/device.h"
 #include "engine/train/metrics_sink.h"
@@ -597,6 +598,8 @@ TrainLoop::Step TrainLoop::step(int64_t step) {
   }
   fault::point("optimizer");
   if (s.applied) {
+    profile::Scope scope(profile::Lane::kCompute, "optimizer");
+    profile::MemTagScope tag(profile::MemTag::kOptimizer);
     opt_->step(optim::clip_factor(s.norm, o_.grad_clip) / s.loss_scale);
     if (dp_) dp_->after_step();
   }
@@ -636,9 +639,21 @@ TrainResult TrainLoop::run() {
   const auto t_start = std::chrono::steady_clock::now();
   const int64_t start_step = step;
   while (step < o_.steps) {
+    if (o_.on_step) o_.on_step(step, true);
     const auto t0 = std::chrono::steady_clock::now();
     memory::allocator_for(o_.device).reset_peak();
-    const Step s = this->step(step);
+    Step s;
+    {
+      profile::Scope scope(profile::Lane::kCompute, "step");
+      // The memory tracer's default in a step: the forward's tensors (backward, gradients
+      // and the optimizer set their own tags).
+      profile::MemTagScope tag(profile::MemTag::kActivations);
+      if (scope.active())
+        std::snprintf(scope.args(), profile::Scope::kArgs, "\"step\":%lld",
+                      static_cast<long long>(step));
+      s = this->step(step);
+    }
+    if (o_.on_step) o_.on_step(step, false);
     ++step;
     result.losses.push_back(s.loss);
     const auto now = std::chrono::steady_clock::now();

@@ -90,6 +90,9 @@ struct TrainOptions {
   // that step (bytes live at its height: parameters, gradients, optimizer states, activations
   // and buffers in flight), measured on the model's device.
   std::function<void(int64_t peak_bytes)> report_peak_memory;
+  // Called before (begin true) and after each step with its index (train --profile starts and
+  // stops its session here).
+  std::function<void(int64_t step, bool begin)> on_step;
   bool logging_rank = true;
   // The planner's predictions for this run (plan/): recorded in every metrics line beside the
   // measured step time ("step_s") and the allocator's peak; 0: no prediction.

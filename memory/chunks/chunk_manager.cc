@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "base/error.h"
+#include "engine/profile/profile.h"
 #include "memory/chunks/cuda_tier.h"
 
 namespace mammoth::memory::chunks {
@@ -356,6 +357,11 @@ void ChunkManager::add_used(Tier tier, int64_t delta) {
   TierStats& s = stats_[static_cast<int>(tier)];
   s.used_bytes += delta;
   s.peak_bytes = std::max(s.peak_bytes, s.used_bytes);
+  if (profile::on()) {
+    char name[48];
+    std::snprintf(name, sizeof(name), "chunks.%s", tier_name(tier));
+    profile::counter(name, s.used_bytes);
+  }
   // The invariant the whole policy exists for; a violation is a bug here, not a user error.
   MAMMOTH_CHECK(s.budget == 0 || tier == Tier::kNvme || s.used_bytes <= s.budget)
       << "[ChunkManager] internal: " << tier_name(tier) << " usage " << s.used_bytes
@@ -638,6 +644,8 @@ int ChunkManager::take_slot(Pool& pool, ChunkId for_chunk, bool demand) {
 
 void ChunkManager::evict(ChunkId id) {
   Chunk& c = *chunks_[id];
+  profile::Scope scope(profile::Lane::kIo, "chunk_evict");
+  if (scope.active()) describe_move(c, id, scope.args());
   Pool& pool = *pool_of(c);
   if (c.state == ChunkState::kInFlight) finish_load(id);
   const int slot = c.slot;
@@ -685,8 +693,20 @@ void ChunkManager::write_back_home(Chunk& c, const char* src) {
   std::memcpy(c.home_ptr, src, static_cast<size_t>(c.used));
 }
 
+// A chunk move's profile args: the chunk, its list, the tiers and the bytes it spans.
+void ChunkManager::describe_move(const Chunk& c, ChunkId id, char* args) const {
+  std::snprintf(args, profile::Scope::kArgs,
+                "\"chunk\":%d,\"list\":\"%.40s\",\"home\":\"%s\",\"compute\":\"%s\",\"bytes\":%lld,"
+                "\"dirty\":%s",
+                static_cast<int>(id), lists_[c.list].name.c_str(), tier_name(c.home),
+                tier_name(c.compute), static_cast<long long>(chunk_bytes_),
+                c.dirty ? "true" : "false");
+}
+
 void ChunkManager::start_load(ChunkId id, int slot, bool prefetch) {
   Chunk& c = *chunks_[id];
+  profile::Scope scope(profile::Lane::kIo, prefetch ? "chunk_prefetch" : "chunk_load");
+  if (scope.active()) describe_move(c, id, scope.args());
   Pool& pool = *pool_of(c);
   c.slot = slot;
   pool.owner[slot] = id;

@@ -216,6 +216,7 @@ class ChunkManager {
   struct Buffer;
   std::unique_ptr<Buffer> make_buffer(Tier tier, int64_t bytes);
   void write_back_home(Chunk& c, const char* src);
+  void describe_move(const Chunk& c, ChunkId id, char* args) const;
   void check(ChunkId id, const char* fn) const;
   Pool* pool_of(const Chunk& c);
   void add_used(Tier tier, int64_t delta);

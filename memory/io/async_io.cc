@@ -14,6 +14,7 @@
 #endif
 
 #include "base/error.h"
+#include "engine/profile/profile.h"
 #include "memory/io/aligned_buffer.h"
 #include "memory/io/block_checksum.h"
 #include "memory/io/internal.h"
@@ -168,6 +169,7 @@ Pending* AsyncIO::make_pending_locked(Request& r, bool with_ticket) {
   p->length = r.length;
   p->callback = std::move(r.on_complete);
   if (with_ticket) p->ticket = std::make_shared<TicketState>();
+  p->submitted_ns = profile::on() ? profile::now_ns() : 0;
   p->file->in_flight.fetch_add(1, std::memory_order_relaxed);
   return p;
 }
@@ -375,6 +377,13 @@ bool cache_eviction_supported() {
 
 void AsyncIO::complete(Pending* p, std::string error) {
   detail::Counters& c = *counters_;
+  if (p->submitted_ns && profile::on()) {
+    char args[96];
+    std::snprintf(args, sizeof(args), "\"bytes\":%zu,\"offset\":%lld,\"file\":%d", p->length,
+                  static_cast<long long>(p->offset), static_cast<int>(p->id));
+    profile::complete(profile::Lane::kIo, p->op == Op::kRead ? "nvme_read" : "nvme_write",
+                      p->submitted_ns, profile::now_ns(), args);
+  }
   if (options_.checksums) {
     if (p->op == Op::kRead && error.empty()) {
       int64_t verified = 0;

@@ -40,6 +40,7 @@ struct Pending {
   size_t asked = 0;           // bytes asked of the kernel by the transfer in flight
   int attempts = 0;           // EAGAIN/EINTR retries so far
   int buf_index = -2;         // io_uring: registered buffer slot, -1 none, -2 not looked up yet
+  int64_t submitted_ns = 0;   // train --profile: when it was asked for (0: not profiled)
   std::vector<uint32_t> crc;  // writes: checksum of each block, computed at submission
   Callback callback;
   std::shared_ptr<TicketState> ticket;  // null for post()

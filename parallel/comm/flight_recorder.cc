@@ -13,6 +13,7 @@
 #include <mutex>
 
 #include "base/json.h"
+#include "engine/profile/profile.h"
 
 namespace mammoth::parallel::flight {
 namespace {
@@ -94,7 +95,30 @@ class Recorder {
     const int64_t now = since_epoch_ns();
     std::lock_guard<std::mutex> lock(mu_);
     Entry& e = ring_[id % ring_.size()];
-    if (e.id == id) e.completed_ns = now;  // else already overwritten by newer entries
+    if (e.id != id) return;  // already overwritten by newer entries
+    e.completed_ns = now;
+    if (profile::on()) profile_event(e);
+  }
+
+  // `train --profile`: the operation as one event on the communication lane, posted to
+  // completed (what the caller waited for, transfer included).
+  void profile_event(const Entry& e) {
+    const int64_t epoch =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(epoch_.time_since_epoch()).count();
+    const GroupInfo* g = e.group >= 0 && e.group < static_cast<int>(groups_.size())
+                             ? &groups_[static_cast<size_t>(e.group)].info
+                             : nullptr;
+    // The peer's world rank, so that the two ends of a send / recv pair can be matched.
+    const int peer_world = g && e.peer >= 0 && e.peer < static_cast<int>(g->world_ranks.size())
+                               ? g->world_ranks[static_cast<size_t>(e.peer)]
+                               : -1;
+    char args[160];
+    std::snprintf(args, sizeof(args),
+                  "\"group\":\"%s\",\"seq\":%llu,\"peer\":%d,\"peer_world\":%d,\"bytes\":%lld",
+                  g ? g->name.c_str() : "?", static_cast<unsigned long long>(e.seq), e.peer,
+                  peer_world, static_cast<long long>(e.bytes));
+    profile::complete(profile::Lane::kComm, e.op, epoch + e.posted_ns, epoch + e.completed_ns,
+                      args);
   }
 
   json::Value dump(const std::string& reason) {

@@ -1,12 +1,14 @@
 #include "parallel/pipeline/stage.h"
 
 #include <cmath>
+#include <cstdio>
 #include <optional>
 
 #include "base/error.h"
 #include "base/fault.h"
 #include "engine/autograd.h"
 #include "engine/ops.h"
+#include "engine/profile/profile.h"
 
 namespace mammoth::parallel::pipeline {
 
@@ -208,6 +210,11 @@ double PipelineStage::run() {
   for (size_t i = 0; i < list.size(); ++i) {
     post_ahead(i);
     const Action& a = list[i];
+    static constexpr const char* kActionNames[] = {"forward", "backward", "weight"};
+    profile::Scope scope(profile::Lane::kPipeline, kActionNames[static_cast<int>(a.type)]);
+    if (scope.active())
+      std::snprintf(scope.args(), profile::Scope::kArgs,
+                    "\"micro_batch\":%d,\"chunk\":%d,\"stage\":%d", a.micro_batch, a.chunk, rank_);
     switch (a.type) {
       case ActionType::kForward:
         forward(a);

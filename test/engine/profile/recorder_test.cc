@@ -1,0 +1,102 @@
+// The recorder (engine/profile/profile.h): nothing is kept while off; events from several
+// threads; a full buffer drops and counts; long args are cut at a whole member; the Chrome trace
+// and the merge parse; the summary's exposed communication; the memory tracer's peak and tags.
+#include <catch2/catch.hpp>
+#include <string>
+#include <thread>
+
+#include "base/json.h"
+#include "engine/profile/profile.h"
+
+using namespace mammoth;
+using profile::Lane;
+
+TEST_CASE("off records nothing; on keeps every thread's events") {
+  profile::start(64);
+  profile::stop();
+  profile::complete(Lane::kCompute, "ignored", 0, 10);
+  profile::counter("ignored", 1);
+  { profile::Scope s(Lane::kCompute, "ignored"); }
+  CHECK(profile::events().empty());
+
+  profile::start(64);
+  { profile::Scope s(Lane::kCompute, "main"); }
+  std::thread([] { profile::complete(Lane::kComm, "worker", 5, 9, "\"bytes\":4"); }).join();
+  profile::stop();
+  const std::vector<profile::Event> evs = profile::events();
+  REQUIRE(evs.size() == 2);
+  int main = 0, worker = 0;
+  for (const profile::Event& e : evs) {
+    main += std::string(e.name) == "main";
+    worker += std::string(e.name) == "worker" && e.dur_ns == 4 && e.lane == Lane::kComm;
+  }
+  CHECK((main == 1 && worker == 1));
+}
+
+TEST_CASE("a full buffer drops and counts; long args keep whole members") {
+  profile::start(3);
+  for (int i = 0; i < 5; ++i) profile::complete(Lane::kCompute, "op", i, i + 1);
+  profile::stop();
+  int64_t dropped = 0;
+  CHECK(profile::events(&dropped).size() == 3);
+  CHECK(dropped == 2);
+
+  profile::start(4);
+  std::string args =
+      "\"a\":\"" + std::string(100, 'x') + "\",\"b\":\"" + std::string(100, 'y') + "\"";
+  profile::complete(Lane::kIo, "long", 0, 1, args.c_str());
+  profile::stop();
+  const std::vector<profile::Event> evs = profile::events();
+  REQUIRE(evs.size() == 1);
+  CHECK(std::string(evs[0].args) == "\"a\":\"" + std::string(100, 'x') + "\"");
+  const json::Value t = json::parse(profile::chrome_trace(evs, 3, 0, 0));
+  bool found = false;
+  for (const json::Value& e : t.at("traceEvents"))
+    if (e.at("ph").as_string() == "X") {
+      found = true;
+      CHECK(e.at("pid").as_int() == 3);
+      CHECK(e.at("cat").as_string() == "io");
+      CHECK(e.at("args").at("a").as_string().size() == 100);
+    }
+  CHECK(found);
+  const json::Value merged = json::parse(profile::merge_traces(
+      {profile::chrome_trace(evs, 0, 0, 1), profile::chrome_trace(evs, 1, 0, 2)}));
+  CHECK(merged.at("otherData").at("dropped_events").as_int() == 3);
+}
+
+TEST_CASE("exposed communication is what no compute event covers") {
+  profile::start(16);
+  profile::complete(Lane::kCompute, "step", 0, 100);  // encloses all: never counts as compute
+  profile::complete(Lane::kCompute, "matmul", 0, 40);
+  profile::complete(Lane::kCompute, "add", 30, 50);
+  profile::complete(Lane::kComm, "all_reduce", 45, 70);  // 5 ns under compute, 20 exposed
+  profile::stop();
+  const profile::Summary s = profile::summarize(profile::events());
+  CHECK(s.steps == 1);
+  CHECK(s.compute_ns == 50);
+  CHECK(s.comm_ns == 25);
+  CHECK(s.exposed_comm_ns == 20);
+  REQUIRE(s.top_ops.size() == 2);
+  CHECK(s.top_ops[0].name == "matmul");
+}
+
+TEST_CASE("the memory tracer's peak and its split by tag") {
+  profile::start(64);
+  profile::memory_begin(1000);  // live before the session
+  int a = 0, b = 0, c = 0;
+  profile::note_alloc(&b, 200);  // temporaries by default
+  profile::retag(&b, profile::MemTag::kGradients);
+  {
+    profile::MemTagScope tag(profile::MemTag::kActivations);
+    profile::note_alloc(&a, 300);
+  }
+  profile::note_free(&c, 100);  // a baseline block
+  profile::note_free(&a, 300);
+  profile::stop();
+  const profile::MemoryPeak p = profile::memory_peak();
+  CHECK(p.peak == 1500);
+  CHECK(p.baseline_at_peak == 1000);
+  CHECK(p.by_tag[static_cast<int>(profile::MemTag::kActivations)] == 300);
+  CHECK(p.by_tag[static_cast<int>(profile::MemTag::kGradients)] == 200);
+  CHECK(p.by_tag[static_cast<int>(profile::MemTag::kTemporaries)] == 0);
+}
