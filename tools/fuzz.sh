@@ -54,7 +54,7 @@ declare -A SOURCES=(
   [image_shard]="engine/data/image_shard.cc engine/data/mapped_file.cc base/error.cc"
   [bpe]="engine/data/bpe.cc engine/data/unicode_class.cc engine/data/mapped_file.cc base/json.cc base/thread_pool.cc base/error.cc"
   [chat_template]="engine/data/chat_template.cc base/json.cc base/error.cc"
-  [checkpoint]="engine/train/checkpoint.cc engine/io/tensor_io.cc engine/io/safetensors.cc engine/tensor.cc engine/autograd.cc engine/nn/module.cc memory/allocator.cc kernels/registry.cc base/crc32c.cc base/json.cc base/dtype.cc base/error.cc"
+  [checkpoint]="engine/train/checkpoint.cc engine/io/tensor_io.cc engine/io/safetensors.cc engine/tensor.cc engine/autograd.cc engine/nn/module.cc memory/allocator.cc engine/profile/profile.cc kernels/registry.cc base/crc32c.cc base/json.cc base/dtype.cc base/error.cc"
   [tokenizer]="engine/data/tokenizer.cc engine/data/bpe.cc engine/data/unicode_class.cc engine/data/mapped_file.cc base/json.cc base/thread_pool.cc base/error.cc"
 )
 # Largest input libFuzzer generates per target (shards need their 1024-byte header and more).
