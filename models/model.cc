@@ -76,6 +76,14 @@ LanguageModel::PipelinePart LanguageModel::pipeline_part(const std::string&) con
   no_pipeline(*this);
 }
 
+namespace {
+// Keys and values are activations: f32 when the weights are stored in 16 bits (the ops widen
+// those, engine/ops/common.h), the weights' dtype otherwise.
+DType cache_dtype(const ModelConfig& c) {
+  return c.dtype == DType::kBF16 || c.dtype == DType::kF16 ? DType::kF32 : c.dtype;
+}
+}  // namespace
+
 KVCache LanguageModel::make_cache(int64_t batch, int64_t capacity) const {
   const ModelConfig& c = config();
   MAMMOTH_CHECK(batch > 0 && capacity > 0)
@@ -84,8 +92,9 @@ KVCache LanguageModel::make_cache(int64_t batch, int64_t capacity) const {
   cache.capacity = capacity;
   const Device device = module_device(*this);  // the cache lives beside the weights
   for (int64_t l = 0; l < c.n_layer; ++l) {
-    cache.k.push_back(Tensor::zeros({batch, c.n_kv_head, capacity, c.head_dim()}, c.dtype, device));
-    cache.v.push_back(Tensor::zeros({batch, c.n_kv_head, capacity, c.head_dim()}, c.dtype, device));
+    const engine::Shape shape = {batch, c.n_kv_head, capacity, c.head_dim()};
+    cache.k.push_back(Tensor::zeros(shape, cache_dtype(c), device));
+    cache.v.push_back(Tensor::zeros(shape, cache_dtype(c), device));
   }
   return cache;
 }
@@ -105,8 +114,8 @@ PagedKVCache LanguageModel::make_paged_cache(int64_t num_blocks, int64_t block_s
   const Device device = module_device(*this);
   for (int64_t l = 0; l < c.n_layer; ++l) {
     const engine::Shape shape = {c.n_kv_head, num_blocks * block_size, c.head_dim()};
-    cache.k.push_back(Tensor::zeros(shape, c.dtype, device));
-    cache.v.push_back(Tensor::zeros(shape, c.dtype, device));
+    cache.k.push_back(Tensor::zeros(shape, cache_dtype(c), device));
+    cache.v.push_back(Tensor::zeros(shape, cache_dtype(c), device));
   }
   return cache;
 }

@@ -47,8 +47,10 @@ ABSL_DECLARE_FLAG(std::string, model);
 ABSL_FLAG(bool, merge_lora, false,
           "ckpt export: merge a LoRA adapter directory into its base model (see `ckpt export`)");
 ABSL_FLAG(std::string, dtype, "f32",
-          "ckpt export: the weights' dtype in the files: f32, bf16 or f16 (keeps a bf16 model "
-          "bf16; training itself keeps f32 master weights)");
+          "ckpt export: the weights' dtype in the files; eval/generate: the parameters' dtype "
+          "in memory (a bf16 Hugging Face directory stays bf16 with --dtype bf16; the default "
+          "converts to f32, as transformers' from_pretrained does). f32, bf16 or f16; training "
+          "keeps f32 master weights");
 ABSL_FLAG(double, max_shard_mb, 5000.0,
           "ckpt export: weights above this many MB (10^6 bytes) are sharded, at most this much "
           "per file (transformers' save_pretrained default: 5GB)");

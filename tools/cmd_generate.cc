@@ -16,7 +16,9 @@
 #include "absl/flags/flag.h"
 #include "base/json.h"
 #include "engine/data/tokenizer.h"
+#include "memory/allocator.h"
 #include "models/generate.h"
+#include "models/layers.h"
 #include "models/registry.h"
 #include "tools/command.h"
 
@@ -148,6 +150,11 @@ int run_generate(const std::vector<std::string>& args) {
     o.on_token = [&](int64_t id) { stream->add(id); };
   }
   const std::vector<int64_t> out = models::generate(*model, prompt, o);
+  // Measured, not computed: what --dtype saves shows here.
+  std::fprintf(
+      stderr, "[generate] peak memory: %.2f MB (allocator)\n",
+      static_cast<double>(memory::allocator_for(models::module_device(*model)).stats().peak_bytes) /
+          1e6);
   json::Value p = json::Value::array(), g = json::Value::array();
   for (int64_t t : prompt) p.push_back(t);
   for (int64_t t : out) g.push_back(t);

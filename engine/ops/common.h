@@ -17,6 +17,16 @@ inline void make_resident(const Tensor& t, bool write) {
   if (t.defined() && t.storage()->ensure_resident) t.storage()->ensure_resident(write);
 }
 
+// 16-bit parameters are a storage format (eval / generate --dtype bf16|f16 halve the resident
+// weights): an op whose activation is f32 reads a bf16 / f16 weight widened to f32, so the
+// compute and its numerics stay those of f32. Any other pairing is returned as it is (and the
+// op's dtype checks see it).
+inline Tensor widen_weight(const Tensor& w, const Tensor& x) {
+  if (!w.defined() || x.dtype() != DType::kF32) return w;
+  if (w.dtype() != DType::kBF16 && w.dtype() != DType::kF16) return w;
+  return cast(w, DType::kF32);
+}
+
 // A kernel launch's profile args (engine/profile): dtype, device, the first input's and output's
 // shapes, the bytes its arguments span, for matmul its FLOPs (2 M N K per batch), and its
 // module: that of a parameter it reads, else the last one this thread saw (a gelu or a

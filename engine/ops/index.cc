@@ -158,6 +158,8 @@ Tensor embedding(const Tensor& ids, const Tensor& weight) {
              return std::vector<Tensor>{dw};
            });
   }
+  // A 16-bit table's rows widen to f32 (detail::widen_weight), the cast carrying the gradient.
+  if (weight.dtype() == DType::kBF16 || weight.dtype() == DType::kF16) return cast(y, DType::kF32);
   return y;
 }
 

@@ -101,9 +101,11 @@ void gemm2d(const Tensor& a, const Tensor& b, const Tensor& c, double beta) {
 //   forward  y [M, out] = b (broadcast rows), then += x [M, in] @ W^T   (W [out, in], NT)
 //   backward dx [M, in] = dy @ W (NN);  dW [out, in] = dy^T @ x (TN);  db = 1^T dy (GEMV)
 // Composing matmul with a transposed view instead would produce dW transposed and copy it.
-Tensor linear(const Tensor& x_in, const Tensor& w, const Tensor& b) {
+Tensor linear(const Tensor& x_in, const Tensor& w_arg, const Tensor& b_arg) {
   check_defined(x_in, "linear", "x");
-  check_defined(w, "linear", "weight");
+  check_defined(w_arg, "linear", "weight");
+  const Tensor w = detail::widen_weight(w_arg, x_in);
+  const Tensor b = detail::widen_weight(b_arg, x_in);
   detail::check_same("linear", {x_in, w});
   detail::check_floating("linear", x_in);
   MAMMOTH_CHECK(w.dim() == 2 && x_in.dim() >= 1 && x_in.size(-1) == w.size(1))

@@ -54,8 +54,10 @@ Tensor log_softmax(const Tensor& x, int64_t dim) {
   return softmax_like(x, dim, "log_softmax", Kernel::log_softmax, Kernel::log_softmax_backward);
 }
 
-Tensor layer_norm(const Tensor& x_in, const Tensor& w, const Tensor& b, double eps) {
+Tensor layer_norm(const Tensor& x_in, const Tensor& w_arg, const Tensor& b_arg, double eps) {
   check_defined(x_in, "layer_norm", "x");
+  const Tensor w = detail::widen_weight(w_arg, x_in);
+  const Tensor b = detail::widen_weight(b_arg, x_in);
   detail::check_floating("layer_norm", x_in);
   check_norm_weight("layer_norm", "weight", x_in, w);
   check_norm_weight("layer_norm", "bias", x_in, b);
@@ -81,8 +83,9 @@ Tensor layer_norm(const Tensor& x_in, const Tensor& w, const Tensor& b, double e
   return y;
 }
 
-Tensor rms_norm(const Tensor& x_in, const Tensor& w, double eps) {
+Tensor rms_norm(const Tensor& x_in, const Tensor& w_arg, double eps) {
   check_defined(x_in, "rms_norm", "x");
+  const Tensor w = detail::widen_weight(w_arg, x_in);
   detail::check_floating("rms_norm", x_in);
   check_norm_weight("rms_norm", "weight", x_in, w);
   const Tensor x = x_in.contiguous();

@@ -104,6 +104,9 @@ void register_index(Registry& r) {
 #define MAMMOTH_REG(NAME) \
   add_float_kernels(r, Kernel::NAME, NAME##_kernel<float>, NAME##_kernel<double>);
   MAMMOTH_REG(index_select)
+  // A 16-bit embedding table's rows are copied as they are (the embedding op widens them).
+  r.add(Kernel::index_select, DeviceType::kCPU, DType::kBF16, index_select_kernel<bf16>);
+  r.add(Kernel::index_select, DeviceType::kCPU, DType::kF16, index_select_kernel<f16>);
   MAMMOTH_REG(index_add)
   MAMMOTH_REG(gather)
   MAMMOTH_REG(scatter_add)

@@ -46,8 +46,10 @@ Tensor VitEmbeddings::forward(const Tensor& pixels) const {
   MAMMOTH_CHECK(N + 1 == position_embeddings.size(1))
       << "[Vit::forward] " << N << " patches, but the position table has "
       << position_embeddings.size(1) - 1 << " (image_size / patch_size squared)";
-  Tensor x = engine::concat({cls_token.expand({B, 1, D}), patches}, 1);
-  return dropout->forward(x + position_embeddings);
+  // 16-bit tables widen to the patches' dtype, as the ops widen weights (engine/ops/common.h).
+  Tensor x =
+      engine::concat({engine::cast(cls_token, patches.dtype()).expand({B, 1, D}), patches}, 1);
+  return dropout->forward(x + engine::cast(position_embeddings, x.dtype()));
 }
 
 VitSelfAttention::VitSelfAttention(const ModelConfig& c) : config_(c) {
