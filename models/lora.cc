@@ -1,5 +1,6 @@
 #include "models/lora.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -237,7 +238,7 @@ void merge_lora(Model&, const LoraAdapters& adapters) {
 }
 
 void save_adapter(const LoraAdapters& adapters, const Model& model, const std::string& dir,
-                  const std::string& base_model) {
+                  const std::string& base_model, const engine::nn::NamedTensors* values) {
   fs::create_directories(dir);
   const std::string config_path = (fs::path(dir) / "adapter_config.json").string();
   {
@@ -247,7 +248,17 @@ void save_adapter(const LoraAdapters& adapters, const Model& model, const std::s
   }
   engine::nn::NamedTensors host;
   for (const auto& [name, t] : adapters.named_parameters()) {
-    host.emplace_back(name, t.detach().to(Device::cpu()));
+    if (values == nullptr) {
+      host.emplace_back(name, t.detach().to(Device::cpu()));
+      continue;
+    }
+    auto it = std::find_if(values->begin(), values->end(),
+                           [&name](const auto& v) { return v.first == name; });
+    MAMMOTH_CHECK(it != values->end()) << "[lora] no value for adapter tensor '" << name << "'";
+    MAMMOTH_CHECK(it->second.shape() == t.shape())
+        << "[lora] adapter tensor '" << name << "' has shape "
+        << engine::shape_str(it->second.shape()) << ", expected " << engine::shape_str(t.shape());
+    host.emplace_back(name, it->second.detach().to(Device::cpu()));
   }
   save_named(host, adapters.peft_layout(model.hf_layout()),
              (fs::path(dir) / "adapter_model.safetensors").string());

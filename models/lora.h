@@ -107,9 +107,11 @@ void detach_lora(const LoraAdapters& adapters);
 void merge_lora(Model& model, const LoraAdapters& adapters);
 
 // Writes DIR/adapter_config.json and DIR/adapter_model.safetensors (creating DIR). Tensors are
-// read through host copies.
+// read through host copies: the adapters' own, or `values` (by the adapters' parameter names;
+// every one must be there, whole) when given — a checkpoint's, where no rank holds the
+// adapters whole (ZeRO-3).
 void save_adapter(const LoraAdapters& adapters, const Model& model, const std::string& dir,
-                  const std::string& base_model);
+                  const std::string& base_model, const engine::nn::NamedTensors* values = nullptr);
 
 // Reads DIR/adapter_config.json (refusing, by name, what it cannot honour: another peft_type,
 // use_dora, use_rslora, bias other than none, modules_to_save, rank or alpha patterns, layer

@@ -124,8 +124,6 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
     MAMMOTH_CHECK(plan_.pp == 1) << "[train] LoRA with --pp is not supported; use --dp";
     MAMMOTH_CHECK(!plan_.offloaded())
         << "[train] LoRA with --offload is not supported (its optimizer states are small)";
-    MAMMOTH_CHECK(plan_.zero <= 2)
-        << "[train] LoRA with --zero 3 is not supported (the adapters are small); use --zero 2";
   }
   model_->set_recompute_blocks(plan_.recompute_blocks);
   Parts& p = *parts_;

@@ -375,6 +375,16 @@ std::shared_ptr<models::LoraAdapters> make_lora(models::LanguageModel& model) {
   return models::apply_lora(model, o);
 }
 
+// The PEFT adapter directory from checkpoint `ckpt`'s tensors: the adapters whole, in their
+// single-process shapes, whichever layout wrote them (under ZeRO-3 no rank holds them whole).
+void save_adapter_from_checkpoint(const models::LoraAdapters& lora, const models::Model& model,
+                                  const std::string& ckpt, const std::string& out,
+                                  const std::string& base_model) {
+  json::Value state;
+  const engine::nn::NamedTensors whole = engine::train::load_whole_checkpoint(ckpt, &state);
+  models::save_adapter(lora, model, out, base_model, &whole);
+}
+
 // --resume: the checkpoint must train what this run trains (LoRA adapters of the same shape, or
 // the whole model), said before its tensors are read (their shapes would differ first).
 void check_lora_resume(const engine::train::TrainOptions& o, const json::Value& config) {
@@ -626,14 +636,17 @@ int run_train(const std::vector<std::string>& args) {
     // pipeline stages, divided further by ZeRO.
     const int64_t elem = static_cast<int64_t>(dtype_size(cfg.dtype));
     const runtime::TrainingRuntime::Memory m = rt.memory();
-    std::fprintf(
-        stderr,
-        "[train] per rank: parameters %.1f MiB (%.1f%% of the model's %.1f MiB), "
-        "gradients %.1f MiB, optimizer states %.1f MiB (%s)\n",
-        m.params / 1048576.0,
-        100.0 * static_cast<double>(m.params) / static_cast<double>(model->num_parameters() * elem),
-        static_cast<double>(model->num_parameters() * elem) / 1048576.0, m.grads / 1048576.0,
-        m.optimizer / 1048576.0, m.how.c_str());
+    // LoRA: the runtime holds the adapters (sharded by ZeRO); the frozen model sits whole on
+    // every rank beside them.
+    const double frozen = lora ? static_cast<double>(model->num_parameters() * elem) : 0.0;
+    const double whole = static_cast<double>((model->num_parameters() + trainable) * elem);
+    const double params = static_cast<double>(m.params) + frozen;
+    std::fprintf(stderr,
+                 "[train] per rank: parameters %.1f MiB (%.1f%% of the model's %.1f MiB%s), "
+                 "gradients %.1f MiB, optimizer states %.1f MiB (%s)\n",
+                 params / 1048576.0, 100.0 * params / whole, whole / 1048576.0,
+                 lora ? ", the frozen base whole" : "", m.grads / 1048576.0,
+                 m.optimizer / 1048576.0, m.how.c_str());
   }
   // The planner's predictions for the plan being run, recorded beside what the run measures:
   // every rank's peak memory (plan/memory_model.h, for its pipeline stage) against the
@@ -692,7 +705,7 @@ int run_train(const std::vector<std::string>& args) {
                    static_cast<long long>(model->num_parameters()));
     }
     o.after_checkpoint = [&](const std::string& dir) {
-      models::save_adapter(*lora, *model, dir + "/adapter", model_name);
+      save_adapter_from_checkpoint(*lora, *model, dir, dir + "/adapter", model_name);
     };
   }
   check_lora_resume(o, config);
@@ -740,7 +753,11 @@ int run_train(const std::vector<std::string>& args) {
       std::fprintf(stderr, "[train] LoRA: no --save-dir, so the adapter is not saved\n");
     } else {
       const std::string dir = o.save_dir + "/adapter";
-      models::save_adapter(*lora, *model, dir, model_name);
+      // The run ends with a checkpoint of its last step; the adapter is written from it.
+      const std::optional<std::string> last = engine::train::latest_checkpoint(o.save_dir);
+      MAMMOTH_CHECK(last.has_value())
+          << "[train] no checkpoint in " << o.save_dir << " to write the LoRA adapter from";
+      save_adapter_from_checkpoint(*lora, *model, *last, dir, model_name);
       std::fprintf(stderr, "[train] LoRA adapter (PEFT) written to %s\n", dir.c_str());
     }
   }
