@@ -38,13 +38,13 @@ Spec parse(const char* text) {
   MAMMOTH_CHECK(!step.empty() && *end == 0 && s.step >= 1)
       << "[fault] MAMMOTH_FAULT='" << v << "': STEP must be a number >= 1";
   if (colon2 != std::string::npos) s.phase = v.substr(colon2 + 1);
-  static const char* const kKinds[] = {"exit0", "exit1", "kill", "stop", "term", "throw", "stall"};
+  static const char* const kKinds[] = {"exit0", "exit1", "kill", "stop", "term", "throw", "stall", "delay"};
   static const char* const kPhases[] = {"forward", "backward", "send", "optimizer", "checkpoint"};
   bool kind_ok = false, phase_ok = false;
   for (const char* k : kKinds) kind_ok |= s.kind == k;
   for (const char* p : kPhases) phase_ok |= s.phase == p;
   MAMMOTH_CHECK(kind_ok) << "[fault] MAMMOTH_FAULT='" << v << "': unknown kind '" << s.kind
-                         << "' (exit0, exit1, kill, stop, term, throw, stall)";
+                         << "' (exit0, exit1, kill, stop, term, throw, stall, delay)";
   MAMMOTH_CHECK(phase_ok) << "[fault] MAMMOTH_FAULT='" << v << "': unknown phase '" << s.phase
                           << "' (forward, backward, send, optimizer, checkpoint)";
   s.active = true;
@@ -84,6 +84,7 @@ void point(const char* phase) {
                     << phase;
   }
   if (s.kind == "stall") std::this_thread::sleep_for(std::chrono::hours(1));
+  if (s.kind == "delay") std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
 }  // namespace mammoth::fault

@@ -2,7 +2,8 @@
 // makes world rank RANK fail at training step STEP (1-based, as the logs count), at PHASE:
 //   KIND   exit0 | exit1 (exit with that status), kill (SIGKILL), stop (SIGSTOP: a stall the
 //          process cannot notice), term (SIGTERM), throw (a mammoth::Error, as a kernel
-//          raises), stall (sleeps an hour: a rank stuck in compute)
+//          raises), stall (sleeps an hour: a rank stuck in compute), delay (sleeps one second, then
+//          carries on: a straggler, whose peers' collectives wait for it)
 //   PHASE  forward (default: the step's start), backward (a data-parallel bucket's reduction
 //          launch), send (a pipeline send), optimizer (before the update), checkpoint (after
 //          this rank wrote part of a checkpoint)

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <tuple>
 #include <unordered_map>
 
 #include "base/error.h"
@@ -339,7 +340,57 @@ std::string chrome_trace(const std::vector<Event>& evs, int pid, int64_t origin_
   return out;
 }
 
-std::string merge_traces(const std::vector<std::string>& traces) {
+namespace {
+
+// Splits every collective that all its group's members recorded (see CollectiveSplit).
+void split_collectives(json::Value& all, size_t ranks, CollectiveSplit* out) {
+  CollectiveSplit split;
+  split.wait_ns.assign(ranks, 0);
+  split.transfer_ns.assign(ranks, 0);
+  // (op, group, group's first world rank, seq) -> the events' indices in `all`.
+  std::map<std::tuple<std::string, std::string, int64_t, int64_t>, std::vector<size_t>> ops;
+  std::map<std::tuple<std::string, std::string, int64_t, int64_t>, int64_t> sizes;
+  for (size_t i = 0; i < all.size(); ++i) {
+    const json::Value& e = all[i];
+    const json::Value* cat = e.find("cat");
+    const json::Value* args = e.find("args");
+    if (e.at("ph").as_string() != "X" || !cat || cat->as_string() != "communication" || !args)
+      continue;
+    const json::Value* peer = args->find("peer");
+    const json::Value* size = args->find("group_size");
+    if (!peer || peer->as_int() != -1 || !size || size->as_int() < 1) continue;  // p2p
+    const auto key = std::make_tuple(e.at("name").as_string(), args->at("group").as_string(),
+                                     args->at("group_first").as_int(), args->at("seq").as_int());
+    ops[key].push_back(i);
+    sizes[key] = size->as_int();
+  }
+  for (const auto& [key, idx] : ops) {
+    if (static_cast<int64_t>(idx.size()) != sizes[key]) {
+      ++split.unmatched;
+      continue;
+    }
+    ++split.matched;
+    double last_post = 0;  // us, on the common clock
+    for (size_t i : idx) last_post = std::max(last_post, all[i].at("ts").as_double());
+    for (size_t i : idx) {
+      json::Value& e = all[i];
+      const double ts = e.at("ts").as_double(), end = ts + e.at("dur").as_double();
+      const double wait = std::max(0.0, std::min(last_post, end) - ts);
+      const double transfer = std::max(0.0, end - std::max(ts, last_post));
+      e.at("args").set("wait_us", wait).set("transfer_us", transfer);
+      const int64_t pid = e.at("pid").as_int();
+      if (pid >= 0 && static_cast<size_t>(pid) < ranks) {
+        split.wait_ns[static_cast<size_t>(pid)] += static_cast<int64_t>(wait * 1e3);
+        split.transfer_ns[static_cast<size_t>(pid)] += static_cast<int64_t>(transfer * 1e3);
+      }
+    }
+  }
+  if (out) *out = std::move(split);
+}
+
+}  // namespace
+
+std::string merge_traces(const std::vector<std::string>& traces, CollectiveSplit* split) {
   json::Value all = json::Value::array();
   int64_t dropped = 0;
   for (size_t i = 0; i < traces.size(); ++i) {
@@ -348,6 +399,7 @@ std::string merge_traces(const std::vector<std::string>& traces) {
     if (const json::Value* other = t.find("otherData"))
       if (const json::Value* d = other->find("dropped_events")) dropped += d->as_int();
   }
+  split_collectives(all, traces.size(), split);
   json::Value merged = json::Value::object();
   merged.set("displayTimeUnit", "ms");
   merged.set("traceEvents", std::move(all));

@@ -125,8 +125,20 @@ std::vector<Event> events(int64_t* dropped = nullptr);
 std::string chrome_trace(const std::vector<Event>& evs, int pid, int64_t origin_ns,
                          int64_t dropped);
 
-// Merges per-rank traces written by chrome_trace() (their JSON texts) into one.
-std::string merge_traces(const std::vector<std::string>& traces);
+// Collectives across ranks, as the merge finds them: an operation (name, group, sequence number)
+// whose event every member of its group recorded. It cannot move data before its last member
+// posts it, so each member's event splits into waiting (from its own post to the last post) and
+// transfer (from the last post to its completion). Per rank, over its matched collectives.
+struct CollectiveSplit {
+  std::vector<int64_t> wait_ns, transfer_ns;  // indexed by rank (pid)
+  int64_t matched = 0;                        // operations every member recorded
+  int64_t unmatched = 0;  // operations some member did not (outside its profiled steps)
+};
+
+// Merges per-rank traces written by chrome_trace() (their JSON texts, rank r's at index r)
+// into one, adding "wait_us" and "transfer_us" to the args of every matched collective's
+// events; `split` (if given) receives the per-rank totals.
+std::string merge_traces(const std::vector<std::string>& traces, CollectiveSplit* split = nullptr);
 
 // The profile's figures: top ops by time, compute vs exposed communication.
 struct Summary {

@@ -158,7 +158,24 @@ void Session::finish() {
     ranks.push_back(json::parse(read_file(o_.dir + "/rank_" + std::to_string(r) + ".summary.json"),
                                 "rank summary"));
   }
-  write_file(o_.dir + "/merged.trace.json", merge_traces(traces));
+  CollectiveSplit coll;
+  write_file(o_.dir + "/merged.trace.json", merge_traces(traces, &coll));
+  for (int r = 0; r < o_.world && o_.world > 1; ++r) {
+    const double wait = static_cast<double>(coll.wait_ns[static_cast<size_t>(r)]) * 1e-9;
+    const double transfer = static_cast<double>(coll.transfer_ns[static_cast<size_t>(r)]) * 1e-9;
+    std::fprintf(stderr,
+                 "[profile] rank %d collectives: %.3f s waiting for the last member, %.3f s "
+                 "transfer\n",
+                 r, wait, transfer);
+    ranks[static_cast<size_t>(r)]
+        .set("collective_wait_s", wait)
+        .set("collective_transfer_s", transfer);
+  }
+  if (coll.unmatched > 0)
+    std::fprintf(stderr,
+                 "[profile] %lld collectives not recorded by every member (outside a rank's "
+                 "profiled steps) are not split\n",
+                 static_cast<long long>(coll.unmatched));
   std::fprintf(stderr, "[profile] top ops on rank 0 by time:\n");
   json::Value top = json::Value::array();
   for (const Summary::Op& op : s.top_ops) {

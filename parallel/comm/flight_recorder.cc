@@ -101,7 +101,8 @@ class Recorder {
   }
 
   // `train --profile`: the operation as one event on the communication lane, posted to
-  // completed (what the caller waited for, transfer included).
+  // completed (what the caller waited for, transfer included; the merge splits collectives
+  // into waiting for the last member and the transfer after it, profile::merge_traces).
   void profile_event(const Entry& e) {
     const int64_t epoch =
         std::chrono::duration_cast<std::chrono::nanoseconds>(epoch_.time_since_epoch()).count();
@@ -112,11 +113,16 @@ class Recorder {
     const int peer_world = g && e.peer >= 0 && e.peer < static_cast<int>(g->world_ranks.size())
                                ? g->world_ranks[static_cast<size_t>(e.peer)]
                                : -1;
+    // The group's first world rank and size tell apart groups of one name (each pipeline
+    // stage's "dp"), so the merge can find every member's event of one collective.
+    const int first_world = g && !g->world_ranks.empty() ? g->world_ranks[0] : -1;
     char args[160];
     std::snprintf(args, sizeof(args),
-                  "\"group\":\"%s\",\"seq\":%llu,\"peer\":%d,\"peer_world\":%d,\"bytes\":%lld",
-                  g ? g->name.c_str() : "?", static_cast<unsigned long long>(e.seq), e.peer,
-                  peer_world, static_cast<long long>(e.bytes));
+                  "\"group\":\"%s\",\"group_first\":%d,\"group_size\":%d,\"seq\":%llu,"
+                  "\"peer\":%d,\"peer_world\":%d,\"bytes\":%lld",
+                  g ? g->name.c_str() : "?", first_world, g ? g->size : 0,
+                  static_cast<unsigned long long>(e.seq), e.peer, peer_world,
+                  static_cast<long long>(e.bytes));
     profile::complete(profile::Lane::kComm, e.op, epoch + e.posted_ns, epoch + e.completed_ns,
                       args);
   }

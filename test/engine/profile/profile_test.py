@@ -6,6 +6,8 @@
      equals the allocator's measured peak and its attribution sums to it; `plot --trace DIR` writes an SVG (parsed as XML) with
      a lane group per rank;
   2. one process with --offload nvme: chunk moves and NVMe reads / writes are in the trace;
+     then 2 dp ranks with rank 1 delayed 1 s (MAMMOTH_FAULT=delay): the merge splits each
+     collective into waiting for the last member and transfer, and rank 0 waits;
   3. bad --profile-steps are refused by name.
 usage: profile_test.py MAMMOTH MPIRUN_SH
 """
@@ -136,6 +138,27 @@ def main():
     assert io & {"chunk_load", "chunk_prefetch"} and "chunk_evict" in io, io
     assert {"nvme_read", "nvme_write"} <= io, io
     assert any(e["ph"] == "C" and e["name"].startswith("chunks.") for e in evs)
+
+    # 2b. A straggler: on 2 dp ranks, rank 1 sleeps 1 s before launching its step-2 gradient
+    # reductions. Its collectives are posted late, so rank 0's wait for the last member grows
+    # by about that second while rank 1's does not; each event's wait + transfer is its span.
+    prof3 = os.path.join(tmp, "prof_straggler")
+    log = run(["bash", mpirun, "-np", "2", mammoth, "train", *COMMON, "--dp", "2",
+               "--micro-batch", "2", "--profile", prof3, "--profile-steps", "1:4"],
+              dict(env, MAMMOTH_FAULT="delay@1:2:backward"))
+    assert "injecting delay" in log, log
+    with open(os.path.join(prof3, "summary.json")) as f:
+        ranks = json.load(f)["ranks"]
+    wait = [r["collective_wait_s"] for r in ranks]
+    print("straggler: collective wait per rank", wait,
+          "transfer", [r["collective_transfer_s"] for r in ranks])
+    assert wait[0] >= 0.8 and wait[1] < 0.5, wait
+    split = [e for e in load_trace(os.path.join(prof3, "merged.trace.json"))
+             if e["ph"] == "X" and e["cat"] == "communication" and "wait_us" in e["args"]]
+    assert {e["pid"] for e in split} == {0, 1}, split[:2]
+    for e in split:
+        assert abs(e["args"]["wait_us"] + e["args"]["transfer_us"] - e["dur"]) <= 1.0, e
+    assert "[profile] rank 0 collectives:" in log, log
 
     # 3. Inputs it cannot honour are refused by name.
     for flags, message in ((["--profile", prof2, "--profile-steps", "3:2"], "--profile-steps must be A:B"),

@@ -100,3 +100,46 @@ TEST_CASE("the memory tracer's peak and its split by tag") {
   CHECK(p.by_tag[static_cast<int>(profile::MemTag::kGradients)] == 200);
   CHECK(p.by_tag[static_cast<int>(profile::MemTag::kTemporaries)] == 0);
 }
+
+TEST_CASE("the merge splits a collective into waiting for the last member and transfer") {
+  // Rank 0 posts an all_reduce at 10 us, rank 1 at 30 us; both complete at 50 us. A second
+  // all_reduce only rank 0 recorded, and a send, are left as they are.
+  auto ev = [](const char* name, int64_t begin_us, int64_t end_us, const std::string& args) {
+    profile::Event e;
+    e.ts_ns = begin_us * 1000;
+    e.dur_ns = (end_us - begin_us) * 1000;
+    e.lane = Lane::kComm;
+    std::snprintf(e.name, sizeof(e.name), "%s", name);
+    std::snprintf(e.args, sizeof(e.args), "%s", args.c_str());
+    return e;
+  };
+  const std::string group = "\"group\":\"dp\",\"group_first\":0,\"group_size\":2,";
+  const std::vector<profile::Event> r0 = {ev("all_reduce", 10, 50, group + "\"seq\":0,\"peer\":-1"),
+                                          ev("all_reduce", 60, 70, group + "\"seq\":1,\"peer\":-1"),
+                                          ev("send", 80, 90, group + "\"seq\":0,\"peer\":1")};
+  const std::vector<profile::Event> r1 = {ev("all_reduce", 30, 50, group + "\"seq\":0,\"peer\":-1"),
+                                          ev("recv", 80, 95, group + "\"seq\":0,\"peer\":0")};
+  profile::CollectiveSplit split;
+  const json::Value merged = json::parse(profile::merge_traces(
+      {profile::chrome_trace(r0, 0, 0, 0), profile::chrome_trace(r1, 1, 0, 0)}, &split));
+  CHECK(split.matched == 1);
+  CHECK(split.unmatched == 1);
+  REQUIRE(split.wait_ns.size() == 2);
+  CHECK(split.wait_ns[0] == 20000);
+  CHECK(split.transfer_ns[0] == 20000);
+  CHECK(split.wait_ns[1] == 0);
+  CHECK(split.transfer_ns[1] == 20000);
+  int with_split = 0;
+  for (const json::Value& e : merged.at("traceEvents")) {
+    const json::Value* args = e.find("args");
+    if (!args || !args->find("wait_us")) continue;
+    ++with_split;
+    CHECK(e.at("name").as_string() == "all_reduce");
+    CHECK(args->at("seq").as_int() == 0);
+    const double wait = args->at("wait_us").as_double(),
+                 transfer = args->at("transfer_us").as_double();
+    CHECK(wait + transfer == Approx(e.at("dur").as_double()));
+    CHECK(wait == Approx(e.at("pid").as_int() == 0 ? 20.0 : 0.0));
+  }
+  CHECK(with_split == 2);
+}
