@@ -9,6 +9,7 @@ set -euo pipefail
 mammoth="$1"
 mpirun="$2"
 image_tool="$3"
+python_sh="$4"
 work="$(mktemp -d "${TEST_TMPDIR:-/tmp}/train_vit_images.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 fail() {
@@ -66,6 +67,34 @@ if "$mammoth" train "${common[@]}" --images "$work/other" --save-dir "$work/ck_r
   2>"$work/other.log"; then fail "resumed on other images"; fi
 grep -q "resume: the checkpoint was written with data" "$work/other.log" ||
   { cat "$work/other.log"; fail "resume on other images not refused by name"; }
+
+# HF export of the trained classifier (mammoth ckpt export): transformers'
+# ViTForImageClassification loads it and gives mammoth eval's loss on an image shard.
+"$mammoth" data --synthetic-images 48 --image-classes 4 --image-size 32 --out "$work/evalset" \
+  2>/dev/null
+"$mammoth" ckpt export "$work/ck/step_00000040" --out "$work/hf" >/dev/null
+"$mammoth" eval --model "$work/hf" --images "$work/evalset/images.bin" --threads 1 \
+  2>/dev/null >"$work/eval.json"
+bash "$python_sh" - "$work" <<'PY'
+import json, sys
+import numpy as np, torch
+from transformers import ViTForImageClassification
+work = sys.argv[1]
+raw = open(f"{work}/evalset/images.bin", "rb").read()
+h = np.frombuffer(raw[:1024], dtype="<i4")
+n, c, hh, ww = (int(x) for x in h[2:6])
+labels = np.frombuffer(raw[1024:1024 + 4 * n], dtype="<i4").astype(np.int64)
+px = np.frombuffer(raw[1024 + 4 * n:], dtype=np.uint8).reshape(n, c, hh, ww)
+x = torch.from_numpy((px.astype(np.float32) / 255.0 - 0.5) / 0.5)
+model = ViTForImageClassification.from_pretrained(f"{work}/hf").eval()
+with torch.no_grad():
+    loss = torch.nn.functional.cross_entropy(model(pixel_values=x).logits,
+                                             torch.from_numpy(labels)).item()
+ours = json.load(open(f"{work}/eval.json"))["loss"]
+rel = abs(loss - ours) / abs(ours)
+print(f"HF export: transformers loss {loss:.6f}, mammoth eval {ours:.6f}, rel {rel:.2e}")
+assert rel < 1e-5, rel
+PY
 
 # dp 2: each rank reads half of every global batch of 16; the curve is one process's.
 one=(--model vit-tiny --images "$work/images" --steps 10 --micro-batch 8 --grad-accum 2 --lr 2e-3
