@@ -3,8 +3,8 @@
 # task (label = whether the word "good" occurs, as names pos / neg) tokenized with a WordPiece
 # vocab.txt reaches >= 90% validation accuracy; our WordPiece ids equal transformers'
 # BertTokenizer's on the same vocabulary; a run resumed from its step-20 checkpoint gives the
-# uninterrupted run's losses bitwise; rows given as ids (TSV, integer labels) train too; bad
-# columns, labels and ids are refused by name.
+# uninterrupted run's losses bitwise; dp 2 matches one process; rows given as ids (TSV, integer
+# labels) train too; bad columns, labels and ids are refused by name.
 set -euo pipefail
 mammoth="$1"
 mpirun="$2"
@@ -100,6 +100,23 @@ for s in res:
     for k in ("loss", "grad_norm"):
         assert res[s][k] == full[s][k], f"step {s} {k}: resumed {res[s][k]} != {full[s][k]}"
 print("resumed steps 21..40: bitwise equal")
+PY
+
+# dp 2: each rank reads half of every global batch of 16; the curve is one process's.
+one=(--model bert-tiny --task classify --train-file "$work/train.jsonl" --tokenizer "$work/vocab"
+  --seq-len 16 --steps 8 --micro-batch 8 --grad-accum 2 --lr 2e-3 --warmup 2 --eval-every 0
+  --log-every 1 --threads 1)
+"$mammoth" train "${one[@]}" --metrics "$work/dp1.jsonl" 2>/dev/null
+bash "$mpirun" -np 2 "$mammoth" train "${one[@]}" --grad-accum 1 --metrics "$work/dp2.jsonl" \
+  2>"$work/dp2.log" || { cat "$work/dp2.log"; fail "dp 2 failed"; }
+python3 - "$work/dp1.jsonl" "$work/dp2.jsonl" <<'PY'
+import json, sys
+a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
+b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
+assert len(a) == len(b) == 8, (len(a), len(b))
+worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+print(f"dp2 vs one process: largest relative loss difference {worst:.3g}")
+assert worst < 1e-5, worst
 PY
 
 # Rows of ids (TSV, integer labels), with a separate validation file.
