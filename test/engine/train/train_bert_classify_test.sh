@@ -12,9 +12,11 @@ wordpiece_tool="$3"
 python_sh="$4"
 work="$(mktemp -d "${TEST_TMPDIR:-/tmp}/train_bert_classify.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
+source "$(dirname "$0")/classify_checks.sh"
+refused_bert() {  # refused for a bert-tiny --task classify run
+  local pattern="$1"
+  shift
+  refused "$pattern" --model bert-tiny --task classify "$@"
 }
 
 # bert-tiny's special ids: [PAD] 0, [UNK] 1, [CLS] 2, [SEP] 3, [MASK] 4.
@@ -78,29 +80,12 @@ common=(--model bert-tiny --task classify --train-file "$work/train.jsonl" --tok
 cat "$work/full.log"
 grep -q "classes: 0 = neg, 1 = pos" "$work/full.log" || fail "the label mapping is not printed"
 grep -q '\["neg","pos"\]' "$work/ck/labels.json" || fail "labels.json does not hold the labels"
-python3 - "$work/full.jsonl" <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
-acc = [r["val_accuracy"] for r in rows if "val_accuracy" in r]
-assert len(acc) == 2 and acc[-1] >= 0.9, f"validation accuracy {acc}"
-print(f"validation accuracy {acc}")
-PY
+accuracy_at_least "$work/full.jsonl" 0.9
 
-cp -r "$work/ck" "$work/ck_resume"
-rm -rf "$work/ck_resume/step_00000040"
-printf 'step_00000020\n' >"$work/ck_resume/latest"
+resume_at "$work/ck" 20
 "$mammoth" train "${common[@]}" --metrics "$work/resumed.jsonl" --save-dir "$work/ck_resume" \
   --resume 2>"$work/resumed.log" || { cat "$work/resumed.log"; fail "resume failed"; }
-python3 - "$work/full.jsonl" "$work/resumed.jsonl" <<'PY'
-import json, sys
-full = {r["step"]: r for r in map(json.loads, open(sys.argv[1]))}
-res = {r["step"]: r for r in map(json.loads, open(sys.argv[2]))}
-assert sorted(res) == list(range(21, 41)), sorted(res)
-for s in res:
-    for k in ("loss", "grad_norm"):
-        assert res[s][k] == full[s][k], f"step {s} {k}: resumed {res[s][k]} != {full[s][k]}"
-print("resumed steps 21..40: bitwise equal")
-PY
+same_tail "$work/full.jsonl" "$work/resumed.jsonl" 21 40
 
 # dp 2: each rank reads half of every global batch of 16; the curve is one process's.
 one=(--model bert-tiny --task classify --train-file "$work/train.jsonl" --tokenizer "$work/vocab"
@@ -109,15 +94,7 @@ one=(--model bert-tiny --task classify --train-file "$work/train.jsonl" --tokeni
 "$mammoth" train "${one[@]}" --metrics "$work/dp1.jsonl" 2>/dev/null
 bash "$mpirun" -np 2 "$mammoth" train "${one[@]}" --grad-accum 1 --metrics "$work/dp2.jsonl" \
   2>"$work/dp2.log" || { cat "$work/dp2.log"; fail "dp 2 failed"; }
-python3 - "$work/dp1.jsonl" "$work/dp2.jsonl" <<'PY'
-import json, sys
-a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
-b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
-assert len(a) == len(b) == 8, (len(a), len(b))
-worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
-print(f"dp2 vs one process: largest relative loss difference {worst:.3g}")
-assert worst < 1e-5, worst
-PY
+same_curve "$work/dp1.jsonl" "$work/dp2.jsonl" 8
 
 # Rows of ids (TSV, integer labels), with a separate validation file.
 printf 'label\tids\n' >"$work/ids.tsv"
@@ -129,31 +106,22 @@ head -9 "$work/ids.tsv" >"$work/ids_val.tsv"
   { cat "$work/ids.log"; fail "ids rows failed"; }
 grep -q "accuracy 1.0000" "$work/ids.log" || { cat "$work/ids.log"; fail "ids task not learnt"; }
 
-refused() {  # refused PATTERN ARGS...: the run fails and its error says PATTERN
-  local pattern="$1"
-  shift
-  if "$mammoth" train --steps 1 --threads 1 --model bert-tiny --task classify "$@" \
-    >"$work/err.log" 2>&1; then
-    fail "accepted: $*"
-  fi
-  grep -q -- "$pattern" "$work/err.log" || { cat "$work/err.log"; fail "no '$pattern' for: $*"; }
-}
 echo '{"text": "good", "label": "pos", "weight": 2}' >"$work/bad.jsonl"
-refused 'unknown key "weight"' --train-file "$work/bad.jsonl" --tokenizer "$work/vocab"
+refused_bert 'unknown key "weight"' --train-file "$work/bad.jsonl" --tokenizer "$work/vocab"
 echo '{"text": "good"}' >"$work/bad.jsonl"
-refused 'line 1: no "label"' --train-file "$work/bad.jsonl" --tokenizer "$work/vocab"
+refused_bert 'line 1: no "label"' --train-file "$work/bad.jsonl" --tokenizer "$work/vocab"
 printf 'sentence\tlabel\nx\t1\n' >"$work/bad.tsv"
-refused "unknown column 'sentence'" --train-file "$work/bad.tsv"
-refused "gives text, but there is no WordPiece vocabulary" --train-file "$work/train.jsonl"
+refused_bert "unknown column 'sentence'" --train-file "$work/bad.tsv"
+refused_bert "gives text, but there is no WordPiece vocabulary" --train-file "$work/train.jsonl"
 printf 'ids\tlabel\n2 0 3\t1\n2 5 3\t0\n' >"$work/bad.tsv"
-refused "id 0 is the padding id inside the row" --train-file "$work/bad.tsv"
+refused_bert "id 0 is the padding id inside the row" --train-file "$work/bad.tsv"
 printf 'ids\tlabel\n2 999 3\t1\n2 5 3\t0\n' >"$work/bad.tsv"
-refused "id 999 is outside the model's 512-token vocabulary" --train-file "$work/bad.tsv"
+refused_bert "id 999 is outside the model's 512-token vocabulary" --train-file "$work/bad.tsv"
 printf 'label\tids\n7\t2 5 3\n' >"$work/val.tsv"
-refused "label '7' is not one of the training file's classes" --train-file "$work/ids.tsv" \
+refused_bert "label '7' is not one of the training file's classes" --train-file "$work/ids.tsv" \
   --val-file "$work/val.tsv"
-refused "--task classify needs --train-file"
-refused "--task classify is BERT's" --train-file "$work/ids.tsv" --images "$work"
+refused_bert "--task classify needs --train-file"
+refused_bert "--task classify is BERT's" --train-file "$work/ids.tsv" --images "$work"
 echo '{"text": "caf\u00e9", "label": 1}' >"$work/bad.jsonl"
-refused "non-ASCII byte" --train-file "$work/bad.jsonl" --tokenizer "$work/vocab"
+refused_bert "non-ASCII byte" --train-file "$work/bad.jsonl" --tokenizer "$work/vocab"
 echo PASS

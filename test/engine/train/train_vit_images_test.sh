@@ -12,10 +12,7 @@ image_tool="$3"
 python_sh="$4"
 work="$(mktemp -d "${TEST_TMPDIR:-/tmp}/train_vit_images.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
+source "$(dirname "$0")/classify_checks.sh"
 
 "$image_tool" folder "$work/images" 4 40 32 7
 ls "$work/images/class_0" | grep -q '\.png$' || fail "no PNG files written"
@@ -43,24 +40,12 @@ print(f"validation accuracy {acc}")
 PY
 
 # Resume from the step-20 checkpoint: steps 21..40 bitwise those of the uninterrupted run.
-cp -r "$work/ck" "$work/ck_resume"
-rm -rf "$work/ck_resume/step_00000040"
-printf 'step_00000020\n' >"$work/ck_resume/latest"
+resume_at "$work/ck" 20
 "$mammoth" train "${common[@]}" --metrics "$work/resumed.jsonl" --save-dir "$work/ck_resume" \
   --resume 2>"$work/resumed.log" || { cat "$work/resumed.log"; fail "resume failed"; }
 grep -q "resumed from $work/ck_resume/step_00000020 at step 20" "$work/resumed.log" ||
   fail "did not resume at step 20"
-python3 - "$work/full.jsonl" "$work/resumed.jsonl" <<'PY'
-import json, sys
-full = {r["step"]: r for r in map(json.loads, open(sys.argv[1]))}
-res = {r["step"]: r for r in map(json.loads, open(sys.argv[2]))}
-assert sorted(res) == list(range(21, 41)), sorted(res)
-for s in res:
-    for k in ("loss", "grad_norm"):
-        assert res[s][k] == full[s][k], f"step {s} {k}: resumed {res[s][k]} != {full[s][k]}"
-assert res[40]["val_accuracy"] == full[40]["val_accuracy"]
-print("resumed steps 21..40: bitwise equal")
-PY
+same_tail "$work/full.jsonl" "$work/resumed.jsonl" 21 40
 # Another image set is not what the checkpoint continues.
 "$image_tool" folder "$work/other" 4 30 32 8
 if "$mammoth" train "${common[@]}" --images "$work/other" --save-dir "$work/ck_resume" --resume \
@@ -102,15 +87,7 @@ one=(--model vit-tiny --images "$work/images" --steps 10 --micro-batch 8 --grad-
 "$mammoth" train "${one[@]}" --metrics "$work/dp1.jsonl" 2>/dev/null
 bash "$mpirun" -np 2 "$mammoth" train "${one[@]}" --micro-batch 8 --grad-accum 1 \
   --metrics "$work/dp2.jsonl" 2>"$work/dp2.log" || { cat "$work/dp2.log"; fail "dp 2 failed"; }
-python3 - "$work/dp1.jsonl" "$work/dp2.jsonl" <<'PY'
-import json, sys
-a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
-b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
-assert len(a) == len(b) == 10, (len(a), len(b))
-worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
-print(f"dp2 vs one process: largest relative loss difference {worst:.3g}")
-assert worst < 1e-5, worst
-PY
+same_curve "$work/dp1.jsonl" "$work/dp2.jsonl" 10
 
 # An image shard (mammoth data --synthetic-images) trains through the same path.
 "$mammoth" data --synthetic-images 64 --image-classes 4 --image-size 32 --out "$work/shard" \
@@ -122,14 +99,6 @@ grep -q "image shard $work/shard/images.bin: 64 images 3x32x32, 4 classes" "$wor
   { cat "$work/shard.log"; fail "the shard was not read"; }
 
 # Refused by name.
-refused() {  # refused PATTERN ARGS...: the run fails and its error says PATTERN
-  local pattern="$1"
-  shift
-  if "$mammoth" train --steps 1 --threads 1 "$@" >"$work/err.log" 2>&1; then
-    fail "accepted: $*"
-  fi
-  grep -q -- "$pattern" "$work/err.log" || { cat "$work/err.log"; fail "no '$pattern' for: $*"; }
-}
 echo "not an image" >"$work/images/class_2/img_5.png"
 refused "class_2/img_5.png is not a readable PNG file" --model vit-tiny --images "$work/images"
 head -c 200 "$work/images/class_1/img_1.jpg" >"$work/images/class_1/img_3.jpg"
