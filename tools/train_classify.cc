@@ -230,6 +230,18 @@ int run_classification(runtime::TrainingRuntime& rt, const engine::train::Device
     std::ofstream(o.save_dir + "/labels.json") << json::dump(labels) << "\n";
   }
 
+  // Each checkpoint carries the classifier as a transformers directory (hf/: config.json and
+  // model.safetensors, BERT's untrained masked-LM head included, which
+  // BertForSequenceClassification ignores).
+  if (rt.plan().zero < 3) {
+    o.after_checkpoint = [&model](const std::string& dir) {
+      models::save_pretrained(*model, dir + "/hf");
+    };
+  } else if (lead) {
+    std::fprintf(stderr,
+                 "[train] --zero 3: checkpoints carry no hf/ directory (each rank holds a shard "
+                 "of the parameters); `mammoth ckpt export` writes one\n");
+  }
   engine::train::LossFn loss_fn;
   if (images) {
     auto vit = std::dynamic_pointer_cast<models::Vit>(model);

@@ -3,8 +3,9 @@
 # task (label = whether the word "good" occurs, as names pos / neg) tokenized with a WordPiece
 # vocab.txt reaches >= 90% validation accuracy; our WordPiece ids equal transformers'
 # BertTokenizer's on the same vocabulary; a run resumed from its step-20 checkpoint gives the
-# uninterrupted run's losses bitwise; dp 2 matches one process; rows given as ids (TSV, integer
-# labels) train too; bad columns, labels and ids are refused by name.
+# uninterrupted run's losses bitwise; a checkpoint's hf/ directory loads in transformers'
+# BertForSequenceClassification with the same validation loss; dp 2 matches one process; rows
+# given as ids (TSV, integer labels) train too; bad columns, labels and ids are refused by name.
 set -euo pipefail
 mammoth="$1"
 mpirun="$2"
@@ -86,6 +87,33 @@ resume_at "$work/ck" 20
 "$mammoth" train "${common[@]}" --metrics "$work/resumed.jsonl" --save-dir "$work/ck_resume" \
   --resume 2>"$work/resumed.log" || { cat "$work/resumed.log"; fail "resume failed"; }
 same_tail "$work/full.jsonl" "$work/resumed.jsonl" 21 40
+
+# Each checkpoint's hf/ directory: transformers' BertForSequenceClassification loads it and,
+# on --val-file's rows encoded by BertTokenizer (truncated and padded to 16), gives the loss the
+# run's last evaluation measured on the same rows (3 batches of 16 in file order).
+head -192 "$work/train.jsonl" >"$work/train192.jsonl"
+tail -48 "$work/train.jsonl" >"$work/val48.jsonl"
+"$mammoth" train "${common[@]}" --train-file "$work/train192.jsonl" --val-file "$work/val48.jsonl" \
+  --metrics "$work/hfrun.jsonl" --save-dir "$work/ck_hf" 2>/dev/null
+bash "$python_sh" - "$work" <<'PY'
+import json, sys
+import torch
+from transformers import BertForSequenceClassification, BertTokenizer
+work = sys.argv[1]
+rows = [json.loads(l) for l in open(f"{work}/val48.jsonl")]
+tok = BertTokenizer(f"{work}/vocab/vocab.txt", do_lower_case=True)
+enc = tok([r["text"] for r in rows], truncation=True, max_length=16, padding="max_length",
+          return_tensors="pt")
+labels = torch.tensor([["neg", "pos"].index(r["label"]) for r in rows])
+model = BertForSequenceClassification.from_pretrained(f"{work}/ck_hf/step_00000040/hf").eval()
+with torch.no_grad():
+    logits = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits
+loss = torch.nn.functional.cross_entropy(logits, labels).item()
+ours = [json.loads(l) for l in open(f"{work}/hfrun.jsonl")][-1]["val_loss"]
+rel = abs(loss - ours) / abs(ours)
+print(f"HF export: transformers loss {loss:.6f}, mammoth validation {ours:.6f}, rel {rel:.2e}")
+assert rel < 1e-5, rel
+PY
 
 # dp 2: each rank reads half of every global batch of 16; the curve is one process's.
 one=(--model bert-tiny --task classify --train-file "$work/train.jsonl" --tokenizer "$work/vocab"
