@@ -116,4 +116,13 @@ refused "--seq-len does not apply to --images" --model vit-tiny --images "$work/
 refused "--data does not apply to classification" --model vit-tiny --images "$work/images" \
   --data "$work/x.bin"
 refused "--train-file needs --task classify" --model gpt2-tiny --train-file "$work/x.jsonl"
+# The parallel forms that rebuild the model are refused by name (two ranks: the plan is valid).
+if bash "$mpirun" -np 2 "$mammoth" train --model vit-tiny --images "$work/images" --tp 2 \
+  --steps 1 --threads 1 >"$work/tp.log" 2>&1; then fail "accepted --tp 2"; fi
+grep -q "classification (vit) with tensor or sequence parallelism" "$work/tp.log" ||
+  { cat "$work/tp.log"; fail "--tp 2 not refused by name"; }
+if bash "$mpirun" -np 2 "$mammoth" train --model vit-tiny --images "$work/images" --pp 2 \
+  --steps 1 --threads 1 >"$work/pp.log" 2>&1; then fail "accepted --pp 2"; fi
+grep -q "classification (vit) with --pp is not supported" "$work/pp.log" ||
+  { cat "$work/pp.log"; fail "--pp 2 not refused by name"; }
 echo PASS
