@@ -193,23 +193,7 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
   }
 
   if (mesh_) {
-    o.logging_rank = lead();
-    // Every rank writes its shard of a sharded checkpoint.
-    o.world_rank = mesh_->rank();
-    o.world_size = mesh_->world_size();
-    parallel::DeviceMesh* mesh = mesh_.get();
-    o.world_barrier = [mesh] { mesh->world().barrier(); };
-    o.world_any = [mesh](bool mine) {
-      engine::Tensor flag = engine::Tensor::from_ints({mine ? 1 : 0}, {1});
-      mesh->world().all_reduce(flag, parallel::ReduceOp::kMax);
-      return flag.to_int_vector()[0] != 0;
-    };
-    o.layout = json::Value::object();
-    o.layout.set("dp", json::Value(plan_.dp));
-    o.layout.set("pp", json::Value(plan_.pp));
-    o.layout.set("tp", json::Value(plan_.tp));
-    o.layout.set("sp", json::Value(plan_.sp));
-    o.layout.set("zero", json::Value(plan_.zero));
+    set_world_fields(o);
     if (p.pipeline) {
       // The tied wte lives on the first and the last stage; the first writes it.
       models::LanguageModelPipeline* pipeline = p.pipeline.get();
@@ -297,9 +281,71 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
   }
 }
 
+void TrainingRuntime::set_world_fields(engine::train::TrainOptions& o) const {
+  o.logging_rank = lead();
+  // Every rank writes its shard of a sharded checkpoint.
+  o.world_rank = mesh_->rank();
+  o.world_size = mesh_->world_size();
+  parallel::DeviceMesh* mesh = mesh_.get();
+  o.world_barrier = [mesh] { mesh->world().barrier(); };
+  o.world_any = [mesh](bool mine) {
+    engine::Tensor flag = engine::Tensor::from_ints({mine ? 1 : 0}, {1});
+    mesh->world().all_reduce(flag, parallel::ReduceOp::kMax);
+    return flag.to_int_vector()[0] != 0;
+  };
+  o.layout = json::Value::object();
+  o.layout.set("dp", json::Value(plan_.dp));
+  o.layout.set("pp", json::Value(plan_.pp));
+  o.layout.set("tp", json::Value(plan_.tp));
+  o.layout.set("sp", json::Value(plan_.sp));
+  o.layout.set("zero", json::Value(plan_.zero));
+}
+
+void TrainingRuntime::assemble_classifier(std::shared_ptr<models::Model> model,
+                                          engine::train::TrainOptions& o) {
+  MAMMOTH_CHECK(model_ == nullptr && classifier_ == nullptr) << "[runtime] assemble() runs once";
+  const std::string family = models::family_name(model->config().family);
+  // The parallel forms that rebuild the model (policies, pipeline stages) and the chunked
+  // memory carry language models only.
+  MAMMOTH_CHECK(plan_.tp == 1 && plan_.sp == 1 && plan_.sp_mode == "none")
+      << "[train] classification (" << family << ") with tensor or sequence parallelism (--tp, "
+      << "--sp, --sp-mode) is not supported; use --dp";
+  MAMMOTH_CHECK(plan_.pp == 1) << "[train] classification (" << family
+                               << ") with --pp is not supported; use --dp";
+  MAMMOTH_CHECK(!plan_.offloaded())
+      << "[train] classification (" << family
+      << ") with --offload / --device-mem / --host-mem is not supported";
+  MAMMOTH_CHECK(plan_.recompute_blocks == 0 || model->config().family == models::Family::kBert)
+      << "[train] --recompute-blocks / --activation-checkpointing: " << family
+      << " does not recompute its blocks";
+  MAMMOTH_CHECK(plan_.recompute_blocks <= model->config().n_layer)
+      << "[train] recompute_blocks " << plan_.recompute_blocks << " exceeds the model's "
+      << model->config().n_layer << " blocks";
+  classifier_ = std::move(model);
+  classifier_->set_recompute_blocks(plan_.recompute_blocks);
+  trained_params_ = o.trained_params;
+  o.micro_batch = plan_.micro_batch;
+  o.grad_accum = plan_.grad_accum;
+  o.seq_len = plan_.seq_len;
+  o.amp = plan_.amp;
+  o.device = device_;
+  if (!mesh_) return;
+  set_world_fields(o);
+  if (plan_.dp > 1) {
+    Parts& p = *parts_;
+    p.dp = std::make_unique<parallel::DataParallel>(
+        trained_params_ ? *trained_params_ : classifier_->named_parameters(),
+        mesh_->group(parallel::Axis::kDp),
+        parallel::DataParallelOptions{.zero_stage = plan_.zero, .bucket_mb = plan_.bucket_mb});
+    p.dp->broadcast_parameters();
+    o.dp = p.dp.get();
+  }
+}
+
 TrainingRuntime::Memory TrainingRuntime::memory() const {
   const Parts& p = *parts_;
-  const int64_t elem = static_cast<int64_t>(dtype_size(model_->config().dtype));
+  const models::Model& model = model_ ? static_cast<const models::Model&>(*model_) : *classifier_;
+  const int64_t elem = static_cast<int64_t>(dtype_size(model.config().dtype));
   if (p.offload) {
     const engine::offload::Offload::MemoryReport m = p.offload->memory();
     return {m.params, m.grads, m.optimizer,
@@ -315,7 +361,7 @@ TrainingRuntime::Memory TrainingRuntime::memory() const {
     for (const auto& [name, t] : p.pipeline ? p.pipeline->parameters() : *trained_params_)
       n += t.numel();
   } else {
-    n = trained_->num_parameters();
+    n = trained_ ? trained_->num_parameters() : classifier_->num_parameters();
   }
   return {n * elem, n * elem, 2 * n * elem, how};
 }

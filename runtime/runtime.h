@@ -46,6 +46,13 @@ class TrainingRuntime {
   // offload report on rank 0. Call once; `model` is kept alive by the runtime.
   void assemble(std::shared_ptr<models::LanguageModel> model, engine::train::TrainOptions& options);
 
+  // A classifier (ViT, BERT's sequence-classification head) instead of a language model: it
+  // trains whole (options.trained_params: the part of it that trains; null: all), under dp
+  // and ZeRO only. tp, sp, pp, offload, and recompute for a family without it are refused here
+  // by name. Fills the same layout fields as assemble(). Call once, instead of assemble().
+  void assemble_classifier(std::shared_ptr<models::Model> model,
+                           engine::train::TrainOptions& options);
+
   // The form that trains: the model, or its tensor/sequence-parallel shards.
   models::LanguageModel& trained() const { return *trained_; }
 
@@ -63,10 +70,13 @@ class TrainingRuntime {
 
  private:
   struct Parts;
+  // logging_rank, world_rank / world_size / world_barrier / world_any and layout, from the mesh.
+  void set_world_fields(engine::train::TrainOptions& options) const;
   plan::ParallelPlan plan_;
   Device device_;
   std::unique_ptr<parallel::DeviceMesh> mesh_;
   std::shared_ptr<models::LanguageModel> model_;
+  std::shared_ptr<models::Model> classifier_;  // assemble_classifier's model
   models::LanguageModel* trained_ = nullptr;
   const engine::nn::NamedTensors* trained_params_ = nullptr;  // LoRA's adapters; null: trained_'s
   std::unique_ptr<Parts> parts_;

@@ -46,6 +46,7 @@
 #include "tools/command.h"
 #include "tools/masked_lm.h"
 #include "tools/plan_flags.h"
+#include "tools/train_classify.h"
 
 ABSL_FLAG(std::string, model, "gpt2-tiny", "registered model name or Hugging Face model directory");
 ABSL_FLAG(std::string, data, "",
@@ -404,6 +405,36 @@ void check_lora_resume(const engine::train::TrainOptions& o, const json::Value& 
       << shape(ours) << " (--lora-rank, --lora-alpha, --lora-targets must match)";
 }
 
+// The loop's options every objective shares (schedule, evaluation, checkpoints, metrics).
+engine::train::TrainOptions options_from_flags() {
+  engine::train::TrainOptions o;
+  o.steps = absl::GetFlag(FLAGS_steps);
+  o.lr = absl::GetFlag(FLAGS_lr);
+  o.min_lr_ratio = absl::GetFlag(FLAGS_min_lr_ratio);
+  o.warmup = absl::GetFlag(FLAGS_warmup);
+  o.schedule = absl::GetFlag(FLAGS_schedule);
+  o.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  o.grad_clip = absl::GetFlag(FLAGS_grad_clip);
+  o.seed = static_cast<uint64_t>(absl::GetFlag(FLAGS_seed));
+  o.eval_every = absl::GetFlag(FLAGS_eval_every);
+  o.eval_batches = absl::GetFlag(FLAGS_eval_batches);
+  o.val_fraction = absl::GetFlag(FLAGS_val_fraction);
+  o.save_dir = absl::GetFlag(FLAGS_save_dir);
+  o.save_every = absl::GetFlag(FLAGS_save_every);
+  o.keep_last = absl::GetFlag(FLAGS_keep_last);
+  o.resume = absl::GetFlag(FLAGS_resume);
+  o.metrics_path = absl::GetFlag(FLAGS_metrics);
+  o.log_every = absl::GetFlag(FLAGS_log_every);
+  o.init_loss_scale = absl::GetFlag(FLAGS_loss_scale);
+  o.loss_scale_growth_interval = absl::GetFlag(FLAGS_loss_scale_window);
+  MAMMOTH_CHECK(o.init_loss_scale > 0)
+      << "[train] --loss-scale must be > 0, got " << o.init_loss_scale;
+  MAMMOTH_CHECK(o.loss_scale_growth_interval > 0)
+      << "[train] --loss-scale-window must be > 0, got " << o.loss_scale_growth_interval;
+  o.tensorboard_dir = absl::GetFlag(FLAGS_tensorboard);
+  return o;
+}
+
 int run_train(const std::vector<std::string>& args) {
   MAMMOTH_CHECK(args.empty()) << "[train] unexpected argument '" << args[0] << "'";
   set_num_threads(absl::GetFlag(FLAGS_threads));
@@ -434,6 +465,7 @@ int run_train(const std::vector<std::string>& args) {
   }
   const std::string amp = pl.amp;
   parallel::DeviceMesh* mesh = rt.mesh();
+  if (classification_requested()) return run_classification(rt, device, options_from_flags());
 
   data::TokenDataset train_data, val_data, loss_mask;
   int64_t vocab = 0;
@@ -539,31 +571,7 @@ int run_train(const std::vector<std::string>& args) {
   engine::train::move_to_device(model->named_buffers(), device.device);
   const models::ModelConfig& cfg = model->config();
 
-  engine::train::TrainOptions o;
-  o.steps = absl::GetFlag(FLAGS_steps);
-  o.lr = absl::GetFlag(FLAGS_lr);
-  o.min_lr_ratio = absl::GetFlag(FLAGS_min_lr_ratio);
-  o.warmup = absl::GetFlag(FLAGS_warmup);
-  o.schedule = absl::GetFlag(FLAGS_schedule);
-  o.weight_decay = absl::GetFlag(FLAGS_weight_decay);
-  o.grad_clip = absl::GetFlag(FLAGS_grad_clip);
-  o.seed = static_cast<uint64_t>(absl::GetFlag(FLAGS_seed));
-  o.eval_every = absl::GetFlag(FLAGS_eval_every);
-  o.eval_batches = absl::GetFlag(FLAGS_eval_batches);
-  o.val_fraction = absl::GetFlag(FLAGS_val_fraction);
-  o.save_dir = absl::GetFlag(FLAGS_save_dir);
-  o.save_every = absl::GetFlag(FLAGS_save_every);
-  o.keep_last = absl::GetFlag(FLAGS_keep_last);
-  o.resume = absl::GetFlag(FLAGS_resume);
-  o.metrics_path = absl::GetFlag(FLAGS_metrics);
-  o.log_every = absl::GetFlag(FLAGS_log_every);
-  o.init_loss_scale = absl::GetFlag(FLAGS_loss_scale);
-  o.loss_scale_growth_interval = absl::GetFlag(FLAGS_loss_scale_window);
-  MAMMOTH_CHECK(o.init_loss_scale > 0)
-      << "[train] --loss-scale must be > 0, got " << o.init_loss_scale;
-  MAMMOTH_CHECK(o.loss_scale_growth_interval > 0)
-      << "[train] --loss-scale-window must be > 0, got " << o.loss_scale_growth_interval;
-  o.tensorboard_dir = absl::GetFlag(FLAGS_tensorboard);
+  engine::train::TrainOptions o = options_from_flags();
   // Model FLOPs per trained token (PaLM's count): 6 per parameter plus attention's
   // 12 * layers * d_model * seq_len; recomputation is never counted.
   o.flops_per_token = 6.0 * static_cast<double>(model->num_parameters()) +

@@ -5,7 +5,8 @@
 #
 # 1. Debian packages (apt): Bazel 4 (bazel-bootstrap), Open MPI, Abseil, Catch2, liburing,
 #    OpenBLAS, fio, PyTorch and NumPy for the reference checks, python3-venv, clang-format,
-#    clang-16 with libFuzzer and its sanitizer runtimes (tools/fuzz.sh), cpp-httplib (the
+#    clang-16 with libFuzzer and its sanitizer runtimes (tools/fuzz.sh), libpng and libjpeg-turbo
+#    (ViT image folders), cpp-httplib (the
 #    server's HTTP).
 #    `apt-get update` runs only when something is missing.
 # 2. A Python virtual environment at $MAMMOTH_VENV (default ~/.cache/mammoth/venv) made from
@@ -53,6 +54,8 @@ PACKAGES=(
   libfuzzer-16-dev
   libclang-rt-16-dev
   libcpp-httplib-dev
+  libpng-dev
+  libjpeg62-turbo-dev
 )
 # jinja2: transformers' apply_chat_template, the reference of the chat-template tests.
 PY_MODULES=(safetensors tokenizers tensorboard transformers peft openai jinja2)

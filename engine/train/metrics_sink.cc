@@ -53,6 +53,7 @@ void MetricsSink::record(const StepRecord& r) {
     if (r.predicted_peak_mem_bytes > 0)
       m.set("predicted_peak_mem_bytes", json::Value(r.predicted_peak_mem_bytes));
     if (evaluated) m.set("val_loss", json::Value(r.val_loss));
+    if (!std::isnan(r.val_accuracy)) m.set("val_accuracy", json::Value(r.val_accuracy));
     if (!r.offload.is_null()) m.set("offload", r.offload);
     if (!r.grad_norms.is_null()) m.set("grad_norms", r.grad_norms);
     metrics_ << json::dump(m) << "\n";
@@ -75,6 +76,8 @@ void MetricsSink::record(const StepRecord& r) {
     }
     if (r.mfu > 0) scalars.emplace_back("train/mfu", static_cast<float>(r.mfu));
     if (evaluated) scalars.emplace_back("val/loss", static_cast<float>(r.val_loss));
+    if (!std::isnan(r.val_accuracy))
+      scalars.emplace_back("val/accuracy", static_cast<float>(r.val_accuracy));
     tensorboard_->add_scalars(r.step, scalars);
     tensorboard_->flush();
   }
@@ -84,6 +87,7 @@ void MetricsSink::record(const StepRecord& r) {
                  static_cast<long long>(r.step), static_cast<long long>(r.steps), r.loss, r.lr,
                  r.grad_norm, r.tokens_per_s, format_duration(r.eta_s).c_str());
     if (evaluated) std::fprintf(stderr, " | val %.4f", r.val_loss);
+    if (!std::isnan(r.val_accuracy)) std::fprintf(stderr, " | val acc %.4f", r.val_accuracy);
     if (r.scaling) std::fprintf(stderr, " | scale %g", r.loss_scale);
     if (!r.applied) std::fprintf(stderr, " | skipped (inf/NaN gradients)");
     std::fprintf(stderr, "\n");

@@ -3,6 +3,7 @@
 // scalars. Only the logging rank has a sink that writes; the others' record() does nothing.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <fstream>
 #include <memory>
@@ -30,6 +31,7 @@ struct StepRecord {
   int64_t peak_mem_bytes = 0;
   int64_t predicted_peak_mem_bytes = 0;  // the planner's prediction for this rank (0: none)
   double val_loss = 0;                   // NaN: not evaluated this step
+  double val_accuracy = NAN;             // classification's; NaN: not measured this step
   double eta_s = 0;
   json::Value offload;     // chunk tiers (null: no offload)
   json::Value grad_norms;  // --log-grad-norms: module -> unscaled gradient L2 norm (null: none)

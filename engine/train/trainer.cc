@@ -8,6 +8,7 @@
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <tuple>
 
 #include "base/fault.h"
 #include "base/signal_note.h"
@@ -83,7 +84,7 @@ std::pair<Tensor, Tensor> make_batch(const data::TokenDataset& d, const data::Wi
 
 // Fields whose change makes a checkpoint's continuation meaningless.
 void check_resume_compatible(const json::Value& saved, const json::Value& now) {
-  for (const char* key : {"model", "global_batch", "seq_len", "seed", "objective"}) {
+  for (const char* key : {"model", "global_batch", "seq_len", "seed", "objective", "data"}) {
     const json::Value* a = saved.find(key);
     const json::Value* b = now.find(key);
     if (a == nullptr || b == nullptr) continue;
@@ -92,6 +93,183 @@ void check_resume_compatible(const json::Value& saved, const json::Value& now) {
         << " but this run has " << key << " = " << json::dump(*b);
   }
 }
+
+// What the loop draws its micro-batches from: one interface, two sources. Both read by step
+// index alone (the sampler is stateless in the step), so a run resumed at step s reads exactly
+// what the uninterrupted run read from step s on: the checkpoint's step is the data position.
+class BatchSource {
+ public:
+  virtual ~BatchSource() = default;
+  // This rank's share of global batch `step` (global_batch items; rank of world) is cut into
+  // micro-batches of micro_batch; returns micro-batch m's input and target on `device`.
+  virtual std::pair<Tensor, Tensor> train_batch(int64_t step, int64_t m) = 0;
+  // Validation micro-batch k (a fixed sequence, wrapping around the held-out items).
+  virtual std::pair<Tensor, Tensor> val_batch(int64_t k) = 0;
+  virtual bool can_eval() const = 0;
+  // Set once by the loop before any batch is drawn.
+  void bind(int64_t global_batch, int rank, int world) {
+    global_batch_ = global_batch;
+    rank_ = rank;
+    world_ = world;
+  }
+
+ protected:
+  int64_t global_batch_ = 0;
+  int rank_ = 0, world_ = 1;
+};
+
+// llm.c token windows: next-token targets, masked-LM inputs and labels, or instruction data's
+// loss mask (make_batch).
+class TokenWindows final : public BatchSource {
+ public:
+  TokenWindows(const data::TokenDataset& data, const data::TokenDataset& val, const TrainOptions& o)
+      : data_(data),
+        o_(o),
+        sampler_(data.size(), o.seq_len, o.seed, val.size() > 0 ? 0.0 : o.val_fraction),
+        // Validation windows in order: all of `val`, or the held-out tail of `data`.
+        val_sampler_(val.size() > 0 ? val.size() : data.size(), o.seq_len, o.seed,
+                     val.size() > 0 ? 0.0 : o.val_fraction, false),
+        val_data_(val.size() > 0 ? val : data),
+        own_val_(val.size() > 0) {
+    MAMMOTH_CHECK(o.objective == "next_token" || o.objective == "masked_lm")
+        << "[train] objective must be next_token or masked_lm, got '" << o.objective << "'";
+    if (o.objective == "masked_lm") {
+      // plan::check refuses this layout; a pipeline stage's rows are next-token windows.
+      MAMMOTH_CHECK(!o.pipeline_step) << "[train] the masked-LM objective has no pipeline form";
+      data::MaskingOptions mo = o.masking;
+      mo.seed = o.seed;
+      mlm_ = std::make_unique<data::MaskingRule>(mo);
+    }
+    if (o.loss_parts != nullptr) {
+      // A pipeline stage takes its targets from the window's ids, not from make_batch.
+      MAMMOTH_CHECK(!o.pipeline_step && o.objective == "next_token")
+          << "[train] instruction data's loss mask has no pipeline or masked-LM form";
+      MAMMOTH_CHECK(o.loss_parts->size() == data.size())
+          << "[train] the loss mask has " << o.loss_parts->size() << " entries for " << data.size()
+          << " tokens";
+      MAMMOTH_CHECK(val.size() == 0 || (o.val_loss_parts && o.val_loss_parts->size() == val.size()))
+          << "[train] validation data without its loss mask";
+    }
+    MAMMOTH_CHECK(sampler_.num_train_windows() > 0)
+        << "[train] the training data has " << data.size() << " tokens: too few for one window of "
+        << o.seq_len + 1;
+  }
+  std::pair<Tensor, Tensor> train_batch(int64_t step, int64_t m) override {
+    if (step != cached_step_) {
+      // The epoch each window is read in (masked-LM draws new masks every epoch).
+      windows_ = sampler_.batch_indices(step, global_batch_, rank_, world_);
+      epochs_ =
+          mlm_ ? sampler_.batch_epochs(step, global_batch_, rank_, world_) : std::vector<int64_t>();
+      cached_step_ = step;
+    }
+    const auto from = m * o_.micro_batch, to = (m + 1) * o_.micro_batch;
+    const std::vector<int64_t> part(windows_.begin() + from, windows_.begin() + to);
+    const std::vector<int64_t> part_epochs =
+        mlm_ ? std::vector<int64_t>(epochs_.begin() + from, epochs_.begin() + to)
+             : std::vector<int64_t>();
+    return make_batch(data_, sampler_, part, o_.device, mlm_.get(), part_epochs, o_.loss_parts,
+                      o_.loss_min_part);
+  }
+  std::pair<Tensor, Tensor> val_batch(int64_t k) override {
+    const std::vector<int64_t> windows = own_val_
+                                             ? val_sampler_.batch_indices(k, o_.micro_batch)
+                                             : val_sampler_.val_batch_indices(k, o_.micro_batch);
+    return make_batch(val_data_, val_sampler_, windows, o_.device, mlm_.get(), {},
+                      own_val_ ? o_.val_loss_parts : o_.loss_parts, o_.loss_min_part);
+  }
+  bool can_eval() const override {
+    return own_val_ ? val_sampler_.num_train_windows() > 0 : val_sampler_.num_val_windows() > 0;
+  }
+
+ private:
+  const data::TokenDataset& data_;
+  const TrainOptions& o_;
+  std::unique_ptr<data::MaskingRule> mlm_;
+  data::WindowSampler sampler_;
+  data::WindowSampler val_sampler_;
+  const data::TokenDataset& val_data_;
+  bool own_val_;
+  int64_t cached_step_ = -1;
+  std::vector<int64_t> windows_, epochs_;
+};
+
+// Labelled examples (images, texts). Example i is a window of one item for the sampler (a
+// WindowSampler over N + 1 "tokens" of seq_len 1 has exactly N windows), so the order, the dp
+// split and the resume rule are the token windows' own. Without separate validation examples
+// the held-out val_fraction is taken after one seeded shuffle of all examples (a folder lists
+// its examples class by class; its tail alone would be one class).
+class ExampleBatches final : public BatchSource {
+ public:
+  ExampleBatches(const data::LabelledExamples& data, const data::LabelledExamples* val,
+                 const TrainOptions& o)
+      : data_(data),
+        val_data_(val != nullptr ? *val : data),
+        o_(o),
+        sampler_(data.size() + 1, 1, o.seed, val != nullptr ? 0.0 : o.val_fraction),
+        val_sampler_(val_data_.size() + 1, 1, o.seed, val != nullptr ? 0.0 : o.val_fraction, false),
+        own_val_(val != nullptr) {
+    MAMMOTH_CHECK(o.objective == "classify")
+        << "[train] labelled examples train the classify objective, not '" << o.objective << "'";
+    MAMMOTH_CHECK(!o.pipeline_step && o.loss_parts == nullptr)
+        << "[train] classification has no pipeline form and no loss mask";
+    MAMMOTH_CHECK(sampler_.num_train_windows() > 0)
+        << "[train] " << data.describe() << ": no training examples after holding out "
+        << o.val_fraction << " for validation";
+    MAMMOTH_CHECK(val == nullptr || val->num_classes() == data.num_classes())
+        << "[train] the validation examples have " << val->num_classes()
+        << " classes, the training examples " << data.num_classes();
+    order_.resize(static_cast<size_t>(data.size()));
+    for (size_t i = 0; i < order_.size(); ++i) order_[i] = static_cast<int64_t>(i);
+    if (val == nullptr) {
+      uint64_t state = o.seed ^ 0x5eedc1a55ULL;
+      for (size_t i = order_.size(); i > 1; --i) {
+        std::swap(order_[i - 1], order_[data::uniform_below(&state, i)]);
+      }
+    }
+  }
+  std::pair<Tensor, Tensor> train_batch(int64_t step, int64_t m) override {
+    if (step != cached_step_) {
+      items_ = sampler_.batch_indices(step, global_batch_, rank_, world_);
+      cached_step_ = step;
+    }
+    std::vector<int64_t> which;
+    for (int64_t i = m * o_.micro_batch; i < (m + 1) * o_.micro_batch; ++i)
+      which.push_back(order_[static_cast<size_t>(items_[static_cast<size_t>(i)])]);
+    return to_tensors(data_.read(which));
+  }
+  std::pair<Tensor, Tensor> val_batch(int64_t k) override {
+    std::vector<int64_t> which = own_val_ ? val_sampler_.batch_indices(k, o_.micro_batch)
+                                          : val_sampler_.val_batch_indices(k, o_.micro_batch);
+    if (!own_val_)
+      for (int64_t& w : which) w = order_[static_cast<size_t>(w)];
+    return to_tensors(val_data_.read(which));
+  }
+  bool can_eval() const override {
+    return own_val_ ? val_sampler_.num_train_windows() > 0 : val_sampler_.num_val_windows() > 0;
+  }
+
+ private:
+  std::pair<Tensor, Tensor> to_tensors(data::ExampleBatch b) const {
+    const Shape shape(b.shape.begin(), b.shape.end());
+    Tensor in =
+        b.pixels.empty()
+            ? Tensor::from_blob(b.ids.data(), shape, DType::kI64, Device::cpu(), nullptr)
+            : Tensor::from_blob(b.pixels.data(), shape, DType::kF32, Device::cpu(), nullptr);
+    Tensor labels = Tensor::from_blob(b.labels.data(), {static_cast<int64_t>(b.labels.size())},
+                                      DType::kI64, Device::cpu(), nullptr);
+    // .to() copies out of the vectors that die here (contiguous() would not on the CPU).
+    return {in.clone().to(o_.device), labels.clone().to(o_.device)};
+  }
+  const data::LabelledExamples& data_;
+  const data::LabelledExamples& val_data_;
+  const TrainOptions& o_;
+  data::WindowSampler sampler_;
+  data::WindowSampler val_sampler_;
+  bool own_val_;
+  std::vector<int64_t> order_;  // item -> example
+  int64_t cached_step_ = -1;
+  std::vector<int64_t> items_;
+};
 
 }  // namespace
 
@@ -128,8 +306,8 @@ namespace {
 // one step, evaluation, checkpoint save, and the loop that strings them together.
 class TrainLoop {
  public:
-  TrainLoop(nn::Module& model, const LossFn& loss_fn, const data::TokenDataset& data,
-            const data::TokenDataset& val, const TrainOptions& o, const json::Value& config);
+  TrainLoop(nn::Module& model, const LossFn& loss_fn, BatchSource& source, const TrainOptions& o,
+            const json::Value& config);
   TrainResult run();
 
  private:
@@ -143,7 +321,8 @@ class TrainLoop {
   };
   Step step(int64_t step);
   void inject_nan();
-  double evaluate();
+  // Mean validation loss, and (with options.eval_fn) accuracy; NaN when not measured.
+  std::pair<double, double> evaluate();
   void resume();
   void save(int64_t at_step);
   std::vector<CheckpointPiece> checkpoint_pieces(bool writing, const nn::NamedTensors* full_state);
@@ -151,7 +330,7 @@ class TrainLoop {
 
   nn::Module& model_;
   const LossFn& loss_fn_;
-  const data::TokenDataset& data_;
+  BatchSource& source_;
   const TrainOptions& o_;
   // Optimizer state in the single-process layout ("<param>.exp_avg"), as checkpoints hold it.
   const std::vector<std::string> state_suffixes_ = {"exp_avg", "exp_avg_sq"};
@@ -159,11 +338,6 @@ class TrainLoop {
   amp::Precision precision_;
   bool scaling_;
   amp::DynamicLossScaler scaler_;
-  std::unique_ptr<data::MaskingRule> mlm_;
-  data::WindowSampler sampler_;
-  data::WindowSampler val_sampler_;
-  const data::TokenDataset& val_data_;
-  bool own_val_;
   bool can_eval_;
 
   DataParallelRuntime* dp_;
@@ -187,23 +361,16 @@ class TrainLoop {
   std::optional<SaveDirLock> save_dir_lock_;
 };
 
-TrainLoop::TrainLoop(nn::Module& model, const LossFn& loss_fn, const data::TokenDataset& data,
-                     const data::TokenDataset& val, const TrainOptions& o,
-                     const json::Value& config)
+TrainLoop::TrainLoop(nn::Module& model, const LossFn& loss_fn, BatchSource& source,
+                     const TrainOptions& o, const json::Value& config)
     : model_(model),
       loss_fn_(loss_fn),
-      data_(data),
+      source_(source),
       o_(o),
       precision_(amp::parse_precision(o.amp)),
       scaling_(precision_ == amp::Precision::kF16),
       scaler_(amp::LossScalerOptions{.init_scale = o.init_loss_scale,
                                      .growth_interval = o.loss_scale_growth_interval}),
-      sampler_(data.size(), o.seq_len, o.seed, val.size() > 0 ? 0.0 : o.val_fraction),
-      // Validation windows in order: all of `val`, or the held-out tail of `data`.
-      val_sampler_(val.size() > 0 ? val.size() : data.size(), o.seq_len, o.seed,
-                   val.size() > 0 ? 0.0 : o.val_fraction, false),
-      val_data_(val.size() > 0 ? val : data),
-      own_val_(val.size() > 0),
       dp_(o.dp),
       offload_(o.offload),
       shards_(o.model_shards) {
@@ -214,29 +381,7 @@ TrainLoop::TrainLoop(nn::Module& model, const LossFn& loss_fn, const data::Token
   MAMMOTH_CHECK(!o.resume || !o.save_dir.empty()) << "[train] --resume needs --save-dir";
   // One job per checkpoint directory; rank 0 claims it for the whole job.
   if (!o.save_dir.empty() && o.world_rank == 0) save_dir_lock_.emplace(o.save_dir);
-  MAMMOTH_CHECK(o.objective == "next_token" || o.objective == "masked_lm")
-      << "[train] objective must be next_token or masked_lm, got '" << o.objective << "'";
-  if (o.objective == "masked_lm") {
-    // plan::check refuses this layout; a pipeline stage's rows are next-token windows.
-    MAMMOTH_CHECK(!o.pipeline_step) << "[train] the masked-LM objective has no pipeline form";
-    data::MaskingOptions mo = o.masking;
-    mo.seed = o.seed;
-    mlm_ = std::make_unique<data::MaskingRule>(mo);
-  }
-  if (o.loss_parts != nullptr) {
-    // A pipeline stage takes its targets from the window's ids, not from make_batch.
-    MAMMOTH_CHECK(!o.pipeline_step && o.objective == "next_token")
-        << "[train] instruction data's loss mask has no pipeline or masked-LM form";
-    MAMMOTH_CHECK(o.loss_parts->size() == data.size())
-        << "[train] the loss mask has " << o.loss_parts->size() << " entries for " << data.size()
-        << " tokens";
-    MAMMOTH_CHECK(val.size() == 0 || (o.val_loss_parts && o.val_loss_parts->size() == val.size()))
-        << "[train] validation data without its loss mask";
-  }
-  MAMMOTH_CHECK(sampler_.num_train_windows() > 0)
-      << "[train] the training data has " << data.size() << " tokens: too few for one window of "
-      << o.seq_len + 1;
-  can_eval_ = own_val_ ? val_sampler_.num_train_windows() > 0 : val_sampler_.num_val_windows() > 0;
+  can_eval_ = source_.can_eval();
 
   rank_ = dp_ ? dp_->dp_rank() : 0;
   world_ = dp_ ? dp_->dp_size() : 1;
@@ -300,6 +445,7 @@ TrainLoop::TrainLoop(nn::Module& model, const LossFn& loss_fn, const data::Token
   sched_.total_steps = o.steps;
   sched_.min_lr_ratio = o.min_lr_ratio;
   global_batch_ = o.micro_batch * o.grad_accum * world_;
+  source_.bind(global_batch_, rank_, world_);
   run_config_ = config.is_object() ? config : json::Value::object();
   const json::Value options = options_to_json(o);
   for (const auto& key : {"micro_batch", "seq_len", "grad_accum", "seed", "objective"}) {
@@ -461,21 +607,26 @@ void TrainLoop::save(int64_t at_step) {
   if (checkpoint_lead_ && !dir.empty() && o_.after_checkpoint) o_.after_checkpoint(dir);
 }
 
-double TrainLoop::evaluate() {
+std::pair<double, double> TrainLoop::evaluate() {
   NoGradGuard ng;
   model_.eval();
   double total = 0;
+  int64_t correct = 0, seen = 0;
   amp::AutocastGuard autocast(precision_);
   for (int64_t k = 0; k < o_.eval_batches; ++k) {
-    const std::vector<int64_t> windows = own_val_
-                                             ? val_sampler_.batch_indices(k, o_.micro_batch)
-                                             : val_sampler_.val_batch_indices(k, o_.micro_batch);
-    auto [in, tg] = make_batch(val_data_, val_sampler_, windows, o_.device, mlm_.get(), {},
-                               own_val_ ? o_.val_loss_parts : o_.loss_parts, o_.loss_min_part);
-    total += loss_fn_(in, tg).item();
+    auto [in, tg] = source_.val_batch(k);
+    if (o_.eval_fn) {
+      const auto [loss, right] = o_.eval_fn(in, tg);
+      total += loss;
+      correct += right;
+      seen += in.size(0);
+    } else {
+      total += loss_fn_(in, tg).item();
+    }
   }
   model_.train();
-  return total / static_cast<double>(o_.eval_batches);
+  const double accuracy = seen > 0 ? static_cast<double>(correct) / static_cast<double>(seen) : NAN;
+  return {total / static_cast<double>(o_.eval_batches), accuracy};
 }
 
 namespace {
@@ -520,11 +671,6 @@ TrainLoop::Step TrainLoop::step(int64_t step) {
   if (!o_.inject_nan_param.empty() && step == o_.inject_nan_step) inject_nan();
   s.lr = sched_.at(step, o_.lr);
   opt_->set_lr(s.lr);
-  // This rank's contiguous share of the step's global batch, and the epoch each window is read
-  // in (masked-LM draws new masks every epoch).
-  const std::vector<int64_t> windows = sampler_.batch_indices(step, global_batch_, rank_, world_);
-  const std::vector<int64_t> epochs =
-      mlm_ ? sampler_.batch_epochs(step, global_batch_, rank_, world_) : std::vector<int64_t>();
   s.loss_scale = scaling_ ? scaler_.scale() : 1.0;
   {
     // Forward and backward both multiply under autocast (PyTorch's backward matmuls run in the
@@ -532,13 +678,8 @@ TrainLoop::Step TrainLoop::step(int64_t step) {
     amp::AutocastGuard autocast(precision_);
     std::vector<Tensor> pipeline_batches;
     for (int64_t m = 0; m < o_.grad_accum; ++m) {
-      const auto from = m * o_.micro_batch, to = (m + 1) * o_.micro_batch;
-      const std::vector<int64_t> part(windows.begin() + from, windows.begin() + to);
-      const std::vector<int64_t> part_epochs =
-          mlm_ ? std::vector<int64_t>(epochs.begin() + from, epochs.begin() + to)
-               : std::vector<int64_t>();
-      auto [in, tg] = make_batch(data_, sampler_, part, o_.device, mlm_.get(), part_epochs,
-                                 o_.loss_parts, o_.loss_min_part);
+      // Micro-batch m of this rank's contiguous share of the step's global batch.
+      auto [in, tg] = source_.train_batch(step, m);
       if (o_.pipeline_step) {
         // The window as one row of seq_len + 1 tokens: the input plus its last target.
         pipeline_batches.push_back(concat({in, tg.slice(1, o_.seq_len - 1, o_.seq_len)}, 1));
@@ -618,6 +759,7 @@ TrainResult TrainLoop::run() {
   } grad_sync_reset{sync_in_dp_ ? dp_ : nullptr};
   TrainResult result;
   result.last_val_loss = NAN;
+  result.last_val_accuracy = NAN;
   nn::rng_state() = {o_.seed, 0};
   if (o_.resume) resume();
   int64_t step = resumed_step_;
@@ -659,10 +801,11 @@ TrainResult TrainLoop::run() {
     const auto now = std::chrono::steady_clock::now();
     const double dt = std::chrono::duration<double>(now - t0).count();
     const double elapsed = std::chrono::duration<double>(now - t_start).count();
-    double val_loss = NAN;
+    double val_loss = NAN, val_accuracy = NAN;
     if (can_eval_ && o_.eval_every > 0 && (step % o_.eval_every == 0 || step == o_.steps)) {
-      val_loss = evaluate();
+      std::tie(val_loss, val_accuracy) = evaluate();
       result.last_val_loss = val_loss;
+      result.last_val_accuracy = val_accuracy;
     }
     // The peak of the device the model trains on (the CPU's, or the CUDA caching allocator's).
     const int64_t peak = memory::allocator_for(o_.device).stats().peak_bytes;
@@ -686,6 +829,7 @@ TrainResult TrainLoop::run() {
       r.mfu = o_.flops_per_token * r.tokens_per_s / o_.peak_flops;
     r.peak_mem_bytes = peak;
     r.val_loss = val_loss;
+    r.val_accuracy = val_accuracy;
     r.eta_s =
         elapsed / static_cast<double>(step - start_step) * static_cast<double>(o_.steps - step);
     // The chunk tiers are only written to the metrics file.
@@ -719,8 +863,21 @@ TrainResult TrainLoop::run() {
 
 TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDataset& data,
                   const data::TokenDataset& val, const TrainOptions& o, const json::Value& config) {
+  TokenWindows source(data, val, o);
   // An error on one rank of several ends the whole job in tools/mammoth.cc (MPI_Abort).
-  TrainLoop loop(model, loss_fn, data, val, o, config);
+  TrainLoop loop(model, loss_fn, source, o, config);
+  return loop.run();
+}
+
+TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::LabelledExamples& data,
+                  const data::LabelledExamples* val, const TrainOptions& o,
+                  const json::Value& config) {
+  ExampleBatches source(data, val, o);
+  // The examples are part of what a checkpoint continues (the trainer compares "data").
+  json::Value c = config.is_object() ? config : json::Value::object();
+  c.set("data",
+        json::Value(data.describe() + (val ? "; validation " + val->describe() : std::string())));
+  TrainLoop loop(model, loss_fn, source, o, c);
   return loop.run();
 }
 

@@ -4,16 +4,22 @@
 // with exact resume, and a checkpoint on SIGINT/SIGTERM.
 //
 // The loop knows nothing about model families: it trains any Module through a loss function
-// of (input ids [B, T], target ids [B, T]) over llm.c token data read by a WindowSampler, with
-// next-token targets or, for masked LMs, engine/data/masking.h's inputs and labels.
+// of (input, target) micro-batches drawn from one of two batch sources (trainer.cc's
+// BatchSource): llm.c token data read by a WindowSampler (input ids [B, T], target ids [B, T]:
+// next-token targets or, for masked LMs, engine/data/masking.h's inputs and labels), or
+// labelled examples (engine/data/examples.h: images f32 [B, C, H, W] or token ids [B, T], with
+// labels i64 [B]) for classification. Both are read by step index alone, so resuming at a
+// checkpoint's step continues the exact data order.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/json.h"
+#include "engine/data/examples.h"
 #include "engine/data/masking.h"
 #include "engine/data/token_shard.h"
 #include "engine/nn/module.h"
@@ -34,6 +40,7 @@ struct TrainOptions {
   // seq_len tokens masked by data::MaskingRule(masking), keyed by the window's index and the
   // epoch it is read in, masking.seed = seed; targets = the original token at the chosen
   // positions, -100 elsewhere).
+  // "classify": the labelled-examples overload of train(), inputs and labels as they are.
   // Validation batches follow the same objective.
   std::string objective = "next_token";
   data::MaskingOptions masking;  // masked_lm: mask token, vocabulary, special tokens, fractions
@@ -56,8 +63,11 @@ struct TrainOptions {
   int64_t eval_every = 50;  // 0 disables periodic evaluation
   int64_t eval_batches = 4;
   double val_fraction = 0.05;  // held out of the training data when no validation data is given
-  std::string save_dir;        // empty: no checkpoints
-  int64_t save_every = 0;      // 0: only at the end (and on a signal)
+  // Classification: a validation batch's (mean loss, correct predictions) from one forward;
+  // evaluation then reports accuracy (val_accuracy) beside the loss. Unset: loss_fn's loss only.
+  std::function<std::pair<double, int64_t>(const Tensor& input, const Tensor& labels)> eval_fn;
+  std::string save_dir;    // empty: no checkpoints
+  int64_t save_every = 0;  // 0: only at the end (and on a signal)
   int keep_last = 3;
   bool resume = false;  // continue from save_dir/latest
   std::string metrics_path;
@@ -177,13 +187,14 @@ class OffloadRuntime {
 using LossFn = std::function<Tensor(const Tensor& input, const Tensor& target)>;
 
 struct TrainResult {
-  std::vector<double> losses;  // training loss of every step run in this call
-  double last_val_loss = 0;    // NaN when never evaluated
-  int64_t first_step = 0;      // 0, or the resumed step
-  int64_t last_step = 0;       // steps completed in total
-  bool interrupted = false;    // stopped by SIGINT/SIGTERM
-  int64_t skipped_steps = 0;   // fp16 steps skipped for inf/NaN gradients (in total)
-  double loss_scale = 1.0;     // the final loss scale (1 without fp16)
+  std::vector<double> losses;    // training loss of every step run in this call
+  double last_val_loss = 0;      // NaN when never evaluated
+  double last_val_accuracy = 0;  // NaN without eval_fn or when never evaluated
+  int64_t first_step = 0;        // 0, or the resumed step
+  int64_t last_step = 0;         // steps completed in total
+  bool interrupted = false;      // stopped by SIGINT/SIGTERM
+  int64_t skipped_steps = 0;     // fp16 steps skipped for inf/NaN gradients (in total)
+  double loss_scale = 1.0;       // the final loss scale (1 without fp16)
 };
 
 // Trains `model` for options.steps steps (resuming when asked). `val` may be empty (size 0):
@@ -191,6 +202,13 @@ struct TrainResult {
 // compared on resume (a different model or batch layout is an error naming the field).
 TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::TokenDataset& data,
                   const data::TokenDataset& val, const TrainOptions& options,
+                  const json::Value& config);
+
+// The same loop over labelled examples (objective "classify"): `val` null holds out the
+// val_fraction of `data` after one seeded shuffle. config's "data" is set from describe(), so a
+// resumed run must read the same examples.
+TrainResult train(nn::Module& model, const LossFn& loss_fn, const data::LabelledExamples& data,
+                  const data::LabelledExamples* val, const TrainOptions& options,
                   const json::Value& config);
 
 // The fields of TrainOptions as JSON (stored in checkpoints and printed at start).

@@ -1,0 +1,63 @@
+// Labelled images for ViT classification: a folder of PNG / JPEG files per class, or an image
+// shard (image_shard.h), both as LabelledExamples (examples.h) for the training loop.
+//
+// A folder DIR holds one subdirectory per class, DIR/<class>/*.png|*.jpg|*.jpeg; classes are
+// the subdirectory names sorted bytewise (label k = the k-th), files within a class sorted by
+// name. Files are decoded once at open with Debian's libpng and libjpeg-turbo into 8-bit RGB
+// (channels 3) or grayscale (channels 1), whatever their own colour type (palette, gray,
+// alpha and 16-bit PNGs are converted; alpha is dropped). Images are not resized: one whose
+// size is not the model's image_size x image_size is refused naming the file and both sizes,
+// as is a file with another extension, a file the decoder rejects (corrupt, truncated, not an
+// image), a class directory with no images, and a plain file at the top level.
+//
+// Pixels map to model inputs as image shards do: (p / 255 - 0.5) / 0.5, channel-major [C, H, W].
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/data/examples.h"
+#include "engine/data/image_shard.h"
+
+namespace mammoth::data {
+
+class ImageExamples final : public LabelledExamples {
+ public:
+  // DIR/<class>/*.png|jpg|jpeg, each image `size` x `size`, decoded to `channels` (1 or 3).
+  static ImageExamples open_folder(const std::string& dir, int64_t channels, int64_t size);
+  // An image shard whose images must be `channels` x `size` x `size` (checked, named).
+  static ImageExamples open_shard(const std::string& path, int64_t channels, int64_t size);
+
+  int64_t size() const override { return count_; }
+  int64_t num_classes() const override { return static_cast<int64_t>(classes_.size()); }
+  ExampleBatch read(const std::vector<int64_t>& which) const override;
+  std::string describe() const override;
+  // Class names in label order ("0", "1", ... for a shard).
+  const std::vector<std::string>& classes() const { return classes_; }
+
+ private:
+  const uint8_t* pixels(int64_t i) const;
+  int32_t label(int64_t i) const;
+
+  std::string source_;
+  int64_t channels_ = 0, image_size_ = 0, count_ = 0;
+  std::vector<std::string> classes_;
+  std::optional<ImageShard> shard_;  // open_shard: read in place
+  std::vector<uint8_t> pixels_;      // open_folder: count * C * H * W, CHW per image
+  std::vector<int32_t> labels_;
+};
+
+// One PNG or JPEG file (by its extension) as 8-bit pixels, channel-major [channels, h, w].
+// Throws naming the file when it cannot be decoded.
+std::vector<uint8_t> decode_image(const std::string& path, int64_t channels, int64_t* height,
+                                  int64_t* width);
+
+// Writes pixels interleaved [h, w, channels] (channels 1 or 3) as PNG / as JPEG of `quality`.
+void write_png(const std::string& path, const uint8_t* hwc, int64_t height, int64_t width,
+               int64_t channels);
+void write_jpeg(const std::string& path, const uint8_t* hwc, int64_t height, int64_t width,
+                int64_t channels, int quality = 95);
+
+}  // namespace mammoth::data
