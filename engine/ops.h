@@ -86,6 +86,7 @@ struct AttentionOptions {
   bool causal = false;
   double scale = 0.0;  // 0: 1/sqrt(head_dim)
   Tensor key_mask;     // optional bool [B, Tk], true = attend (padding mask)
+  int64_t window = 0;  // causal only, > 0: each query sees the `window` keys ending at itself
 };
 // q [B, Hq, Tq, D], k and v [B, Hk, Tk, D] with Hq % Hk == 0 (grouped-query attention).
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v,

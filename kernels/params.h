@@ -52,6 +52,9 @@ struct AttentionParams {
   double scale = 0.0;         // 0 means 1/sqrt(D)
   bool causal = false;        // query i attends to keys j <= i + (Tk - Tq)
   bool has_key_mask = false;  // inputs[3] is a bool [B, Tk] mask, true = attend
+  // Causal only, > 0: a sliding window (Mistral): query i also hides keys j <= i + (Tk - Tq) -
+  // window, so it sees the `window` keys ending at its own position. 0: no window.
+  int64_t window = 0;
 };
 
 struct AdamWParams {

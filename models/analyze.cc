@@ -1,5 +1,7 @@
 #include "models/analyze.h"
 
+#include <algorithm>
+
 namespace mammoth::models {
 namespace {
 
@@ -9,9 +11,10 @@ int64_t block_params(const ModelConfig& c) {
   switch (c.family) {
     case Family::kLlama: {
       const int64_t kv = c.n_kv_head * c.head_dim();
-      return 2 * d                         // two RMSNorm weights
-             + d * d + 2 * d * kv + d * d  // q, k, v, o (no biases)
-             + 3 * d * f;                  // gate, up, down
+      return 2 * d                                                  // two RMSNorm weights
+             + d * d + 2 * d * kv + d * d                           // q, k, v, o
+             + (c.qkv_bias ? c.n_head * c.head_dim() + 2 * kv : 0)  // Qwen2's q, k, v biases
+             + 3 * d * f;                                           // gate, up, down
     }
     case Family::kGpt2:
     case Family::kBert:
@@ -31,7 +34,9 @@ double block_flops(const ModelConfig& c, int64_t T) {
   const double proj =
       c.family == Family::kLlama ? d * attn_dim + 2 * d * kv + attn_dim * d : 4 * d * d;
   const double mlp = c.family == Family::kLlama ? 3 * d * f : 2 * d * f;
-  return 2 * (proj + mlp) + 2 * 2 * static_cast<double>(T) * attn_dim;
+  // A sliding window (Mistral) bounds the keys each query scores.
+  const int64_t keys = c.sliding_window > 0 ? std::min(T, c.sliding_window) : T;
+  return 2 * (proj + mlp) + 2 * 2 * static_cast<double>(keys) * attn_dim;
 }
 
 }  // namespace

@@ -60,6 +60,11 @@ void ModelConfig::validate() const {
     MAMMOTH_CHECK(vocab_size > 0) << where << "vocab_size must be positive, got " << vocab_size;
     MAMMOTH_CHECK(max_seq > 0) << where << "max_seq must be positive, got " << max_seq;
   }
+  MAMMOTH_CHECK(family == Family::kLlama ||
+                (llama_variant == LlamaVariant::kLlama && sliding_window == 0 && !qkv_bias))
+      << where << "sliding_window and qkv_bias are LLaMA-family fields";
+  MAMMOTH_CHECK(sliding_window >= 0)
+      << where << "sliding_window must be >= 0 (0: none), got " << sliding_window;
   if (family == Family::kLlama) {
     MAMMOTH_CHECK(head_dim() % 2 == 0)
         << where << "rotary embeddings need an even head_dim, got " << head_dim();

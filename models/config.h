@@ -61,6 +61,12 @@ struct ModelConfig {
   int64_t rope_original_max_seq = 0;   // kLlama3: the context length before scaling
   // LLaMA's explicit head_dim (config.json), which may differ from d_model / n_head; 0: none.
   int64_t head_size = 0;
+  // LLaMA-like configs (Family::kLlama) read from their own HF model_type and written back as
+  // it: Mistral adds a sliding window, Qwen2 a bias on q/k/v.
+  enum class LlamaVariant { kLlama, kMistral, kQwen2 };
+  LlamaVariant llama_variant = LlamaVariant::kLlama;
+  int64_t sliding_window = 0;  // > 0: query i sees keys (i - sliding_window, i]; 0: all of [0, i]
+  bool qkv_bias = false;       // q_proj, k_proj, v_proj carry a bias
   bool tie_embeddings = true;  // LM head shares the token embedding (GPT-2, BERT MLM)
   double dropout = 0.0;  // residual/embedding/MLP dropout (GPT-2 resid/embd_pdrop, BERT hidden)
   double attn_dropout = 0.0;  // dropout on attention probabilities

@@ -31,10 +31,15 @@ Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v,
   Tensor scores = engine::matmul(q, kk.transpose(2, 3)) * scale;  // [B, Hq, Tq, Tk]
   if (options.causal) {
     // Query i sits at position i + (Tk - Tq): it sees keys up to there (bottom-right aligned,
-    // as engine::attention does for cached decoding).
+    // as engine::attention does for cached decoding), and, with a sliding window, none at or
+    // before position - window.
     std::vector<double> future(static_cast<size_t>(Tq * Tk));
     for (int64_t i = 0; i < Tq; ++i)
-      for (int64_t j = 0; j < Tk; ++j) future[i * Tk + j] = j > i + (Tk - Tq) ? 1.0 : 0.0;
+      for (int64_t j = 0; j < Tk; ++j) {
+        const int64_t at = i + (Tk - Tq);
+        const bool slid_out = options.window > 0 && j <= at - options.window;
+        future[i * Tk + j] = j > at || slid_out ? 1.0 : 0.0;
+      }
     scores = engine::masked_fill(
         scores, Tensor::from_vector(future, {Tq, Tk}, DType::kBool).to(scores.device()), -1e30);
   }

@@ -55,6 +55,19 @@ ModelConfig llama(const std::string& name, int64_t vocab, int64_t layers, int64_
   return c;
 }
 
+ModelConfig mistral(ModelConfig c, int64_t window) {
+  c.llama_variant = ModelConfig::LlamaVariant::kMistral;
+  c.sliding_window = window;
+  return c;
+}
+
+ModelConfig qwen2(ModelConfig c, bool tied) {
+  c.llama_variant = ModelConfig::LlamaVariant::kQwen2;
+  c.qkv_bias = true;
+  c.tie_embeddings = tied;
+  return c;
+}
+
 ModelConfig bert(const std::string& name, int64_t vocab, int64_t layers, int64_t heads, int64_t d,
                  int64_t seq, double dropout, SpecialTokenIds special) {
   ModelConfig c;
@@ -110,6 +123,10 @@ const std::vector<ModelConfig>& registry() {
       llama("llama-70b", 32000, 80, 64, 8, 8192, 28672, 4096, 1e-5, 10000.0),
       llama("llama3-8b", 128256, 32, 32, 8, 4096, 14336, 8192, 1e-5, 500000.0),
       llama("llama3-70b", 128256, 80, 64, 8, 8192, 28672, 8192, 1e-5, 500000.0),
+      // Tiny LLaMA-like variants for tests; mistral-tiny's window (16) is shorter than the
+      // sequences its tests train on, so the window shapes the result.
+      mistral(llama("mistral-tiny", 512, 2, 4, 2, 64, 172, 128, 1e-6, 10000.0), 16),
+      qwen2(llama("qwen2-tiny", 512, 2, 4, 2, 64, 172, 128, 1e-6, 10000.0), true),
       // A small WordPiece vocabulary trained with BERT's special tokens first (what Hugging
       // Face `tokenizers` gives): [PAD] 0, [UNK] 1, [CLS] 2, [SEP] 3, [MASK] 4. In the ids of
       // `mammoth data`'s byte-level BPE these are the control bytes 0x00-0x04, absent from text.
@@ -430,18 +447,50 @@ ModelConfig config_from_hf_json(const json::Value& hf, const std::string& what) 
     check_activation(hf, "activation_function", {"gelu_new", "gelu_pytorch_tanh"}, what);
     require_bool(hf, "scale_attn_weights", true, what);
     require_bool(hf, "scale_attn_by_inverse_layer_idx", false, what);
-  } else if (type == "llama") {
+  } else if (type == "llama" || type == "mistral" || type == "qwen2") {
     // pretraining_tp: transformers then slices the projections into that many matmuls and sums
-    // them, the same computation in another order.
-    check_keys(hf,
-               with_common({"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                            "num_key_value_heads", "intermediate_size", "max_position_embeddings",
-                            "rms_norm_eps", "rope_theta", "rope_scaling", "attention_dropout",
-                            "tie_word_embeddings", "hidden_act", "head_dim", "attention_bias",
-                            "mlp_bias", "pretraining_tp"}),
-               type, what);
+    // them, the same computation in another order. Mistral and Qwen2 (transformers 4.44) read
+    // a subset of LLaMA's keys plus their own: no rope_scaling, no attention/mlp_bias.
+    using V = ModelConfig::LlamaVariant;
+    const V variant = type == "mistral" ? V::kMistral : (type == "qwen2" ? V::kQwen2 : V::kLlama);
+    std::set<std::string> keys = {"vocab_size",
+                                  "hidden_size",
+                                  "num_hidden_layers",
+                                  "num_attention_heads",
+                                  "num_key_value_heads",
+                                  "intermediate_size",
+                                  "max_position_embeddings",
+                                  "rms_norm_eps",
+                                  "rope_theta",
+                                  "attention_dropout",
+                                  "tie_word_embeddings",
+                                  "hidden_act"};
+    if (variant == V::kLlama)
+      keys.insert({"rope_scaling", "head_dim", "attention_bias", "mlp_bias", "pretraining_tp"});
+    if (variant == V::kMistral) keys.insert({"head_dim", "sliding_window"});
+    if (variant == V::kQwen2)
+      keys.insert({"use_sliding_window", "sliding_window", "max_window_layers"});
+    check_keys(hf, with_common(keys), type, what);
     check_common(hf, false, what);
     c.family = Family::kLlama;
+    c.llama_variant = variant;
+    if (variant == V::kMistral) {
+      // null: full causal attention (transformers' own reading).
+      c.sliding_window = get_int(hf, "sliding_window", 0);
+      MAMMOTH_CHECK(c.sliding_window >= 0)
+          << "[config_from_hf_json] " << what << ": sliding_window must be positive or null, got "
+          << c.sliding_window;
+    }
+    if (variant == V::kQwen2) {
+      // transformers 4.44 applies Qwen2's window only in its flash-attention path, to layers
+      // >= max_window_layers; its eager attention ignores it. Without a reference that agrees,
+      // the window is refused; with use_sliding_window false the other two keys mean nothing.
+      MAMMOTH_CHECK(!get_bool(hf, "use_sliding_window", false))
+          << "[config_from_hf_json] " << what
+          << ": use_sliding_window=true is not supported for qwen2 (sliding_window and "
+             "max_window_layers are then ignored only when it is false)";
+      c.qkv_bias = true;
+    }
     c.vocab_size = hf.at("vocab_size").as_int();
     c.d_model = hf.at("hidden_size").as_int();
     c.n_layer = hf.at("num_hidden_layers").as_int();
@@ -452,6 +501,7 @@ ModelConfig config_from_hf_json(const json::Value& hf, const std::string& what) 
     c.norm_eps = get_double(hf, "rms_norm_eps", 1e-6);
     c.rope_base = get_double(hf, "rope_theta", 10000.0);
     c.attn_dropout = get_double(hf, "attention_dropout", 0.0);
+    // Qwen2Config's default is false too; small Qwen2 checkpoints say true.
     c.tie_embeddings = get_bool(hf, "tie_word_embeddings", false);
     check_activation(hf, "hidden_act", {"silu"}, what);
     if (const json::Value* rs = hf.find("rope_scaling"); rs != nullptr && !rs->is_null())
@@ -517,7 +567,7 @@ ModelConfig config_from_hf_json(const json::Value& hf, const std::string& what) 
     }
   } else {
     MAMMOTH_THROW() << "[config_from_hf_json] " << what << ": model_type '" << type
-                    << "' is not supported (gpt2, llama, bert, vit)";
+                    << "' is not supported (gpt2, llama, mistral, qwen2, bert, vit)";
   }
   c.validate();
   return c;
@@ -536,8 +586,21 @@ json::Value config_to_hf_json(const ModelConfig& c) {
       v.set("attn_pdrop", c.attn_dropout).set("activation_function", "gelu_new");
       v.set("tie_word_embeddings", c.tie_embeddings);
       break;
-    case Family::kLlama:
-      v.set("architectures", json::Value::array().push_back("LlamaForCausalLM"));
+    case Family::kLlama: {
+      using V = ModelConfig::LlamaVariant;
+      const V variant = c.llama_variant;
+      v.set("model_type", variant == V::kMistral ? "mistral"
+                          : variant == V::kQwen2 ? "qwen2"
+                                                 : "llama");
+      v.set("architectures",
+            json::Value::array().push_back(variant == V::kMistral ? "MistralForCausalLM"
+                                           : variant == V::kQwen2 ? "Qwen2ForCausalLM"
+                                                                  : "LlamaForCausalLM"));
+      if (variant == V::kMistral) {
+        v.set("sliding_window",
+              c.sliding_window > 0 ? json::Value(c.sliding_window) : json::Value());
+      }
+      if (variant == V::kQwen2) v.set("use_sliding_window", false);
       v.set("vocab_size", c.vocab_size).set("hidden_size", c.d_model);
       v.set("num_hidden_layers", c.n_layer).set("num_attention_heads", c.n_head);
       v.set("num_key_value_heads", c.n_kv_head).set("intermediate_size", c.d_ff);
@@ -557,6 +620,7 @@ json::Value config_to_hf_json(const ModelConfig& c) {
       v.set("tie_word_embeddings", c.tie_embeddings);
       v.set("attention_dropout", c.attn_dropout);
       break;
+    }
     case Family::kBert:
     case Family::kVit: {
       const bool bert = c.family == Family::kBert;

@@ -230,7 +230,10 @@ Tensor attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
   const Tensor mask = has_mask ? options.key_mask.contiguous() : Tensor();
   Tensor out = Tensor::empty(q.shape(), q.dtype(), q.device());
   Tensor lse = Tensor::empty({q.size(0), q.size(1), q.size(2)}, DType::kF32, q.device());
-  const kernels::AttentionParams p{options.scale, options.causal, has_mask};
+  MAMMOTH_CHECK(options.window >= 0 && (options.window == 0 || options.causal))
+      << "[attention] a sliding window (" << options.window
+      << ") needs causal attention and must be positive";
+  const kernels::AttentionParams p{options.scale, options.causal, has_mask, options.window};
   detail::launch(Kernel::attention, {q, k, v, mask}, {out, lse}, &p);
   if (needs_grad({q, k, v})) {
     record("attention", {q, k, v}, {&out},

@@ -25,6 +25,7 @@ struct Geometry {
   int64_t B, Hq, Hk, Tq, Tk, D, group;
   double scale;
   bool causal;
+  int64_t window;
   const bool* key_mask;  // [B, Tk] or null
 
   Geometry(std::span<const TensorArg> in, const AttentionParams& p, int mask_input) {
@@ -37,6 +38,7 @@ struct Geometry {
     group = Hq / Hk;
     scale = p.scale != 0.0 ? p.scale : 1.0 / std::sqrt(static_cast<double>(D));
     causal = p.causal;
+    window = p.window;
     key_mask = p.has_key_mask ? in[mask_input].ptr<const bool>() : nullptr;
   }
   AttnArgs fast_args() const {
@@ -44,11 +46,13 @@ struct Geometry {
     a.B = B, a.Hq = Hq, a.Hk = Hk, a.Tq = Tq, a.Tk = Tk, a.D = D;
     a.scale = static_cast<float>(scale);
     a.causal = causal;
+    a.window = window;
     a.key_mask = key_mask;
     return a;
   }
   bool visible(int64_t b, int64_t i, int64_t j) const {
     if (causal && j > i + (Tk - Tq)) return false;
+    if (window > 0 && j <= i + (Tk - Tq) - window) return false;
     return key_mask == nullptr || key_mask[b * Tk + j];
   }
   // Offsets of the (b, h) slices.

@@ -25,6 +25,7 @@ struct AttnArgs {
   int64_t B, Hq, Hk, Tq, Tk, D;
   float scale;
   bool causal;
+  int64_t window;  // params.h's AttentionParams::window
   const bool* key_mask;
   const float* q;
   const float* k;

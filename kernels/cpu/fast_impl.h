@@ -1369,8 +1369,18 @@ void mask_block(const AttnArgs& a, int64_t b, int64_t i0, int64_t rows, int64_t 
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t first_hidden = std::max<int64_t>(0, i0 + r + shift + 1 - j0);
       for (int64_t c = first_hidden; c < cols; ++c) S[r * kBk + c] = -kInf;
+      if (a.window > 0) {  // keys at or before position - window have slid out
+        const int64_t past_end = std::min<int64_t>(cols, i0 + r + shift - a.window + 1 - j0);
+        for (int64_t c = 0; c < past_end; ++c) S[r * kBk + c] = -kInf;
+      }
     }
   }
+}
+
+// Keys before key_begin are outside the sliding window of every query row [i0, i0 + rows).
+int64_t key_begin(const AttnArgs& a, int64_t i0) {
+  if (!a.causal || a.window <= 0) return 0;
+  return std::clamp<int64_t>(i0 + (a.Tk - a.Tq) - a.window + 1, 0, a.Tk);
 }
 
 // Keys [0, kend) can be visible to query rows [i0, i0 + rows).
@@ -1397,7 +1407,7 @@ void attention(const AttnArgs& a) {
       std::fill(mrow.begin(), mrow.end(), -kInf);
       std::fill(lrow.begin(), lrow.end(), 0.0f);
       const int64_t kend = key_end(a, i0, rows);
-      for (int64_t j0 = 0; j0 < kend; j0 += kBk) {
+      for (int64_t j0 = key_begin(a, i0) / kBk * kBk; j0 < kend; j0 += kBk) {
         const int64_t cols = std::min(kBk, kend - j0);
         sgemm(false, true, rows, cols, D, a.scale, Q, D, K + j0 * D, D, 0.0f, S, kBk);
         mask_block(a, b, i0, rows, j0, cols, S);
@@ -1467,7 +1477,8 @@ void attention_backward(const AttnArgs& a) {
           const int64_t head_row = (b * a.Hq + h) * a.Tq;
           for (int64_t i0 = 0; i0 < a.Tq; i0 += kBq) {
             const int64_t rows = std::min(kBq, a.Tq - i0);
-            if (key_end(a, i0, rows) <= j0) continue;  // causal: no key of this block visible
+            if (key_end(a, i0, rows) <= j0) continue;     // causal: no key of this block visible
+            if (j0 + cols <= key_begin(a, i0)) continue;  // all slid out of the window
             const float* Q = a.q + (head_row + i0) * D;
             const float* dO = a.dout + (head_row + i0) * D;
             const float* lse = a.lse + head_row + i0;

@@ -18,8 +18,8 @@ struct Vec {
 
   static Vec load(const float* p) { return {_mm512_loadu_ps(p)}; }
   // A load of data arriving from memory (a stream's first read), as two 256-bit halves: on Zen 4
-  // a loop streaming from memory ran ~10% faster so (a triad 41-44 -> 45-49 GB/s, one thread;
-  // the stores' width made no difference), while loads that hit the cache pay for the insert.
+  // a loop streaming from memory runs faster so, while loads that hit the cache pay for the
+  // insert (BENCHMARKS.md, "Loads from memory in two 256-bit halves").
   static Vec load_mem(const float* p) {
     return {
         _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(p)), _mm256_loadu_ps(p + 8), 1)};
@@ -126,11 +126,10 @@ inline Vec exp_nonpos(Vec x) { return {exp_impl<true>(x.v)}; }
 // scalef(p, t), which multiplies by 2^floor(t) itself, so t is never rounded separately. scalef
 // underflows to denormals and 0 correctly and needs no clamp; f = 0 for t = -inf, so e^-inf = 0,
 // and NaN stays NaN. Eight vector operations. vreduceps and vscalefps each take two issue slots
-// of Zen 4's two non-FMA pipes, which set the pace here: dropping the vroundscaleps of the
-// earlier form (round to nearest, then reduce) took the online softmax loop from 9.0 to 8.0
-// cycles per vector. The rounding of t adds |t| * 2^-24 relative, which only matters where
-// e^(x - m) is already negligible beside the row's maximum; within (6 + 2|x - m|) * 2^-24
-// relative for x - m >= -87 (tested through softmax).
+// of Zen 4's two non-FMA pipes, which set the pace here, so no vroundscaleps is spent on
+// rounding t first (BENCHMARKS.md, "exp_diff (AVX-512) multiplies by 2^floor(t)"). The rounding of
+// t adds |t| * 2^-24 relative, which only matters where e^(x - m) is already negligible beside the
+// row's maximum; within (6 + 2|x - m|) * 2^-24 relative for x - m >= -87 (tested through softmax).
 inline Vec exp_near(Vec d) {
   const __m512 t = _mm512_mul_ps(d.v, _mm512_set1_ps(kLog2e));
   const __m512 f = _mm512_reduce_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);

@@ -38,6 +38,9 @@ struct Geometry {
     group = Hq / Hk;
     scale = static_cast<float>(p.scale != 0.0 ? p.scale : 1.0 / std::sqrt(static_cast<double>(D)));
     causal = p.causal;
+    MAMMOTH_CHECK(p.window == 0)
+        << "[attention] a sliding window (" << p.window
+        << ") is not implemented by the CUDA kernel; the CPU kernel has it";
     key_mask = p.has_key_mask ? qkv[mask_input].ptr<const bool>() : nullptr;
   }
 };

@@ -14,12 +14,13 @@ using engine::nn::RMSNorm;
 
 LlamaAttention::LlamaAttention(const ModelConfig& c) : config_(c) {
   const int64_t D = c.head_dim();
+  const bool bias = c.qkv_bias;  // Qwen2
   q_proj =
-      register_module("q_proj", std::make_shared<Linear>(c.d_model, c.n_head * D, false, c.dtype));
+      register_module("q_proj", std::make_shared<Linear>(c.d_model, c.n_head * D, bias, c.dtype));
   k_proj = register_module("k_proj",
-                           std::make_shared<Linear>(c.d_model, c.n_kv_head * D, false, c.dtype));
+                           std::make_shared<Linear>(c.d_model, c.n_kv_head * D, bias, c.dtype));
   v_proj = register_module("v_proj",
-                           std::make_shared<Linear>(c.d_model, c.n_kv_head * D, false, c.dtype));
+                           std::make_shared<Linear>(c.d_model, c.n_kv_head * D, bias, c.dtype));
   o_proj =
       register_module("o_proj", std::make_shared<Linear>(c.n_head * D, c.d_model, false, c.dtype));
 }
@@ -37,7 +38,8 @@ Tensor LlamaAttention::forward(const Tensor& x, KVCache* cache, int64_t layer) c
   Tensor k = project(*k_proj, config_.n_kv_head, true);
   Tensor v = project(*v_proj, config_.n_kv_head, false);
   if (cache != nullptr) std::tie(k, v) = cache->append(layer, k, v);
-  Tensor y = attend(q, k, v, {.causal = true}, config_.attn_dropout, is_training());
+  Tensor y = attend(q, k, v, {.causal = true, .window = config_.sliding_window},
+                    config_.attn_dropout, is_training());
   return o_proj->forward(merge_heads(y));
 }
 
@@ -57,8 +59,9 @@ Tensor LlamaAttention::forward_paged(const Tensor& x, const std::vector<PagedSeq
     };
     auto [k, v] = paged_append(cache, layer, s, heads(k_all, config_.n_kv_head, true),
                                heads(v_all, config_.n_kv_head, false));
-    ys.push_back(merge_heads(
-        attend(heads(q_all, config_.n_head, true), k, v, {.causal = true}, 0.0, false)));
+    ys.push_back(
+        merge_heads(attend(heads(q_all, config_.n_head, true), k, v,
+                           {.causal = true, .window = config_.sliding_window}, 0.0, false)));
     at += s.count;
   }
   return o_proj->forward(engine::concat(ys, 1));

@@ -1,6 +1,7 @@
 // LLaMA as in Hugging Face's LlamaForCausalLM: pre-norm RMSNorm blocks, rotary position
 // embeddings (rotate-half form), SwiGLU MLP, grouped-query attention, untied LM head (tied
-// when the config says tie_word_embeddings).
+// when the config says tie_word_embeddings). The same classes are Mistral (a sliding attention
+// window, ModelConfig::sliding_window) and Qwen2 (q/k/v biases, ModelConfig::qkv_bias).
 //
 // Parameter names are HF's: "model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
 // "model.layers.0.mlp.gate_proj.weight", "model.norm.weight", "lm_head.weight".

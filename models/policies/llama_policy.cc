@@ -18,6 +18,9 @@
 // whole (padded) sequence without sp and under split_gather (the column-parallel projections
 // all-gather it), T/sp contiguous positions from sp rank r * T/sp under Ulysses, and a zigzag
 // pair of chunks under ring attention, each chunk rotated from its own first position.
+//
+// Qwen2's q/k/v biases split with their projections' rows; Mistral's sliding window is passed
+// to every attention form (local, Ulysses, ring), each of which masks by global position.
 #include <algorithm>
 #include <memory>
 #include <vector>
@@ -91,12 +94,13 @@ class TpLlamaAttention : public engine::nn::Module {
     const int64_t kv_rows = std::max<int64_t>(c.n_kv_head, p) * D;
     ColumnParallelLinear::Options col{.sequence_parallel = sequence_parallel};
     RowParallelLinear::Options row{.sequence_parallel = sequence_parallel};
+    const bool bias = c.qkv_bias;  // Qwen2: split with its projection's rows
     q_proj = register_module("q_proj", std::make_shared<ColumnParallelLinear>(
-                                           c.d_model, c.n_head * D, false, c.dtype, tp, col));
+                                           c.d_model, c.n_head * D, bias, c.dtype, tp, col));
     k_proj = register_module("k_proj", std::make_shared<ColumnParallelLinear>(
-                                           c.d_model, kv_rows, false, c.dtype, tp, col));
+                                           c.d_model, kv_rows, bias, c.dtype, tp, col));
     v_proj = register_module("v_proj", std::make_shared<ColumnParallelLinear>(
-                                           c.d_model, kv_rows, false, c.dtype, tp, col));
+                                           c.d_model, kv_rows, bias, c.dtype, tp, col));
     o_proj = register_module("o_proj", std::make_shared<RowParallelLinear>(
                                            c.n_head * D, c.d_model, false, c.dtype, tp, row));
   }
@@ -116,13 +120,14 @@ class TpLlamaAttention : public engine::nn::Module {
     Tensor q = project(*q_proj, Hl, true);
     Tensor k = project(*k_proj, Hkl, true);
     Tensor v = project(*v_proj, Hkl, false);
+    const int64_t window = config_.sliding_window;  // Mistral; 0: none
     Tensor y;
     if (seq.mode == SpMode::kUlysses) {
-      y = parallel::ulysses_attention(q, k, v, *seq.sp, *seq.layout, true);
+      y = parallel::ulysses_attention(q, k, v, *seq.sp, *seq.layout, true, 0.0, window);
     } else if (seq.mode == SpMode::kRing) {
-      y = parallel::ring_attention(q, k, v, *seq.sp, *seq.layout, true);
+      y = parallel::ring_attention(q, k, v, *seq.sp, *seq.layout, true, 0.0, window);
     } else {
-      y = attend(q, k, v, {.causal = true}, config_.attn_dropout, is_training());
+      y = attend(q, k, v, {.causal = true, .window = window}, config_.attn_dropout, is_training());
     }
     return o_proj->forward(merge_heads(y));
   }
@@ -214,12 +219,17 @@ class TpLlama : public ShardedDecoder {
       const std::string p = "model.layers." + std::to_string(l) + ".";
       const TpLlamaDecoderLayer& layer = (*model->layers)[l];
       const TpLlamaAttention& a = *layer.self_attn;
-      set_spec(p + "self_attn.q_proj.weight", a.q_proj->weight_spec());
-      for (const char* kv : {"self_attn.k_proj.weight", "self_attn.v_proj.weight"}) {
-        if (a.kv_replicated()) {
-          set_replicated_heads(p + kv, c.n_kv_head, c.head_dim());
-        } else {
-          set_spec(p + kv, a.k_proj->weight_spec());
+      // A bias [out] splits as its weight's rows (dim 0 of both).
+      std::vector<std::string> params = {"weight"};
+      if (c.qkv_bias) params.push_back("bias");
+      for (const std::string& w : params) {
+        set_spec(p + "self_attn.q_proj." + w, a.q_proj->weight_spec());
+        for (const char* kv : {"self_attn.k_proj.", "self_attn.v_proj."}) {
+          if (a.kv_replicated()) {
+            set_replicated_heads(p + kv + w, c.n_kv_head, c.head_dim());
+          } else {
+            set_spec(p + kv + w, a.k_proj->weight_spec());
+          }
         }
       }
       set_spec(p + "self_attn.o_proj.weight", a.o_proj->weight_spec());

@@ -112,7 +112,7 @@ Partial merge(const Partial& a, const Partial& b) {
 }  // namespace
 
 Tensor ulysses_attention(const Tensor& q, const Tensor& k, const Tensor& v, Communicator& group,
-                         const SequenceLayout& layout, bool causal, double scale) {
+                         const SequenceLayout& layout, bool causal, double scale, int64_t window) {
   const int p = group.size();
   MAMMOTH_CHECK(layout.split() == SeqSplit::kContiguous && layout.parts() == p)
       << "[ulysses_attention] needs a contiguous layout over the group's " << p << " ranks";
@@ -131,6 +131,7 @@ Tensor ulysses_attention(const Tensor& q, const Tensor& k, const Tensor& v, Comm
   engine::AttentionOptions opt;
   opt.causal = causal;
   opt.scale = scale;
+  opt.window = window;  // every position is present after the all-to-all
   if (!causal && layout.padded() > layout.length()) {
     // Causal attention never looks at the trailing padding; full attention must be told.
     std::vector<double> keep(static_cast<size_t>(q.size(0) * layout.padded()));
@@ -144,7 +145,9 @@ Tensor ulysses_attention(const Tensor& q, const Tensor& k, const Tensor& v, Comm
 }
 
 Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, Communicator& group,
-                      const SequenceLayout& layout, bool causal, double scale) {
+                      const SequenceLayout& layout, bool causal, double scale, int64_t window) {
+  MAMMOTH_CHECK(window >= 0 && (window == 0 || causal))
+      << "[ring_attention] a sliding window (" << window << ") needs causal attention";
   const int p = group.size(), r = group.rank();
   MAMMOTH_CHECK(layout.parts() == p && q.size(2) == layout.local_length())
       << "[ring_attention] q " << engine::shape_str(q.shape()) << " does not hold a local part of "
@@ -171,12 +174,14 @@ Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, Communi
         const int64_t qi = mine[i], kj = theirs[j];
         if (causal && kj > qi) continue;  // wholly in the future
         if (kj * c >= T) continue;        // wholly padding
+        // wholly slid out: the chunk's last key is at or before its first query - window
+        if (window > 0 && (kj + 1) * c - 1 <= qi * c - window) continue;
         bool any = false;
         std::vector<double> hide(static_cast<size_t>(c * c));
         for (int64_t a = 0; a < c; ++a) {
           for (int64_t b = 0; b < c; ++b) {
             const int64_t qp = qi * c + a, kp = kj * c + b;
-            const bool h = kp >= T || (causal && kp > qp);
+            const bool h = kp >= T || (causal && kp > qp) || (window > 0 && kp <= qp - window);
             hide[a * c + b] = h ? 1.0 : 0.0;
             any = any || h;
           }

@@ -63,16 +63,20 @@ engine::Tensor gather_sequence(const engine::Tensor& x, int64_t dim, const Seque
 // H must divide by p; kv heads that do not divide are replicated to H first (GQA).
 engine::Tensor ulysses_attention(const engine::Tensor& q, const engine::Tensor& k,
                                  const engine::Tensor& v, Communicator& group,
-                                 const SequenceLayout& layout, bool causal, double scale = 0.0);
+                                 const SequenceLayout& layout, bool causal, double scale = 0.0,
+                                 int64_t window = 0);
 
 // Ring attention: q, k, v [B, H(k), T_local, D] in `layout` (zigzag or contiguous). Each of
 // p steps attends to the K/V block currently held and passes it to the next rank
 // (ring_shift); block results (o, lse) are merged with the online-softmax rule
 //   lse = log(e^lse1 + e^lse2),  o = o1 e^(lse1 - lse) + o2 e^(lse2 - lse).
-// Chunk pairs wholly in the causal future are skipped. Equal to full attention over the
+// Chunk pairs wholly in the causal future (or, with a sliding window, wholly slid out of it)
+// are skipped. `window` > 0 (causal only): query position i sees keys (i - window, i], as
+// engine::AttentionOptions::window. Equal to full attention over the
 // sequence; backward flows through the same ring in reverse.
 engine::Tensor ring_attention(const engine::Tensor& q, const engine::Tensor& k,
                               const engine::Tensor& v, Communicator& group,
-                              const SequenceLayout& layout, bool causal, double scale = 0.0);
+                              const SequenceLayout& layout, bool causal, double scale = 0.0,
+                              int64_t window = 0);
 
 }  // namespace mammoth::parallel

@@ -192,6 +192,12 @@ std::map<std::string, std::vector<Case>> cases() {
       {[](const Inputs& x) { return attention(x[0], x[1], x[2], {.causal = true}); },
        [] {
          return Inputs{leaf({1, 1, 2, 3}, 54), leaf({1, 1, 4, 3}, 55), leaf({1, 1, 4, 3}, 56)};
+       }},
+      {[](const Inputs& x) {  // sliding window (Mistral), grouped-query
+         return attention(x[0], x[1], x[2], {.causal = true, .window = 2});
+       },
+       [] {
+         return Inputs{leaf({1, 2, 5, 3}, 154), leaf({1, 1, 5, 3}, 155), leaf({1, 1, 5, 3}, 156)};
        }}};
   c["rope"] = {{[](const Inputs& x) { return rope(x[0], 10000.0, 3); },
                 [] {

@@ -10,7 +10,8 @@ namespace mammoth::models {
 namespace {
 
 TEST_CASE("count_parameters equals the built module's parameter count") {
-  for (const std::string name : {"gpt2-tiny", "llama-tiny", "bert-tiny", "vit-tiny"}) {
+  for (const std::string name :
+       {"gpt2-tiny", "llama-tiny", "mistral-tiny", "qwen2-tiny", "bert-tiny", "vit-tiny"}) {
     INFO(name);
     ModelConfig c = resolve_config(name);
     CHECK(count_parameters(c) == build_model(c)->num_parameters());

@@ -24,8 +24,8 @@ std::string temp_dir(const std::string& name) {
 TEST_CASE("registry knows every family's tiny and real configs") {
   for (const std::string name :
        {"gpt2-tiny", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "llama-tiny", "llama-7b",
-        "llama-70b", "bert-tiny", "bert-base", "bert-large", "vit-tiny", "vit-base-patch16-224",
-        "vit-large-patch16-224", "vit-huge-patch16-224"}) {
+        "llama-70b", "mistral-tiny", "qwen2-tiny", "bert-tiny", "bert-base", "bert-large",
+        "vit-tiny", "vit-base-patch16-224", "vit-large-patch16-224", "vit-huge-patch16-224"}) {
     INFO(name);
     CHECK(is_registered(name));
     CHECK_NOTHROW(resolve_config(name).validate());
@@ -66,6 +66,49 @@ TEST_CASE("HF config.json of each family parses to the same config") {
     CHECK(back.image_size == c.image_size);
     CHECK(back.patch_size == c.patch_size);
   }
+}
+
+TEST_CASE("Mistral and Qwen2 config.json: LLaMA-like, written back as their model_type") {
+  using V = ModelConfig::LlamaVariant;
+  for (const std::string name : {"mistral-tiny", "qwen2-tiny"}) {
+    INFO(name);
+    const ModelConfig c = resolve_config(name);
+    const json::Value hf = config_to_hf_json(c);
+    CHECK(hf.at("model_type").as_string() == (name == "mistral-tiny" ? "mistral" : "qwen2"));
+    const ModelConfig back = config_from_hf_json(json::parse(json::dump(hf)), "test");
+    CHECK(back.family == Family::kLlama);
+    CHECK(back.llama_variant == c.llama_variant);
+    CHECK(back.sliding_window == c.sliding_window);
+    CHECK(back.qkv_bias == c.qkv_bias);
+    CHECK(back.tie_embeddings == c.tie_embeddings);
+  }
+  CHECK(resolve_config("mistral-tiny").sliding_window == 16);
+  CHECK(resolve_config("qwen2-tiny").llama_variant == V::kQwen2);
+  const std::string base = R"("vocab_size": 64, "hidden_size": 32, "num_hidden_layers": 1,
+      "num_attention_heads": 4, "intermediate_size": 48)";
+  auto parse = [&](const std::string& extra) {
+    return config_from_hf_json(json::parse("{" + base + ", " + extra + "}"), "x");
+  };
+  // null: full attention, as transformers reads it.
+  CHECK(parse(R"("model_type": "mistral", "sliding_window": null)").sliding_window == 0);
+  CHECK(parse(R"("model_type": "mistral", "sliding_window": 7)").sliding_window == 7);
+  CHECK_THROWS_WITH(parse(R"("model_type": "mistral", "rope_scaling": null)"),
+                    Catch::Contains("'rope_scaling'"));
+  CHECK_THROWS_WITH(parse(R"("model_type": "qwen2", "use_sliding_window": true)"),
+                    Catch::Contains("use_sliding_window=true"));
+  const ModelConfig q = parse(
+      R"("model_type": "qwen2", "use_sliding_window": false, "sliding_window": 4096,
+         "max_window_layers": 28, "tie_word_embeddings": true)");
+  CHECK(q.qkv_bias);
+  CHECK(q.sliding_window == 0);
+  CHECK(q.tie_embeddings);
+  CHECK_THROWS_WITH(parse(R"("model_type": "qwen2", "head_dim": 8)"),
+                    Catch::Contains("'head_dim'"));
+  // The bias exists as HF names it.
+  bool found = false;
+  for (const auto& [n, t] : create_model("qwen2-tiny")->named_parameters())
+    found = found || n == "model.layers.0.self_attn.k_proj.bias";
+  CHECK(found);
 }
 
 TEST_CASE("a real GPT-2 config.json (HF hub layout) is read") {

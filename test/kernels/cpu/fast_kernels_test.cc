@@ -867,11 +867,12 @@ TEST_CASE("tiled attention gives bitwise the same results at any thread count") 
 struct AttnCase {
   int64_t B, Hq, Hk, Tq, Tk, D;
   bool causal, mask;
+  int64_t window = 0;  // sliding window (causal only)
 };
 
 void check_attention(const AttnCase& c, std::mt19937& rng) {
   INFO("B " << c.B << " Hq " << c.Hq << " Hk " << c.Hk << " Tq " << c.Tq << " Tk " << c.Tk << " D "
-            << c.D << " causal " << c.causal << " mask " << c.mask);
+            << c.D << " causal " << c.causal << " mask " << c.mask << " window " << c.window);
   Buf q({c.B, c.Hq, c.Tq, c.D}), k({c.B, c.Hk, c.Tk, c.D}), v({c.B, c.Hk, c.Tk, c.D});
   q.random(rng);
   k.random(rng);
@@ -879,6 +880,7 @@ void check_attention(const AttnCase& c, std::mt19937& rng) {
   AttentionParams p;
   p.causal = c.causal;
   p.has_key_mask = c.mask;
+  p.window = c.window;
   std::vector<uint8_t> km(static_cast<size_t>(c.B * c.Tk), 1);
   if (c.mask) {
     std::bernoulli_distribution drop(0.3);
@@ -933,11 +935,20 @@ void check_attention(const AttnCase& c, std::mt19937& rng) {
 TEST_CASE("tiled attention matches the f64 reference, forward and backward") {
   std::mt19937 rng(5);
   const std::vector<AttnCase> cases = {
-      {1, 1, 1, 1, 1, 1, false, false},     {1, 2, 2, 7, 7, 3, true, false},
-      {2, 4, 2, 65, 65, 16, true, false},   {1, 2, 1, 130, 130, 64, false, false},
-      {2, 2, 2, 67, 67, 67, false, true},   {1, 3, 3, 5, 133, 17, true, false},
-      {2, 4, 1, 129, 257, 32, true, true},  {1, 1, 1, 200, 9, 8, false, false},
+      {1, 1, 1, 1, 1, 1, false, false},
+      {1, 2, 2, 7, 7, 3, true, false},
+      {2, 4, 2, 65, 65, 16, true, false},
+      {1, 2, 1, 130, 130, 64, false, false},
+      {2, 2, 2, 67, 67, 67, false, true},
+      {1, 3, 3, 5, 133, 17, true, false},
+      {2, 4, 1, 129, 257, 32, true, true},
+      {1, 1, 1, 200, 9, 8, false, false},
       {1, 1, 1, 131, 131, 64, true, false},
+      // Sliding windows: across key blocks (whole blocks skipped), cached decoding (Tq < Tk)
+      // with padding, and a window of one key.
+      {1, 2, 1, 300, 300, 16, true, false, 50},
+      {2, 2, 2, 5, 140, 8, true, true, 7},
+      {1, 1, 1, 130, 130, 8, true, false, 1},
   };
   for (SimdIsa isa : isas()) {
     IsaGuard guard(isa);

@@ -5,7 +5,7 @@ inputs reference.py recorded, and compares logits and loss with its float64 valu
 torch reference and the file layouts are the ones transformers reads. Each DIR is reference.py's
 output or a directory parity_check wrote back with models::save_pretrained.
 
-usage: hf_check.py EXPECTED_DIR DIR... (causal LMs: gpt2, gpt2_untied, llama)
+usage: hf_check.py EXPECTED_DIR DIR... (causal LMs: gpt2, gpt2_untied, llama, mistral, qwen2)
 """
 import json
 import os
@@ -38,7 +38,9 @@ def main():
     ids = expected["input.ids"]
     worst = 0.0
     for d in sys.argv[2:]:
-        model = transformers.AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.float64)
+        # eager: the attention whose mask transformers 4.44 builds with Mistral's sliding window
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            d, torch_dtype=torch.float64, attn_implementation="eager")
         model.eval()
         with torch.no_grad():
             out = model(input_ids=ids, labels=ids)

@@ -11,7 +11,7 @@ check="$3"
 hf_check="$4"
 shift 4
 families=("$@")
-[[ ${#families[@]} -gt 0 ]] || families=(gpt2 gpt2_untied llama bert vit)
+[[ ${#families[@]} -gt 0 ]] || families=(gpt2 gpt2_untied llama mistral qwen2 bert vit)
 out="${TEST_TMPDIR:-$(mktemp -d)}/parity"
 status=0
 for family in "${families[@]}"; do
@@ -25,7 +25,7 @@ for family in "${families[@]}"; do
   done
   # transformers' own loader on the reference's directory and on the one Mammoth wrote back.
   case "$family" in
-    gpt2 | gpt2_untied | llama)
+    gpt2 | gpt2_untied | llama | mistral | qwen2)
       echo "== $family transformers"
       if ! "$python_sh" "$hf_check" "$out/$family" "$out/$family" "$out/$family/mammoth_f32"; then
         echo "FAILED: $family transformers (tools/setup.sh installs transformers in the venv)"

@@ -1,4 +1,5 @@
-"""Reference side of the model parity test: GPT-2, LLaMA, BERT and ViT in plain PyTorch.
+"""Reference side of the model parity test: GPT-2, LLaMA (Mistral, Qwen2), BERT and ViT in plain
+PyTorch.
 
 Nothing of Mammoth runs here. Each family is written directly from its paper / Hugging Face
 transformers' modeling file, over a flat dict of tensors named exactly as HF state dicts name
@@ -10,7 +11,10 @@ in Hugging Face's layout that Mammoth loads:
   DIR/model.safetensors    the weights (float32, HF names)
   DIR/expected.safetensors inputs ("input.*"), "logits", "loss" and "grad.<hf name>" (float64)
 
-usage: reference.py --family gpt2|gpt2_untied|llama|bert|vit --out DIR [--seed N]
+usage: reference.py --family gpt2|gpt2_untied|llama|mistral|qwen2|bert|vit --out DIR [--seed N]
+
+mistral and qwen2 are LLaMA with modeling_mistral's sliding window and modeling_qwen2's q/k/v
+biases and tied embeddings.
 
 gpt2_untied is GPT-2 with tie_word_embeddings false: its own lm_head.weight [V, C], and the file
 in GPT2LMHeadModel's names ("transformer.h.0...", "lm_head.weight") as transformers writes it.
@@ -74,12 +78,18 @@ def gelu_erf(x):  # BERT / ViT "gelu"
     return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
 
 
-def sdpa(q, k, v, causal=False, key_keep=None):
-    """q, k, v [B, H, T, D]; key_keep bool [B, Tk] (True = attend)."""
+def sdpa(q, k, v, causal=False, key_keep=None, window=None):
+    """q, k, v [B, H, T, D]; key_keep bool [B, Tk] (True = attend); window: Mistral's
+    sliding_window, which (modeling_mistral's _update_causal_mask) also hides key j from query i
+    when j <= i - window."""
     s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
     if causal:
         T = q.shape[-2]
         s = s.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float("-inf"))
+    if window is not None:
+        i = torch.arange(q.shape[-2])[:, None]
+        j = torch.arange(k.shape[-2])[None, :]
+        s = s.masked_fill(j <= i - window, float("-inf"))
     if key_keep is not None:
         s = s.masked_fill(~key_keep[:, None, None, :], float("-inf"))
     return torch.softmax(s, -1) @ v
@@ -180,8 +190,22 @@ def llama_shapes(c):
                   h + "post_attention_layernorm.weight": (d,),
                   h + "mlp.gate_proj.weight": (f, d), h + "mlp.up_proj.weight": (f, d),
                   h + "mlp.down_proj.weight": (d, f)})
-    s.update({"model.norm.weight": (d,), "lm_head.weight": (V, d)})
+        if c["model_type"] == "qwen2":  # modeling_qwen2: q/k/v_proj with bias=True
+            s.update({h + "self_attn.q_proj.bias": (d,), h + "self_attn.k_proj.bias": (kv,),
+                      h + "self_attn.v_proj.bias": (kv,)})
+    s["model.norm.weight"] = (d,)
+    if not c["tie_word_embeddings"]:
+        s["lm_head.weight"] = (V, d)
     return s
+
+
+def mistral_config():  # sliding_window 5 < the 12 positions of make_inputs: the window matters
+    return dict(llama_config(), model_type="mistral", sliding_window=5)
+
+
+def qwen2_config():  # q/k/v bias, tied embeddings (as Qwen2's small checkpoints)
+    return dict(llama_config(), model_type="qwen2", tie_word_embeddings=True,
+                use_sliding_window=False, sliding_window=4096, max_window_layers=2)
 
 
 def rotate_half(x):
@@ -195,6 +219,8 @@ def llama_forward(p, c, inputs):
     H, Hk = c["num_attention_heads"], c["num_key_value_heads"]
     D = c["hidden_size"] // H
     eps = c["rms_norm_eps"]
+    bias = c["model_type"] == "qwen2"
+    window = c.get("sliding_window") if c["model_type"] == "mistral" else None
     inv_freq = 1.0 / (c["rope_theta"] ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
     freqs = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
@@ -204,19 +230,21 @@ def llama_forward(p, c, inputs):
     for i in range(c["num_hidden_layers"]):
         h = f"model.layers.{i}."
         a = rms_norm(x, p[h + "input_layernorm.weight"], eps)
-        q = rope(heads(lin(a, p, h + "self_attn.q_proj", False), H))
-        k = rope(heads(lin(a, p, h + "self_attn.k_proj", False), Hk))
-        v = heads(lin(a, p, h + "self_attn.v_proj", False), Hk)
+        q = rope(heads(lin(a, p, h + "self_attn.q_proj", bias), H))
+        k = rope(heads(lin(a, p, h + "self_attn.k_proj", bias), Hk))
+        v = heads(lin(a, p, h + "self_attn.v_proj", bias), Hk)
         # repeat_kv: query head j reads key/value head j // (H / Hk)
         k = k.repeat_interleave(H // Hk, dim=1)
         v = v.repeat_interleave(H // Hk, dim=1)
-        x = x + lin(merge(sdpa(q, k, v, causal=True)), p, h + "self_attn.o_proj", False)
+        x = x + lin(merge(sdpa(q, k, v, causal=True, window=window)), p, h + "self_attn.o_proj",
+                    False)
         m = rms_norm(x, p[h + "post_attention_layernorm.weight"], eps)
         g = lin(m, p, h + "mlp.gate_proj", False)
         x = x + lin(torch.nn.functional.silu(g) * lin(m, p, h + "mlp.up_proj", False), p,
                     h + "mlp.down_proj", False)
     x = rms_norm(x, p["model.norm.weight"], eps)
-    logits = lin(x, p, "lm_head", False)
+    head = "model.embed_tokens.weight" if c["tie_word_embeddings"] else "lm_head.weight"
+    logits = x @ p[head].T
     V = logits.shape[-1]
     loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, V), ids[:, 1:].reshape(-1))
     return logits, loss
@@ -374,6 +402,8 @@ def make_inputs(family, c, g):
 FAMILIES = {"gpt2": (gpt2_config, gpt2_shapes, gpt2_forward),
             "gpt2_untied": (gpt2_untied_config, gpt2_untied_shapes, gpt2_forward),
             "llama": (llama_config, llama_shapes, llama_forward),
+            "mistral": (mistral_config, llama_shapes, llama_forward),
+            "qwen2": (qwen2_config, llama_shapes, llama_forward),
             "bert": (bert_config, bert_shapes, bert_forward),
             "vit": (vit_config, vit_shapes, vit_forward)}
 

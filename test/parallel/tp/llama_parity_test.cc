@@ -2,7 +2,8 @@
 // the shared check of parity_harness.h. The vocabulary (37) and sequence (13 tokens) divide by
 // neither tp nor sp, so the padding paths (and rotary positions of padded, zigzag and Ulysses
 // layouts) are exercised. llama-tiny has 4 query heads and 2 KV heads (GQA): at tp=2 the KV
-// heads are split, at tp=4 each rank holds a copy of one KV head.
+// heads are split, at tp=4 each rank holds a copy of one KV head. Mistral (a sliding window)
+// and Qwen2 (q/k/v biases, tied) are the same model with those fields set.
 #include "models/registry.h"
 #include "parallel/tensor_parallel/mappings.h"
 #include "test/parallel/tp/parity_harness.h"
@@ -22,6 +23,8 @@ struct Variant {
   bool llama3_rope = false;  // rope_scaling llama3 (all three frequency bands at head_dim 16)
   int64_t head_size = 0;     // an explicit head_dim (0: d_model / n_head)
   bool dynamic_rope = false;
+  int64_t window = 0;     // Mistral's sliding window (< kSeq, so it masks)
+  bool qkv_bias = false;  // Qwen2's q/k/v biases
 };
 
 std::shared_ptr<models::LanguageModel> make_variant(const Variant& v) {
@@ -46,6 +49,15 @@ std::shared_ptr<models::LanguageModel> make_variant(const Variant& v) {
     c.rope_factor = 2.0;
   }
   c.head_size = v.head_size;
+  using LV = models::ModelConfig::LlamaVariant;
+  if (v.window > 0) {
+    c.llama_variant = LV::kMistral;
+    c.sliding_window = v.window;
+  }
+  if (v.qkv_bias) {
+    c.llama_variant = LV::kQwen2;
+    c.qkv_bias = true;
+  }
   c.validate();
   auto m = std::dynamic_pointer_cast<models::LanguageModel>(models::build_model(c, 5));
   REQUIRE(m != nullptr);
@@ -67,6 +79,8 @@ struct Llama : LanguageFamily {
   explicit Llama(const Variant& v) : variant(v) {
     if (v.tied) tag += " tied";
     if (v.n_kv_head > 0) tag += " kv" + std::to_string(v.n_kv_head);
+    if (v.window > 0) tag += " window" + std::to_string(v.window);
+    if (v.qkv_bias) tag += " qkv_bias";
   }
   std::shared_ptr<models::LanguageModel> make_model() const { return make_variant(variant); }
   Inputs batch(const models::ModelConfig&, int64_t step, int64_t first, int64_t count) const {
@@ -191,3 +205,19 @@ TEST_CASE("llama gqa refused") {
   auto odd = make_variant({.n_head = 3, .n_kv_head = 3, .d_model = 48});
   REQUIRE_THROWS_WITH(models::apply_policy(*odd, mesh), Catch::Contains("n_head 3"));
 }
+
+// Mistral: a sliding window of 5 over 13 tokens, through every attention form.
+constexpr Variant kMistral{.window = 5};
+TEST_CASE("mistral tp2") { parity({.tp = 2}, models::SpMode::kNone, kMistral); }
+TEST_CASE("mistral tp2 split_gather") { parity({.tp = 2}, models::SpMode::kSplitGather, kMistral); }
+TEST_CASE("mistral sp2 ulysses") { parity({.sp = 2}, models::SpMode::kUlysses, kMistral); }
+TEST_CASE("mistral sp2 ring") { parity({.sp = 2}, models::SpMode::kRing, kMistral); }
+TEST_CASE("mistral dp2 tp2") { parity({.dp = 2, .tp = 2}, models::SpMode::kNone, kMistral); }
+// Qwen2: q/k/v biases split with their rows (tp2) or replicated with their KV head (tp4), tied.
+constexpr Variant kQwen2{.tied = true, .qkv_bias = true};
+TEST_CASE("qwen2 tp2") { parity({.tp = 2}, models::SpMode::kNone, kQwen2); }
+TEST_CASE("qwen2 tp4") { parity({.tp = 4}, models::SpMode::kNone, kQwen2); }
+TEST_CASE("qwen2 tp2 split_gather") { parity({.tp = 2}, models::SpMode::kSplitGather, kQwen2); }
+TEST_CASE("qwen2 sp2 ulysses") { parity({.sp = 2}, models::SpMode::kUlysses, kQwen2); }
+TEST_CASE("qwen2 sp2 ring") { parity({.sp = 2}, models::SpMode::kRing, kQwen2); }
+TEST_CASE("qwen2 dp2 tp2") { parity({.dp = 2, .tp = 2}, models::SpMode::kNone, kQwen2); }

@@ -1,6 +1,7 @@
 // Ulysses and ring attention against full single-process attention, forward and backward, for
 // causal and non-causal masks and sequence lengths that do not divide by ring size x chunks
-// (padding), with MHA and GQA heads. Every rank computes the reference on the whole sequence.
+// (padding), with MHA and GQA heads and sliding windows. Every rank computes the reference on
+// the whole sequence.
 #include "parallel/sequence_parallel/sequence_parallel.h"
 
 #include <catch2/catch.hpp>
@@ -33,7 +34,8 @@ Qkv make(int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t D) {
 
 // Attention from matmul/softmax (the engine's fused attention is the forward reference too,
 // but its backward is only accurate to ~1e-7 in f64, too loose to see a wrong merge).
-Tensor plain_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
+Tensor plain_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                       int64_t window = 0) {
   const int64_t H = q.size(1), Hk = k.size(1), T = q.size(2), D = q.size(3), B = q.size(0);
   Tensor kk = k.unsqueeze(2).expand({B, Hk, H / Hk, T, D}).reshape({B, H, T, D});
   Tensor vv = v.unsqueeze(2).expand({B, Hk, H / Hk, T, D}).reshape({B, H, T, D});
@@ -41,7 +43,8 @@ Tensor plain_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool c
   if (causal) {
     std::vector<double> future(static_cast<size_t>(T * T));
     for (int64_t i = 0; i < T; ++i)
-      for (int64_t j = 0; j < T; ++j) future[i * T + j] = j > i ? 1.0 : 0.0;
+      for (int64_t j = 0; j < T; ++j)
+        future[i * T + j] = j > i || (window > 0 && j <= i - window) ? 1.0 : 0.0;
     s = engine::masked_fill(s, Tensor::from_vector(future, {T, T}, DType::kBool), -1e30);
   }
   return engine::matmul(engine::softmax(s, -1), vv);
@@ -53,24 +56,26 @@ double diff(const Tensor& a, const Tensor& b) {
 }
 
 using AttnFn = Tensor (*)(const Tensor&, const Tensor&, const Tensor&, parallel::Communicator&,
-                          const parallel::SequenceLayout&, bool, double);
+                          const parallel::SequenceLayout&, bool, double, int64_t);
 
 // fused_reference: compare with engine::attention (what Ulysses runs per head group) instead
 // of the matmul/softmax composition.
 void check(AttnFn fn, parallel::SeqSplit split, int64_t H, int64_t Hk, int64_t T, bool causal,
-           bool fused_reference = false) {
+           bool fused_reference = false, int64_t window = 0) {
   auto& w = world();
   const int r = w.rank();
-  CAPTURE(H, Hk, T, causal, w.size());
+  CAPTURE(H, Hk, T, causal, window, w.size());
   const Qkv d = make(2, H, Hk, T, 4);
   // Reference: the whole sequence in one process.
   Tensor q = d.q.clone().requires_grad_(), k = d.k.clone().requires_grad_(),
          v = d.v.clone().requires_grad_();
   engine::AttentionOptions opt;
   opt.causal = causal;
-  REQUIRE(diff(plain_attention(d.q, d.k, d.v, causal), engine::attention(d.q, d.k, d.v, opt)) <
-          1e-10);
-  Tensor ref = fused_reference ? engine::attention(q, k, v, opt) : plain_attention(q, k, v, causal);
+  opt.window = window;
+  REQUIRE(diff(plain_attention(d.q, d.k, d.v, causal, window),
+               engine::attention(d.q, d.k, d.v, opt)) < 1e-10);
+  Tensor ref =
+      fused_reference ? engine::attention(q, k, v, opt) : plain_attention(q, k, v, causal, window);
   engine::sum(ref * d.g).backward();
   // Sharded: each rank takes its positions (zero padding beyond T).
   parallel::SequenceLayout layout(T, w.size(), split);
@@ -78,7 +83,7 @@ void check(AttnFn fn, parallel::SeqSplit split, int64_t H, int64_t Hk, int64_t T
   Tensor kl = parallel::shard_sequence(d.k, 2, layout, r).contiguous().requires_grad_();
   Tensor vl = parallel::shard_sequence(d.v, 2, layout, r).contiguous().requires_grad_();
   Tensor gl = parallel::shard_sequence(d.g, 2, layout, r);
-  Tensor out = fn(ql, kl, vl, w, layout, causal, 0.0);
+  Tensor out = fn(ql, kl, vl, w, layout, causal, 0.0, window);
   engine::sum(out * gl).backward();
   // Outputs at real positions match; gathering them gives the whole reference.
   REQUIRE(diff(parallel::gather_sequence(out, 2, layout, w), ref) < 1e-10);
@@ -106,6 +111,22 @@ TEST_CASE("ring attention equals full attention (zigzag and contiguous, padded l
       check(parallel::ring_attention, parallel::SeqSplit::kZigzag, 4, 4, T, causal);
       check(parallel::ring_attention, parallel::SeqSplit::kZigzag, 4, 2, T, causal);  // GQA
       check(parallel::ring_attention, parallel::SeqSplit::kContiguous, 4, 4, T, causal);
+    }
+  }
+}
+
+// Mistral's sliding window: key chunks wholly slid out are skipped, the others masked by
+// global position.
+TEST_CASE("ring and Ulysses attention with a sliding window equal full windowed attention") {
+  const int p = world().size();
+  for (int64_t T : {13, 16}) {
+    for (int64_t window : {1, 3}) {
+      check(parallel::ring_attention, parallel::SeqSplit::kZigzag, 4, 2, T, true, false, window);
+      check(parallel::ring_attention, parallel::SeqSplit::kContiguous, 4, 4, T, true, false,
+            window);
+      if (4 % p == 0)
+        check(parallel::ulysses_attention, parallel::SeqSplit::kContiguous, 4, 1, T, true, true,
+              window);
     }
   }
 }
