@@ -702,6 +702,13 @@ ModelConfig apply_options(ModelConfig c, const ModelOptions& o) {
         << family_name(c.family);
     c.moe_capacity_factor = *o.moe_capacity_factor;
   }
+  if (o.moe_aux_loss_coef) {
+    MAMMOTH_CHECK(c.family == Family::kMixtral)
+        << "[models] " << c.name << ": an auxiliary-loss coefficient needs a mixture-of-experts "
+        << "model, not " << family_name(c.family);
+    c.moe_aux_loss_coef = *o.moe_aux_loss_coef;
+    c.moe_aux_loss = c.moe_aux_loss_coef > 0;
+  }
   c.validate();
   return c;
 }

@@ -49,6 +49,9 @@ struct ModelOptions {
   std::optional<SpecialTokenIds> special_tokens;
   // Mixture of experts: tokens per expert capped at this factor (0: dropless; models/mixtral).
   std::optional<double> moe_capacity_factor;
+  // Mixture of experts: the load-balancing loss's coefficient (HF router_aux_loss_coef); a value
+  // turns the loss on (HF output_router_logits), 0 turns it off.
+  std::optional<double> moe_aux_loss_coef;
 };
 
 // Where a directory's weights are: DIR/model.safetensors, else DIR/model.safetensors.index.json.

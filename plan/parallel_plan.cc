@@ -205,7 +205,7 @@ class Checker {
       if (p_.recompute_blocks != 0)
         return say(
             "model family mixtral does not support activation checkpointing "
-            "(--recompute) yet: the recomputed router would lose the router losses' graph");
+            "(--recompute-blocks) yet: the recomputed router would lose the router losses' graph");
     }
     if (p_.pp > 1) {
       if (!decoder)

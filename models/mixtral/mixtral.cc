@@ -149,7 +149,7 @@ Tensor Mixtral::run(const Tensor& ids, KVCache* cache) {
   // Recomputing a block would run its router again under no grad and lose the router losses'
   // graph; refused until the router state is carried through engine::nn::checkpoint.
   MAMMOTH_CHECK(!is_training() || recompute_blocks_ == 0)
-      << "[Mixtral] activation checkpointing (--recompute) is not supported for mixtral yet";
+      << "[Mixtral] activation checkpointing (--recompute-blocks) is not supported for mixtral yet";
   Tensor h = model->forward(ids, cache);
   return lm_head ? lm_head->forward(h) : engine::linear(h, model->embed_tokens->weight);
 }
