@@ -19,6 +19,8 @@
   /* joining, indexing, views */                                                        \
   X(concat) X(split) X(index_select) X(gather) X(view) X(permute) X(slice) X(expand)    \
   X(contiguous)                                                                         \
+  /* mixture of experts */                                                              \
+  X(grouped_matmul) X(moe_combine)                                                      \
   /* recomputation (engine/nn/checkpoint.h) */                                          \
   X(checkpoint)
 // clang-format on

@@ -103,6 +103,17 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);  // index i64 [I]
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);        // torch.gather semantics
 
+// ---- mixture of experts (engine/ops/moe.cc; models/mixtral) ----
+// Rows of x [M, K] sorted by expert: rows offsets[e] .. offsets[e+1] (offsets [E+1], from 0 to
+// M) go through weights[e] [N, K] (Linear layout): y [M, N], group e = x_e @ weights[e]^T. One
+// grouped GEMM over all experts; an empty group is valid (its weight gradient is zero).
+Tensor grouped_matmul(const Tensor& x, const std::vector<int64_t>& offsets,
+                      const std::vector<Tensor>& weights);
+// out [tokens, C] with out[rows[m]] += weights[m] * y[m] for m in order (rows i64 [M],
+// weights [M]): expert outputs returned to their tokens, scaled by their routing weights;
+// differentiable in y and weights.
+Tensor moe_combine(const Tensor& y, const Tensor& rows, const Tensor& weights, int64_t tokens);
+
 // ---- non-differentiable helpers ----
 // dst <- src (broadcast, cast), in place, under no grad. dst may be a strided view.
 void copy_(const Tensor& dst, const Tensor& src);

@@ -64,6 +64,11 @@
   X(index_add)    /* (dy [A,I,C], idx i64 [I]) -> (dx [A,R,C]) accumulates, deterministic */     \
   X(gather)       /* (x [A,R,C], idx i64 [A,I,C]) -> (y [A,I,C]) */                              \
   X(scatter_add)  /* (dy [A,I,C], idx i64 [A,I,C]) -> (dx [A,R,C]) accumulates */                \
+  /* mixture of experts (kernels/cpu/moe.cc): rows sorted by expert, offsets i64 [E+1] */        \
+  X(grouped_matmul)          /* (x [M,K], offsets, w_0 [N,K] .. w_E-1) -> (y [M,N]) */           \
+  X(grouped_matmul_backward) /* (dy, x, offsets, w_0 .. w_E-1) -> (dx, dw_0 .. dw_E-1) */        \
+  X(moe_combine)             /* (y [M,C], rows i64 [M], weights [M]) -> (out [T,C]) */           \
+  X(moe_combine_backward)    /* (dout [T,C], y, rows, weights) -> (dy, dweights) */              \
   /* randomness, position encodings, attention */                                                \
   X(dropout)            /* (x) -> (y, mask u8) DropoutParams (Philox 4x32-10 by seed, offset) */ \
   X(rope)               /* (x [B,T,H,D][, inv_freq f32]) -> (y) RopeParams; inverse: back */     \

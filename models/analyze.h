@@ -18,6 +18,7 @@ namespace mammoth::models {
 struct ModelAnalysis {
   ModelConfig config;
   int64_t params = 0;            // every trainable parameter (tied weights once)
+  int64_t active_params = 0;     // those one token computes with (MoE: top-k experts; else all)
   int64_t embedding_params = 0;  // token, position and token-type tables (lookups, no FLOPs)
   int64_t seq_len = 0;           // context length the FLOPs assume (ViT: patches + 1)
   double flops_per_token_forward = 0;

@@ -14,16 +14,18 @@ const char* family_name(Family f) {
       return "bert";
     case Family::kVit:
       return "vit";
+    case Family::kMixtral:
+      return "mixtral";
   }
   return "?";
 }
 
 Family family_from_name(const std::string& name) {
-  for (Family f : {Family::kGpt2, Family::kLlama, Family::kBert, Family::kVit}) {
+  for (Family f : {Family::kGpt2, Family::kLlama, Family::kBert, Family::kVit, Family::kMixtral}) {
     if (name == family_name(f)) return f;
   }
   MAMMOTH_THROW() << "[models] unknown model family '" << name
-                  << "' (known: gpt2, llama, bert, vit)";
+                  << "' (known: gpt2, llama, bert, vit, mixtral)";
 }
 
 const char* rope_scaling_name(ModelConfig::RopeScaling s) {
@@ -65,7 +67,7 @@ void ModelConfig::validate() const {
       << where << "sliding_window and qkv_bias are LLaMA-family fields";
   MAMMOTH_CHECK(sliding_window >= 0)
       << where << "sliding_window must be >= 0 (0: none), got " << sliding_window;
-  if (family == Family::kLlama) {
+  if (family == Family::kLlama || family == Family::kMixtral) {
     MAMMOTH_CHECK(head_dim() % 2 == 0)
         << where << "rotary embeddings need an even head_dim, got " << head_dim();
     MAMMOTH_CHECK(rope_base > 0) << where << "rope_theta must be positive, got " << rope_base;
@@ -89,6 +91,17 @@ void ModelConfig::validate() const {
     MAMMOTH_CHECK(n_kv_head == n_head)
         << where << family_name(family) << " has no grouped-query attention: n_kv_head "
         << n_kv_head << " != n_head " << n_head;
+  }
+  if (family == Family::kMixtral) {
+    MAMMOTH_CHECK(moe_experts > 0 && moe_top_k > 0 && moe_top_k <= moe_experts)
+        << where << "need 0 < num_experts_per_tok (" << moe_top_k << ") <= num_local_experts ("
+        << moe_experts << ")";
+    MAMMOTH_CHECK(moe_aux_loss_coef >= 0 && moe_z_loss_coef >= 0 && moe_capacity_factor >= 0)
+        << where << "router_aux_loss_coef " << moe_aux_loss_coef << ", router_z_loss_coef "
+        << moe_z_loss_coef << " and the capacity factor " << moe_capacity_factor << " must be >= 0";
+  } else {
+    MAMMOTH_CHECK(moe_experts == 0 && moe_top_k == 0 && moe_capacity_factor == 0)
+        << where << family_name(family) << " has no experts (mixture-of-experts fields are set)";
   }
   if (family == Family::kBert) {
     MAMMOTH_CHECK(type_vocab_size > 0)

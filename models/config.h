@@ -13,9 +13,9 @@
 
 namespace mammoth::models {
 
-enum class Family { kGpt2, kLlama, kBert, kVit };
+enum class Family { kGpt2, kLlama, kBert, kVit, kMixtral };
 
-// "gpt2", "llama", "bert", "vit" (Hugging Face's model_type values).
+// "gpt2", "llama", "bert", "vit", "mixtral" (Hugging Face's model_type values).
 const char* family_name(Family f);
 Family family_from_name(const std::string& name);  // throws naming the value
 
@@ -81,6 +81,19 @@ struct ModelConfig {
   int64_t image_size = 0;
   int64_t patch_size = 0;
   int64_t num_channels = 0;
+  // Mixture of experts (Mixtral, models/mixtral): each block's MLP is moe_experts SwiGLU
+  // experts of width d_ff, each token routed to moe_top_k of them (HF num_local_experts,
+  // num_experts_per_tok). The loss adds moe_aux_loss_coef times HF's load-balancing loss when
+  // moe_aux_loss is set (HF router_aux_loss_coef, output_router_logits), and moe_z_loss_coef
+  // times the router z-loss (router_z_loss_coef; 0 when absent). moe_capacity_factor 0 is
+  // dropless (HF); > 0 caps each expert at ceil(factor * tokens * top_k / experts) tokens per
+  // forward and drops the rest (a Mammoth option, never written to config.json).
+  int64_t moe_experts = 0;
+  int64_t moe_top_k = 0;
+  bool moe_aux_loss = false;
+  double moe_aux_loss_coef = 0.0;
+  double moe_z_loss_coef = 0.0;
+  double moe_capacity_factor = 0.0;
   // Storage dtype of the parameters.
   DType dtype = DType::kF32;
 

@@ -13,6 +13,7 @@
 #include "models/bert/bert.h"
 #include "models/gpt2/gpt2.h"
 #include "models/llama/llama.h"
+#include "models/mixtral/mixtral.h"
 #include "models/vit/vit.h"
 #include "models/weights.h"
 
@@ -106,6 +107,20 @@ ModelConfig vit(const std::string& name, int64_t image, int64_t patch, int64_t l
   return c;
 }
 
+// Mixtral (models/mixtral): LLaMA's shape plus experts; the router's load-balancing loss on
+// (HF's output_router_logits) at HF's default coefficient, no z-loss, dropless.
+ModelConfig mixtral(const std::string& name, int64_t vocab, int64_t layers, int64_t heads,
+                    int64_t kv_heads, int64_t d, int64_t ff, int64_t seq, int64_t experts,
+                    int64_t top_k, double rope_base) {
+  ModelConfig c = llama(name, vocab, layers, heads, kv_heads, d, ff, seq, 1e-5, rope_base);
+  c.family = Family::kMixtral;
+  c.moe_experts = experts;
+  c.moe_top_k = top_k;
+  c.moe_aux_loss = true;
+  c.moe_aux_loss_coef = 0.001;
+  return c;
+}
+
 constexpr SpecialTokenIds kBertUncased = {
     .pad = 0, .unk = 100, .cls = 101, .sep = 102, .mask = 103};
 
@@ -135,6 +150,8 @@ const std::vector<ModelConfig>& registry() {
       // bert-base-uncased's vocabulary: [PAD] 0, [UNK] 100, [CLS] 101, [SEP] 102, [MASK] 103.
       bert("bert-base", 30522, 12, 12, 768, 512, 0.1, kBertUncased),
       bert("bert-large", 30522, 24, 16, 1024, 512, 0.1, kBertUncased),
+      mixtral("mixtral-tiny", 512, 2, 4, 2, 64, 96, 128, 4, 2, 10000.0),
+      mixtral("mixtral-8x7b", 32000, 32, 32, 8, 4096, 14336, 32768, 8, 2, 1e6),
       vit("vit-tiny", 32, 8, 2, 4, 64, 10),
       vit("vit-base-patch16-224", 224, 16, 12, 12, 768, 1000),
       vit("vit-large-patch16-224", 224, 16, 24, 16, 1024, 1000),
@@ -511,6 +528,43 @@ ModelConfig config_from_hf_json(const json::Value& hf, const std::string& what) 
       c.head_size = hd;
     require_bool(hf, "attention_bias", false, what);
     require_bool(hf, "mlp_bias", false, what);
+  } else if (type == "mixtral") {
+    // router_jitter_noise: HF multiplies the router input by noise while training (refused
+    // unless 0); sliding_window: only null (Mixtral's published configs) is implemented.
+    check_keys(hf,
+               with_common({"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                            "num_key_value_heads", "intermediate_size", "max_position_embeddings",
+                            "rms_norm_eps", "rope_theta", "attention_dropout",
+                            "tie_word_embeddings", "hidden_act", "sliding_window",
+                            "num_local_experts", "num_experts_per_tok", "output_router_logits",
+                            "router_aux_loss_coef", "router_z_loss_coef", "router_jitter_noise"}),
+               type, what);
+    check_common(hf, false, what);
+    c.family = Family::kMixtral;
+    c.vocab_size = hf.at("vocab_size").as_int();
+    c.d_model = hf.at("hidden_size").as_int();
+    c.n_layer = hf.at("num_hidden_layers").as_int();
+    c.n_head = hf.at("num_attention_heads").as_int();
+    c.n_kv_head = get_int(hf, "num_key_value_heads", c.n_head);
+    c.d_ff = hf.at("intermediate_size").as_int();
+    c.max_seq = get_int(hf, "max_position_embeddings", 4096 * 32);
+    c.norm_eps = get_double(hf, "rms_norm_eps", 1e-5);
+    c.rope_base = get_double(hf, "rope_theta", 1e6);
+    c.attn_dropout = get_double(hf, "attention_dropout", 0.0);
+    c.tie_embeddings = get_bool(hf, "tie_word_embeddings", false);
+    check_activation(hf, "hidden_act", {"silu"}, what);
+    c.moe_experts = get_int(hf, "num_local_experts", 8);
+    c.moe_top_k = get_int(hf, "num_experts_per_tok", 2);
+    c.moe_aux_loss = get_bool(hf, "output_router_logits", false);
+    c.moe_aux_loss_coef = get_double(hf, "router_aux_loss_coef", 0.001);
+    c.moe_z_loss_coef = get_double(hf, "router_z_loss_coef", 0.0);
+    const double jitter = get_double(hf, "router_jitter_noise", 0.0);
+    MAMMOTH_CHECK(jitter == 0.0) << "[config_from_hf_json] " << what << ": router_jitter_noise "
+                                 << jitter << " is not supported (only 0)";
+    if (const json::Value* sw = hf.find("sliding_window"); sw != nullptr && !sw->is_null()) {
+      MAMMOTH_THROW() << "[config_from_hf_json] " << what << ": sliding_window " << sw->as_int()
+                      << " is not supported for mixtral (only null: full attention)";
+    }
   } else if (type == "bert" || type == "vit") {
     const bool bert = type == "bert";
     // encoder_stride: ViTForMaskedImageModeling's decoder only.
@@ -567,7 +621,7 @@ ModelConfig config_from_hf_json(const json::Value& hf, const std::string& what) 
     }
   } else {
     MAMMOTH_THROW() << "[config_from_hf_json] " << what << ": model_type '" << type
-                    << "' is not supported (gpt2, llama, mistral, qwen2, bert, vit)";
+                    << "' is not supported (gpt2, llama, mistral, qwen2, bert, vit, mixtral)";
   }
   c.validate();
   return c;
@@ -621,6 +675,23 @@ json::Value config_to_hf_json(const ModelConfig& c) {
       v.set("attention_dropout", c.attn_dropout);
       break;
     }
+    case Family::kMixtral:
+      // moe_capacity_factor is a Mammoth option, not part of the model: transformers would
+      // ignore the key and run dropless, so it is not written.
+      v.set("architectures", json::Value::array().push_back("MixtralForCausalLM"));
+      v.set("vocab_size", c.vocab_size).set("hidden_size", c.d_model);
+      v.set("num_hidden_layers", c.n_layer).set("num_attention_heads", c.n_head);
+      v.set("num_key_value_heads", c.n_kv_head).set("intermediate_size", c.d_ff);
+      v.set("max_position_embeddings", c.max_seq).set("rms_norm_eps", c.norm_eps);
+      v.set("rope_theta", c.rope_base).set("hidden_act", "silu");
+      v.set("tie_word_embeddings", c.tie_embeddings);
+      v.set("attention_dropout", c.attn_dropout).set("sliding_window", nullptr);
+      v.set("num_local_experts", c.moe_experts).set("num_experts_per_tok", c.moe_top_k);
+      v.set("output_router_logits", c.moe_aux_loss);
+      v.set("router_aux_loss_coef", c.moe_aux_loss_coef);
+      if (c.moe_z_loss_coef > 0) v.set("router_z_loss_coef", c.moe_z_loss_coef);
+      v.set("router_jitter_noise", 0.0);
+      break;
     case Family::kBert:
     case Family::kVit: {
       const bool bert = c.family == Family::kBert;
@@ -689,6 +760,19 @@ ModelConfig apply_options(ModelConfig c, const ModelOptions& o) {
   if (o.num_labels) c.num_labels = *o.num_labels;
   if (o.dtype) c.dtype = *o.dtype;
   if (o.special_tokens) c.special_tokens = *o.special_tokens;
+  if (o.moe_capacity_factor) {
+    MAMMOTH_CHECK(c.family == Family::kMixtral)
+        << "[models] " << c.name << ": a capacity factor needs a mixture-of-experts model, not "
+        << family_name(c.family);
+    c.moe_capacity_factor = *o.moe_capacity_factor;
+  }
+  if (o.moe_aux_loss_coef) {
+    MAMMOTH_CHECK(c.family == Family::kMixtral)
+        << "[models] " << c.name << ": an auxiliary-loss coefficient needs a mixture-of-experts "
+        << "model, not " << family_name(c.family);
+    c.moe_aux_loss_coef = *o.moe_aux_loss_coef;
+    c.moe_aux_loss = c.moe_aux_loss_coef > 0;
+  }
   c.validate();
   return c;
 }
@@ -707,6 +791,9 @@ std::shared_ptr<Model> build_model(const ModelConfig& config, uint64_t seed) {
       break;
     case Family::kVit:
       m = std::make_shared<Vit>(config);
+      break;
+    case Family::kMixtral:
+      m = std::make_shared<Mixtral>(config);
       break;
   }
   m->init(seed);

@@ -47,6 +47,11 @@ struct ModelOptions {
   bool announce = true;  // print "[model] NAME: weights: ..." on stderr
   // Replaces the config's special tokens (e.g. a vocabulary extended by [MASK]).
   std::optional<SpecialTokenIds> special_tokens;
+  // Mixture of experts: tokens per expert capped at this factor (0: dropless; models/mixtral).
+  std::optional<double> moe_capacity_factor;
+  // Mixture of experts: the load-balancing loss's coefficient (HF router_aux_loss_coef); a value
+  // turns the loss on (HF output_router_logits), 0 turns it off.
+  std::optional<double> moe_aux_loss_coef;
 };
 
 // Where a directory's weights are: DIR/model.safetensors, else DIR/model.safetensors.index.json.

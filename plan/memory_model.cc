@@ -77,6 +77,7 @@ ParamSplit split_params(const ModelConfig& c, int tp) {
   int64_t replicated = 0;
   switch (c.family) {
     case Family::kLlama:
+    case Family::kMixtral:
       replicated = 2 * d;  // two RMSNorm weights
       break;
     default:
@@ -85,7 +86,8 @@ ParamSplit split_params(const ModelConfig& c, int tp) {
   }
   // Grouped-query k/v heads are replicated when there are fewer of them than tp ranks.
   int64_t kv_extra = 0;
-  if (c.family == Family::kLlama && tp > c.n_kv_head) {
+  const bool llama = c.family == Family::kLlama || c.family == Family::kMixtral;
+  if (llama && tp > c.n_kv_head) {
     const int64_t kv = c.n_kv_head * c.head_dim();
     kv_extra = 2 * d * kv * (tp / c.n_kv_head) / tp;  // each rank holds a whole head's rows
     kv_extra -= 2 * d * kv / tp;
@@ -98,6 +100,7 @@ ParamSplit split_params(const ModelConfig& c, int tp) {
       s.head = 2 * d + (c.tie_embeddings ? 0 : Vp * d / tp);
       break;
     case Family::kLlama:
+    case Family::kMixtral:
       s.tied = c.tie_embeddings ? Vp * d / tp : 0;
       s.embed = c.tie_embeddings ? 0 : Vp * d / tp;
       s.head = d + (c.tie_embeddings ? 0 : Vp * d / tp);
@@ -110,7 +113,7 @@ ParamSplit split_params(const ModelConfig& c, int tp) {
       s.head = 0;
       break;
   }
-  s.largest_block = d * std::max(f, c.family == Family::kLlama ? d : 3 * d) / tp;
+  s.largest_block = d * std::max(f, llama ? d : 3 * d) / tp;
   s.largest = std::max({Vp * d / tp, s.largest_block, c.max_seq * d});
   return s;
 }
@@ -152,7 +155,8 @@ Acts activations(const ModelConfig& c, const ParallelPlan& p, int64_t e) {
   const int64_t C = c.d_model, F = c.d_ff;
   const int64_t H = c.n_head / tp;  // local query heads
   const int64_t Hkv = std::max<int64_t>(1, c.n_kv_head / tp);
-  const int64_t Ckv = (c.family == Family::kLlama ? Hkv : H) * c.head_dim();
+  const int64_t Ckv =
+      (c.family == Family::kLlama || c.family == Family::kMixtral ? Hkv : H) * c.head_dim();
   const int64_t Cl = H * c.head_dim();  // local attention width
   const int64_t Fl = F / tp;
   const int64_t Vl = ceil_div(c.vocab_size, tp);
@@ -197,6 +201,14 @@ Acts activations(const ModelConfig& c, const ParallelPlan& p, int64_t e) {
       // silu(gate), up (mul's operands) and their product (down's input).
       a.block = (2 * Ns + 2 * N) * C * e + attn + 4 * N * Fl * e + 2 * Ns * e;
       break;
+    case Family::kMixtral: {
+      // As LLaMA's, with the four d_ff-wide tensors for each of the N * k routed rows, plus the
+      // gathered rows, the experts' outputs and the router's logits and probabilities (f32).
+      const int64_t rows = N * c.moe_top_k;
+      a.block = (2 * Ns + 2 * N) * C * e + attn + 4 * rows * Fl * e + 2 * Ns * e +
+                2 * rows * C * e + 2 * N * c.moe_experts * 4;
+      break;
+    }
   }
   // engine/nn/checkpoint.h keeps only the block's input.
   a.block_recompute = Ns * C * e;

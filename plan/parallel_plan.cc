@@ -193,6 +193,20 @@ class Checker {
     const bool decoder = m.family == models::Family::kGpt2 || m.family == models::Family::kLlama;
     if (m.family == models::Family::kVit)
       return say("model family vit has no language-model objective for `mammoth train`");
+    if (m.family == models::Family::kMixtral) {
+      // Experts have no sharded, staged, chunked or recomputed form yet (models/mixtral).
+      if (p_.tp > 1 || p_.sp > 1 || p_.pp > 1)
+        return say(
+            "model family mixtral (mixture of experts) does not run under --tp, --sp or "
+            "--pp yet; use data parallelism (--dp) only");
+      if (p_.zero > 0 || p_.offloaded())
+        return say("model family mixtral does not run under ZeRO (--zero ", p_.zero,
+                   ") or offload yet; use --zero 0 without --offload/--device-mem/--host-mem");
+      if (p_.recompute_blocks != 0)
+        return say(
+            "model family mixtral does not support activation checkpointing "
+            "(--recompute-blocks) yet: the recomputed router would lose the router losses' graph");
+    }
     if (p_.pp > 1) {
       if (!decoder)
         return say("--pp: model family ", family,

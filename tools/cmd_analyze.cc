@@ -108,6 +108,10 @@ int run_analyze(const std::vector<std::string>& args) {
         (long long)c.n_head, (long long)c.n_kv_head, (long long)c.d_ff, (long long)c.vocab_size);
     std::printf("parameters   %lld (%s; embeddings %s)\n", (long long)a.params,
                 human(double(a.params), "").c_str(), human(double(a.embedding_params), "").c_str());
+    if (c.moe_experts > 0)
+      std::printf("experts      %lld per layer, top %lld: %lld active parameters per token (%s)\n",
+                  (long long)c.moe_experts, (long long)c.moe_top_k, (long long)a.active_params,
+                  human(double(a.active_params), "").c_str());
     std::printf("FLOPs/token  forward %s, forward+backward %s (context %lld)\n",
                 human(a.flops_per_token_forward, "FLOP").c_str(),
                 human(a.flops_per_token_train, "FLOP").c_str(), (long long)a.seq_len);

@@ -12,6 +12,7 @@
 #include "tools/bench/gemm_bench.h"
 #include "tools/bench/io_bench.h"
 #include "tools/bench/kernels_bench.h"
+#include "tools/bench/moe_bench.h"
 #include "tools/bench/offload_bench.h"
 #include "tools/bench/plan_bench.h"
 #include "tools/bench/serve_bench.h"
@@ -41,6 +42,9 @@ const std::map<std::string, Bench>& benches() {
       {"kernels",
        {"fused CPU kernels GB/s vs STREAM triad; attention vs the GEMM-bound rate",
         run_kernels_bench}},
+      {"moe",
+       {"grouped GEMM over uneven expert batches vs a loop of one sgemm per expert",
+        run_moe_bench}},
       {"offload",
        {"step time with parameters/optimizer paged under a device budget vs in memory",
         run_offload_bench}},

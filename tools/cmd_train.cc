@@ -21,6 +21,7 @@
 #include "base/error.h"
 #include "base/json.h"
 #include "base/thread_pool.h"
+#include "engine/autograd.h"
 #include "engine/data/bpe.h"
 #include "engine/data/build_shards.h"
 #include "engine/data/instruction_data.h"
@@ -33,6 +34,7 @@
 #include "memory/allocator.h"
 #include "models/analyze.h"
 #include "models/lora.h"
+#include "models/mixtral/mixtral.h"
 #include "models/registry.h"
 #include "parallel/comm/mpi_communicator.h"
 #include "parallel/mesh.h"
@@ -70,6 +72,12 @@ ABSL_FLAG(std::string, schedule, "cosine", "learning-rate decay: constant, cosin
 ABSL_FLAG(double, weight_decay, 0.1, "AdamW weight decay (matrices only)");
 ABSL_FLAG(double, grad_clip, 1.0, "global gradient-norm clip (0: off)");
 ABSL_FLAG(double, dropout, 0.0, "dropout probability");
+ABSL_FLAG(double, moe_aux_loss_coef, 0.0,
+          "mixture of experts: the load-balancing loss's coefficient (unset: the model's "
+          "router_aux_loss_coef when its output_router_logits is on; 0: off)");
+ABSL_FLAG(double, moe_capacity_factor, 0.0,
+          "mixture of experts: tokens per expert capped at ceil(factor * tokens * top_k / "
+          "experts) per forward, the rest dropped (0: dropless, as Hugging Face)");
 ABSL_FLAG(int64_t, seed, 1337, "seed for initialisation, data order and dropout");
 ABSL_FLAG(bool, fresh_init, false,
           "initialise a model directory's parameters from --seed instead of loading its weights "
@@ -565,6 +573,10 @@ int run_train(const std::vector<std::string>& args) {
   mo.dropout = absl::GetFlag(FLAGS_dropout);
   mo.seed = static_cast<uint64_t>(absl::GetFlag(FLAGS_seed));
   mo.fresh_init = absl::GetFlag(FLAGS_fresh_init);
+  if (flag_changed("moe_aux_loss_coef"))
+    mo.moe_aux_loss_coef = absl::GetFlag(FLAGS_moe_aux_loss_coef);
+  if (flag_changed("moe_capacity_factor"))
+    mo.moe_capacity_factor = absl::GetFlag(FLAGS_moe_capacity_factor);
   std::shared_ptr<models::LanguageModel> model = models::create_language_model(model_name, mo);
   // Built and initialised on the host (the same weights on every device), then moved.
   engine::train::move_to_device(model->named_parameters(), device.device);
@@ -683,6 +695,23 @@ int run_train(const std::vector<std::string>& args) {
   // Destroyed before the runtime is (its teardown allocates): declared after it.
   PeakMemoryReport peak_report{rt.rank(), o.predicted_peak_mem_bytes, 0, device.device};
   o.report_peak_memory = [report = &peak_report](int64_t peak) { report->first_step = peak; };
+  // The last forward's expert load per layer and its router losses (models/mixtral).
+  if (auto moe = std::dynamic_pointer_cast<models::Mixtral>(model)) {
+    o.step_metrics = [moe] {
+      json::Value layers = json::Value::array();
+      for (const models::ExpertLoad& l : moe->expert_load()) {
+        json::Value tokens = json::Value::array();
+        for (int64_t t : l.tokens) tokens.push_back(json::Value(t));
+        layers.push_back(
+            json::Value::object().set("tokens", std::move(tokens)).set("dropped", l.dropped));
+      }
+      engine::NoGradGuard ng;
+      return json::Value::object()
+          .set("moe_load", std::move(layers))
+          .set("moe_aux_loss", moe->aux_loss().item())
+          .set("moe_z_loss", moe->z_loss().item());
+    };
+  }
   if (cluster) {
     const plan::TimePrediction t = plan::predict_time(cfg, pl, *cluster);
     o.predicted_step_s = t.step_time;

@@ -35,10 +35,11 @@ void describe_launch(kernels::Kernel kernel, const Tensor& key,
                      const std::vector<kernels::TensorArg>& in,
                      const std::vector<kernels::TensorArg>& out, char* args);
 
-// Launches the `kernel` registered for `key`'s device and dtype.
-inline void launch_for(const Tensor& key, kernels::Kernel kernel,
-                       std::initializer_list<Tensor> inputs, std::initializer_list<Tensor> outputs,
-                       const void* params = nullptr) {
+// Launches the `kernel` registered for `key`'s device and dtype. Inputs and outputs are any
+// ranges of Tensors (a kernel with one input per expert takes vectors).
+template <typename Inputs, typename Outputs>
+void launch_range(const Tensor& key, kernels::Kernel kernel, const Inputs& inputs,
+                  const Outputs& outputs, const void* params = nullptr) {
   // Paged storage first (all of it, before any address is taken: a load may move `data`).
   for (const Tensor& t : inputs) make_resident(t, false);
   for (const Tensor& t : outputs) make_resident(t, true);
@@ -48,6 +49,12 @@ inline void launch_for(const Tensor& key, kernels::Kernel kernel,
   profile::Scope scope(profile::Lane::kCompute, kernels::kernel_name(kernel));
   if (scope.active()) describe_launch(kernel, key, in, out, scope.args());
   kernels::launch(kernel, key.device().type, key.dtype(), in, out, params);
+}
+
+inline void launch_for(const Tensor& key, kernels::Kernel kernel,
+                       std::initializer_list<Tensor> inputs, std::initializer_list<Tensor> outputs,
+                       const void* params = nullptr) {
+  launch_range(key, kernel, inputs, outputs, params);
 }
 
 // Launches `kernel` for the dtype of the first input (or first output when there is none).

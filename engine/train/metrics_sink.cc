@@ -56,6 +56,8 @@ void MetricsSink::record(const StepRecord& r) {
     if (!std::isnan(r.val_accuracy)) m.set("val_accuracy", json::Value(r.val_accuracy));
     if (!r.offload.is_null()) m.set("offload", r.offload);
     if (!r.grad_norms.is_null()) m.set("grad_norms", r.grad_norms);
+    if (r.extra.is_object())
+      for (const json::Value& e : r.extra) m.set(e.key(), e);
     metrics_ << json::dump(m) << "\n";
     metrics_.flush();
     // A full disk or a failing device shows here, not at open; a metrics file with holes

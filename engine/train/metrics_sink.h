@@ -35,6 +35,7 @@ struct StepRecord {
   double eta_s = 0;
   json::Value offload;     // chunk tiers (null: no offload)
   json::Value grad_norms;  // --log-grad-norms: module -> unscaled gradient L2 norm (null: none)
+  json::Value extra;       // TrainOptions::step_metrics' members (null: none)
 };
 
 struct MetricsSinkOptions {

@@ -303,6 +303,64 @@ void sgemm_strided_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int
   }
 }
 
+void sgemm_grouped(const GemmGroup* groups, int64_t count) {
+  const GemmEpilogue none;
+  double flops = 0;
+  for (int64_t g = 0; g < count; ++g) {
+    const GemmGroup& G = groups[g];
+    if (G.M == 0 || G.N == 0) continue;  // reads nothing (an expert without tokens)
+    check_args("sgemm_grouped", G.trans_a, G.trans_b, G.M, G.N, G.K, G.lda, G.ldb, G.ldc);
+    flops += 2.0 * static_cast<double>(G.M) * G.N * G.K;
+  }
+  const GemmKernels& k = active_kernels();
+  const int threads = usable_threads();
+  // Slabs of about a quarter of a thread's share (at least kParallelFlops / 4) balance unequal
+  // groups without cutting small ones finer than a tile.
+  const double target = std::max(kParallelFlops / 4, flops / (4.0 * std::max(threads, 1)));
+  struct Slab {
+    int64_t group, r0, r1;
+  };
+  std::vector<Slab> slabs;
+  for (int64_t g = 0; g < count; ++g) {
+    const GemmGroup& G = groups[g];
+    if (G.M == 0 || G.N == 0) continue;
+    const double row_flops = 2.0 * static_cast<double>(G.N) * std::max<int64_t>(G.K, 1);
+    int64_t rows = static_cast<int64_t>(target / row_flops);
+    rows = std::clamp<int64_t>((rows + k.mr - 1) / k.mr * k.mr, k.mr, G.M);
+    for (int64_t r0 = 0; r0 < G.M; r0 += rows) slabs.push_back({g, r0, std::min(G.M, r0 + rows)});
+  }
+  auto run = [&](const Slab& s) {
+    const GemmGroup& G = groups[s.group];
+    float* C = G.C + s.r0 * G.ldc;
+    if (G.K == 0) {
+      scale_c(s.r1 - s.r0, G.N, 0.0f, C, G.ldc, none);
+      return;
+    }
+    const GemmArgs<float> a{G.trans_a,
+                            G.trans_b,
+                            s.r1 - s.r0,
+                            G.N,
+                            G.K,
+                            1.0f,
+                            G.trans_a ? G.A + s.r0 : G.A + s.r0 * G.lda,
+                            G.lda,
+                            G.B,
+                            G.ldb,
+                            0.0f,
+                            C,
+                            G.ldc};
+    k.sgemm(a, none);
+  };
+  const int64_t n = static_cast<int64_t>(slabs.size());
+  if (threads <= 1 || flops < kParallelFlops || n < 2) {
+    for (const Slab& s : slabs) run(s);
+    return;
+  }
+  parallel_for(0, n, 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) run(slabs[i]);
+  });
+}
+
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C,
                int64_t ldc) {

@@ -64,6 +64,25 @@ void sgemm_strided_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int
                            int64_t ldb, int64_t stride_b, float beta, float* C, int64_t ldc,
                            int64_t stride_c, int64_t batch);
 
+// One product of a grouped GEMM: C[M,N] = op(A) @ op(B), overwriting C (K == 0 writes zeros).
+struct GemmGroup {
+  bool trans_a = false, trans_b = false;
+  int64_t M = 0, N = 0, K = 0;
+  const float* A = nullptr;
+  int64_t lda = 0;
+  const float* B = nullptr;
+  int64_t ldb = 0;
+  float* C = nullptr;
+  int64_t ldc = 0;
+};
+
+// Independent GEMMs of different sizes (mixture-of-experts batches, one per expert) in one
+// call: every group is cut into row slabs of whole micro-tiles and all slabs of all groups are
+// shared by one parallel_for, so many small experts keep every thread busy where a loop of
+// sgemm calls would run each small one alone. Each C element is computed by one thread, in
+// the serial kernel's order: the result does not depend on the thread count.
+void sgemm_grouped(const GemmGroup* groups, int64_t count);
+
 // bf16 inputs (raw 16-bit patterns), fp32 accumulation and output. Uses AVX512_BF16
 // (vdpbf16ps) where the CPU has it; other paths convert to fp32 while packing. vdpbf16ps
 // accumulates each pair of products with round-to-nearest-even and treats denormal inputs

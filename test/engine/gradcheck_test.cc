@@ -282,6 +282,21 @@ std::map<std::string, std::vector<Case>> cases() {
                       [] {
                         return Inputs{leaf({3, 2}, 73)};
                       }}};
+  // Group 1 is empty (an expert that received no tokens): its weight gradient must be zero.
+  c["grouped_matmul"] = {
+      {[](const Inputs& x) {
+         return grouped_matmul(x[0], {0, 2, 2, 5}, {x[1], x[2], x[3]});
+       },
+       [] {
+         return Inputs{leaf({5, 3}, 76), leaf({2, 3}, 77), leaf({2, 3}, 78), leaf({2, 3}, 79)};
+       }}};
+  // Token 2 receives two rows, token 3 none.
+  c["moe_combine"] = {{[](const Inputs& x) {
+                         return moe_combine(x[0], ids({2, 0, 2, 1}, {4}), x[1], 4);
+                       },
+                       [] {
+                         return Inputs{leaf({4, 3}, 80), leaf({4}, 81)};
+                       }}};
   // Recomputed in backward, with dropout inside: the recomputation must draw the same mask.
   c["checkpoint"] = {{[](const Inputs& x) {
                         return engine::nn::checkpoint(

@@ -3,7 +3,9 @@
 // the recorded inputs, and compares logits, loss and every parameter gradient with the
 // PyTorch values in expected.safetensors.
 //
-//   parity_check DIR [f32|f64] [tolerance]
+//   parity_check DIR [f32|f64] [tolerance] [capacity_factor]
+//
+// capacity_factor: a mixture-of-experts model's token cap (ModelOptions::moe_capacity_factor).
 //
 // It also writes the loaded model back with save_pretrained to DIR/mammoth_<dtype>, which
 // hf_check.py opens with transformers (when installed).
@@ -55,7 +57,7 @@ double rel_error(const Tensor& ours, const Tensor& ref, double floor = 0) {
 }
 
 int run(int argc, char** argv) {
-  MAMMOTH_CHECK(argc >= 2) << "usage: parity_check DIR [f32|f64] [tolerance]";
+  MAMMOTH_CHECK(argc >= 2) << "usage: parity_check DIR [f32|f64] [tolerance] [capacity_factor]";
   const std::string dir = argv[1];
   const std::string dt = argc > 2 ? argv[2] : "f32";
   const DType dtype = dt == "f64" ? DType::kF64 : DType::kF32;
@@ -63,7 +65,9 @@ int run(int argc, char** argv) {
   // Single-threaded: the models are tiny, and the CPU thread pool has been seen to hang
   // intermittently (see the models report); parity is about numerics.
   set_num_threads(1);
-  std::shared_ptr<Model> model = create_model(dir, {.dtype = dtype});
+  ModelOptions options{.dtype = dtype};
+  if (argc > 4) options.moe_capacity_factor = std::stod(argv[4]);
+  std::shared_ptr<Model> model = create_model(dir, options);
   model->eval();  // no dropout (the reference has none either)
   save_pretrained(*model, dir + "/mammoth_" + dt);
   const io::SafetensorsFile exp = io::SafetensorsFile::open(dir + "/expected.safetensors");
@@ -72,7 +76,8 @@ int run(int argc, char** argv) {
   Tensor loss;
   switch (model->config().family) {
     case Family::kGpt2:
-    case Family::kLlama: {
+    case Family::kLlama:
+    case Family::kMixtral: {
       auto& lm = dynamic_cast<LanguageModel&>(*model);
       Tensor ids = load(exp, "input.ids");
       outputs["logits"] = lm.forward(ids);

@@ -1,0 +1,116 @@
+// Mixtral as in Hugging Face's MixtralForCausalLM (transformers 4.44 modeling_mixtral.py):
+// LLaMA blocks (RMSNorm, rotary grouped-query attention: models/llama's LlamaAttention) whose
+// MLP is a sparse mixture of SwiGLU experts.
+//
+// Routing, per token: router logits = gate(x) [E]; softmax (f32, f64 for f64 models); the top-k
+// experts by probability (ties: the lower expert index); their probabilities renormalised to sum
+// to 1 (Mixtral's rule). Expert e computes w2(silu(w1 x) * w3 x); the block's output is the
+// weighted sum over the token's experts.
+//
+// Capacity (ModelConfig::moe_capacity_factor > 0, a Mammoth option; HF is dropless): each
+// expert takes at most C = ceil(factor * N * k / E) of the N tokens of a forward, in token order
+// (the first C tokens that chose it); a dropped (token, expert) pair contributes nothing, the
+// surviving weights are not renormalised, and the residual carries the token on.
+//
+// Loss (Mixtral::loss): cross-entropy + moe_aux_loss_coef * HF's load_balancing_loss_func over
+// every layer's router logits, concatenated (when moe_aux_loss, HF's output_router_logits) +
+// moe_z_loss_coef * the router z-loss, mean over the same rows of logsumexp(logits)^2 (ST-MoE).
+//
+// The computation per layer: the N * k (token, expert) pairs that survive are sorted by expert
+// (token order within one), their rows gathered (index_select), pushed through one grouped GEMM
+// per projection (engine::grouped_matmul: all experts in one call) and scattered back with their
+// routing weights (engine::moe_combine).
+//
+// Parameter names are HF's: "model.layers.0.block_sparse_moe.gate.weight",
+// "model.layers.0.block_sparse_moe.experts.3.w1.weight", the rest as LLaMA's.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "engine/nn/module.h"
+#include "models/layers.h"
+#include "models/llama/llama.h"
+#include "models/model.h"
+
+namespace mammoth::models {
+
+// What one MoE layer's router did in the last forward.
+struct ExpertLoad {
+  std::vector<int64_t> tokens;  // per expert: (token, expert) pairs routed to it, before capacity
+  int64_t dropped = 0;          // pairs dropped by the capacity limit
+};
+
+class MixtralExpert : public engine::nn::Module {
+ public:
+  explicit MixtralExpert(const ModelConfig& c);
+  std::shared_ptr<engine::nn::Linear> w1, w2, w3;  // gate, down, up (HF's names)
+};
+
+class MixtralSparseMoeBlock : public engine::nn::Module {
+ public:
+  explicit MixtralSparseMoeBlock(const ModelConfig& c);
+  // x [B, T, C] -> [B, T, C]; keeps this forward's router probabilities and load.
+  engine::Tensor forward(const engine::Tensor& x);
+  std::shared_ptr<engine::nn::Linear> gate;
+  std::shared_ptr<ModuleList<MixtralExpert>> experts;
+
+  engine::Tensor router_logits;   // [N, E] of the last forward (with its graph while training)
+  engine::Tensor router_probs;    // softmax of router_logits
+  std::vector<int64_t> selected;  // [N * k]: the experts each token chose, by rank
+  ExpertLoad load;
+
+ private:
+  const ModelConfig& config_;
+};
+
+class MixtralDecoderLayer : public engine::nn::Module {
+ public:
+  explicit MixtralDecoderLayer(const ModelConfig& c);
+  engine::Tensor forward(const engine::Tensor& x, KVCache* cache, int64_t layer) const;
+  std::shared_ptr<engine::nn::RMSNorm> input_layernorm, post_attention_layernorm;
+  std::shared_ptr<LlamaAttention> self_attn;
+  std::shared_ptr<MixtralSparseMoeBlock> block_sparse_moe;
+};
+
+// HF's MixtralModel: the decoder stack without the head.
+class MixtralModel : public engine::nn::Module {
+ public:
+  explicit MixtralModel(const ModelConfig& c);
+  // ids [B, T] -> final normed hidden states [B, T, C]
+  engine::Tensor forward(const engine::Tensor& ids, KVCache* cache) const;
+  std::shared_ptr<engine::nn::Embedding> embed_tokens;
+  std::shared_ptr<ModuleList<MixtralDecoderLayer>> layers;
+  std::shared_ptr<engine::nn::RMSNorm> norm;
+
+ private:
+  const ModelConfig& config_;
+};
+
+class Mixtral : public LanguageModel {
+ public:
+  explicit Mixtral(ModelConfig config);
+  engine::Tensor forward(const engine::Tensor& ids) override;
+  // Cross-entropy plus the router losses of this forward (see the top of this file).
+  engine::Tensor loss(const engine::Tensor& ids,
+                      const engine::Tensor& targets = engine::Tensor()) override;
+  bool supports_kv_cache() const override { return true; }
+  engine::Tensor forward_cached(const engine::Tensor& ids, KVCache* cache) override;
+  const ModelConfig& config() const override { return config_; }
+  HfLayout hf_layout() const override;
+
+  // The router losses of the last forward: HF's load-balancing loss (unscaled) and the z-loss.
+  engine::Tensor aux_loss() const;
+  engine::Tensor z_loss() const;
+  // Per layer, the last forward's expert load.
+  std::vector<ExpertLoad> expert_load() const;
+
+  std::shared_ptr<MixtralModel> model;
+  std::shared_ptr<engine::nn::Linear> lm_head;  // null when tied to model.embed_tokens
+
+ private:
+  engine::Tensor run(const engine::Tensor& ids, KVCache* cache);
+  ModelConfig config_;
+};
+
+}  // namespace mammoth::models
