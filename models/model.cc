@@ -92,7 +92,7 @@ KVCache LanguageModel::make_cache(int64_t batch, int64_t capacity) const {
   cache.capacity = capacity;
   const Device device = module_device(*this);  // the cache lives beside the weights
   for (int64_t l = 0; l < c.n_layer; ++l) {
-    const engine::Shape shape = {batch, c.n_kv_head, capacity, c.head_dim()};
+    const engine::Shape shape = {batch, kv_cache_heads(), capacity, c.head_dim()};
     cache.k.push_back(Tensor::zeros(shape, cache_dtype(c), device));
     cache.v.push_back(Tensor::zeros(shape, cache_dtype(c), device));
   }
@@ -113,7 +113,7 @@ PagedKVCache LanguageModel::make_paged_cache(int64_t num_blocks, int64_t block_s
   cache.num_blocks = num_blocks;
   const Device device = module_device(*this);
   for (int64_t l = 0; l < c.n_layer; ++l) {
-    const engine::Shape shape = {c.n_kv_head, num_blocks * block_size, c.head_dim()};
+    const engine::Shape shape = {kv_cache_heads(), num_blocks * block_size, c.head_dim()};
     cache.k.push_back(Tensor::zeros(shape, cache_dtype(c), device));
     cache.v.push_back(Tensor::zeros(shape, cache_dtype(c), device));
   }
@@ -159,6 +159,21 @@ std::pair<Tensor, Tensor> paged_append(PagedKVCache* cache, int64_t layer, const
     return engine::index_select(pool, 1, index).unsqueeze(0);
   };
   return {gather(k_pool), gather(v_pool)};
+}
+
+Tensor paged_attention(PagedKVCache* cache, int64_t layer, const std::vector<PagedSequence>& seqs,
+                       const Tensor& q, const Tensor& k, const Tensor& v) {
+  std::vector<Tensor> ys;
+  int64_t at = 0;
+  for (const PagedSequence& s : seqs) {
+    auto rows = [&](const Tensor& t) {  // this sequence's rows -> [1, heads, count, D]
+      return t.slice(1, at, at + s.count).permute({0, 2, 1, 3});
+    };
+    auto [ks, vs] = paged_append(cache, layer, s, rows(k), rows(v));
+    ys.push_back(merge_heads(attend(rows(q), ks, vs, {.causal = true}, 0.0, false)));
+    at += s.count;
+  }
+  return engine::concat(ys, 1);
 }
 
 Tensor paged_positions(const Tensor& ids, const std::vector<PagedSequence>& seqs,

@@ -105,6 +105,13 @@ std::pair<engine::Tensor, engine::Tensor> paged_append(PagedKVCache* cache, int6
                                                        const PagedSequence& seq,
                                                        const engine::Tensor& k_new,
                                                        const engine::Tensor& v_new);
+// Causal attention of each sequence over its paged keys and values: q [1, N, H, D] and k, v
+// [1, N, Hk, D] are every sequence's new rows in the order of `seqs` (rotated already, where the
+// family rotates); k and v are written to the blocks of `layer`. Returns [1, N, H * D]. The
+// tensor-parallel forms (models/policies) call it with this rank's heads.
+engine::Tensor paged_attention(PagedKVCache* cache, int64_t layer,
+                               const std::vector<PagedSequence>& seqs, const engine::Tensor& q,
+                               const engine::Tensor& k, const engine::Tensor& v);
 // Checks ids [N] against `seqs` and the pool, names `who`; returns the positions i64 [N].
 engine::Tensor paged_positions(const engine::Tensor& ids, const std::vector<PagedSequence>& seqs,
                                const PagedKVCache& cache, int64_t max_seq, const char* who);
@@ -138,6 +145,9 @@ class LanguageModel : public Model {
                                        const std::vector<PagedSequence>& seqs, PagedKVCache* cache);
   // An empty pool of `num_blocks` blocks of `block_size` positions, beside the weights.
   PagedKVCache make_paged_cache(int64_t num_blocks, int64_t block_size) const;
+  // The key/value heads this model's caches hold: config().n_kv_head, or a tensor-parallel
+  // rank's share of them.
+  virtual int64_t kv_cache_heads() const { return config().n_kv_head; }
 
   // Pipeline stages (models/pipeline/pipeline.h): the forward cut into embedding, blocks and
   // head, and which part uses each parameter. A family that implements these trains under

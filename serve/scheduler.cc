@@ -260,12 +260,14 @@ bool Scheduler::step() {
 
   Tensor logits;
   try {
+    if (options_.hook != nullptr) options_.hook->before_step(ids, seqs);
     engine::NoGradGuard ng;
     const Device device = models::module_device(*model_);
     const int64_t n = static_cast<int64_t>(ids.size());
     logits = model_->forward_paged(Tensor::from_ints(ids, {n}).to(device), seqs, &cache_)
                  .to(Device::cpu());  // [S, V]
   } catch (const std::exception& e) {
+    if (options_.hook != nullptr) options_.hook->step_failed(e.what());
     // A failed step fails the sequences in it, never the server.
     for (Sequence* s : batch) s->request->cancel();
     for (auto it = running_.begin(); it != running_.end();) {
@@ -330,7 +332,14 @@ void Scheduler::loop() {
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !waiting_.empty() || !running_.empty(); });
+      auto ready = [&] { return stopping_ || !waiting_.empty() || !running_.empty(); };
+      if (options_.hook == nullptr) {
+        cv_.wait(lock, ready);
+      } else if (!cv_.wait_for(lock, options_.idle_interval, ready)) {
+        lock.unlock();
+        options_.hook->idle();
+        continue;
+      }
       if (stopping_) break;
     }
     step();
@@ -342,12 +351,15 @@ void Scheduler::loop() {
   }
   for (Sequence& s : running_) release(&s, "error", "the server is shutting down");
   running_.clear();
-  std::lock_guard<std::mutex> lock(mu_);
-  for (Waiting& w : waiting_) w.request->finish("error", "the server is shutting down");
-  waiting_.clear();
-  stats_.running = 0;
-  stats_.waiting = 0;
-  stats_.kv_blocks_used = options_.kv_blocks - static_cast<int64_t>(free_blocks_.size());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Waiting& w : waiting_) w.request->finish("error", "the server is shutting down");
+    waiting_.clear();
+    stats_.running = 0;
+    stats_.waiting = 0;
+    stats_.kv_blocks_used = options_.kv_blocks - static_cast<int64_t>(free_blocks_.size());
+  }
+  if (options_.hook != nullptr) options_.hook->stopped();
 }
 
 }  // namespace mammoth::serve

@@ -78,11 +78,29 @@ class Request {
   std::string finish_reason_, error_;
 };
 
+// What a tensor-parallel leader (serve/tp.h) does around the scheduler's steps, on the
+// scheduler's thread: the other ranks must run every step this one runs, on their shards.
+class StepHook {
+ public:
+  virtual ~StepHook() = default;
+  // Just before each forward_paged step, with its inputs.
+  virtual void before_step(const std::vector<int64_t>& ids,
+                           const std::vector<models::PagedSequence>& seqs) = 0;
+  // Nothing has run for `idle_interval` (the followers' proof that this rank is alive).
+  virtual void idle() = 0;
+  // The scheduler has stopped: no step follows.
+  virtual void stopped() = 0;
+  // A step failed here; the other ranks may be inside its collectives, so this ends the job.
+  [[noreturn]] virtual void step_failed(const std::string& what) = 0;
+};
+
 struct SchedulerOptions {
   int64_t kv_blocks = 512;        // blocks in the pool
   int64_t block_size = 16;        // positions per block
   int64_t max_step_tokens = 256;  // tokens per step: decodes first, prompt chunks in the rest
   int64_t max_running = 64;       // sequences in the running batch
+  StepHook* hook = nullptr;       // tensor-parallel serving: rank 0's step broadcast
+  std::chrono::milliseconds idle_interval{1000};  // StepHook::idle's period
 };
 
 // A snapshot for /metrics.

@@ -19,24 +19,6 @@ namespace mammoth::serve {
 
 namespace {
 
-// A refusal in OpenAI's shape; thrown by the parsers, turned into the response by respond().
-struct ApiError {
-  int status;
-  std::string message;
-  std::string param;  // empty: null
-  std::string code;   // empty: null
-  std::string type = "invalid_request_error";
-};
-
-json::Value error_body(const ApiError& e) {
-  auto or_null = [](const std::string& s) { return s.empty() ? json::Value() : json::Value(s); };
-  return json::Value::object().set("error", json::Value::object()
-                                                .set("message", e.message)
-                                                .set("type", e.type)
-                                                .set("param", or_null(e.param))
-                                                .set("code", or_null(e.code)));
-}
-
 // The numeric host and port of a socket address, as cpp-httplib fills Request::remote_addr.
 bool numeric_address(const sockaddr_storage& a, socklen_t len, std::string* host, int* port) {
   char h[NI_MAXHOST], p[NI_MAXSERV];
@@ -97,40 +79,6 @@ bool peer_closed(int fd) {
 
 int64_t unix_time() { return static_cast<int64_t>(std::time(nullptr)); }
 
-// Request fields. A field given as JSON null counts as absent (the openai client sends only what
-// the caller set, but other clients write nulls for defaults).
-const json::Value* field(const json::Value& body, const char* name) {
-  const json::Value* v = body.find(name);
-  return v == nullptr || v->is_null() ? nullptr : v;
-}
-
-int64_t int_field(const json::Value& body, const char* name, int64_t fallback) {
-  const json::Value* v = field(body, name);
-  if (v == nullptr) return fallback;
-  if (!v->is_int()) refuse(std::string("'") + name + "' must be an integer", name);
-  return v->as_int();
-}
-
-double number_field(const json::Value& body, const char* name, double fallback) {
-  const json::Value* v = field(body, name);
-  if (v == nullptr) return fallback;
-  if (!v->is_number()) refuse(std::string("'") + name + "' must be a number", name);
-  return v->as_double();
-}
-
-bool bool_field(const json::Value& body, const char* name, bool fallback) {
-  const json::Value* v = field(body, name);
-  if (v == nullptr) return fallback;
-  if (!v->is_bool()) refuse(std::string("'") + name + "' must be a boolean", name);
-  return v->as_bool();
-}
-
-std::string number_text(double d) {
-  std::ostringstream s;
-  s << d;
-  return s.str();
-}
-
 // Everything a completion needs besides its prompt.
 struct Sampling {
   models::GenerateOptions gen;
@@ -139,78 +87,19 @@ struct Sampling {
   bool include_usage = false;
 };
 
-// The sampling fields shared by /v1/completions and /v1/chat/completions; `default_max` when
-// the body gives no max_tokens.
-Sampling parse_sampling(const json::Value& body, int64_t default_max) {
+// The parsed parameters as the scheduler takes them; `default_max` when the body gave no
+// max_tokens.
+Sampling sampling_of(const SamplingParams& p, int64_t default_max) {
   Sampling s;
-  models::GenerateOptions& g = s.gen;
-  g.max_new_tokens = int_field(body, "max_tokens", default_max);
-  if (g.max_new_tokens <= 0) {
-    refuse("'max_tokens' must be at least 1, got " + std::to_string(g.max_new_tokens),
-           "max_tokens");
-  }
-  g.temperature = number_field(body, "temperature", 1.0);
-  if (g.temperature < 0 || g.temperature > 2) {
-    refuse("'temperature' must be in [0, 2], got " + number_text(g.temperature), "temperature");
-  }
-  g.top_p = number_field(body, "top_p", 1.0);
-  if (!(g.top_p > 0 && g.top_p <= 1)) {
-    refuse("'top_p' must be in (0, 1], got " + number_text(g.top_p), "top_p");
-  }
-  g.top_k = int_field(body, "top_k", 0);
-  if (g.top_k < 0) {
-    refuse("'top_k' must be >= 0 (0: all tokens), got " + std::to_string(g.top_k), "top_k");
-  }
-  if (const json::Value* seed = field(body, "seed")) {
-    if (!seed->is_int()) refuse("'seed' must be an integer", "seed");
-    g.seed = static_cast<uint64_t>(seed->as_int());
-  } else {
-    g.seed = std::random_device{}();  // unseeded requests differ, as OpenAI's do
-  }
-  if (const json::Value* stop = field(body, "stop")) {
-    if (stop->is_string()) {
-      s.stop.push_back(stop->as_string());
-    } else if (stop->is_array()) {
-      for (const json::Value& item : *stop) {
-        if (!item.is_string()) refuse("'stop' must be a string or a list of strings", "stop");
-        s.stop.push_back(item.as_string());
-      }
-    } else {
-      refuse("'stop' must be a string or a list of strings", "stop");
-    }
-    if (s.stop.size() > 4) refuse("'stop' takes at most 4 sequences", "stop");
-    for (const std::string& t : s.stop) {
-      if (t.empty()) refuse("'stop' sequences must not be empty", "stop");
-    }
-  }
-  s.stream = bool_field(body, "stream", false);
-  if (const json::Value* so = field(body, "stream_options")) {
-    if (!so->is_object()) refuse("'stream_options' must be an object", "stream_options");
-    if (!s.stream) refuse("'stream_options' needs 'stream': true", "stream_options");
-    s.include_usage = bool_field(*so, "include_usage", false);
-  }
-  // Parameters we accept only at the value that changes nothing; anything else is refused by
-  // name rather than ignored.
-  if (int_field(body, "n", 1) != 1) refuse("only 'n': 1 is supported", "n");
-  for (const char* penalty : {"presence_penalty", "frequency_penalty"}) {
-    if (number_field(body, penalty, 0.0) != 0.0) {
-      refuse(std::string("'") + penalty + "' is not supported (only 0)", penalty);
-    }
-  }
-  if (const json::Value* bias = field(body, "logit_bias")) {
-    if (!bias->is_object() || !bias->empty()) {
-      refuse("'logit_bias' is not supported", "logit_bias");
-    }
-  }
+  s.gen.max_new_tokens = p.max_tokens.value_or(default_max);
+  s.gen.temperature = p.temperature;
+  s.gen.top_p = p.top_p;
+  s.gen.top_k = p.top_k;
+  s.gen.seed = p.seed ? *p.seed : std::random_device{}();  // unseeded requests differ, as OpenAI's
+  s.stop = p.stop;
+  s.stream = p.stream;
+  s.include_usage = p.include_usage;
   return s;
-}
-
-void check_keys(const json::Value& body, const std::vector<std::string>& known) {
-  for (const json::Value& member : body) {
-    if (std::find(known.begin(), known.end(), member.key()) == known.end()) {
-      refuse("Unrecognized request argument supplied: " + member.key(), member.key());
-    }
-  }
 }
 
 // Turns sampled tokens into the completion's text as they arrive, and finds stop sequences.
@@ -479,25 +368,15 @@ void Server::routes() {
         res.set_content(o.str(), "text/plain; version=0.0.4");
       }));
 
-  // Shared by both completion routes: parse the body, check the model, build the job.
-  auto parse_body = [name](const httplib::Request& req) {
-    json::Value body;
-    try {
-      body = json::parse(req.body, "request body");
-    } catch (const Error& e) {
-      refuse("We could not parse the JSON body of your request: " + e.message(), "",
-             "invalid_json");
-    }
-    if (!body.is_object()) refuse("the request body must be a JSON object", "", "invalid_json");
-    const json::Value* model = field(body, "model");
-    if (model == nullptr) refuse("you must provide a model parameter", "model");
-    if (!model->is_string()) refuse("'model' must be a string", "model");
-    if (model->as_string() != name) {
-      refuse("The model '" + model->as_string() + "' does not exist; this server serves '" + name +
-                 "'",
-             "model", "model_not_found", 404);
-    }
-    return body;
+  // Shared by both completion routes: the body as an ApiRequest (serve/request.h), or its error.
+  RequestContext ctx{.model_name = name,
+                     .vocab_size = scheduler_->config().vocab_size,
+                     .chat = options_.chat,
+                     .chat_missing_reason = options_.chat_missing_reason};
+  auto parse = [ctx](const httplib::Request& req, Endpoint endpoint) {
+    auto parsed = parse_request(req.body, endpoint, ctx);
+    if (ApiError* e = std::get_if<ApiError>(&parsed)) throw *e;
+    return std::get<ApiRequest>(std::move(parsed));
   };
 
   auto start_job = [this](std::vector<int64_t> prompt, Sampling& s) {
@@ -595,46 +474,14 @@ void Server::routes() {
         [job](bool) { job->request->cancel(); });
   };
 
-  h.Post("/v1/completions", guarded([this, parse_body, start_job, answer, name](
+  h.Post("/v1/completions", guarded([this, parse, start_job, answer, name](
                                         const httplib::Request& req, httplib::Response& res) {
-           const json::Value body = parse_body(req);
-           check_keys(body,
-                      {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "stop",
-                       "seed", "stream", "stream_options", "n", "user", "presence_penalty",
-                       "frequency_penalty", "logit_bias", "echo", "logprobs", "best_of", "suffix"});
-           if (bool_field(body, "echo", false)) refuse("'echo' is not supported", "echo");
-           if (field(body, "logprobs") != nullptr)
-             refuse("'logprobs' is not supported", "logprobs");
-           if (int_field(body, "best_of", 1) != 1)
-             refuse("only 'best_of': 1 is supported", "best_of");
-           if (field(body, "suffix") != nullptr) refuse("'suffix' is not supported", "suffix");
-           const json::Value* prompt = field(body, "prompt");
-           if (prompt == nullptr) refuse("you must provide a prompt", "prompt");
-           // A list holding one prompt is the same prompt; a batch is refused (send one request
-           // per prompt: they are batched here anyway).
-           if (prompt->is_array() && prompt->size() == 1 &&
-               ((*prompt)[0].is_string() || (*prompt)[0].is_array())) {
-             prompt = &(*prompt)[0];
+           ApiRequest r = parse(req, Endpoint::kCompletions);
+           std::vector<int64_t> ids = std::move(r.prompt_ids);
+           if (r.prompt_is_text) {
+             for (int32_t id : tokenizer_->encode(r.prompt_text, true)) ids.push_back(id);
            }
-           std::vector<int64_t> ids;
-           if (prompt->is_string()) {
-             for (int32_t id : tokenizer_->encode(prompt->as_string(), true)) ids.push_back(id);
-           } else if (prompt->is_array()) {
-             const int64_t V = scheduler_->config().vocab_size;
-             for (const json::Value& t : *prompt) {
-               if (t.is_string() || t.is_array()) {
-                 refuse("batched prompts are not supported: send one request per prompt", "prompt");
-               }
-               if (!t.is_int() || t.as_int() < 0 || t.as_int() >= V) {
-                 refuse("'prompt' token ids must be integers in [0, " + std::to_string(V) + ")",
-                        "prompt");
-               }
-               ids.push_back(t.as_int());
-             }
-           } else {
-             refuse("'prompt' must be a string or a list of token ids", "prompt");
-           }
-           Sampling s = parse_sampling(body, 16);  // OpenAI's default max_tokens
+           Sampling s = sampling_of(r.sampling, 16);
            auto job = start_job(std::move(ids), s);
            const json::Value head = json::Value::object()
                                         .set("id", "cmpl-" + std::to_string(++next_id_))
@@ -653,86 +500,48 @@ void Server::routes() {
                nullptr, req, res);
          }));
 
-  h.Post(
-      "/v1/chat/completions", guarded([this, parse_body, start_job, answer, name](
-                                          const httplib::Request& req, httplib::Response& res) {
-        const json::Value body = parse_body(req);
-        if (!options_.chat) refuse(options_.chat_missing_reason, "messages", "", 400);
-        check_keys(body, {"model", "messages", "max_tokens", "max_completion_tokens", "temperature",
-                          "top_p", "top_k", "stop", "seed", "stream", "stream_options", "n", "user",
-                          "presence_penalty", "frequency_penalty", "logit_bias", "logprobs",
-                          "top_logprobs"});
-        if (bool_field(body, "logprobs", false)) refuse("'logprobs' is not supported", "logprobs");
-        if (field(body, "top_logprobs") != nullptr) {
-          refuse("'top_logprobs' is not supported", "top_logprobs");
-        }
-        const json::Value* messages = field(body, "messages");
-        if (messages == nullptr || !messages->is_array() || messages->empty()) {
-          refuse("'messages' must be a non-empty list", "messages");
-        }
-        std::vector<data::ChatMessage> transcript;
-        for (const json::Value& m : *messages) {
-          if (!m.is_object() || field(m, "role") == nullptr || !m.at("role").is_string()) {
-            refuse("each message needs a string 'role'", "messages");
-          }
-          const json::Value* content = field(m, "content");
-          if (content == nullptr || !content->is_string()) {
-            refuse("each message needs a string 'content' (content parts are not supported)",
-                   "messages");
-          }
-          transcript.push_back({m.at("role").as_string(), content->as_string()});
-        }
-        std::vector<int64_t> ids;
-        // The template writes the special tokens itself (bos included), so none are added.
-        std::string text;
-        try {
-          text = options_.chat(transcript);
-        } catch (const Error& e) {  // the template's raise_exception, say
-          refuse(e.message(), "messages", "invalid_chat");
-        }
-        for (int32_t id : tokenizer_->encode(text, false)) {
-          ids.push_back(id);
-        }
-        const int64_t P = static_cast<int64_t>(ids.size());
-        // Without max_tokens a chat reply may use the rest of the context.
-        json::Value sampling_body = body;
-        if (field(body, "max_completion_tokens") != nullptr &&
-            field(body, "max_tokens") == nullptr) {
-          sampling_body.set("max_tokens", body.at("max_completion_tokens"));
-        }
-        Sampling s =
-            parse_sampling(sampling_body, std::max<int64_t>(1, scheduler_->config().max_seq - P));
-        auto job = start_job(std::move(ids), s);
-        const json::Value head =
-            json::Value::object()
-                .set("id", "chatcmpl-" + std::to_string(++next_id_))
-                .set("object", s.stream ? "chat.completion.chunk" : "chat.completion")
-                .set("created", unix_time())
-                .set("model", name);
-        const bool stream = s.stream;
-        answer(
-            job, s, head,
-            [stream](const std::string& text, const json::Value& reason) {
-              json::Value c = json::Value::object().set("index", 0);
-              if (stream) {
-                json::Value delta = json::Value::object();
-                if (!text.empty()) delta.set("content", text);
-                c.set("delta", delta);
-              } else {
-                c.set("message",
-                      json::Value::object().set("role", "assistant").set("content", text));
-              }
-              return c.set("logprobs", json::Value()).set("finish_reason", reason);
-            },
-            [] {
-              return json::Value::object()
-                  .set("index", 0)
-                  .set("delta", json::Value::object().set("role", "assistant").set("content", ""))
-                  .set("logprobs", json::Value())
-                  .set("finish_reason", json::Value());
-            },
-            req, res);
-      }));
+  h.Post("/v1/chat/completions", guarded([this, parse, start_job, answer, name](
+                                             const httplib::Request& req, httplib::Response& res) {
+           const ApiRequest r = parse(req, Endpoint::kChatCompletions);
+           // The template writes the special tokens itself (bos included), so none are added.
+           std::vector<int64_t> ids;
+           for (int32_t id : tokenizer_->encode(r.prompt_text, false)) ids.push_back(id);
+           const int64_t P = static_cast<int64_t>(ids.size());
+           // Without max_tokens a chat reply may use the rest of the context.
+           Sampling s =
+               sampling_of(r.sampling, std::max<int64_t>(1, scheduler_->config().max_seq - P));
+           auto job = start_job(std::move(ids), s);
+           const json::Value head =
+               json::Value::object()
+                   .set("id", "chatcmpl-" + std::to_string(++next_id_))
+                   .set("object", s.stream ? "chat.completion.chunk" : "chat.completion")
+                   .set("created", unix_time())
+                   .set("model", name);
+           const bool stream = s.stream;
+           answer(
+               job, s, head,
+               [stream](const std::string& text, const json::Value& reason) {
+                 json::Value c = json::Value::object().set("index", 0);
+                 if (stream) {
+                   json::Value delta = json::Value::object();
+                   if (!text.empty()) delta.set("content", text);
+                   c.set("delta", delta);
+                 } else {
+                   c.set("message",
+                         json::Value::object().set("role", "assistant").set("content", text));
+                 }
+                 return c.set("logprobs", json::Value()).set("finish_reason", reason);
+               },
+               [] {
+                 return json::Value::object()
+                     .set("index", 0)
+                     .set("delta",
+                          json::Value::object().set("role", "assistant").set("content", ""))
+                     .set("logprobs", json::Value())
+                     .set("finish_reason", json::Value());
+               },
+               req, res);
+         }));
 }
 
 }  // namespace mammoth::serve

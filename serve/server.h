@@ -22,6 +22,7 @@
 
 #include "engine/data/chat_template.h"
 #include "engine/data/tokenizer.h"
+#include "serve/request.h"
 #include "serve/scheduler.h"
 
 namespace httplib {
@@ -29,9 +30,6 @@ class Server;
 }
 
 namespace mammoth::serve {
-
-// A chat transcript -> the prompt text (the model's chat template, with the generation prompt).
-using ChatRenderer = std::function<std::string(const std::vector<data::ChatMessage>&)>;
 
 struct ServerOptions {
   std::string host = "127.0.0.1";

@@ -1,11 +1,13 @@
 // `mammoth serve`: an OpenAI-compatible HTTP server (serve/server.h) over one model, with
 // continuous batching and a paged KV cache (serve/scheduler.h).
 //   mammoth serve --model DIR [--port 8000] [--host 127.0.0.1] [--kv-blocks 512]
+//   mpirun -np N mammoth serve --model DIR --tp N      (tensor-parallel: serve/tp.h)
 // --model takes what `mammoth generate` takes (an HF model directory, one of our checkpoints, a
 // registered name with --weights); the text goes through the directory's tokenizer (or
 // --tokenizer's). --port 0 binds any free port. The line "[serve] listening on
 // http://HOST:PORT" goes to stdout once the socket is bound; SIGINT or SIGTERM ends in-flight
-// requests and exits 0.
+// requests and exits 0. Under --tp N rank 0 serves HTTP and leads; the other ranks ignore the
+// stop signals (mpirun forwards them to every rank) and exit when rank 0 stops.
 #include <signal.h>
 #include <unistd.h>
 
@@ -21,15 +23,21 @@
 #include "base/error.h"
 #include "engine/data/chat_template.h"
 #include "engine/data/tokenizer.h"
+#include "models/layers.h"
+#include "models/policies/policy.h"
 #include "models/registry.h"
+#include "parallel/comm/mpi_communicator.h"
+#include "parallel/mesh.h"
 #include "serve/scheduler.h"
 #include "serve/server.h"
+#include "serve/tp.h"
 #include "tools/command.h"
 
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(std::string, weights);
 ABSL_DECLARE_FLAG(std::string, tokenizer);
 ABSL_DECLARE_FLAG(int, tp);
+ABSL_DECLARE_FLAG(double, comm_timeout);
 ABSL_FLAG(std::string, host, "127.0.0.1", "serve: address to listen on");
 ABSL_FLAG(int32_t, port, 8000, "serve: TCP port (0: any free port, printed)");
 ABSL_FLAG(std::string, served_model_name, "",
@@ -60,16 +68,53 @@ void on_stop_signal(int) {
 
 int run_serve(const std::vector<std::string>& args) {
   MAMMOTH_CHECK(args.empty()) << "[serve] unexpected argument '" << args[0] << "'";
-  // Tensor-parallel serving (rank 0 serving HTTP, the others following its steps) is not built
-  // yet: refuse rather than serve from one rank, or from every rank on one port.
-  MAMMOTH_CHECK(absl::GetFlag(FLAGS_tp) == 1)
-      << "[serve] --tp " << absl::GetFlag(FLAGS_tp)
-      << ": tensor-parallel serving is not implemented yet; serve from one process (--tp 1)";
-  const char* world = std::getenv("OMPI_COMM_WORLD_SIZE");
-  MAMMOTH_CHECK(world == nullptr || std::string(world) == "1")
-      << "[serve] runs as one process, not under mpirun (world size " << world
-      << "): tensor-parallel serving is not implemented yet";
-  // SIGINT and SIGTERM may arrive on any thread (the kernels' pool predates this command), so
+  const int tp = absl::GetFlag(FLAGS_tp);
+  const int world = parallel::process_info().world_size;
+  MAMMOTH_CHECK(tp >= 1 && world == tp)
+      << "[serve] --tp " << tp << " needs exactly " << tp << " processes (mpirun -np " << tp
+      << " mammoth serve --tp " << tp << "), but the job has " << world
+      << "; each rank holds one tensor-parallel shard (no data-parallel replicas)";
+  const std::string model_arg = absl::GetFlag(FLAGS_model);
+  std::shared_ptr<models::LanguageModel> model =
+      load_language_model(model_arg, absl::GetFlag(FLAGS_weights), "serve");
+  serve::SchedulerOptions so;
+  so.kv_blocks = absl::GetFlag(FLAGS_kv_blocks);
+  so.block_size = absl::GetFlag(FLAGS_kv_block_size);
+  so.max_step_tokens = absl::GetFlag(FLAGS_max_step_tokens);
+  so.max_running = absl::GetFlag(FLAGS_max_running);
+
+  // Tensor parallelism: every rank swaps the model for its shard (the family's policy, as
+  // `mammoth train --tp` does); rank 0 leads, the others follow its steps.
+  std::unique_ptr<parallel::DeviceMesh> mesh;
+  std::optional<serve::TpLeader> leader;
+  if (tp > 1) {
+    parallel::MeshOptions mo;
+    mo.comm.timeout_s = absl::GetFlag(FLAGS_comm_timeout);
+    mo.device = models::module_device(*model);
+    mesh = std::make_unique<parallel::DeviceMesh>(parallel::mpi_world(mo.comm),
+                                                  parallel::MeshShape{.tp = tp}, mo);
+    std::shared_ptr<models::LanguageModel> sharded = models::apply_policy(*model, *mesh);
+    MAMMOTH_CHECK(sharded->supports_paged_kv())
+        << "[serve] --tp " << tp << ": model family " << models::family_name(model->config().family)
+        << " has no tensor-parallel paged KV cache (GPT-2 and LLaMA have); serve it with --tp 1";
+    model = std::move(sharded);
+    parallel::Communicator& group = mesh->cpu_group(parallel::Axis::kTp);
+    if (group.rank() != 0) {
+      signal(SIGINT, SIG_IGN);
+      signal(SIGTERM, SIG_IGN);
+      MAMMOTH_CHECK(so.kv_blocks > 0 && so.block_size > 0)
+          << "[serve] --kv-blocks and --kv-block-size must be positive";
+      models::PagedKVCache cache = model->make_paged_cache(so.kv_blocks, so.block_size);
+      const serve::FollowStats st = serve::follow_steps(*model, &cache, group);
+      std::fprintf(stderr, "[serve] rank %d stopped after %lld steps (%lld tokens)\n", mesh->rank(),
+                   static_cast<long long>(st.steps), static_cast<long long>(st.tokens));
+      return 0;
+    }
+    leader.emplace(group);
+    so.hook = &*leader;
+  }
+  // Installed after MPI starts, which has handlers of its own. SIGINT and SIGTERM may arrive on
+  // any thread (the kernels' pool predates this command), so
   // the handler only writes a byte to a pipe that one watcher thread reads; a peer that closes
   // mid-write must not kill the process.
   MAMMOTH_CHECK(pipe(g_stop_pipe) == 0) << "[serve] cannot create the shutdown pipe";
@@ -80,21 +125,15 @@ int run_serve(const std::vector<std::string>& args) {
       << "[serve] cannot install the SIGINT/SIGTERM handler";
   signal(SIGPIPE, SIG_IGN);
 
-  const std::string model_arg = absl::GetFlag(FLAGS_model);
-  auto model = load_language_model(model_arg, absl::GetFlag(FLAGS_weights), "serve");
   const data::Tokenizer tok = text_tokenizer(model->config().vocab_size, "serve");
 
-  serve::SchedulerOptions so;
-  so.kv_blocks = absl::GetFlag(FLAGS_kv_blocks);
-  so.block_size = absl::GetFlag(FLAGS_kv_block_size);
-  so.max_step_tokens = absl::GetFlag(FLAGS_max_step_tokens);
-  so.max_running = absl::GetFlag(FLAGS_max_running);
   const models::ModelConfig& c = model->config();
-  const double kv_mb = 2.0 * c.n_layer * so.kv_blocks * so.block_size * c.n_kv_head * c.head_dim() *
-                       dtype_size(c.dtype) / (1 << 20);
+  const double kv_mb = 2.0 * c.n_layer * so.kv_blocks * so.block_size * model->kv_cache_heads() *
+                       c.head_dim() * dtype_size(c.dtype) / (1 << 20);
   serve::Scheduler scheduler(model, so);
-  std::fprintf(stderr, "[serve] KV pool: %lld blocks of %lld positions (%.1f MiB)\n",
-               static_cast<long long>(so.kv_blocks), static_cast<long long>(so.block_size), kv_mb);
+  std::fprintf(stderr, "[serve] KV pool: %lld blocks of %lld positions (%.1f MiB%s)\n",
+               static_cast<long long>(so.kv_blocks), static_cast<long long>(so.block_size), kv_mb,
+               tp > 1 ? " per rank" : "");
 
   serve::ServerOptions o;
   o.host = absl::GetFlag(FLAGS_host);
@@ -124,8 +163,8 @@ int run_serve(const std::vector<std::string>& args) {
   }
   serve::Server server(&scheduler, &tok, o);
   const int port = server.bind();
-  std::printf("[serve] listening on http://%s:%d (model '%s')\n", o.host.c_str(), port,
-              o.model_name.c_str());
+  std::printf("[serve] listening on http://%s:%d (model '%s', tp %d, pid %d)\n", o.host.c_str(),
+              port, o.model_name.c_str(), tp, static_cast<int>(getpid()));
   std::fflush(stdout);
 
   std::thread watcher([&] {

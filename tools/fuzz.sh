@@ -55,15 +55,17 @@ declare -A SOURCES=(
   [bpe]="engine/data/bpe.cc engine/data/unicode_class.cc engine/data/mapped_file.cc base/json.cc base/thread_pool.cc base/error.cc"
   [chat_template]="engine/data/chat_template.cc base/json.cc base/error.cc"
   [checkpoint]="engine/train/checkpoint.cc engine/io/tensor_io.cc engine/io/safetensors.cc engine/tensor.cc engine/autograd.cc engine/nn/module.cc memory/allocator.cc engine/profile/profile.cc kernels/registry.cc base/crc32c.cc base/json.cc base/dtype.cc base/error.cc"
+  [request]="serve/request.cc engine/data/chat_template.cc base/json.cc base/error.cc"
   [tokenizer]="engine/data/tokenizer.cc engine/data/bpe.cc engine/data/unicode_class.cc engine/data/mapped_file.cc base/json.cc base/thread_pool.cc base/error.cc"
 )
 # Largest input libFuzzer generates per target (shards need their 1024-byte header and more).
 declare -A MAX_LEN=(
   [safetensors]=4096 [json]=4096 [token_shard]=4096 [indexed_dataset]=4096
   [image_shard]=8192 [bpe]=8192 [tokenizer]=8192 [chat_template]=4096 [checkpoint]=32768
+  [request]=4096
 )
 ALL_TARGETS=(safetensors json token_shard indexed_dataset image_shard bpe tokenizer chat_template
-             checkpoint)
+             checkpoint request)
 [[ ${#TARGETS[@]} -eq 0 ]] && TARGETS=("${ALL_TARGETS[@]}")
 for t in "${TARGETS[@]}"; do
   [[ -n "${SOURCES[$t]:-}" ]] || { echo "fuzz.sh: unknown target '$t' (have: ${ALL_TARGETS[*]})" >&2; exit 2; }
@@ -82,7 +84,7 @@ OBJ_FLAGS=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,a
 mkdir -p "$OUT/obj" "$OUT/bin"
 
 # An object is rebuilt when its source or any header in the tree is newer (cheap and safe).
-newest_header=$(find base engine test/fuzz -name '*.h' -o -name '*.inc' | xargs ls -t | head -1)
+newest_header=$(find base engine serve test/fuzz -name '*.h' -o -name '*.inc' | xargs ls -t | head -1)
 compile() {  # src -> prints the object path
   local src=$1 obj="$OUT/obj/${1//\//_}.o"
   if [[ ! -f "$obj" || "$src" -nt "$obj" || "$newest_header" -nt "$obj" || "$0" -nt "$obj" ]]; then

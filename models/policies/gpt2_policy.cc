@@ -76,6 +76,18 @@ class TpGpt2Attention : public engine::nn::Module {
     return resid_dropout_->forward(c_proj->forward(merge_heads(y)));
   }
 
+  // x [1, N, C]: the new tokens of `seqs` (serving), this rank's heads in the paged cache.
+  Tensor forward_paged(const Tensor& x, const std::vector<PagedSequence>& seqs, PagedKVCache* cache,
+                       int64_t layer) const {
+    const int64_t Cl = config_.d_model / tp_.size(), Hl = config_.n_head / tp_.size();
+    const int64_t N = x.size(1), D = config_.head_dim();
+    std::vector<Tensor> qkv = engine::split(c_attn->forward(x), {Cl, Cl, Cl}, -1);
+    auto heads = [&](const Tensor& t) { return t.reshape({1, N, Hl, D}); };
+    const Tensor y =
+        paged_attention(cache, layer, seqs, heads(qkv[0]), heads(qkv[1]), heads(qkv[2]));
+    return resid_dropout_->forward(c_proj->forward(y));
+  }
+
   std::shared_ptr<ColumnParallelLinear> c_attn;
   std::shared_ptr<RowParallelLinear> c_proj;
 
@@ -118,6 +130,11 @@ class TpGpt2Block : public engine::nn::Module {
   }
   Tensor forward(const Tensor& x, const SeqContext& seq) const {
     Tensor h1 = x + attn->forward(ln_1->forward(x), seq);
+    return h1 + mlp->forward(ln_2->forward(h1));
+  }
+  Tensor forward_paged(const Tensor& x, const std::vector<PagedSequence>& seqs, PagedKVCache* cache,
+                       int64_t layer) const {
+    Tensor h1 = x + attn->forward_paged(ln_1->forward(x), seqs, cache, layer);
     return h1 + mlp->forward(ln_2->forward(h1));
   }
   std::shared_ptr<LayerNorm> ln_1, ln_2;
@@ -171,6 +188,7 @@ class TpGpt2 : public ShardedDecoder {
   PipelinePart pipeline_part(const std::string& name) const override {
     return gpt2_pipeline_part(name);
   }
+  bool supports_paged_kv() const override { return true; }
 
   std::shared_ptr<parallel::VocabParallelEmbedding> wte;
   std::shared_ptr<Embedding> wpe;
@@ -189,6 +207,13 @@ class TpGpt2 : public ShardedDecoder {
   }
   Tensor local_logits(const Tensor& x) const override { return head_logits(ln_f->forward(x)); }
   int64_t vocab_start() const override { return wte->vocab_start(); }
+  Tensor paged_embed(const Tensor& ids, const Tensor& pos) override {
+    return drop_->forward(wte->forward(ids.unsqueeze(0)) + wpe->forward(pos.unsqueeze(0)));
+  }
+  Tensor paged_block(int64_t l, const Tensor& x, const std::vector<PagedSequence>& seqs,
+                     PagedKVCache* cache) override {
+    return (*h)[static_cast<size_t>(l)].forward_paged(x, seqs, cache, l);
+  }
   // The tied head: columns of this rank's vocabulary shard, every position of the sequence
   // under split_gather (gathered), this rank's positions otherwise.
   Tensor head_logits(const Tensor& x) const {

@@ -132,6 +132,25 @@ class TpLlamaAttention : public engine::nn::Module {
     return o_proj->forward(merge_heads(y));
   }
 
+  // x [1, N, C]: the new tokens of `seqs` (serving), this rank's heads in the paged cache; each
+  // sequence's rows rotated from their own positions.
+  Tensor forward_paged(const Tensor& x, const std::vector<PagedSequence>& seqs, PagedKVCache* cache,
+                       int64_t layer) const {
+    const int64_t D = config_.head_dim(), Hl = config_.n_head / tp_.size();
+    const int64_t Hkl = kv_replicated() ? 1 : config_.n_kv_head / tp_.size(), N = x.size(1);
+    std::vector<int64_t> positions;
+    for (const PagedSequence& s : seqs) {
+      for (int64_t p = s.start; p < s.start + s.count; ++p) positions.push_back(p);
+    }
+    auto project = [&](const ColumnParallelLinear& proj, int64_t heads, bool rotate) {
+      Tensor t = proj.forward(x).reshape({1, N, heads, D});
+      return rotate ? rope_at(t, positions, config_) : t;
+    };
+    const Tensor y = paged_attention(cache, layer, seqs, project(*q_proj, Hl, true),
+                                     project(*k_proj, Hkl, true), project(*v_proj, Hkl, false));
+    return o_proj->forward(y);
+  }
+
   std::shared_ptr<ColumnParallelLinear> q_proj, k_proj, v_proj;
   std::shared_ptr<RowParallelLinear> o_proj;
 
@@ -174,6 +193,11 @@ class TpLlamaDecoderLayer : public engine::nn::Module {
   }
   Tensor forward(const Tensor& x, const SeqContext& seq) const {
     Tensor h = x + self_attn->forward(input_layernorm->forward(x), seq);
+    return h + mlp->forward(post_attention_layernorm->forward(h));
+  }
+  Tensor forward_paged(const Tensor& x, const std::vector<PagedSequence>& seqs, PagedKVCache* cache,
+                       int64_t layer) const {
+    Tensor h = x + self_attn->forward_paged(input_layernorm->forward(x), seqs, cache, layer);
     return h + mlp->forward(post_attention_layernorm->forward(h));
   }
   std::shared_ptr<RMSNorm> input_layernorm, post_attention_layernorm;
@@ -256,6 +280,7 @@ class TpLlama : public ShardedDecoder {
   PipelinePart pipeline_part(const std::string& name) const override {
     return llama_pipeline_part(name, config_.tie_embeddings);
   }
+  bool supports_paged_kv() const override { return true; }
 
   std::shared_ptr<TpLlamaModel> model;
   std::shared_ptr<ColumnParallelLinear> lm_head;  // null when tied to model.embed_tokens
@@ -281,6 +306,13 @@ class TpLlama : public ShardedDecoder {
     return head_logits(model->norm->forward(x));
   }
   int64_t vocab_start() const override { return model->embed_tokens->vocab_start(); }
+  Tensor paged_embed(const Tensor& ids, const Tensor&) override {
+    return model->embed_tokens->forward(ids.unsqueeze(0));
+  }
+  Tensor paged_block(int64_t l, const Tensor& x, const std::vector<PagedSequence>& seqs,
+                     PagedKVCache* cache) override {
+    return (*model->layers)[static_cast<size_t>(l)].forward_paged(x, seqs, cache, l);
+  }
   // The head: columns of this rank's vocabulary shard, for every position under split_gather
   // (gathered), this rank's positions otherwise.
   Tensor head_logits(const Tensor& x) const {

@@ -82,6 +82,40 @@ Tensor ShardedDecoder::pipeline_loss(const Tensor& x, const Tensor& ids) {
                          vocab_start(), config_.vocab_size);
 }
 
+Tensor ShardedDecoder::forward_paged(const Tensor& ids, const std::vector<PagedSequence>& seqs,
+                                     PagedKVCache* cache) {
+  MAMMOTH_CHECK(supports_paged_kv())
+      << "[forward_paged] model family " << family_name(config_.family)
+      << " has no tensor-parallel paged KV cache (GPT-2 and LLaMA have)";
+  MAMMOTH_CHECK(options_.sp_mode == SpMode::kNone)
+      << "[forward_paged] serving runs under tp only, not sequence parallelism (--sp-mode "
+      << sp_mode_name(options_.sp_mode) << ")";
+  MAMMOTH_CHECK(cache != nullptr) << "[forward_paged] cache is null";
+  const Tensor pos = paged_positions(ids, seqs, *cache, config_.max_seq, "forward_paged");
+  Tensor x = paged_embed(ids, pos);
+  for (int64_t l = 0; l < config_.n_layer; ++l) x = paged_block(l, x, seqs, cache);
+  const Tensor local = local_logits(paged_last_rows(x, seqs));  // [1, S, Vp/tp]
+  return parallel::gather_from_group(local, mesh_.group(parallel::Axis::kTp), -1)
+      .slice(-1, 0, config_.vocab_size)
+      .select(0, 0);  // [S, V]
+}
+
+int64_t ShardedDecoder::kv_cache_heads() const {
+  const int64_t tp = mesh_.size(parallel::Axis::kTp);
+  return config_.n_kv_head >= tp ? config_.n_kv_head / tp : 1;
+}
+
+Tensor ShardedDecoder::paged_embed(const Tensor&, const Tensor&) {
+  MAMMOTH_THROW() << "[forward_paged] model family " << family_name(config_.family)
+                  << " has no tensor-parallel paged KV cache";
+}
+
+Tensor ShardedDecoder::paged_block(int64_t, const Tensor&, const std::vector<PagedSequence>&,
+                                   PagedKVCache*) {
+  MAMMOTH_THROW() << "[forward_paged] model family " << family_name(config_.family)
+                  << " has no tensor-parallel paged KV cache";
+}
+
 ShardedVit::ShardedVit(const parallel::DeviceMesh& mesh, const ShardOptions& options)
     : ShardLayout(*this, mesh, options) {}
 

@@ -182,7 +182,21 @@ class ShardedDecoder : public ShardedLanguageModel {
   bool supports_pipeline() const override { return true; }
   engine::Tensor pipeline_loss(const engine::Tensor& x, const engine::Tensor& ids) override;
 
+  // Serving under tp (serve/): every rank runs the same step on its heads, its KV cache holding
+  // only those (kv_cache_heads), and gets the whole logits [S, V] (gathered over the
+  // vocabulary). A family serves once it implements paged_embed and paged_block (and says so in
+  // supports_paged_kv); sequence parallelism is refused.
+  engine::Tensor forward_paged(const engine::Tensor& ids, const std::vector<PagedSequence>& seqs,
+                               PagedKVCache* cache) override;
+  // A KV head split over tp, or (GQA with fewer KV heads than ranks) the one copy a rank holds.
+  int64_t kv_cache_heads() const override;
+
  protected:
+  // ids [N] at positions pos [N] -> the first block's input [1, N, C].
+  virtual engine::Tensor paged_embed(const engine::Tensor& ids, const engine::Tensor& pos);
+  // Block l over x [1, N, C], the new tokens of `seqs` (LanguageModel::forward_paged).
+  virtual engine::Tensor paged_block(int64_t l, const engine::Tensor& x,
+                                     const std::vector<PagedSequence>& seqs, PagedKVCache* cache);
   // This rank's logits [B, n, Vp/tp] from the last block's output.
   virtual engine::Tensor local_logits(const engine::Tensor& x) const = 0;
   // The first id of this rank's vocabulary shard.

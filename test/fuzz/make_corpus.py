@@ -281,6 +281,34 @@ def checkpoint_seeds(mammoth, mpirun):
     subprocess.run(["rm", "-rf", work], check=True)
 
 
+# ---- request (serve/request.h): byte 0 picks the endpoint (even: completions, odd: chat)
+def request(chat, body):
+    return (b"\x01" if chat else b"\x00") + (body if isinstance(body, bytes) else
+                                             json.dumps(body).encode())
+
+
+put("request", "completion_text", request(False, {"model": "tiny", "prompt": "the of and",
+                                                  "max_tokens": 8, "temperature": 0}))
+put("request", "completion_ids", request(False, {"model": "tiny", "prompt": [[1, 2, 399]],
+                                                 "stop": ["\n", "."], "seed": 7, "top_k": 5,
+                                                 "top_p": 0.9}))
+put("request", "completion_stream", request(False, {
+    "model": "tiny", "prompt": ["one"], "stream": True, "stream_options": {"include_usage": True},
+    "n": 1, "presence_penalty": 0, "logit_bias": {}, "user": "u", "best_of": 1}))
+put("request", "completion_nulls", request(False, {"model": "tiny", "prompt": "x",
+                                                   "max_tokens": None, "stop": None,
+                                                   "seed": None, "suffix": None}))
+put("request", "chat", request(True, {"model": "tiny", "messages": [
+    {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+    "max_completion_tokens": 4, "stream": True}))
+put("request", "chat_bad_content", request(True, {"model": "tiny", "messages": [
+    {"role": "user", "content": [{"type": "text", "text": "hi"}]}]}))
+put("request", "bad_json", request(False, b'{"model": "tiny", "prompt": '))
+put("request", "wrong_model", request(True, {"model": "gpt-4", "messages": []}))
+put("request", "bad_values", request(False, {"model": "tiny", "prompt": "x", "max_tokens": -1,
+                                             "temperature": 3, "top_p": 0, "stop": [""] * 5}))
+
+
 if "--mammoth" in sys.argv:
     mpirun = sys.argv[sys.argv.index("--mpirun") + 1] if "--mpirun" in sys.argv else \
         os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing", "mpirun.sh")

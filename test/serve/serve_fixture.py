@@ -29,7 +29,9 @@ def fail(msg):
     sys.exit(1)
 
 
-def make_model_dir(path, n_positions=128, seed=0):
+def make_model_dir(path, n_positions=128, seed=0, family="gpt2", n_head=2, n_embd=32):
+    """A tiny HF directory: GPT-2 (n_head heads), or LLaMA with 4 query heads sharing one
+    key/value head (grouped-query attention; under tp 2 each rank holds a copy of it)."""
     try:
         import torch
         import transformers
@@ -53,25 +55,39 @@ def make_model_dir(path, n_positions=128, seed=0):
                    "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
                    "chat_template": CHAT_TEMPLATE}, f)
     torch.manual_seed(seed)
-    cfg = transformers.GPT2Config(vocab_size=tok.get_vocab_size(), n_positions=n_positions,
-                                  n_embd=32, n_layer=2, n_head=2, initializer_range=0.3,
-                                  bos_token_id=0, eos_token_id=0)
-    model = transformers.GPT2LMHeadModel(cfg).eval()
+    if family == "llama":
+        cfg = transformers.LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=n_embd,
+                                       intermediate_size=2 * n_embd, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=1,
+                                       max_position_embeddings=n_positions,
+                                       initializer_range=0.3, bos_token_id=0, eos_token_id=0)
+        model = transformers.LlamaForCausalLM(cfg).eval()
+    else:
+        cfg = transformers.GPT2Config(vocab_size=tok.get_vocab_size(), n_positions=n_positions,
+                                      n_embd=n_embd, n_layer=2, n_head=n_head,
+                                      initializer_range=0.3, bos_token_id=0, eos_token_id=0)
+        model = transformers.GPT2LMHeadModel(cfg).eval()
     model.save_pretrained(path, safe_serialization=True)
     return path
 
 
 class Server:
-    def __init__(self, mammoth, model_dir, *flags):
-        self.proc = subprocess.Popen([mammoth, "serve", "--model", model_dir, "--port", "0",
-                                      *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True)
+    """launcher: a command to run serve under (mpirun.sh -np N); SIGTERM then goes to the
+    serving process (rank 0, whose pid the listening line gives), which ends every rank."""
+
+    def __init__(self, mammoth, model_dir, *flags, launcher=()):
+        self.proc = subprocess.Popen([*launcher, mammoth, "serve", "--model", model_dir,
+                                      "--port", "0", *flags], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline()
-        m = re.search(r"listening on (http://[\d.]+:(\d+))", line)
+        while launcher and line.startswith("[mpirun.sh]"):
+            line = self.proc.stdout.readline()
+        m = re.search(r"listening on (http://[\d.]+:(\d+)).*pid (\d+)", line)
         if not m:
             self.proc.kill()
             fail(f"mammoth serve did not print its port: {line!r} {self.proc.stderr.read()}")
         self.url = m.group(1)
+        self.pid = int(m.group(3))
         self.model = os.path.basename(model_dir.rstrip("/"))
 
     def get(self, path):
@@ -108,7 +124,7 @@ class Server:
             time.sleep(0.05)
 
     def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
+        os.kill(self.pid, signal.SIGTERM)
         try:
             rc = self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:

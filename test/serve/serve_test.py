@@ -18,7 +18,7 @@ On a tiny Hugging Face GPT-2 directory (serve_fixture.py):
     (/metrics); a request larger than the whole pool is refused;
   - a client that disconnects mid-stream, or while waiting for a non-streaming answer, has
     its sequence cancelled and its blocks freed;
-  - --tp 2 is refused by name (not built yet);
+  - --tp 2 in one process is refused by name (serve_tp_test runs it under mpirun);
   - SIGTERM stops the server cleanly (exit 0).
 
 Usage: serve_test.py PATH/TO/mammoth
@@ -308,10 +308,10 @@ def main():
     wait_cancelled(srv, before, "a disconnected non-streaming client")
     print("a disconnected non-streaming client is cancelled and frees its blocks")
 
-    # What serve cannot honour yet is refused by name at startup.
+    # --tp without the processes to hold its shards is refused by name at startup.
     res = subprocess.run([mammoth, "serve", "--model", d, "--port", "0", "--tp", "2"],
                          capture_output=True, text=True, timeout=60)
-    check(res.returncode == 1 and "tensor-parallel serving is not implemented" in res.stderr,
+    check(res.returncode == 1 and "--tp 2 needs exactly 2 processes" in res.stderr,
           f"serve --tp 2: exit {res.returncode}: {res.stderr[-300:]}")
 
     err = srv.stop()
