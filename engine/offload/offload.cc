@@ -755,8 +755,7 @@ json::Value Offload::metrics() const {
 }
 
 std::string Offload::report() const {
-  std::string out = "[offload] --offload-optimizer=" + std::string(mode_name(options_.mode)) +
-                    " --offload-params=" + mode_name(options_.params) + ": " +
+  std::string out = "[offload] --offload=" + std::string(mode_name(options_.mode)) + ": " +
                     std::to_string(params_.size()) +
                     " parameters, parameters + gradients + AdamW " + "states " +
                     chunks::short_bytes(state_bytes_);
@@ -765,6 +764,8 @@ std::string Offload::report() const {
            " to the largest parameter";
   out += use_ordered_ ? "; packed in first-use order" : "; packed in the model's order";
   if (device_.is_cuda()) out += "; device tier " + device_.str();
+  if (options_.params != Mode::kNone)
+    out += std::string("; parameters and gradients homed on ") + mode_name(options_.params);
   if (host_update_) {
     out += "; parameters and gradients homed on the host, updated there by the CPU AdamW";
   }

@@ -191,7 +191,7 @@ TEST_CASE("everything on NVMe: parameters, gradients and AdamW states train bitw
   CHECK(r.nvme.moves_out > 0);
   CHECK(r.nvme.moves_in > 0);
   CHECK(r.nvme.bytes_out > r.state_bytes);  // more than one pass over the state was read back
-  CHECK(r.report.find("--offload-params=nvme") != std::string::npos);
+  CHECK(r.report.find("parameters and gradients homed on nvme") != std::string::npos);
   std::fprintf(stderr, "%s", r.report.c_str());
 
   OffloadOptions host = o;
