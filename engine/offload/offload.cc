@@ -287,6 +287,16 @@ Offload::Offload(const nn::NamedTensors& params, const OffloadOptions& options)
   mo.device = device_.is_cuda() ? device_ : Device::cpu();
   MAMMOTH_CHECK(options.mode != Mode::kNvme || !options.nvme_dir.empty())
       << "[train] --offload=nvme needs --nvme-dir";
+  MAMMOTH_CHECK(options.params != Mode::kNvme || !options.nvme_dir.empty())
+      << "[train] --offload-params=nvme needs --nvme-dir";
+  // The host-update flow hands the CPU AdamW the parameters' and gradients' host homes; an NVMe
+  // home has none (and a CUDA device tier loads only from pinned host memory).
+  MAMMOTH_CHECK(options.params != Mode::kNvme || !host_update_)
+      << "[train] --offload-params=nvme needs the AdamW states computed beside the parameters "
+      << "("
+      << (device_.is_cuda() ? "CUDA parameters page through host memory only"
+                            : "the host-update flow reads the parameters' host homes")
+      << "): use --offload-params=host, or nvme with the CPU backend's device-side update";
   manager_ = std::make_unique<chunks::ChunkManager>(mo);
   const int64_t cb = manager_->chunk_bytes();
 
@@ -333,17 +343,24 @@ Offload::Offload(const nn::NamedTensors& params, const OffloadOptions& options)
   // writes those copies, the device only caches them.
   const std::vector<Tier> device_first =
       host_update_ ? std::vector<Tier>{Tier::kHost} : std::vector<Tier>{Tier::kDevice, Tier::kHost};
+  // --offload-params: the homes of the parameter and gradient chunks (the device caches them).
+  const std::vector<Tier> param_homes =
+      options.params == Mode::kNvme   ? std::vector<Tier>{Tier::kNvme}
+      : options.params == Mode::kHost ? std::vector<Tier>{Tier::kHost}
+                                      : device_first;
   const chunks::ChunkListSpec specs[kNumLists] = {
-      {"params", Tier::kDevice, device_first, "param"},
-      {"grads", Tier::kDevice, device_first, "grad"},
+      {"params", Tier::kDevice, param_homes, "param"},
+      {"grads", Tier::kDevice, param_homes, "grad"},
       options.mode == Mode::kNone
           ? chunks::ChunkListSpec{"exp_avg", Tier::kDevice, device_first, "exp_avg"}
-          : chunks::ChunkListSpec{"exp_avg", Tier::kHost,
+          : chunks::ChunkListSpec{"exp_avg",
+                                  Tier::kHost,
                                   {options.mode == Mode::kHost ? Tier::kHost : Tier::kNvme},
                                   "exp_avg"},
       options.mode == Mode::kNone
           ? chunks::ChunkListSpec{"exp_avg_sq", Tier::kDevice, device_first, "exp_avg_sq"}
-          : chunks::ChunkListSpec{"exp_avg_sq", Tier::kHost,
+          : chunks::ChunkListSpec{"exp_avg_sq",
+                                  Tier::kHost,
                                   {options.mode == Mode::kHost ? Tier::kHost : Tier::kNvme},
                                   "exp_avg_sq"},
   };
@@ -739,13 +756,16 @@ json::Value Offload::metrics() const {
 
 std::string Offload::report() const {
   std::string out = "[offload] --offload=" + std::string(mode_name(options_.mode)) + ": " +
-                    std::to_string(params_.size()) + " parameters, parameters + gradients + AdamW " +
-                    "states " + chunks::short_bytes(state_bytes_);
+                    std::to_string(params_.size()) +
+                    " parameters, parameters + gradients + AdamW " + "states " +
+                    chunks::short_bytes(state_bytes_);
   if (manager_->chunk_bytes() > requested_chunk_bytes_)
     out += "; chunks raised from " + chunks::short_bytes(requested_chunk_bytes_) +
            " to the largest parameter";
   out += use_ordered_ ? "; packed in first-use order" : "; packed in the model's order";
   if (device_.is_cuda()) out += "; device tier " + device_.str();
+  if (options_.params != Mode::kNone)
+    out += std::string("; parameters and gradients homed on ") + mode_name(options_.params);
   if (host_update_) {
     out += "; parameters and gradients homed on the host, updated there by the CPU AdamW";
   }

@@ -107,7 +107,11 @@ std::vector<std::string> first_use_order(const nn::NamedTensors& params,
                                          const std::function<void()>& forward);
 
 struct OffloadOptions {
-  Mode mode = Mode::kNone;
+  Mode mode = Mode::kNone;  // --offload-optimizer (alias --offload): the AdamW states' home
+  // --offload-params: the home of the parameter and gradient chunks. none: the device when they
+  // fit --device-mem, else host; host: host memory; nvme: files under nvme_dir, read straight
+  // into the device cache (the CPU backend's emulated device; CUDA pages through host only).
+  Mode params = Mode::kNone;
   int64_t device_mem = 0;  // bytes; 0: unlimited
   int64_t host_mem = 0;    // bytes; 0: unlimited
   std::string nvme_dir;
@@ -209,13 +213,13 @@ class Offload final : public train::OffloadRuntime, public train::DataParallelRu
   nn::NamedTensors params_;  // unique parameters, in chunk order
   std::vector<Slot> slots_;
   std::unique_ptr<memory::chunks::ChunkManager> manager_;
-  std::vector<memory::chunks::ChunkId> ids_[kNumLists];       // per list: chunk k's id
+  std::vector<memory::chunks::ChunkId> ids_[kNumLists];        // per list: chunk k's id
   std::vector<std::shared_ptr<Storage>> storages_[kNumLists];  // per list: chunk k's storage
   std::vector<Tensor> grad_views_;
   std::unique_ptr<ChunkedAdamW> optimizer_;
   int64_t state_bytes_ = 0;
   int64_t requested_chunk_bytes_ = 0;
-  std::vector<int64_t> chunk_used_;  // per chunk: bytes used
+  std::vector<int64_t> chunk_used_;                 // per chunk: bytes used
   std::vector<std::vector<size_t>> chunk_members_;  // per chunk: its parameters, model order
   AutoBudget auto_;
   bool use_ordered_ = false;

@@ -154,6 +154,66 @@ TEST_CASE("a model 4x the device budget pages and trains bitwise like the uncons
   }
 }
 
+TEST_CASE("everything on NVMe: parameters, gradients and AdamW states train bitwise in memory") {
+  testing::TestDir dir;
+  const std::string data = testing::write_tiny_tokens(dir);
+  const Run base = run(data, nullptr);
+
+  OffloadOptions o;
+  o.chunk_bytes = 16 << 10;
+  o.mode = Mode::kNvme;
+  o.params = Mode::kNvme;
+  o.nvme_dir = dir.path();
+  {
+    auto m = tiny_model();
+    Offload sizing(m->named_parameters(), o);
+    // A quarter of the model state on the device; host staging for a few moment chunks only.
+    o.device_mem = sizing.model_state_bytes() / 4;
+    o.host_mem = 6 * sizing.manager().chunk_bytes();
+  }
+  const Run r = run(data, &o);
+  INFO(r.report);
+  CHECK(r.losses == base.losses);
+  CHECK(r.first_param == base.first_param);
+  // Every list lives on NVMe: nothing is homed on the device or the host.
+  CHECK(r.nvme.home_bytes >= r.state_bytes);
+  CHECK(r.device.home_bytes == 0);
+  CHECK(r.host.home_bytes == 0);
+  // Peaks as the manager accounted them at every change, within the budgets given.
+  CHECK(r.device.peak_bytes > 0);
+  CHECK(r.device.peak_bytes <= o.device_mem);
+  CHECK(r.host.peak_bytes > 0);
+  CHECK(r.host.peak_bytes <= o.host_mem);
+  CHECK(r.device.reserved_bytes <= o.device_mem);
+  CHECK(r.host.reserved_bytes <= o.host_mem);
+  // Parameters came from the file into the device cache, ahead of use along the trace.
+  CHECK(r.device.prefetches > 0);
+  CHECK(r.nvme.moves_out > 0);
+  CHECK(r.nvme.moves_in > 0);
+  CHECK(r.nvme.bytes_out > r.state_bytes);  // more than one pass over the state was read back
+  CHECK(r.report.find("parameters and gradients homed on nvme") != std::string::npos);
+  std::fprintf(stderr, "%s", r.report.c_str());
+
+  OffloadOptions host = o;
+  host.params = Mode::kHost;
+  host.host_mem = 0;
+  const Run h = run(data, &host);
+  INFO(h.report);
+  CHECK(h.losses == base.losses);
+  CHECK(h.first_param == base.first_param);
+  CHECK(h.host.home_bytes >= h.state_bytes / 2);  // parameters and gradients
+  CHECK(h.device.home_bytes == 0);
+
+  OffloadOptions cpu_update = o;
+  cpu_update.host_update = true;
+  auto m = tiny_model();
+  CHECK_THROWS_WITH(Offload(m->named_parameters(), cpu_update),
+                    Catch::Contains("--offload-params=nvme"));
+  OffloadOptions no_dir;
+  no_dir.params = Mode::kNvme;
+  CHECK_THROWS_WITH(Offload(m->named_parameters(), no_dir), Catch::Contains("--nvme-dir"));
+}
+
 TEST_CASE("the host-update flow (CUDA's host|nvme) pages and trains bitwise like the plain loop") {
   // What --offload=host|nvme does with CUDA parameters, on the CPU backend: parameters and
   // gradients homed on the host only, the CPU AdamW on their host copies (acquire_home), the
