@@ -162,7 +162,7 @@ std::pair<Tensor, Tensor> paged_append(PagedKVCache* cache, int64_t layer, const
 }
 
 Tensor paged_attention(PagedKVCache* cache, int64_t layer, const std::vector<PagedSequence>& seqs,
-                       const Tensor& q, const Tensor& k, const Tensor& v) {
+                       const Tensor& q, const Tensor& k, const Tensor& v, int64_t window) {
   std::vector<Tensor> ys;
   int64_t at = 0;
   for (const PagedSequence& s : seqs) {
@@ -170,7 +170,8 @@ Tensor paged_attention(PagedKVCache* cache, int64_t layer, const std::vector<Pag
       return t.slice(1, at, at + s.count).permute({0, 2, 1, 3});
     };
     auto [ks, vs] = paged_append(cache, layer, s, rows(k), rows(v));
-    ys.push_back(merge_heads(attend(rows(q), ks, vs, {.causal = true}, 0.0, false)));
+    ys.push_back(
+        merge_heads(attend(rows(q), ks, vs, {.causal = true, .window = window}, 0.0, false)));
     at += s.count;
   }
   return engine::concat(ys, 1);

@@ -108,10 +108,12 @@ std::pair<engine::Tensor, engine::Tensor> paged_append(PagedKVCache* cache, int6
 // Causal attention of each sequence over its paged keys and values: q [1, N, H, D] and k, v
 // [1, N, Hk, D] are every sequence's new rows in the order of `seqs` (rotated already, where the
 // family rotates); k and v are written to the blocks of `layer`. Returns [1, N, H * D]. The
-// tensor-parallel forms (models/policies) call it with this rank's heads.
+// tensor-parallel forms (models/policies) call it with this rank's heads. `window` > 0: a
+// sliding window (Mistral's sliding_window), as engine::AttentionOptions::window.
 engine::Tensor paged_attention(PagedKVCache* cache, int64_t layer,
                                const std::vector<PagedSequence>& seqs, const engine::Tensor& q,
-                               const engine::Tensor& k, const engine::Tensor& v);
+                               const engine::Tensor& k, const engine::Tensor& v,
+                               int64_t window = 0);
 // Checks ids [N] against `seqs` and the pool, names `who`; returns the positions i64 [N].
 engine::Tensor paged_positions(const engine::Tensor& ids, const std::vector<PagedSequence>& seqs,
                                const PagedKVCache& cache, int64_t max_seq, const char* who);

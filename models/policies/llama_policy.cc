@@ -146,8 +146,9 @@ class TpLlamaAttention : public engine::nn::Module {
       Tensor t = proj.forward(x).reshape({1, N, heads, D});
       return rotate ? rope_at(t, positions, config_) : t;
     };
-    const Tensor y = paged_attention(cache, layer, seqs, project(*q_proj, Hl, true),
-                                     project(*k_proj, Hkl, true), project(*v_proj, Hkl, false));
+    const Tensor y =
+        paged_attention(cache, layer, seqs, project(*q_proj, Hl, true), project(*k_proj, Hkl, true),
+                        project(*v_proj, Hkl, false), config_.sliding_window);
     return o_proj->forward(y);
   }
 

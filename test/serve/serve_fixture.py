@@ -31,7 +31,8 @@ def fail(msg):
 
 def make_model_dir(path, n_positions=128, seed=0, family="gpt2", n_head=2, n_embd=32):
     """A tiny HF directory: GPT-2 (n_head heads), or LLaMA with 4 query heads sharing one
-    key/value head (grouped-query attention; under tp 2 each rank holds a copy of it)."""
+    key/value head (grouped-query attention; under tp 2 each rank holds a copy of it), or the
+    same as Mistral with a sliding window of 4 (shorter than a prompt)."""
     try:
         import torch
         import transformers
@@ -55,13 +56,18 @@ def make_model_dir(path, n_positions=128, seed=0, family="gpt2", n_head=2, n_emb
                    "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
                    "chat_template": CHAT_TEMPLATE}, f)
     torch.manual_seed(seed)
-    if family == "llama":
-        cfg = transformers.LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=n_embd,
-                                       intermediate_size=2 * n_embd, num_hidden_layers=2,
-                                       num_attention_heads=4, num_key_value_heads=1,
-                                       max_position_embeddings=n_positions,
-                                       initializer_range=0.3, bos_token_id=0, eos_token_id=0)
-        model = transformers.LlamaForCausalLM(cfg).eval()
+    if family in ("llama", "mistral"):
+        mistral = family == "mistral"
+        kw = dict(vocab_size=tok.get_vocab_size(), hidden_size=n_embd,
+                  intermediate_size=2 * n_embd, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=1, max_position_embeddings=n_positions,
+                  initializer_range=0.3, bos_token_id=0, eos_token_id=0)
+        if mistral:
+            cfg = transformers.MistralConfig(sliding_window=4, **kw)
+            model = transformers.MistralForCausalLM(cfg).eval()
+        else:
+            cfg = transformers.LlamaConfig(**kw)
+            model = transformers.LlamaForCausalLM(cfg).eval()
     else:
         cfg = transformers.GPT2Config(vocab_size=tok.get_vocab_size(), n_positions=n_positions,
                                       n_embd=n_embd, n_layer=2, n_head=n_head,

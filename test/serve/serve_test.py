@@ -295,14 +295,19 @@ def main():
     wait_cancelled(srv, before, "a disconnected stream")
     print("a disconnected stream is cancelled and frees its blocks")
 
-    # A non-streaming client that hangs up while it waits: its sequence is cancelled too.
+    # A non-streaming client that hangs up while it waits: its sequence is cancelled too. The
+    # client hangs up as soon as /metrics shows the sequence running (on a quiet machine the
+    # tiny model writes its 900 tokens in well under a second, so a fixed sleep can miss it).
     before = srv.metrics()["mammoth_requests_cancelled_total"]
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
     conn.request("POST", "/v1/completions",
                  body=json.dumps({"model": m, "prompt": "the", "max_tokens": 900,
                                   "temperature": 0.8, "seed": 2}),
                  headers={"Content-Type": "application/json"})
-    time.sleep(0.2)
+    deadline = time.time() + 20
+    while srv.metrics()["mammoth_running_sequences"] < 1:
+        check(time.time() < deadline, "the non-streaming request never started running")
+        time.sleep(0.002)
     conn.sock.close()
     conn.close()
     wait_cancelled(srv, before, "a disconnected non-streaming client")

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """`mpirun -np 2 mammoth serve --tp 2` against one process, through the official openai client.
 
-For a tiny Hugging Face GPT-2 and a tiny LLaMA directory (grouped-query attention with one
-key/value head, so each rank holds a copy of it): the greedy completions of several prompts,
+For a tiny Hugging Face GPT-2, a tiny LLaMA (grouped-query attention with one
+key/value head, so each rank holds a copy of it) and the same as Mistral with a sliding window
+of 4 (shorter than the prompts): the greedy completions of several prompts,
 sent concurrently to the tp server, streaming and not, equal the completions one process
 serves for the same prompts, and so do chat completions; the KV pool is empty afterwards. A
 client that disconnects mid-stream has its sequence cancelled (the pool returns to empty:
@@ -85,7 +86,8 @@ def main():
     mammoth, mpirun = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
     launcher = ["bash", mpirun, "-np", "2"]
     tmp = tempfile.mkdtemp(dir=os.environ.get("TEST_TMPDIR"))
-    for family in ("gpt2", "llama"):
+    # Mistral: the sliding window (4) must hold on every rank's paged attention too.
+    for family in ("gpt2", "llama", "mistral"):
         d = make_model_dir(os.path.join(tmp, family + "-tiny"), family=family,
                            n_head=4 if family == "gpt2" else 2)
         single = Server(mammoth, d, *FLAGS)
