@@ -5,9 +5,12 @@
 #   2. the load-balancing loss balances the experts: over the last 10 of 60 steps the busiest
 #      expert's load relative to the mean is lower with --moe-aux-loss-coef 0.1 than with 0;
 #   3. --moe-capacity-factor 1 drops tokens and says how many;
-#   4. layouts the family does not support yet are refused by name.
+#   4. plain data parallelism (--dp 2) gives one process's loss curve (the router losses are
+#      per micro-batch, as transformers computes them, so this compares the same micro-batches);
+#   5. layouts the family does not support yet are refused by name.
 set -euo pipefail
 mammoth="$1"
+mpirun="$2"
 py="${MAMMOTH_PYTHON:-/usr/bin/python3}"
 work="$(mktemp -d "${TEST_TMPDIR:-/tmp}/mixtral_train.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
@@ -22,6 +25,13 @@ for coef in 0 0.1; do
 done
 "$mammoth" train "${common[@]}" --steps 3 --moe-capacity-factor 1 --metrics "$work/cap.jsonl" \
   >"$work/cap.log" 2>&1 || { cat "$work/cap.log"; fail "capacity run failed"; }
+
+dp=(--model mixtral-tiny --steps 4 --log-every 100 --eval-every 0 --warmup 1 --threads 1
+  --seq-len 32)
+"$mammoth" train "${dp[@]}" --micro-batch 2 --grad-accum 2 --metrics "$work/one.jsonl" \
+  >"$work/one.log" 2>&1 || { cat "$work/one.log"; fail "one-process run failed"; }
+bash "$mpirun" -np 2 "$mammoth" train "${dp[@]}" --micro-batch 2 --dp 2 \
+  --metrics "$work/dp2.jsonl" >"$work/dp2.log" 2>&1 || { cat "$work/dp2.log"; fail "dp 2 failed"; }
 
 "$py" - "$work" <<'PYEOF'
 import json, sys
@@ -53,6 +63,11 @@ for r in cap:
         assert l["dropped"] == sum(max(0, t - 64) for t in l["tokens"]), l
 assert any(l["dropped"] > 0 for r in cap for l in r["moe_load"]), cap
 print("capacity 1: dropped", [[l["dropped"] for l in r["moe_load"]] for r in cap])
+one, dp2 = lines("one"), lines("dp2")
+assert len(one) == len(dp2) == 4, (len(one), len(dp2))
+worst = max(abs(a["loss"] - b["loss"]) / abs(a["loss"]) for a, b in zip(one, dp2))
+print(f"dp 2 vs one process: worst loss relative difference {worst:.2e}")
+assert worst < 1e-5, [(a["loss"], b["loss"]) for a, b in zip(one, dp2)]
 PYEOF
 
 # Refused by name.
