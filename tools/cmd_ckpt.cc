@@ -56,6 +56,16 @@ ABSL_FLAG(double, max_shard_mb, 5000.0,
           "per file (transformers' save_pretrained default: 5GB)");
 
 namespace mammoth::tools {
+
+// --dtype, for ckpt export, eval and generate: f32, bf16 or f16; anything else is refused.
+DType dtype_flag(const char* command) {
+  const std::string name = absl::GetFlag(FLAGS_dtype);
+  for (DType d : {DType::kF32, DType::kBF16, DType::kF16}) {
+    if (name == dtype_name(d)) return d;
+  }
+  MAMMOTH_THROW() << "[" << command << "] --dtype must be f32, bf16 or f16, got '" << name << "'";
+}
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -234,9 +244,7 @@ int export_hf(const std::string& dir, const std::string& out) {
   const json::Value loaded = train::load_checkpoint_pieces(dir, pieces);
   const double shard_mb = absl::GetFlag(FLAGS_max_shard_mb);
   MAMMOTH_CHECK(shard_mb > 0) << "[ckpt] --max-shard-mb must be positive, got " << shard_mb;
-  const DType dtype = dtype_from_name(absl::GetFlag(FLAGS_dtype));
-  MAMMOTH_CHECK(dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16)
-      << "[ckpt] --dtype must be f32, bf16 or f16, got " << absl::GetFlag(FLAGS_dtype);
+  const DType dtype = dtype_flag("ckpt");
   models::save_pretrained(
       *model, out, {.max_shard_bytes = static_cast<int64_t>(shard_mb * 1e6), .dtype = dtype});
   // The trained directory's tokenizer, when there is one.

@@ -43,8 +43,6 @@ ABSL_DECLARE_FLAG(int64_t, seq_len);
 ABSL_DECLARE_FLAG(int64_t, seed);
 ABSL_DECLARE_FLAG(std::string, device);
 ABSL_DECLARE_FLAG(bool, fresh_init);
-// Defined by `mammoth ckpt` (the exported files' dtype); here the parameters' dtype in memory.
-ABSL_DECLARE_FLAG(std::string, dtype);
 ABSL_FLAG(std::string, weights, "",
           "eval/generate: safetensors file with Hugging Face names, or a sharded checkpoint's "
           "index .json (default: the model directory's weights, or fresh weights for a "
@@ -79,6 +77,8 @@ ABSL_FLAG(double, mask_prob, 0.15,
 namespace mammoth::tools {
 
 data::Tokenizer text_tokenizer(int64_t model_vocab, const char* command);
+// --dtype (cmd_ckpt.cc): here the parameters' dtype in memory.
+DType dtype_flag(const char* command);
 
 // Shared by eval and generate: moves a loaded model to --device (printed on stderr; stdout
 // carries the result).
@@ -90,15 +90,6 @@ void place_on_device(const engine::nn::Module& model, const char* command) {
   engine::train::move_to_device(model.named_buffers(), d.device);
 }
 
-// --dtype as the parameters' storage dtype (f32, bf16 or f16); anything else is refused.
-DType parameter_dtype(const char* command) {
-  const std::string name = absl::GetFlag(FLAGS_dtype);
-  for (DType d : {DType::kF32, DType::kBF16, DType::kF16}) {
-    if (name == dtype_name(d)) return d;
-  }
-  MAMMOTH_THROW() << "[" << command << "] --dtype must be f32, bf16 or f16, got '" << name << "'";
-}
-
 // Shared by eval and generate: the model named by --model with --weights loaded, in --dtype,
 // on --device.
 std::shared_ptr<models::LanguageModel> load_language_model(const std::string& name,
@@ -107,7 +98,7 @@ std::shared_ptr<models::LanguageModel> load_language_model(const std::string& na
   models::ModelOptions options;
   options.weights = weights;
   options.fresh_init = absl::GetFlag(FLAGS_fresh_init);
-  options.dtype = parameter_dtype(command);
+  options.dtype = dtype_flag(command);
   auto m = models::create_language_model(name, options);
   std::fprintf(stderr, "[%s] parameters: %lld in %s (%.1f MB)\n", command,
                static_cast<long long>(m->num_parameters()), dtype_name(m->config().dtype),
@@ -172,7 +163,7 @@ int eval_images(const std::string& path) {
   models::ModelOptions options;
   options.weights = absl::GetFlag(FLAGS_weights);
   options.fresh_init = absl::GetFlag(FLAGS_fresh_init);
-  options.dtype = parameter_dtype("eval");
+  options.dtype = dtype_flag("eval");
   auto model = std::dynamic_pointer_cast<models::Vit>(
       models::create_model(absl::GetFlag(FLAGS_model), options));
   MAMMOTH_CHECK(model != nullptr) << "[eval] --images needs a ViT --model, got "
