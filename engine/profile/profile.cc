@@ -347,9 +347,13 @@ void split_collectives(json::Value& all, size_t ranks, CollectiveSplit* out) {
   CollectiveSplit split;
   split.wait_ns.assign(ranks, 0);
   split.transfer_ns.assign(ranks, 0);
-  // (op, group, group's first world rank, seq) -> the events' indices in `all`.
-  std::map<std::tuple<std::string, std::string, int64_t, int64_t>, std::vector<size_t>> ops;
-  std::map<std::tuple<std::string, std::string, int64_t, int64_t>, int64_t> sizes;
+  // (op, group, group's first world rank, seq) -> its group's size and the events' indices in
+  // `all`.
+  struct Op {
+    int64_t group_size = 0;
+    std::vector<size_t> events;
+  };
+  std::map<std::tuple<std::string, std::string, int64_t, int64_t>, Op> ops;
   for (size_t i = 0; i < all.size(); ++i) {
     const json::Value& e = all[i];
     const json::Value* cat = e.find("cat");
@@ -361,11 +365,13 @@ void split_collectives(json::Value& all, size_t ranks, CollectiveSplit* out) {
     if (!peer || peer->as_int() != -1 || !size || size->as_int() < 1) continue;  // p2p
     const auto key = std::make_tuple(e.at("name").as_string(), args->at("group").as_string(),
                                      args->at("group_first").as_int(), args->at("seq").as_int());
-    ops[key].push_back(i);
-    sizes[key] = size->as_int();
+    Op& op = ops[key];
+    op.group_size = size->as_int();
+    op.events.push_back(i);
   }
-  for (const auto& [key, idx] : ops) {
-    if (static_cast<int64_t>(idx.size()) != sizes[key]) {
+  for (const auto& [key, op] : ops) {
+    const std::vector<size_t>& idx = op.events;
+    if (static_cast<int64_t>(idx.size()) != op.group_size) {
       ++split.unmatched;
       continue;
     }
