@@ -445,6 +445,11 @@ engine::train::TrainOptions options_from_flags() {
 
 int run_train(const std::vector<std::string>& args) {
   MAMMOTH_CHECK(args.empty()) << "[train] unexpected argument '" << args[0] << "'";
+  // --dtype (ckpt export, eval, generate) stores 16-bit weights; training keeps f32
+  // master weights, so the flag would change nothing here.
+  MAMMOTH_CHECK(!flag_changed("dtype"))
+      << "[train] --dtype is for ckpt export, eval and generate; training keeps f32 "
+         "master weights (--amp bf16|fp16 computes in 16 bits)";
   set_num_threads(absl::GetFlag(FLAGS_threads));
   // Where every rank writes its flight record if communication times out (parallel/comm/
   // flight_recorder.h); a directory the user set in the environment wins.

@@ -2,7 +2,7 @@
 # `mammoth generate --dtype bf16|f16` on 16-bit Hugging Face directories that transformers
 # wrote: the parameters stay 16-bit in memory (the allocator's peak falls against --dtype f32),
 # the greedy continuation equals transformers' on the same weights widened to float32, and a
-# dtype we cannot hold is refused by name.
+# dtype we cannot hold, or --dtype on train (f32 master weights), is refused by name.
 set -euo pipefail
 mammoth="$1"
 python_sh="$2"
@@ -58,4 +58,9 @@ if "$mammoth" generate --model "$work/llama-bf16" --prompt-tokens 1 --dtype f64 
   echo "FAIL: --dtype f64 accepted"; exit 1
 fi
 grep -q -- "--dtype must be f32, bf16 or f16, got 'f64'" "$work/err"
+# Training keeps f32 master weights: --dtype there is refused, not ignored.
+if "$mammoth" train --steps 1 --dtype bf16 --threads 1 >"$work/out" 2>"$work/err"; then
+  echo "FAIL: train --dtype bf16 accepted"; exit 1
+fi
+grep -q -- "\[train\] --dtype is for ckpt export, eval and generate" "$work/err"
 echo "PASS"
