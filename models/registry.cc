@@ -836,8 +836,13 @@ std::shared_ptr<Model> create_model(const std::string& name_or_dir, const ModelO
     if (!is_registered(name_or_dir)) source += "; the directory's weights are not read";
   } else {
     const WeightFiles files = WeightFiles::open(path);
-    load_weights(*m, files);
+    const LoadReport report = load_weights(*m, files);
     source = files.describe();
+    if (!report.missing_optional.empty()) {
+      source +=
+          "; not in the files, so freshly initialised (seed " + std::to_string(options.seed) + "):";
+      for (const std::string& name : report.missing_optional) source += " " + name;
+    }
   }
   if (options.announce)
     std::fprintf(stderr, "[model] %s: weights: %s\n", name_or_dir.c_str(), source.c_str());
@@ -860,6 +865,20 @@ void save_pretrained(const Model& model, const std::string& dir,
   const int64_t max_shard_bytes = options.max_shard_bytes;
   ModelConfig config = model.config();
   engine::nn::NamedTensors params = model.named_parameters();
+  HfLayout layout = model.hf_layout();
+  if (!options.labels.empty()) {
+    MAMMOTH_CHECK(config.family == Family::kBert || config.family == Family::kVit)
+        << "[save_pretrained] class labels are for BERT and ViT classifiers, not "
+        << family_name(config.family);
+    MAMMOTH_CHECK(static_cast<int64_t>(options.labels.size()) == config.num_labels)
+        << "[save_pretrained] " << options.labels.size() << " class labels for a model with "
+        << config.num_labels;
+    if (config.family == Family::kBert) {
+      const auto mlm_head = [](const std::string& name) { return name.rfind("cls.", 0) == 0; };
+      std::erase_if(params, [&](const auto& p) { return mlm_head(p.first); });
+      std::erase_if(layout.params, [&](const HfParam& p) { return mlm_head(p.param); });
+    }
+  }
   if (options.dtype) {
     MAMMOTH_CHECK(is_floating(*options.dtype))
         << "[save_pretrained] weights are saved as a floating dtype, not "
@@ -870,10 +889,20 @@ void save_pretrained(const Model& model, const std::string& dir,
   const std::string config_path = (fs::path(dir) / "config.json").string();
   {
     std::ofstream out(config_path);
-    out << json::dump(config_to_hf_json(config), 2) << "\n";
+    json::Value hf = config_to_hf_json(config);
+    if (!options.labels.empty()) {
+      if (config.family == Family::kBert)
+        hf.set("architectures", json::Value::array().push_back("BertForSequenceClassification"));
+      json::Value id2label = json::Value::object(), label2id = json::Value::object();
+      for (size_t i = 0; i < options.labels.size(); ++i) {
+        id2label.set(std::to_string(i), options.labels[i]);
+        label2id.set(options.labels[i], static_cast<int64_t>(i));
+      }
+      hf.set("id2label", std::move(id2label)).set("label2id", std::move(label2id));
+    }
+    out << json::dump(hf, 2) << "\n";
     MAMMOTH_CHECK(out.good()) << "[save_pretrained] cannot write " << config_path;
   }
-  const HfLayout layout = model.hf_layout();
   std::map<std::string, int64_t> bytes;
   int64_t total = 0;
   for (const auto& [name, p] : params) {

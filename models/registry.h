@@ -91,6 +91,10 @@ struct SavePretrainedOptions {
   int64_t max_shard_bytes = 0;
   // The weights' dtype in the files (and config.json's torch_dtype); unset: the parameters'.
   std::optional<DType> dtype;
+  // A sequence or image classifier's class names, id order (BERT, ViT): config.json names them
+  // (id2label / label2id) and BERT is written as BertForSequenceClassification, without its
+  // masked-LM head (cls.*), which classification neither trains nor saves in checkpoints.
+  std::vector<std::string> labels;
 };
 // Writes DIR/config.json and DIR/model.safetensors (HF names and layouts), creating DIR.
 void save_pretrained(const Model& model, const std::string& dir,

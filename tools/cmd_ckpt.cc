@@ -239,14 +239,24 @@ int export_hf(const std::string& dir, const std::string& out) {
          "adapter/ directory)";
   const models::ModelConfig cfg = model_config(state, dir);
   auto model = models::build_model(cfg);
+  // A classifier's checkpoint (train --images / --task classify) names its classes; BERT's
+  // masked-LM head is not trained there, not saved, and not exported.
+  std::vector<std::string> labels;
+  if (const json::Value* l = config ? config->find("labels") : nullptr) {
+    for (size_t i = 0; i < l->size(); ++i) labels.push_back((*l)[i].as_string());
+  }
   std::vector<train::CheckpointPiece> pieces;
-  for (const auto& [name, p] : model->named_parameters()) pieces.push_back({name, 0, p});
+  for (const auto& [name, p] : model->named_parameters()) {
+    const bool mlm_head = cfg.family == models::Family::kBert && name.rfind("cls.", 0) == 0;
+    if (!(mlm_head && !labels.empty())) pieces.push_back({name, 0, p});
+  }
   const json::Value loaded = train::load_checkpoint_pieces(dir, pieces);
   const double shard_mb = absl::GetFlag(FLAGS_max_shard_mb);
   MAMMOTH_CHECK(shard_mb > 0) << "[ckpt] --max-shard-mb must be positive, got " << shard_mb;
   const DType dtype = dtype_flag("ckpt");
   models::save_pretrained(
-      *model, out, {.max_shard_bytes = static_cast<int64_t>(shard_mb * 1e6), .dtype = dtype});
+      *model, out,
+      {.max_shard_bytes = static_cast<int64_t>(shard_mb * 1e6), .dtype = dtype, .labels = labels});
   // The trained directory's tokenizer, when there is one.
   const json::Value* source = config->find("model");
   if (source != nullptr && source->is_string() && fs::is_directory(source->as_string())) {

@@ -230,12 +230,11 @@ int run_classification(runtime::TrainingRuntime& rt, const engine::train::Device
     std::ofstream(o.save_dir + "/labels.json") << json::dump(labels) << "\n";
   }
 
-  // Each checkpoint carries the classifier as a transformers directory (hf/: config.json and
-  // model.safetensors, BERT's untrained masked-LM head included, which
-  // BertForSequenceClassification ignores).
+  // Each checkpoint carries the classifier as a transformers directory (hf/: config.json with
+  // the class names, and model.safetensors; BERT as BertForSequenceClassification).
   if (rt.plan().zero < 3) {
-    o.after_checkpoint = [&model](const std::string& dir) {
-      models::save_pretrained(*model, dir + "/hf");
+    o.after_checkpoint = [&model, &classes](const std::string& dir) {
+      models::save_pretrained(*model, dir + "/hf", {.labels = classes});
     };
   } else if (lead) {
     std::fprintf(stderr,

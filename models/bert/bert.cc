@@ -192,8 +192,10 @@ HfLayout Bert::hf_layout() const {
   HfLayout layout = Model::hf_layout();
   for (HfParam& p : layout.params) {
     // Task heads HF initialises afresh when a checkpoint lacks them (BertForMaskedLM files
-    // have no pooler, pre-training files no classifier).
-    if (p.param.rfind("classifier.", 0) == 0 || p.param.rfind("bert.pooler.", 0) == 0)
+    // have no pooler, pre-training files no classifier, BertForSequenceClassification files
+    // no masked-LM head); create_model names each one it initialised.
+    if (p.param.rfind("classifier.", 0) == 0 || p.param.rfind("bert.pooler.", 0) == 0 ||
+        p.param.rfind("cls.", 0) == 0)
       p.optional = true;
   }
   // BertModel checkpoints spell "embeddings..." without the "bert." prefix.

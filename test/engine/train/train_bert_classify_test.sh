@@ -95,6 +95,9 @@ head -192 "$work/train.jsonl" >"$work/train192.jsonl"
 tail -48 "$work/train.jsonl" >"$work/val48.jsonl"
 "$mammoth" train "${common[@]}" --train-file "$work/train192.jsonl" --val-file "$work/val48.jsonl" \
   --metrics "$work/hfrun.jsonl" --save-dir "$work/ck_hf" 2>/dev/null
+# `ckpt export` writes the same directory from the checkpoint alone (what --zero 3 runs use).
+"$mammoth" ckpt export "$work/ck_hf" --out "$work/exported" >"$work/export.log" 2>&1 ||
+  { cat "$work/export.log"; fail "ckpt export of a classifier checkpoint failed"; }
 bash "$python_sh" - "$work" <<'PY'
 import json, sys
 import torch
@@ -105,14 +108,20 @@ tok = BertTokenizer(f"{work}/vocab/vocab.txt", do_lower_case=True)
 enc = tok([r["text"] for r in rows], truncation=True, max_length=16, padding="max_length",
           return_tensors="pt")
 labels = torch.tensor([["neg", "pos"].index(r["label"]) for r in rows])
-model = BertForSequenceClassification.from_pretrained(f"{work}/ck_hf/step_00000040/hf").eval()
-with torch.no_grad():
-    logits = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits
-loss = torch.nn.functional.cross_entropy(logits, labels).item()
 ours = [json.loads(l) for l in open(f"{work}/hfrun.jsonl")][-1]["val_loss"]
-rel = abs(loss - ours) / abs(ours)
-print(f"HF export: transformers loss {loss:.6f}, mammoth validation {ours:.6f}, rel {rel:.2e}")
-assert rel < 1e-5, rel
+for where in ("ck_hf/step_00000040/hf", "exported"):
+    model, info = BertForSequenceClassification.from_pretrained(f"{work}/{where}",
+                                                                output_loading_info=True)
+    assert not any(info.values()), (where, info)  # no missing, unexpected or mismatched keys
+    assert model.config.id2label == {0: "neg", 1: "pos"}, (where, model.config.id2label)
+    assert model.config.label2id == {"neg": 0, "pos": 1}, (where, model.config.label2id)
+    with torch.no_grad():
+        logits = model.eval()(input_ids=enc["input_ids"],
+                              attention_mask=enc["attention_mask"]).logits
+    loss = torch.nn.functional.cross_entropy(logits, labels).item()
+    rel = abs(loss - ours) / abs(ours)
+    print(f"{where}: transformers loss {loss:.6f}, mammoth validation {ours:.6f}, rel {rel:.2e}")
+    assert rel < 1e-5, rel
 PY
 
 # dp 2: each rank reads half of every global batch of 16; the curve is one process's.
