@@ -107,7 +107,7 @@ const NfcTables& nfc_tables() {
   return t;
 }
 
-void append_utf8(uint32_t c, std::string* out) {
+void append_code_point(uint32_t c, std::string* out) {
   if (c >= kRawByte) {
     out->push_back(static_cast<char>(c - kRawByte));
   } else if (c < 0x80) {
@@ -129,19 +129,14 @@ void append_utf8(uint32_t c, std::string* out) {
 
 }  // namespace
 
-std::string nfc(std::string_view text) {
-  // Text below U+0300 is its own NFC (no character there decomposes or combines).
-  bool plain = true;
-  for (unsigned char b : text) plain = plain && b < 0xCC;
-  if (plain) return std::string(text);
+namespace {
+
+// NFD of code points (raw bytes >= kRawByte pass through as starters).
+std::vector<uint32_t> decompose(const std::vector<uint32_t>& text) {
   const NfcTables& t = nfc_tables();
   std::vector<uint32_t> d;
   d.reserve(text.size());
-  for (size_t pos = 0; pos < text.size();) {
-    size_t len = 0;
-    uint32_t c = decode_utf8(text, pos, &len);
-    if (c >= 0x110000) c = kRawByte + static_cast<unsigned char>(text[pos]);
-    pos += len;
+  for (const uint32_t c : text) {
     if (c >= kSBase && c < kSBase + kSCount) {
       const uint32_t s = c - kSBase;
       d.push_back(kLBase + s / kNCount);
@@ -158,16 +153,39 @@ std::string nfc(std::string_view text) {
   }
   // Canonical ordering: a stable sort of each run of nonzero classes by class.
   for (size_t i = 0; i < d.size();) {
-    if (t.class_of(d[i]) == 0) {
+    if (d[i] >= kRawByte || t.class_of(d[i]) == 0) {
       ++i;
       continue;
     }
     size_t j = i;
-    while (j < d.size() && t.class_of(d[j]) != 0) ++j;
+    while (j < d.size() && d[j] < kRawByte && t.class_of(d[j]) != 0) ++j;
     std::stable_sort(d.begin() + i, d.begin() + j,
                      [&](uint32_t a, uint32_t b) { return t.class_of(a) < t.class_of(b); });
     i = j;
   }
+  return d;
+}
+
+}  // namespace
+
+std::vector<uint32_t> nfd(const std::vector<uint32_t>& text) { return decompose(text); }
+
+std::string nfc(std::string_view text) {
+  // Text below U+0300 is its own NFC (no character there decomposes or combines).
+  bool plain = true;
+  for (unsigned char b : text) plain = plain && b < 0xCC;
+  if (plain) return std::string(text);
+  const NfcTables& t = nfc_tables();
+  std::vector<uint32_t> points;
+  points.reserve(text.size());
+  for (size_t pos = 0; pos < text.size();) {
+    size_t len = 0;
+    uint32_t c = decode_utf8(text, pos, &len);
+    if (c >= 0x110000) c = kRawByte + static_cast<unsigned char>(text[pos]);
+    pos += len;
+    points.push_back(c);
+  }
+  const std::vector<uint32_t> d = decompose(points);
   // Canonical composition: each character joins the last starter unless blocked (a character
   // between them of class 0 or of a class not below its own).
   std::vector<uint32_t> out;
@@ -195,8 +213,52 @@ std::string nfc(std::string_view text) {
   }
   std::string result;
   result.reserve(text.size());
-  for (const uint32_t c : out) append_utf8(c, &result);
+  for (const uint32_t c : out) append_code_point(c, &result);
   return result;
+}
+
+void append_utf8(uint32_t code_point, std::string* out) { append_code_point(code_point, out); }
+
+namespace {
+#include "engine/data/bert_tables.inc"
+
+struct LowerTable {
+  std::unordered_map<uint32_t, std::pair<uint32_t, uint32_t>> map;  // cp -> (offset, count)
+  LowerTable() {
+    for (size_t i = 0; i < std::size(kLowerTable); i += 2 + kLowerTable[i + 1]) {
+      map.emplace(kLowerTable[i], std::make_pair(static_cast<uint32_t>(i + 2), kLowerTable[i + 1]));
+    }
+  }
+};
+
+const LowerTable& lower_table() {
+  static const LowerTable t;
+  return t;
+}
+
+}  // namespace
+
+bool is_control_category(uint32_t c) { return in_ranges(kControlRanges, c); }
+bool is_space_separator(uint32_t c) { return in_ranges(kSpaceSeparatorRanges, c); }
+bool is_punctuation_category(uint32_t c) { return in_ranges(kPunctuationRanges, c); }
+bool is_nonspacing_mark(uint32_t c) { return in_ranges(kNonspacingMarkRanges, c); }
+bool is_python_space(uint32_t c) {
+  return std::binary_search(std::begin(kPythonSpaces), std::end(kPythonSpaces), c);
+}
+
+std::vector<uint32_t> lower_case(const std::vector<uint32_t>& text) {
+  const LowerTable& t = lower_table();
+  std::vector<uint32_t> out;
+  out.reserve(text.size());
+  for (const uint32_t c : text) {
+    if (auto it = t.map.find(c); it != t.map.end()) {
+      out.insert(out.end(), kLowerTable + it->second.first,
+                 kLowerTable + it->second.first + it->second.second);
+    } else {
+      out.push_back(c);
+    }
+  }
+  return out;
 }
 
 size_t class_run_end(std::string_view text, size_t pos, CharClass k) {

@@ -1,13 +1,18 @@
 // BERT's WordPiece tokenizer from a Hugging Face directory's vocab.txt, encoding as
-// transformers' BertTokenizer does: clean the text (control characters dropped, whitespace as
-// spaces), split on whitespace and punctuation, lower-case when tokenizer_config.json's
-// do_lower_case is true (its default), then greedy longest-match-first pieces with "##"
-// continuations, a word without a full cover (or over 100 characters) becoming [UNK].
+// transformers' BertTokenizer does: special tokens written in the text ([CLS], [SEP], [PAD],
+// [UNK], [MASK]) are their ids, and the rest is: clean the text (control characters dropped,
+// whitespace as spaces), CJK ideographs as words of their own, NFC, split on whitespace, lower-case
+// (each character's str.lower()) and strip accents (NFD without Mn marks) when
+// tokenizer_config.json's do_lower_case is true (its default) or strip_accents says so, split
+// off punctuation (ASCII symbols and Unicode's P*), then greedy longest-match-first pieces with
+// "##" continuations, a word without a full cover (or over 100 characters) becoming [UNK].
+// The Unicode tables come from the Python that transformers runs on (unicode_class.h), so the
+// ids are equal for any text, not just ASCII.
 //
-// Text is ASCII only: BertTokenizer's accent stripping and CJK splitting need Unicode tables
-// this reader does not carry, so any byte >= 0x80 is refused (the error names where it is),
-// never encoded differently. A tokenizer_config.json key that changes the encoding and is not
-// honoured here (never_split, a tokenizer_class other than Bert*) is refused by name.
+// Text must be valid UTF-8 (a Python str always is); other bytes are refused, naming where. A
+// tokenizer_config.json key that changes the encoding and is not honoured here (never_split,
+// do_basic_tokenize or do_split_on_punc false, a tokenizer_class other than Bert*) is refused
+// by name.
 #pragma once
 
 #include <cstdint>
@@ -36,13 +41,18 @@ class WordPiece {
   std::string describe() const;
 
  private:
-  void wordpiece(const std::string& word, std::vector<int32_t>* out) const;
+  void wordpiece(const std::vector<uint32_t>& chars, std::vector<int32_t>* out) const;
+  // BasicTokenizer + WordpieceTokenizer on text without special tokens, at byte `offset`.
+  void basic(std::string_view text, size_t offset, const std::string& where,
+             std::vector<int32_t>* out) const;
 
   std::string dir_;
   std::vector<std::string> tokens_;
   std::unordered_map<std::string, int32_t> ids_;
   bool lower_ = true;
-  int32_t cls_ = -1, sep_ = -1, pad_ = -1, unk_ = -1;
+  int strip_accents_ = -1;  // strip_accents: -1 unset (follows lower_), 0 false, 1 true
+  bool chinese_ = true;     // tokenize_chinese_chars
+  int32_t cls_ = -1, sep_ = -1, pad_ = -1, unk_ = -1, mask_ = -1;  // mask_: -1 when absent
 };
 
 }  // namespace mammoth::data

@@ -159,6 +159,6 @@ refused_bert "label '7' is not one of the training file's classes" --train-file 
   --val-file "$work/val.tsv"
 refused_bert "--task classify needs --train-file"
 refused_bert "--task classify is BERT's" --train-file "$work/ids.tsv" --images "$work"
-echo '{"text": "caf\u00e9", "label": 1}' >"$work/bad.jsonl"
-refused_bert "non-ASCII byte" --train-file "$work/bad.jsonl" --tokenizer "$work/vocab"
+printf 'text\tlabel\ncaf\xe9\t1\n' >"$work/bad.tsv"  # Latin-1, not UTF-8
+refused_bert "byte 3 is not valid UTF-8" --train-file "$work/bad.tsv" --tokenizer "$work/vocab"
 echo PASS
