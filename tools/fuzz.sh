@@ -56,16 +56,17 @@ declare -A SOURCES=(
   [chat_template]="engine/data/chat_template.cc base/json.cc base/error.cc"
   [checkpoint]="engine/train/checkpoint.cc engine/io/tensor_io.cc engine/io/safetensors.cc engine/tensor.cc engine/autograd.cc engine/nn/module.cc memory/allocator.cc engine/profile/profile.cc kernels/registry.cc base/crc32c.cc base/json.cc base/dtype.cc base/error.cc"
   [request]="serve/request.cc engine/data/chat_template.cc base/json.cc base/error.cc"
+  [wordpiece]="engine/data/wordpiece.cc engine/data/unicode_class.cc base/json.cc base/error.cc"
   [tokenizer]="engine/data/tokenizer.cc engine/data/bpe.cc engine/data/unicode_class.cc engine/data/mapped_file.cc base/json.cc base/thread_pool.cc base/error.cc"
 )
 # Largest input libFuzzer generates per target (shards need their 1024-byte header and more).
 declare -A MAX_LEN=(
   [safetensors]=4096 [json]=4096 [token_shard]=4096 [indexed_dataset]=4096
   [image_shard]=8192 [bpe]=8192 [tokenizer]=8192 [chat_template]=4096 [checkpoint]=32768
-  [request]=4096
+  [request]=4096 [wordpiece]=4096
 )
 ALL_TARGETS=(safetensors json token_shard indexed_dataset image_shard bpe tokenizer chat_template
-             checkpoint request)
+             checkpoint request wordpiece)
 [[ ${#TARGETS[@]} -eq 0 ]] && TARGETS=("${ALL_TARGETS[@]}")
 for t in "${TARGETS[@]}"; do
   [[ -n "${SOURCES[$t]:-}" ]] || { echo "fuzz.sh: unknown target '$t' (have: ${ALL_TARGETS[*]})" >&2; exit 2; }

@@ -309,6 +309,17 @@ put("request", "bad_values", request(False, {"model": "tiny", "prompt": "x", "ma
                                              "temperature": 3, "top_p": 0, "stop": [""] * 5}))
 
 
+# ---- wordpiece: vocab.txt ["\n--config--\n" tokenizer_config.json] ["\n--text--\n" text]
+WP_VOCAB = "\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "caf", "##e", "σας",
+                       "中", "!", "##s", "play", "##ing"]).encode()
+put("wordpiece", "multilingual", WP_VOCAB + "\n--text--\nThe CAFÉ! ΣΑΣ 中文 playing [SEP] x\u2028y "
+    "\u00a0e\u0301 \U0001F600\x01".encode())
+put("wordpiece", "config", WP_VOCAB + b'\n--config--\n{"do_lower_case": false, "strip_accents": '
+    b'true, "tokenize_chinese_chars": false}\n--text--\nCaf\xc3\xa9 plays')
+put("wordpiece", "invalid_utf8", WP_VOCAB + b"\n--text--\ncaf\xe9 \xff\xfe")
+put("wordpiece", "no_text", WP_VOCAB)
+
+
 if "--mammoth" in sys.argv:
     mpirun = sys.argv[sys.argv.index("--mpirun") + 1] if "--mpirun" in sys.argv else \
         os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing", "mpirun.sh")
