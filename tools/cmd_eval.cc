@@ -59,8 +59,8 @@ ABSL_FLAG(int64_t, max_sequences, 0, "eval: evaluate at most this many sequences
 ABSL_FLAG(std::string, images, "",
           "eval (ViT): labelled image shard (mammoth data --synthetic-images); train (ViT image "
           "classification): that, or a folder of PNG / JPEG files per class "
-          "(DIR/<class>/*.png|jpg|jpeg, classes sorted by name, images of the model's "
-          "image_size: others are refused, not resized)");
+          "(DIR/<class>/*.png|jpg|jpeg, classes sorted by name; images of another size are "
+          "resized to the model's image_size as ViTImageProcessor does)");
 ABSL_FLAG(int64_t, mask_token, -1,
           "train/eval (BERT): id of the [MASK] token; -1: the model's (config.json "
           "mask_token_id, else [MASK] in the directory's tokenizer.json or vocab.txt; bert-tiny "

@@ -4,6 +4,7 @@
 #include <png.h>
 
 #include <algorithm>
+#include <cmath>
 #include <csetjmp>
 #include <cstdio>
 #include <cstring>
@@ -183,6 +184,115 @@ void write_jpeg(const std::string& path, const uint8_t* hwc, int64_t height, int
                               << (ok ? "close failed" : err.message);
 }
 
+namespace {
+
+// One axis of a bilinear resize as Pillow computes it (its Resample.c, which transformers'
+// ViTImageProcessor calls): the triangle filter widened by the scale when shrinking (so every
+// source pixel counts: an antialiased reduction), weights normalised to sum 1 and then held in
+// fixed point with kPrecisionBits fraction bits, each output rounded and clipped to 8 bits.
+constexpr int kPrecisionBits = 32 - 8 - 2;
+
+struct AxisWeights {
+  std::vector<int64_t> first;   // first source index of each output index
+  std::vector<int64_t> count;   // number of source indices
+  std::vector<int32_t> weight;  // out * stride: fixed-point weights
+  int64_t stride = 0;
+};
+
+AxisWeights axis_weights(int64_t in, int64_t out) {
+  const double scale = static_cast<double>(in) / static_cast<double>(out);
+  const double filter_scale = std::max(scale, 1.0);
+  const double support = 1.0 * filter_scale;    // the triangle's support is 1
+  const double inv_scale = 1.0 / filter_scale;  // multiplied, as Pillow does, for equal rounding
+  AxisWeights a;
+  a.stride = static_cast<int64_t>(std::ceil(support)) * 2 + 1;
+  a.first.resize(static_cast<size_t>(out));
+  a.count.resize(static_cast<size_t>(out));
+  a.weight.assign(static_cast<size_t>(out * a.stride), 0);
+  std::vector<double> k(static_cast<size_t>(a.stride));
+  for (int64_t o = 0; o < out; ++o) {
+    const double center = (static_cast<double>(o) + 0.5) * scale;
+    const int64_t lo = std::max<int64_t>(static_cast<int64_t>(center - support + 0.5), 0);
+    const int64_t hi = std::min<int64_t>(static_cast<int64_t>(center + support + 0.5), in);
+    const int64_t n = hi - lo;
+    double total = 0;
+    for (int64_t x = 0; x < n; ++x) {
+      const double t = std::abs((static_cast<double>(x + lo) - center + 0.5) * inv_scale);
+      k[static_cast<size_t>(x)] = t < 1.0 ? 1.0 - t : 0.0;
+      total += k[static_cast<size_t>(x)];
+    }
+    for (int64_t x = 0; x < n; ++x) {
+      const double v = total != 0 ? k[static_cast<size_t>(x)] / total : k[static_cast<size_t>(x)];
+      const double fixed = v * static_cast<double>(1 << kPrecisionBits);
+      a.weight[static_cast<size_t>(o * a.stride + x)] =
+          static_cast<int32_t>(fixed < 0 ? std::trunc(fixed - 0.5) : std::trunc(fixed + 0.5));
+    }
+    a.first[static_cast<size_t>(o)] = lo;
+    a.count[static_cast<size_t>(o)] = n;
+  }
+  return a;
+}
+
+uint8_t clip8(int64_t v) {
+  return static_cast<uint8_t>(std::clamp<int64_t>(v >> kPrecisionBits, 0, 255));
+}
+
+}  // namespace
+
+std::vector<uint8_t> resize_bilinear(const std::vector<uint8_t>& chw, int64_t channels,
+                                     int64_t height, int64_t width, int64_t out_height,
+                                     int64_t out_width) {
+  MAMMOTH_CHECK(height > 0 && width > 0 && out_height > 0 && out_width > 0 &&
+                static_cast<int64_t>(chw.size()) == channels * height * width)
+      << "[image_folder] resize of a " << width << "x" << height << " image to " << out_width << "x"
+      << out_height;
+  const int64_t rounding = int64_t{1} << (kPrecisionBits - 1);
+  // One axis of `planes` [rows, cols] planes resampled to `out` samples.
+  auto pass = [&](const std::vector<uint8_t>& src, int64_t planes, int64_t rows, int64_t cols,
+                  bool horizontal, int64_t out) {
+    const int64_t n = horizontal ? cols : rows;
+    const AxisWeights a = axis_weights(n, out);
+    const int64_t out_rows = horizontal ? rows : out, out_cols = horizontal ? out : cols;
+    std::vector<uint8_t> dst(static_cast<size_t>(planes * out_rows * out_cols));
+    for (int64_t p = 0; p < planes; ++p) {
+      const uint8_t* in = src.data() + p * rows * cols;
+      uint8_t* o = dst.data() + p * out_rows * out_cols;
+      for (int64_t r = 0; r < out_rows; ++r) {
+        for (int64_t c = 0; c < out_cols; ++c) {
+          const int64_t j = horizontal ? c : r;  // the output index along the resampled axis
+          const int32_t* k = a.weight.data() + j * a.stride;
+          const int64_t first = a.first[static_cast<size_t>(j)];
+          int64_t sum = rounding;
+          for (int64_t t = 0; t < a.count[static_cast<size_t>(j)]; ++t) {
+            const int64_t at = horizontal ? r * cols + first + t : (first + t) * cols + c;
+            sum += int64_t{in[at]} * k[t];
+          }
+          o[r * out_cols + c] = clip8(sum);
+        }
+      }
+    }
+    return dst;
+  };
+  // Pillow resamples each axis whose size changes, horizontally first unless the height shrinks
+  // by more than twice as many pixels as the width does (Pillow 13; the two orders round
+  // differently). The rule was read off Pillow 13.0 itself: it decides 1474 random size pairs
+  // as stated (image_resize_interop_test checks both orders).
+  const bool vertical_first = height > out_height && height - out_height > 2 * (width - out_width);
+  std::vector<uint8_t> cur = chw;
+  int64_t h = height, w = width;
+  for (int step = 0; step < 2; ++step) {
+    const bool horizontal = (step == 0) != vertical_first;
+    if (horizontal && out_width != w) {
+      cur = pass(cur, channels, h, w, true, out_width);
+      w = out_width;
+    } else if (!horizontal && out_height != h) {
+      cur = pass(cur, channels, h, w, false, out_height);
+      h = out_height;
+    }
+  }
+  return cur;
+}
+
 ImageExamples ImageExamples::open_folder(const std::string& dir, int64_t channels, int64_t size) {
   MAMMOTH_CHECK(fs::is_directory(dir))
       << "[image_folder] " << dir << " is not a directory (DIR/<class>/*.png|jpg)";
@@ -216,11 +326,13 @@ ImageExamples ImageExamples::open_folder(const std::string& dir, int64_t channel
     for (const fs::path& f : files) {
       int64_t h = 0, w = 0;
       const std::vector<uint8_t> chw = decode_image(f.string(), channels, &h, &w);
-      MAMMOTH_CHECK(h == size && w == size)
-          << "[image_folder] " << f.string() << " is " << w << "x" << h
-          << " pixels but the model takes " << size << "x" << size
-          << " (images are not resized; resize them beforehand)";
-      e.pixels_.insert(e.pixels_.end(), chw.begin(), chw.begin() + per_image);
+      if (h == size && w == size) {
+        e.pixels_.insert(e.pixels_.end(), chw.begin(), chw.begin() + per_image);
+      } else {
+        const std::vector<uint8_t> r = resize_bilinear(chw, channels, h, w, size, size);
+        e.pixels_.insert(e.pixels_.end(), r.begin(), r.end());
+        ++e.resized_;
+      }
       e.labels_.push_back(static_cast<int32_t>(k));
     }
   }
@@ -276,7 +388,10 @@ std::string ImageExamples::describe() const {
   return std::string(shard_ ? "image shard " : "image folder ") + source_ + ": " +
          std::to_string(count_) + " images " + std::to_string(channels_) + "x" +
          std::to_string(image_size_) + "x" + std::to_string(image_size_) + ", " +
-         std::to_string(classes_.size()) + " classes";
+         std::to_string(classes_.size()) + " classes" +
+         (resized_ > 0
+              ? ", " + std::to_string(resized_) + " resized (bilinear, as ViTImageProcessor)"
+              : "");
 }
 
 }  // namespace mammoth::data

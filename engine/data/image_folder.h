@@ -5,10 +5,12 @@
 // the subdirectory names sorted bytewise (label k = the k-th), files within a class sorted by
 // name. Files are decoded once at open with Debian's libpng and libjpeg-turbo into 8-bit RGB
 // (channels 3) or grayscale (channels 1), whatever their own colour type (palette, gray,
-// alpha and 16-bit PNGs are converted; alpha is dropped). Images are not resized: one whose
-// size is not the model's image_size x image_size is refused naming the file and both sizes,
-// as is a file with another extension, a file the decoder rejects (corrupt, truncated, not an
-// image), a class directory with no images, and a plain file at the top level.
+// alpha and 16-bit PNGs are converted; alpha is dropped). An image whose size is not the
+// model's image_size x image_size is resized to it as transformers' ViTImageProcessor does
+// (Pillow's bilinear resample, aspect ratio not kept), to the same 8-bit pixels; describe()
+// counts them. Refused, naming the file: another extension, a file the decoder rejects
+// (corrupt, truncated, not an image), a class directory with no images, and a plain file at the
+// top level.
 //
 // Pixels map to model inputs as image shards do: (p / 255 - 0.5) / 0.5, channel-major [C, H, W].
 #pragma once
@@ -47,12 +49,19 @@ class ImageExamples final : public LabelledExamples {
   std::optional<ImageShard> shard_;  // open_shard: read in place
   std::vector<uint8_t> pixels_;      // open_folder: count * C * H * W, CHW per image
   std::vector<int32_t> labels_;
+  int64_t resized_ = 0;
 };
 
 // One PNG or JPEG file (by its extension) as 8-bit pixels, channel-major [channels, h, w].
 // Throws naming the file when it cannot be decoded.
 std::vector<uint8_t> decode_image(const std::string& path, int64_t channels, int64_t* height,
                                   int64_t* width);
+
+// Pillow's bilinear resize (Image.resize(..., BILINEAR)) of 8-bit channel-major pixels: the
+// same bytes, antialiased when shrinking.
+std::vector<uint8_t> resize_bilinear(const std::vector<uint8_t>& chw, int64_t channels,
+                                     int64_t height, int64_t width, int64_t out_height,
+                                     int64_t out_width);
 
 // Writes pixels interleaved [h, w, channels] (channels 1 or 3) as PNG / as JPEG of `quality`.
 void write_png(const std::string& path, const uint8_t* hwc, int64_t height, int64_t width,
