@@ -140,7 +140,10 @@ int run_classification(runtime::TrainingRuntime& rt, const engine::train::Device
     const std::string src = absl::GetFlag(FLAGS_images);
     image_data.emplace(
         fs::is_directory(src)
-            ? data::ImageExamples::open_folder(src, base.num_channels, base.image_size)
+            ? data::ImageExamples::open_folder(
+                  src, base.num_channels, base.image_size,
+                  !fs::is_directory(model_name) ||
+                      data::image_processor_resizes(model_name, base.num_channels, base.image_size))
             : data::ImageExamples::open_shard(src, base.num_channels, base.image_size));
     train_examples = &*image_data;
     classes = image_data->classes();

@@ -11,8 +11,10 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <set>
 
 #include "base/error.h"
+#include "base/json.h"
 
 namespace mammoth::data {
 namespace {
@@ -293,7 +295,79 @@ std::vector<uint8_t> resize_bilinear(const std::vector<uint8_t>& chw, int64_t ch
   return cur;
 }
 
-ImageExamples ImageExamples::open_folder(const std::string& dir, int64_t channels, int64_t size) {
+bool image_processor_resizes(const std::string& model_dir, int64_t channels, int64_t image_size) {
+  const std::string path = model_dir + "/preprocessor_config.json";
+  if (!fs::exists(path)) return true;
+  const json::Value c = json::parse_file(path);
+  MAMMOTH_CHECK(c.is_object()) << "[image_folder] " << path << " is not a JSON object";
+  const std::string where = "[image_folder] " + path + ": ";
+  static const std::set<std::string> known = {"image_processor_type",
+                                              "feature_extractor_type",
+                                              "processor_class",
+                                              "do_resize",
+                                              "size",
+                                              "resample",
+                                              "do_rescale",
+                                              "rescale_factor",
+                                              "do_normalize",
+                                              "image_mean",
+                                              "image_std"};
+  for (const json::Value& member : c) {
+    MAMMOTH_CHECK(known.count(member.key()) > 0)
+        << where << "key \"" << member.key()
+        << "\" is not one ViTImageProcessor takes; not honoured";
+  }
+  for (const char* key : {"image_processor_type", "feature_extractor_type"}) {
+    if (const json::Value* v = c.find(key)) {
+      MAMMOTH_CHECK(v->is_string() && (v->as_string() == "ViTImageProcessor" ||
+                                       v->as_string() == "ViTFeatureExtractor"))
+          << where << key << " " << json::dump(*v)
+          << ": only ViTImageProcessor's steps (resize, rescale, normalise) are implemented";
+    }
+  }
+  auto flag = [&](const char* key) {
+    const json::Value* v = c.find(key);
+    return v == nullptr || v->is_null() || v->as_bool();  // ViTImageProcessor's defaults: true
+  };
+  const bool resize = flag("do_resize");
+  if (const json::Value* v = c.find("size"); v != nullptr && resize) {
+    int64_t h = -1, w = -1;
+    if (v->is_object() && v->find("height") && v->find("width")) {
+      h = v->at("height").as_int();
+      w = v->at("width").as_int();
+    } else if (v->is_number()) {
+      h = w = v->as_int();
+    }
+    MAMMOTH_CHECK(h == image_size && w == image_size)
+        << where << "size " << json::dump(*v) << " is not the model's image_size " << image_size;
+  }
+  if (const json::Value* v = c.find("resample"); v != nullptr && resize) {
+    MAMMOTH_CHECK(v->is_number() && v->as_int() == 2)
+        << where << "resample " << json::dump(*v) << ": only 2 (bilinear) is implemented";
+  }
+  MAMMOTH_CHECK(flag("do_rescale")) << where << "do_rescale false is not implemented";
+  if (const json::Value* v = c.find("rescale_factor")) {
+    MAMMOTH_CHECK(v->is_number() && std::abs(v->as_double() - 1.0 / 255.0) < 1e-12)
+        << where << "rescale_factor " << json::dump(*v) << ": only 1/255 is implemented";
+  }
+  MAMMOTH_CHECK(flag("do_normalize")) << where << "do_normalize false is not implemented";
+  for (const char* key : {"image_mean", "image_std"}) {
+    if (const json::Value* v = c.find(key)) {
+      bool half = v->is_number() && v->as_double() == 0.5;
+      if (v->is_array()) {
+        half = static_cast<int64_t>(v->size()) == channels;
+        for (size_t i = 0; half && i < v->size(); ++i)
+          half = (*v)[i].is_number() && (*v)[i].as_double() == 0.5;
+      }
+      MAMMOTH_CHECK(half) << where << key << " " << json::dump(*v)
+                          << ": only 0.5 per channel is implemented ((p / 255 - 0.5) / 0.5)";
+    }
+  }
+  return resize;
+}
+
+ImageExamples ImageExamples::open_folder(const std::string& dir, int64_t channels, int64_t size,
+                                         bool resize) {
   MAMMOTH_CHECK(fs::is_directory(dir))
       << "[image_folder] " << dir << " is not a directory (DIR/<class>/*.png|jpg)";
   ImageExamples e;
@@ -329,6 +403,9 @@ ImageExamples ImageExamples::open_folder(const std::string& dir, int64_t channel
       if (h == size && w == size) {
         e.pixels_.insert(e.pixels_.end(), chw.begin(), chw.begin() + per_image);
       } else {
+        MAMMOTH_CHECK(resize) << "[image_folder] " << f.string() << " is " << w << "x" << h
+                              << " pixels but the model takes " << size << "x" << size
+                              << " and its preprocessor_config.json sets do_resize false";
         const std::vector<uint8_t> r = resize_bilinear(chw, channels, h, w, size, size);
         e.pixels_.insert(e.pixels_.end(), r.begin(), r.end());
         ++e.resized_;

@@ -27,8 +27,10 @@ namespace mammoth::data {
 
 class ImageExamples final : public LabelledExamples {
  public:
-  // DIR/<class>/*.png|jpg|jpeg, each image `size` x `size`, decoded to `channels` (1 or 3).
-  static ImageExamples open_folder(const std::string& dir, int64_t channels, int64_t size);
+  // DIR/<class>/*.png|jpg|jpeg, decoded to `channels` (1 or 3), resized to `size` x `size`
+  // (without `resize`, another size is refused naming the file).
+  static ImageExamples open_folder(const std::string& dir, int64_t channels, int64_t size,
+                                   bool resize = true);
   // An image shard whose images must be `channels` x `size` x `size` (checked, named).
   static ImageExamples open_shard(const std::string& path, int64_t channels, int64_t size);
 
@@ -56,6 +58,13 @@ class ImageExamples final : public LabelledExamples {
 // Throws naming the file when it cannot be decoded.
 std::vector<uint8_t> decode_image(const std::string& path, int64_t channels, int64_t* height,
                                   int64_t* width);
+
+// A model directory's preprocessor_config.json (none: true). What it asks ViTImageProcessor to
+// do must be what open_folder does: resize to the model's image_size with bilinear resampling
+// (or no resize), rescale by 1/255, normalise with mean and std 0.5. Returns its do_resize;
+// anything else (another processor type, size, resample filter, factor, mean or std, or an
+// unknown key) is refused naming the key and the value.
+bool image_processor_resizes(const std::string& model_dir, int64_t channels, int64_t image_size);
 
 // Pillow's bilinear resize (Image.resize(..., BILINEAR)) of 8-bit channel-major pixels: the
 // same bytes, antialiased when shrinking.

@@ -155,5 +155,49 @@ TEST_CASE("an image shard as examples, its size checked") {
              Catch::Contains("s.shard") && Catch::Contains("3x8x8"));
 }
 
+TEST_CASE("preprocessor_config.json: ViTImageProcessor's steps honoured, others refused by name") {
+  testing::TestDir dir;
+  CHECK(image_processor_resizes(dir.path(), 3, 32));  // no file: transformers' defaults
+  auto with = [&](const std::string& json) {
+    dir.write("preprocessor_config.json", json);
+    return image_processor_resizes(dir.path(), 3, 32);
+  };
+  // As google/vit-base-patch16-224 writes it (at its own size).
+  CHECK(with(R"({"do_normalize": true, "do_rescale": true, "do_resize": true,
+                 "image_mean": [0.5, 0.5, 0.5], "image_processor_type": "ViTImageProcessor",
+                 "image_std": [0.5, 0.5, 0.5], "resample": 2,
+                 "rescale_factor": 0.00392156862745098, "size": {"height": 32, "width": 32}})"));
+  CHECK(with(R"({"feature_extractor_type": "ViTFeatureExtractor", "size": 32})"));
+  CHECK_FALSE(with(R"({"do_resize": false})"));
+  auto refused = [&](const std::string& json) {
+    try {
+      with(json);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  CHECK_THAT(refused(R"({"image_mean": [0.485, 0.456, 0.406]})"),
+             Catch::Contains("image_mean [0.485,0.456,0.406]"));
+  CHECK_THAT(refused(R"({"size": {"height": 224, "width": 224}})"),
+             Catch::Contains("is not the model's image_size 32"));
+  CHECK_THAT(refused(R"({"resample": 3})"), Catch::Contains("resample 3"));
+  CHECK_THAT(refused(R"({"rescale_factor": 1})"), Catch::Contains("rescale_factor 1"));
+  CHECK_THAT(refused(R"({"do_center_crop": true})"), Catch::Contains("do_center_crop"));
+  CHECK_THAT(refused(R"({"image_processor_type": "DeiTImageProcessor"})"),
+             Catch::Contains("DeiTImageProcessor"));
+  CHECK_THAT(refused(R"({"do_normalize": false})"), Catch::Contains("do_normalize false"));
+
+  // do_resize false: another size is refused, naming the file.
+  const int64_t s = 4;
+  std::vector<uint8_t> px(static_cast<size_t>(8 * 8 * 3), 9);
+  std::filesystem::create_directories(dir.file("img/a"));
+  std::filesystem::create_directories(dir.file("img/b"));
+  write_png(dir.file("img/a/x.png"), px.data(), 8, 8, 3);
+  write_png(dir.file("img/b/y.png"), px.data(), 8, 8, 3);
+  CHECK_THROWS_WITH(ImageExamples::open_folder(dir.file("img"), 3, s, false),
+                    Catch::Contains("a/x.png is 8x8") && Catch::Contains("do_resize false"));
+  CHECK(ImageExamples::open_folder(dir.file("img"), 3, s, true).size() == 2);
+}
 }  // namespace
 }  // namespace mammoth::data
