@@ -87,6 +87,28 @@ double fma_peak_one_core() {
   return kernels::cpu::fma_chain_flops(zmm, iters) / (now_s() - t0);
 }
 
+double thread_cpu_s() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+}  // namespace
+
+double core_speed_probe(int rounds) {
+  const bool zmm = __builtin_cpu_supports("avx512f");
+  const int64_t iters = 1000000;
+  double best = 0;
+  for (int r = 0; r < rounds; ++r) {
+    const double t0 = thread_cpu_s();
+    kernels::cpu::run_fma_chains(zmm, iters);
+    best = std::max(best, kernels::cpu::fma_chain_flops(zmm, iters) / (thread_cpu_s() - t0));
+  }
+  return best;
+}
+
+namespace {
+
 // Least squares for y = sum_j c_j x_j with every c_j >= 0, relative: each row is divided by
 // its y, so that small and large GEMMs count alike. A coefficient that comes out negative is
 // dropped (set to 0) and the rest refitted.

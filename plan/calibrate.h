@@ -48,6 +48,12 @@ struct CalibrateOptions {
 // threads_per_rank while it measures and restores it after.
 Cluster calibrate_this_machine(const CalibrateOptions& options = {});
 
+// This core's fp32 FMA rate per second of the thread's own CPU time (FLOP/s), best of `rounds`
+// register-only loops: how fast the core computes while it runs, whatever else shares it.
+// `bench plan` compares it before each measured plan with its value at calibration, to tell a
+// core that has slowed down (frequency, a busy sibling thread) from a wrong prediction.
+double core_speed_probe(int rounds = 3);
+
 // The communication measurement, run on every rank of an MPI world of >= 2 ranks: MPI_Allreduce
 // times per size, fitted. Returns {"GBps", "latency_us", "points": [[bytes, seconds]...]}.
 json::Value calibrate_comm(bool quick);

@@ -21,7 +21,7 @@ fail() {
 }
 grep -q '^cluster calibrated_' "$work/out.txt" || fail "no calibrated cluster line"
 grep -q '^measured: ' "$work/out.txt" || fail "no line saying what was measured"
-rows=$(grep -cE '^ +[0-9]+ gpt2-tiny +1 .* [0-9]+\.[0-9]+ +[0-9]+\.[0-9]+ +[+-][0-9]+\.[0-9]%  \(wall min ' \
+rows=$(grep -cE '^ +[0-9]+ gpt2-tiny +1 .* [0-9]+\.[0-9]+ +[0-9]+\.[0-9]+ +[+-][0-9]+\.[0-9]% +[0-9]+\.[0-9]+ +[+-][0-9]+\.[0-9]%  \(wall min ' \
   "$work/out.txt" || true)
 [[ $rows -ge 2 ]] || fail "expected >= 2 plan rows with predicted, measured and error, got $rows"
 grep -q '^\s*0 gpt2-tiny  *1 \* ' "$work/out.txt" || fail "the search's first choice is not row 0"
@@ -36,7 +36,9 @@ plans = d["plans"]
 assert len(plans) >= 2, plans
 for p in plans:
     assert p["predicted_s"] > 0 and p["measured_s"] > 0, p
-for k in ("median_abs_error", "worst_abs_error", "spearman"):
+    assert 0.05 < p["core_speed"] < 20, p  # the probe ran, in CPU time: near 1 on a steady core
+for k in ("median_abs_error", "worst_abs_error", "spearman", "speed_adjusted_median_abs_error",
+          "speed_adjusted_worst_abs_error"):
     assert math.isfinite(d[k]), (k, d[k])
 assert d["cluster"]["calibration"]["quick"] is True
 assert d["cluster"]["op_overhead_us"] > 0

@@ -188,6 +188,7 @@ struct Row {
   double measured = 0;  // 0: the run failed
   double wall_min = 0, wall_median = 0;
   double share = 1;  // CPU time the run's processes got / (ranks x its wall time)
+  double speed = 1;  // the core's speed probe just before the run / at calibration
   std::string error;
   plan::TimePrediction time;
 };
@@ -310,6 +311,9 @@ int run_plan_bench(const std::vector<std::string>& args) {
   } else {
     cluster = plan::load_cluster(o.cluster);
   }
+  // The core's speed per CPU second now, against which each run's own probe is read.
+  const double speed0 = plan::core_speed_probe(5);
+  std::printf("core speed probe at calibration: %.1f GFLOP/s per CPU second\n", speed0 / 1e9);
   std::printf(
       "cluster %s: %.1f GFLOP/s peak per rank, sgemm %.1f GFLOP/s + %.2f us/call, op %.2f us, "
       "attention %.2f GFLOP/s, bandwidth %.2f GB/s, MPI %.3f GB/s + %.1f us\n",
@@ -359,19 +363,24 @@ int run_plan_bench(const std::vector<std::string>& args) {
                                       ? "median step x the CPU share the run got (cores of its own)"
                                   : o.stat == "min" ? "the fastest step after the first (wall)"
                                                     : "the median step after the first (wall)");
-  std::printf("%3s %-10s %2s %-62s %10s %10s %8s\n", "#", "model", "np", "plan", "pred_ms",
-              "meas_ms", "error");
+  std::printf(
+      "speed: the core's probe before the run / at calibration; adj: the prediction divided by "
+      "it\n");
+  std::printf("%3s %-10s %2s %-62s %10s %10s %8s %6s %8s\n", "#", "model", "np", "plan", "pred_ms",
+              "meas_ms", "error", "speed", "adj");
   for (size_t i = 0; i < rows.size(); ++i) {
     Row& r = rows[i];
+    r.speed = plan::core_speed_probe() / speed0;
     measure(o, exe, dir, static_cast<int>(i), r, r.error);
     const std::string summary = (r.first_choice ? "* " : "  ") + plan::plan_summary(r.plan);
     if (r.measured > 0) {
       std::printf(
-          "%3zu %-10s %2d %-62s %10.2f %10.2f %+7.1f%%  (wall min %.2f, median %.2f, "
-          "cpu share %.2f)\n",
+          "%3zu %-10s %2d %-62s %10.2f %10.2f %+7.1f%% %6.2f %+7.1f%%  (wall min %.2f, median "
+          "%.2f, cpu share %.2f)\n",
           i, r.model.c_str(), r.world, summary.c_str(), r.predicted * 1e3, r.measured * 1e3,
-          100 * (r.predicted - r.measured) / r.measured, r.wall_min * 1e3, r.wall_median * 1e3,
-          r.share);
+          100 * (r.predicted - r.measured) / r.measured, r.speed,
+          100 * (r.predicted / r.speed - r.measured) / r.measured, r.wall_min * 1e3,
+          r.wall_median * 1e3, r.share);
     } else {
       std::printf("%3zu %-10s %2d %-62s %10.2f %10s   failed: %s\n", i, r.model.c_str(), r.world,
                   summary.c_str(), r.predicted * 1e3, "-", r.error.c_str());
@@ -379,7 +388,7 @@ int run_plan_bench(const std::vector<std::string>& args) {
     std::fflush(stdout);
   }
 
-  std::vector<double> errors, pred, meas;
+  std::vector<double> errors, adj_errors, pred, adj_pred, meas;
   int failed = 0;
   for (const Row& r : rows) {
     if (r.measured <= 0) {
@@ -387,18 +396,27 @@ int run_plan_bench(const std::vector<std::string>& args) {
       continue;
     }
     errors.push_back(std::fabs(r.predicted - r.measured) / r.measured);
+    adj_errors.push_back(std::fabs(r.predicted / r.speed - r.measured) / r.measured);
     pred.push_back(r.predicted);
+    adj_pred.push_back(r.predicted / r.speed);
     meas.push_back(r.measured);
   }
   const double med = median(errors);
   const double worst = errors.empty() ? 0 : *std::max_element(errors.begin(), errors.end());
   const double rho = spearman(pred, meas);
+  const double adj_med = median(adj_errors);
+  const double adj_worst =
+      adj_errors.empty() ? 0 : *std::max_element(adj_errors.begin(), adj_errors.end());
   std::printf("\nplans %zu measured, %d failed (* = the search's first choice)\n", errors.size(),
               failed);
   std::printf(
       "median |error| %.1f%% (target <= 15%%), worst %.1f%% (<= 35%%), Spearman %.3f "
       "(>= 0.8)\n",
       100 * med, 100 * worst, rho);
+  std::printf(
+      "with each prediction divided by its run's core speed: median |error| %.1f%%, worst "
+      "%.1f%%, Spearman %.3f\n",
+      100 * adj_med, 100 * adj_worst, spearman(adj_pred, meas));
   json::Value groups = json::Value::array();
   for (const std::string& name : o.models) {
     for (int world : o.worlds) {
@@ -439,6 +457,7 @@ int run_plan_bench(const std::vector<std::string>& args) {
                         .set("wall_min_s", r.wall_min)
                         .set("wall_median_s", r.wall_median)
                         .set("cpu_share", r.share)
+                        .set("core_speed", r.speed)
                         .set("prediction", r.time.to_json()));
     }
     std::ofstream(o.json_path) << json::dump(json::Value::object()
@@ -447,6 +466,8 @@ int run_plan_bench(const std::vector<std::string>& args) {
                                                  .set("median_abs_error", med)
                                                  .set("worst_abs_error", worst)
                                                  .set("spearman", rho)
+                                                 .set("speed_adjusted_median_abs_error", adj_med)
+                                                 .set("speed_adjusted_worst_abs_error", adj_worst)
                                                  .set("first_choice", std::move(groups)),
                                              2)
                                << "\n";
