@@ -93,10 +93,10 @@ float row_dot(const float* x, const float* y, int64_t n) {
 // Softmax-style rows are read from memory once, in blocks of kOnlineBlock floats (2 KiB): an
 // online softmax by block. Each block's exponentials are taken against a reference known before
 // the block (the largest value seen so far), and the block's own maximum is found in the same
-// loop from the same loads, so reading the row overlaps the arithmetic. Two earlier forms were
+// loop from the same loads, so reading the row overlaps the arithmetic. Two other forms are
 // slower on rows from memory: a separate max pass (the core waits on memory, then memory on the
 // core), and reading the next block's maximum in the loop over the current one from L1
-// (32-33 against 36-37 GB/s in a microbenchmark at one thread; BENCHMARKS.md, issue 3).
+// (BENCHMARKS.md, "Kernel design measurements").
 constexpr int64_t kOnlineBlock = 512;
 // A row's first reference is the maximum of its first kHintFloats; a block whose maximum exceeds
 // its reference by more than kOnlineSlack is redone against that maximum (from L1), so no
@@ -112,9 +112,9 @@ int64_t online_blocks(int64_t n) { return (n + kOnlineBlock - 1) / kOnlineBlock;
 // s += exp(x - ref) over x[0, len), in two vector partial sums in a fixed order (e may alias x:
 // each vector is loaded before it is stored); with kStore e[0, len) = exp(x - ref); with kMax
 // returns the largest x - ref if any is >= 0 (otherwise some negative value). The maximum is taken
-// on the bit patterns (max_bits): the integer units have issue slots to spare, the float max took
-// one of the non-FMA pipes' that the exponential needs. `inline` here and on block_scale: GCC
-// left them out of line without it, and softmax ran ~2.5% slower (A/B, three rounds).
+// on the bit patterns (max_bits): the integer units have issue slots to spare, the float max takes
+// one of the non-FMA pipes' that the exponential needs. `inline` here and on block_scale: without
+// it GCC leaves them out of line, and softmax is slower for the calls.
 //
 // With a Side (kSide), the same loop also writes another row's finished output: side.y[i] =
 // side.e[i] * side.f + side.g over [0, len) (one rounding: with g = 0 exactly e * f), full
@@ -208,8 +208,8 @@ struct OnlineExp {
   template <bool kStore, bool kSide = false>
   float add(const float* x, float* e, int64_t len, bool last, const Side& side = {}) {
     const float ref = m;
-    // The sums in locals: as members they were stored and reloaded every iteration (the stores
-    // to e may alias them, as far as the compiler knows), which put a store-to-load forwarding
+    // The sums in locals: as members they are stored and reloaded every iteration (the stores
+    // to e may alias them, as far as the compiler knows), which puts a store-to-load forwarding
     // delay on the sums' dependency chain.
     Vec a0 = s0, a1 = s1;
     // dm: the block's largest x - ref when one is >= 0 (below: some negative value, unused).
@@ -299,9 +299,8 @@ inline bool rows_aligned(const float* p, int64_t n) {
 // (kernels/op_list.h: the engine hands them a buffer nothing else reads): every element of that
 // input is loaded before dx's at the same place is stored. They then store plainly, never
 // streaming: the lines were just read, so a store costs no read-for-ownership and the line goes
-// back as an ordinary write-back. One core, in place (b = b + s * c) 48-56 GB/s against 39-42
-// for the streaming triad; layer_norm backward at 16384 x 768 32-33 -> 37 GB/s, softmax
-// backward at 8192 x 2048 33-34 -> 39-40.
+// back as an ordinary write-back, which outruns streaming stores of the same data (BENCHMARKS.md,
+// "Kernel design measurements").
 inline bool in_place(const float* dx, const float* dy) { return dx == dy; }
 
 // Applies f(Vec) -> Vec elementwise from one input row to one output row.
@@ -367,9 +366,9 @@ void scale_row(const float* e, float* y, int64_t n, const float* block_ref, floa
 // them) are kept in a buffer, and the second pass takes the others again from x, against the same
 // references, so the result is bitwise the one the buffered path gives. Where the row and that
 // buffer would not fit in L1 together (over 6144 floats here) nothing is kept. A whole-row buffer
-// that falls out of L1 makes its stores and loads L1 misses beside the memory stream: at rows of
-// 6144-32768 floats it gave 0.43-0.52x of the triad, recomputing all 0.57-0.65x. At 3072 and 4096
-// the whole-row buffer ran 20.7-22.8 GB/s, keeping a quarter of L1 28.7-30.4 (one thread).
+// that falls out of L1 makes its stores and loads L1 misses beside the memory stream, which costs
+// more than taking the exponentials twice, and more than keeping only a quarter of L1 of them
+// (BENCHMARKS.md, "Kernel design measurements").
 bool softmax_recomputes(int64_t rows, int64_t n) {
   return stream_output(rows * n * 4) && n * 4 > l1_data_cache_bytes() / 4;
 }
@@ -415,12 +414,12 @@ void softmax_long_rows(const float* x, float* y, int64_t rows, int64_t n) {
 
 // Rows [rb, re) of a streaming softmax, software-pipelined: row m's output is written in the
 // loop that takes row m + 1's exponentials (exp_pass's Side), so reading memory overlaps writing
-// it; done one after the other, the exponential pass waited on compute and the output pass on the
-// write bandwidth (33-36 GB/s at one thread). Two row buffers of exponentials, the current row's
-// and the next's. They sit half a page apart modulo 4 KiB: at the same page offset, every load of
-// the current buffer followed a store to the other at the same offset (4 KiB aliasing), and the
-// pipelined form ran at 0.71-0.75x of the triad against 0.84-0.92x for the plain one; half a page
-// (or 1 or 3 KiB) apart: 0.98-1.08x at rows of 2048, 1.14-1.19x at 512-768 (harness, one thread).
+// it; done one after the other, the exponential pass waits on compute and the output pass on the
+// write bandwidth. Two row buffers of exponentials, the current row's and the next's. They sit
+// half a page apart modulo 4 KiB: at the same page offset, every load of the current buffer would
+// follow a store to the other at the same offset (4 KiB aliasing), and the pipelined form would be
+// slower than the plain one; half a page (or 1 or 3 KiB) apart it is faster (BENCHMARKS.md,
+// "Kernel design measurements").
 // y's rows must be aligned for streaming stores (softmax checks).
 void softmax_fused_rows(const float* x, float* y, int64_t rb, int64_t re, int64_t n) {
   const int64_t nb = online_blocks(n);
@@ -462,9 +461,9 @@ void softmax_fused_rows(const float* x, float* y, int64_t rb, int64_t re, int64_
 
 // Streaming (outputs larger than the last-level cache): softmax_fused_rows where y's rows are
 // aligned, else the exponentials go to a per-thread row buffer and y is written once, at the end;
-// not streaming: they go to y and are scaled in place. Long rows: softmax_long_rows. (Folding
-// the buffered and in-place paths into one function, with a branch per block, cost the buffered
-// path 4-7% at rows of 2048.)
+// not streaming: they go to y and are scaled in place. Long rows: softmax_long_rows. (The
+// buffered and in-place paths stay apart: folded into one, with a branch per block, the buffered
+// path is slower.)
 void softmax(const float* x, float* y, int64_t rows, int64_t n) {
   if (softmax_recomputes(rows, n)) {
     softmax_long_rows(x, y, rows, n);
@@ -498,8 +497,8 @@ bool two_rows_in_quarter_l1(int64_t n) { return 2 * n * 4 * 4 <= l1_data_cache_b
 
 // Rows [rb, re) of a streaming log_softmax, pipelined as softmax_fused_rows: row m's output
 // (x - lse, from x's row m in cache) is written in the loop over row m + 1. Only for short rows
-// (two_rows_in_quarter_l1): one thread, rows of 512 and 768 33-34 -> 39-43 GB/s, 1024 +3-5%, 1536
-// the same, 2048 and 4096 10-13% slower than one row at a time.
+// (two_rows_in_quarter_l1): there it is faster than one row at a time, on longer rows no faster
+// and then slower (BENCHMARKS.md, "Kernel design measurements").
 void log_softmax_fused_rows(const float* x, float* y, int64_t rb, int64_t re, int64_t n) {
   const int64_t nb = online_blocks(n);
   float lse_prev = 0.0f;
@@ -594,11 +593,10 @@ float softmax_backward_row(const float* g, const float* p, float* out, int64_t n
 // Rows whose output is not 64-byte aligned under streaming stores (which need it) take row_dot
 // and emit one after the other instead, and so does dx written over dy (in_place, above): there
 // the stores hit lines just loaded, and the look-ahead's loads of row m + 1 would follow stores
-// to row m at the same page offset whenever a row is a multiple of 4 KiB (8192 x 2048, one
-// thread: 35 GB/s pipelined, 39-40 one row after the other). So do short rows
-// (two_rows_in_quarter_l1), since the dot reads with load_mem: one thread, streaming, one row at
-// a time against the look-ahead at 512 / 768 / 1024 floats +12 / +5 / +18% (five rounds), at
-// 1536 -4%, at 2048 -10%.
+// to row m at the same page offset whenever a row is a multiple of 4 KiB (4 KiB aliasing), which
+// makes the look-ahead slower than one row after the other. So do short rows
+// (two_rows_in_quarter_l1), since the dot reads with load_mem: there one row at a time is faster
+// than the look-ahead, which wins on longer rows (BENCHMARKS.md, "Kernel design measurements").
 void softmax_backward(const float* dy, const float* y, float* dx, int64_t rows, int64_t n) {
   const bool stream = stream_output(rows * n * 4) && !in_place(dx, dy);
   parallel_for(0, rows, row_grain(n), [&](int64_t rb, int64_t re) {
@@ -626,8 +624,8 @@ void softmax_backward(const float* dy, const float* y, float* dx, int64_t rows, 
 // The backwards that take the probabilities again from log-probabilities (log_softmax's e^y,
 // cross_entropy's e^(x - lse): exponents <= 0) use exp_near, as the forwards' numerators do: its
 // relative error (6 + 2|d|) * 2^-24 gives a probability e^d within 6 * 2^-24 absolute, and it
-// costs 8 operations against exp_nonpos's 12 (17 on AVX2). One thread, three rounds: AVX-512
-// log_softmax backward in place +10%, cross_entropy backward +13%; AVX2 +25-34% and +50%.
+// costs 8 operations against exp_nonpos's 12 (17 on AVX2), so both backwards run faster with it
+// on both ISAs, most on AVX2 (BENCHMARKS.md, "Kernel design measurements").
 void log_softmax_backward(const float* dy, const float* y, float* dx, int64_t rows, int64_t n) {
   const bool stream = stream_output(rows * n * 4) && !in_place(dx, dy);
   for_rows(
@@ -643,7 +641,7 @@ void log_softmax_backward(const float* dy, const float* y, float* dx, int64_t ro
 
 // ---- normalisation ---------------------------------------------------------------------------
 
-// Four accumulators, as row_sum: with two, the fma latency chain (not the loads) set the pace.
+// Four accumulators, as row_sum: with two, the fma latency chain (not the loads) sets the pace.
 float centred_sq_sum(const float* x, int64_t n, float mu) {
   const Vec mv = Vec::set1(mu);
   Vec a0 = Vec::zero(), a1 = a0, a2 = a0, a3 = a0;
@@ -675,12 +673,11 @@ float centred_sq_sum(const float* x, int64_t n, float mu) {
 // accuracy. Rows where it exceeds kShiftedLimit (a first vector far from the rest of the row)
 // take the exact two passes again (a sum, then the squared deviations from its mean; the row is
 // in cache by then), so M2's error stays within ~kShiftedLimit times the float sums' rounding.
-// Shifting by x[0] alone cancelled enough (S2 / M2 ~ 2 on average, up to 16) to move
-// train_tp_test's tensor-parallel gradient norms 1.1e-4 from the single process's, against
-// 3.5e-5 with two passes and 2.8e-5 now.
-// Against the two passes it replaced (chunks of 256 floats merged by Chan's formula past 1024),
-// one thread, three rounds: layer_norm at 16384 x 768 39.2-40.7 -> 43.7-45.5 GB/s, 7864 x 1600
-// 29.0-30.0 -> 31.3-34.1, 3072 x 4096 +3%, 12288 x 1024 -3%.
+// Shifting by x[0] alone cancels enough to move train_tp_test's tensor-parallel gradient norms
+// visibly further from the single process's than either this or the two passes do.
+// The one read is faster than two passes over the row (a sum in chunks of 256 floats merged by
+// Chan's formula past 1024, then the squared deviations) on most shapes (BENCHMARKS.md, "Kernel
+// design measurements").
 constexpr double kShiftedLimit = 16.0;
 
 template <bool kMem>
@@ -721,18 +718,16 @@ void row_mean_m2(const float* x, int64_t n, double& mean, double& m2) {
 // Long norm rows. A norm's second pass reads its row again together with the weight vectors and
 // partials (`arrays` rows of n floats in all, the row included). Where those take 2/3 of L1 or
 // more they no longer stay there between the passes, and the next row's arrival evicts what the
-// second pass needs (layer_norm at 8192 x 2048: 0.44-0.5x of the triad, against 0.9-1.0 at 768).
+// second pass needs, so the per-row form falls far behind the memory's pace.
 // Such rows go in groups of kNormGroup: each row's statistics first, then the group's output
 // kNormCols columns at a time across its rows, so a block of the weights stays in L1 while the
 // rows come back from L2. While a group's output goes out, the next group's rows are prefetched,
-// evenly over the output blocks, so memory reads them during the writes instead of after them:
-// one thread at 3072 x 4096, layer_norm 25.7-27.3 -> 28.0-28.8 GB/s, rms_norm 27.2-28.4 ->
-// 29.8-30.5 (three rounds, same binary). Prefetching faster than the output's pace (the next group
-// within the first half of the output) or slower was no better; prefetching into L1 (t0) was
-// worse. The threshold was 3/4 of L1 until session 20: the per-row forms fall off before that
-// (layer_norm forward at 2032 floats 20-21 GB/s per row, 27-29 grouped; its backward at 1200
-// 22-25, 26-31), and rms_norm backward, which had counted two arrays while its grouped form ran
-// with its sums on the stack (see norm_backward_cols), now counts its four (2048: 25 -> 29-30).
+// evenly over the output blocks, so memory reads them during the writes instead of after them.
+// Prefetching faster than the output's pace (the next group within the first half of the output)
+// or slower is no better; prefetching into L1 (t0) is worse. The threshold is 2/3 of L1, not more:
+// the per-row forms already fall behind the grouped ones below 3/4 (layer_norm forward at 2032
+// floats, its backward at 1200), and each kernel counts every array its second pass reads
+// (BENCHMARKS.md, "Kernel design measurements").
 constexpr int64_t kNormGroup = 16;
 constexpr int64_t kNormCols = 512;
 
@@ -777,9 +772,8 @@ void norm_forward_rows(int64_t rows, int64_t n, int arrays, const float* x, floa
           const auto f = row(m);
           if (m + 1 == rows) return emit(stream, y + m * n, n, f);
           // The next row is prefetched (into L2) along the output, a line per vector, so that
-          // memory reads it while this row's output goes out: one thread, three rounds,
-          // layer_norm at 1280 36.3-38.7 -> 39.3-40.7 GB/s, 1600 31.7-33.3 -> 33.7-34.6, 1792
-          // 25.1-27.0 -> 30.2-30.3; 768 and rms_norm unchanged (session 20).
+          // memory reads it while this row's output goes out (BENCHMARKS.md, "Kernel design
+          // measurements": layer_norm's rows of 1280-1792 floats gain most).
           const float* next = x + (m + 1) * n;
           emit(stream, y + m * n, n, [&](int64_t i, int r) {
             __builtin_prefetch(next + i, 0, 1);  // prefetcht2 on x86
@@ -828,8 +822,8 @@ void layer_norm(const float* x, const float* w, const float* b, float* y, float*
 }
 
 // dx = rstd * (dy * w - a - xhat * c), given na = -a and nc = -c, in explicit fmas: written as
-// that expression, the compiler contracted it differently in emit's streaming and plain loops,
-// whose results then differed in the last bit (so dx depended on the tensor's size).
+// that expression, the compiler contracts it differently in emit's streaming and plain loops,
+// whose results then differ in the last bit (so dx would depend on the tensor's size).
 inline Vec norm_dx(Vec g, Vec w, Vec xhat, Vec rv, Vec na, Vec nc) {
   return rv * fma(xhat, nc, fma(g, w, na));
 }
@@ -846,7 +840,7 @@ void norm_backward_block(const float* dy, const float* x, const float* w, const 
     const float* xr = x + m * n;
     const Vec mv = Vec::set1(kCentred ? mean[m] : 0.0f), rv = Vec::set1(rstd[m]);
     // Pass 1: s1 = sum(dy * w), s2 = sum(dy * w * xhat); weight-gradient partials. Two
-    // accumulators each (even and odd vectors): with one, the add/fma latency chain set the pace.
+    // accumulators each (even and odd vectors): with one, the add/fma latency chain sets the pace.
     Vec s1[2] = {Vec::zero(), Vec::zero()}, s2[2] = {Vec::zero(), Vec::zero()};
     int64_t i = 0;
     auto step = [&](Vec g, Vec xv, Vec wv, float* pw, float* pb, int r, int k) {
@@ -892,21 +886,18 @@ void norm_backward_block(const float* dy, const float* x, const float* w, const 
 // Long rows of norm backward (norm_rows_long: the row's x and dy, w and the partials dw, db),
 // in groups of kNormBackGroup rows: each row's sums first, then the group's dx kColVecs vectors
 // of columns at a time across its rows, that block's weight-gradient sums held in registers over
-// the group and added to the partials once. The per-row form at 8192 x 2048 read its partials
-// and w from L2 in both passes: layer_norm backward 0.50x of the triad -> 0.61 in a harness.
+// the group and added to the partials once. On such rows the per-row form reads its partials
+// and w from L2 in both passes.
 // A block is 128 columns (512 bytes of each row) on every ISA: what sets the pace is the bytes of
-// each row a block takes, not the registers. AVX-512's eight vectors (w, dw and db sums: 24 of
-// the 32 registers) ran 2-5% faster than four, and sixteen no faster (bench, one thread,
-// 1536-4096). AVX2 with two vectors (64 bytes of a row) ran layer_norm backward at 8.9-10.2
-// GB/s at 2048 and 4096; with sixteen, its w and sums partly on the stack, 22.1-27.2, level with
-// AVX-512 (one thread, --isa avx2, session 19). Those were measured with every block's vectors
-// on the stack: GCC left the v loops rolled and the arrays in memory until session 20 unrolled
-// them (AVX-512 layer_norm backward 1280-4096 +8-20%; AVX2, whose 16 registers cannot hold them
-// anyway, unchanged).
+// each row a block takes, not the registers. On AVX-512 that is eight vectors (w, dw and db
+// sums: 24 of the 32 registers), faster than four, and sixteen are no faster. On AVX2 it is
+// sixteen, its w and sums partly on the stack, far faster than two (64 bytes of a row) and level
+// with AVX-512. The v loops carry `#pragma GCC unroll`: left rolled, GCC keeps the arrays in
+// memory, which slows AVX-512 (AVX2's 16 registers cannot hold them anyway).
 // Groups of at most kNormBackGroup rows, and at most kNormBackGroupBytes of x and dy (half of a
-// 1 MiB L2), from which the second pass reads them back: on rows of 16384 and 32768 floats,
-// groups of 32 rows (4-8 MB) ran layer_norm backward at 18-19 and 14-15 GB/s, byte-bounded ones
-// at 20-20.5 and 20.7-20.8 (rms_norm 20-22 -> 24.5-25, 16-17 -> 23-24); one thread.
+// 1 MiB L2), from which the second pass reads them back: on rows of 16384 floats and more, 32
+// rows (4-8 MB) no longer come back from L2, and byte-bounded groups are faster (BENCHMARKS.md,
+// "Kernel design measurements").
 constexpr int64_t kNormBackGroup = 32;
 constexpr int64_t kNormBackGroupBytes = int64_t{512} << 10;
 constexpr int kColVecs = 128 / W;  // W divides 128 on every ISA
@@ -996,8 +987,8 @@ void norm_backward_block_long(const float* dy, const float* x, const float* w, c
       const float* xr = x + m * n;
       const float mu = kCentred ? mean[m] : 0.0f;
       const Vec mv = Vec::set1(mu), rv = Vec::set1(rstd[m]);
-      // Two accumulators each (even and odd vectors), in named registers: GCC kept them as arrays
-      // on the stack when indexed in a loop, and every vector waited on a store and a reload.
+      // Two accumulators each (even and odd vectors), in named registers: GCC keeps them as arrays
+      // on the stack when indexed in a loop, and every vector waits on a store and a reload.
       Vec s1a = Vec::zero(), s1b = s1a, s2a = s1a, s2b = s1a;
       int64_t i = 0;
       for (; i + 2 * W <= n; i += 2 * W) {
@@ -1045,10 +1036,10 @@ void norm_backward(const float* dy, const float* x, const float* w, const float*
   const int64_t per_block = kCentred ? 2 * n : n;
   float* partial = thread_scratch<float>(ScratchSlot::kNormPartials, blocks * per_block);
   // A block accumulates in this thread's own buffer, which stays in L1 from block to block, and
-  // is copied out when done: accumulating in place, each block first met its slice of `partial`
-  // cold (2.3 MB at 16384 x 768), and layer_norm backward ran ~10% slower at one thread. In the
-  // buffer db sits 2 KiB past dw modulo 4 KiB: at the same page offset (n = 1024, say), every
-  // load of db[i] after the store of dw[i] met 4 KiB aliasing (3-5% slower).
+  // is copied out when done: accumulating in place, each block would first meet its slice of
+  // `partial` cold, which slows layer_norm backward. In the buffer db sits 2 KiB past dw modulo
+  // 4 KiB: at the same page offset (n = 1024, say), every load of db[i] after the store of dw[i]
+  // would meet 4 KiB aliasing (BENCHMARKS.md, "Kernel design measurements").
   const int64_t db_off = kCentred ? n + ((512 - n % 1024) % 1024 + 1024) % 1024 : 0;
   // x, dy, w and the partials: dw and db (layer_norm), dw (rms_norm).
   const bool long_rows = norm_rows_long(n, kCentred ? 5 : 4);
@@ -1242,12 +1233,12 @@ constexpr float kGeluC = 0.044715f;
 
 // e^d for the sigmoids below: exp_near of d held at 88 or below. These kernels are bound by
 // arithmetic, not memory, on AVX2 (8 lanes; the exponent bits built with integer shifts), and
-// exp_near is 14 operations against exp's 24: GELU forward 1.85 -> 3.3 elements/ns in L1 on the
-// AVX2 EPYC of issue 27. Holding d at 88 changes only results below 1e-37 in magnitude (e^88
-// in a denominator); exp_near's (6 + 2|d|) 2^-24 relative error shrinks to nothing in
-// 1 / (1 + e^d) wherever e^d is small, and where it is large the result is within a few 1e-6
-// relative of a value that is itself below e^-|d|. NaN stays NaN (min returns its second
-// operand); x = -inf gives -inf (its exact limit is 0 * inf).
+// exp_near is 14 operations against exp's 24, so the cheaper exponential speeds them up
+// directly (BENCHMARKS.md, "Kernel design measurements"). Holding d at 88 changes only results
+// below 1e-37 in magnitude (e^88 in a denominator); exp_near's (6 + 2|d|) 2^-24 relative error
+// shrinks to nothing in 1 / (1 + e^d) wherever e^d is small, and where it is large the result is
+// within a few 1e-6 relative of a value that is itself below e^-|d|. NaN stays NaN (min returns
+// its second operand); x = -inf gives -inf (its exact limit is 0 * inf).
 inline Vec exp_sigmoid_arg(Vec d) { return exp_near(min(Vec::set1(88.0f), d)); }
 
 // 0.5 x (1 + tanh(u)) = x * sigmoid(2u), u = sqrt(2/pi) (x + c x^3).

@@ -5,10 +5,11 @@
 // Layout and blocking follow the packed GEMM of gemm_internal.h (GotoBLAS loops KC/MC/NC,
 // 6 x 64 register tile, panels zero-padded to full tiles and to an even k), so the
 // micro-kernel is the same shape as gemm_avx512.cc's bf16 one; what differs is the packing.
-// There, f32 operands were first rounded into a separate bf16 copy (written and re-read, a new
-// allocation per call: page faults for the 77 MB LM-head weight) and then packed element by
-// element. Here each pack routine reads f32, converts 32 values per instruction
-// (vcvtne2ps2bf16, round to nearest even) and writes the panel directly:
+// On that route (matmul.cc, where gemm_bf16_f32_enabled() is false) f32 operands are first
+// rounded into a separate bf16 copy (written and re-read, a new allocation per call: page faults
+// for the 77 MB LM-head weight) and then packed element by element. Here each pack routine reads
+// f32, converts 32 values per instruction (vcvtne2ps2bf16, round to nearest even) and writes the
+// panel directly:
 //   op(A) rows contiguous in k (forward, dX):  convert a row's 32 k, store 16 k-pair words
 //   op(A) = A^T (dW: dy^T):                    rows k, k+1 -> interleave -> one masked store
 //   op(B) rows contiguous in n (dX: W, dW: x): rows k, k+1 -> interleave -> 64-byte stores

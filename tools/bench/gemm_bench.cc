@@ -9,15 +9,14 @@
 // binary sets it to the core that matches this CPU and re-executes itself, because OpenBLAS
 // reads it when the library is loaded: SkylakeX (the AVX-512 kernels) where the CPU has
 // AVX-512 F, BW, VL, DQ and CD, Haswell (AVX2 + FMA) where it has those, else nothing (OpenBLAS
-// picks; forcing SkylakeX on an AVX2-only CPU killed OpenBLAS with an illegal instruction).
+// picks; forcing SkylakeX on an AVX2-only CPU kills OpenBLAS with an illegal instruction).
 // A core the user set is kept, with a warning when this CPU cannot run it. The settings lines
 // say which core was chosen and why, and which Mammoth GEMM ISA runs (--isa, else MAMMOTH_ISA,
 // else the best this CPU runs: kernels/cpu/isa_env.h). It sets OPENBLAS_THREAD_TIMEOUT=4 the
-// same way: by
-// default OpenBLAS's worker threads spin for about 2^28 cycles after each call, on the core that
-// our next timed run (alternating with OpenBLAS's) needs. With two threads on two cores that
-// took ours from ~200 to 131-150 GFLOP/s on one or two shapes of most runs (0.68-0.81 of the
-// anchor), while OpenBLAS's own rate is the same either way (192-200 GFLOP/s, session 20).
+// same way: by default OpenBLAS's worker threads spin for about 2^28 cycles after each call, on
+// the core that our next timed run (alternating with OpenBLAS's) needs. With two threads on two
+// cores that lowers our figure on some shapes of most runs, while OpenBLAS's own rate is the same
+// either way (BENCHMARKS.md, "Kernel design measurements").
 //
 // Usage: gemm_bench [--json FILE] [--reps N] [--quick] [--filter NAME] [--threads N]
 //                   [--isa avx512|avx2|portable]

@@ -5,13 +5,13 @@
 // triad a[i] = b[i] + s * c[i] (12 bytes per element) on arrays larger than the L3, run with
 // AVX2 loads and both ordinary and streaming stores, the faster taken: the machine's bandwidth
 // at its best. The triad runs interleaved with each kernel's runs (a triad, a kernel run, a
-// triad, ...), and a row's anchor is the best of the triads interleaved with it: this VM's
-// bandwidth flips between states for seconds at a time (two threads: 45 or 80-90 GB/s), so
-// only samples taken in the same stretch compare like with like. The section header also
-// prints the best triad of the whole section. Attention reports GFLOP/s for the
-// matmul work of the math (forward 4*T*T*D per head, backward 8*T*T*D; halved when causal; our
-// backward's recomputation of P is not counted), and its anchor is the GEMM-bound rate: the same
-// six matmuls done as whole batched sgemm calls with the T x T matrices materialised; rows named
+// triad, ...), and a row's anchor is the best of the triads interleaved with it: a VM's
+// bandwidth can flip between states for seconds at a time (BENCHMARKS.md, "Kernel design
+// measurements"), so only samples taken in the same stretch compare like with like. The section
+// header also prints the best triad of the whole section. Attention reports GFLOP/s for the matmul
+// work of the math (forward 4*T*T*D per head, backward 8*T*T*D; halved when causal; our backward's
+// recomputation of P is not counted), and its anchor is the GEMM-bound rate: the same six matmuls
+// done as whole batched sgemm calls with the T x T matrices materialised; rows named
 // "...@sgemm2048" use the stricter anchor of sgemm's rate on a 2048^3 product. Every time is the
 // best of `reps` runs after a warm-up (STREAM's convention), at 1 thread and at all threads.
 // Kernels run through the registry exactly as the engine calls them.
@@ -348,8 +348,8 @@ struct Bench {
     triad->run(false);
     triad->run(true);
     // Every timed run starts with no dirty lines in the cache: the plain-store triad leaves up
-    // to an L3 of them, and whatever runs next pays for writing them back (15-30% of a row
-    // kernel's time here), so an untimed streaming triad, which leaves none, follows it.
+    // to an L3 of them, and whatever runs next pays for writing them back (a large share of a
+    // row kernel's time), so an untimed streaming triad, which leaves none, follows it.
     double t = 1e30, t_plain = 1e30, t_stream = 1e30;
     for (int r = 0; r < opt.reps; ++r) {
       if (restore) restore();
