@@ -219,5 +219,6 @@ void register_nn(Registry& r);
 void register_index(Registry& r);
 void register_attention(Registry& r);
 void register_optim(Registry& r);
+void register_moe(Registry& r);
 
 }  // namespace mammoth::kernels::cuda

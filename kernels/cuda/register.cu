@@ -12,6 +12,7 @@ void register_kernels(Registry& r) {
   register_index(r);
   register_attention(r);
   register_optim(r);
+  register_moe(r);
 }
 
 }  // namespace mammoth::kernels::cuda

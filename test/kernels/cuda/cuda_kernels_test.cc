@@ -677,6 +677,47 @@ TEST_CASE("index_select, index_add (duplicates), gather, scatter_add") {
       Catch::Contains("index 5"));
 }
 
+// ---- mixture of experts ------------------------------------------------------------------------
+TEST_CASE("grouped_matmul (an empty expert), moe_combine (duplicate and absent tokens)") {
+  const Arg offsets = Fixed(DType::kI64, {5}, {0, 7, 7, 30, 40});
+  std::vector<Arg> in = {Fr({40, 24}), offsets};
+  for (int e = 0; e < 4; ++e) in.push_back(Fr({16, 24}));
+  check({"grouped_matmul", Kernel::grouped_matmul, in, {Out({40, 16})}, nullptr, 3.0});
+  std::vector<Arg> bin = {Fr({40, 16}), Fr({40, 24}), offsets};
+  std::vector<Arg> bout = {Out({40, 24})};
+  for (int e = 0; e < 4; ++e) {
+    bin.push_back(Fr({16, 24}));
+    bout.push_back(Out({16, 24}));
+  }
+  // Expert 1's dw is written as zeros over a non-zero buffer.
+  bout[2] = Fr({16, 24});
+  check({"grouped_matmul_backward", Kernel::grouped_matmul_backward, bin, bout, nullptr, 4.0});
+
+  std::vector<double> rows = ints(30, 0, 12);
+  for (double& r : rows) r = r == 5 ? 6 : r;  // token 5 receives nothing
+  const Arg tokens = Fixed(DType::kI64, {30}, rows);
+  check({"moe_combine",
+         Kernel::moe_combine,
+         {Fr({30, 20}), tokens, Fr({30})},
+         {Fr({12, 20})},  // overwritten, not accumulated
+         nullptr,
+         3.0});
+  check({"moe_combine_backward",
+         Kernel::moe_combine_backward,
+         {Fr({12, 20}), Fr({30, 20}), tokens, Fr({30})},
+         {Out({30, 20}), Out({30})},
+         nullptr,
+         3.0});
+  CHECK_THROWS_WITH(
+      run(Kernel::moe_combine, DeviceType::kCUDA, DType::kF32,
+          {Fr({4, 3}), Fixed(DType::kI64, {4}, {0, 1, 2, 9}), Fr({4})}, {Out({5, 3})}, nullptr),
+      Catch::Contains("row 3 names token 9 of 5"));
+  CHECK_THROWS_WITH(run(Kernel::grouped_matmul, DeviceType::kCUDA, DType::kF32,
+                        {Fr({4, 3}), Fixed(DType::kI64, {3}, {0, 3, 2}), Fr({2, 3}), Fr({2, 3})},
+                        {Out({4, 2})}, nullptr),
+                    Catch::Contains("offsets must run from 0 to 4"));
+}
+
 // ---- dropout, rope ----------------------------------------------------------------------------
 TEST_CASE("dropout reproduces the CPU's Philox masks") {
   static DropoutParams p{0.3, 1234, 77};
