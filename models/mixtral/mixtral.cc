@@ -333,6 +333,13 @@ void Mixtral::set_expert_parallel(parallel::Communicator* group) {
     (*model->layers)[l].block_sparse_moe->set_expert_group(group);
 }
 
+int64_t Mixtral::expert_of(const std::string& name) {
+  const std::string key = ".block_sparse_moe.experts.";
+  const size_t at = name.find(key);
+  if (at == std::string::npos) return -1;
+  return std::stoll(name.substr(at + key.size()));
+}
+
 HfLayout Mixtral::hf_layout() const {
   HfLayout layout = Model::hf_layout();
   layout.ignored = {"*.rotary_emb.inv_freq"};

@@ -38,6 +38,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "engine/nn/module.h"
@@ -131,6 +132,9 @@ class Mixtral : public LanguageModel {
   // Expert parallelism over `group` (see the top of this file); the experts must divide by its
   // size. nullptr: every expert here.
   void set_expert_parallel(parallel::Communicator* group);
+  // The expert a parameter belongs to ("model.layers.0.block_sparse_moe.experts.3.w1.weight":
+  // 3), -1 for the others.
+  static int64_t expert_of(const std::string& param_name);
 
   std::shared_ptr<MixtralModel> model;
   std::shared_ptr<engine::nn::Linear> lm_head;  // null when tied to model.embed_tokens
