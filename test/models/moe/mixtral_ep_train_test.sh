@@ -58,7 +58,14 @@ run_pair() {  # NAME MODEL RANKS EXTRA...: one process with --grad-accum RANKS, 
   grep -q "ep2" "$work/$name.ep.log" || { cat "$work/$name.ep.log"; fail "$name: no ep in the layout"; }
 }
 run_pair random mixtral-tiny 2 --ep 2
-run_pair random_zero2 mixtral-tiny 4 --dp 4 --ep 2 --zero 2
+run_pair random_zero2 mixtral-tiny 4 --dp 4 --ep 2 --zero 2 --save-dir "$work/ck" --save-every 2
+# Its sharded checkpoint of step 2 (each expert written by its owners) resumed by one process
+# without --ep must continue the same curve.
+echo step_00000002 >"$work/ck/latest"
+rm -rf "$work/ck/step_00000004"
+"$mammoth" train --model mixtral-tiny "${common[@]}" --grad-accum 4 --save-dir "$work/ck" --resume \
+  --metrics "$work/resumed.jsonl" >"$work/resumed.log" 2>&1 ||
+  { cat "$work/resumed.log"; fail "resume of the ep checkpoint failed"; }
 # The crafted directories read the corpus with the tokenizer mixtral-tiny's runs trained.
 tok="$HOME/.cache/mammoth/default-corpus-v1-bpe1024"
 [[ -f "$tok/vocab.json" ]] || fail "no tokenizer at $tok"
@@ -85,6 +92,12 @@ for name in ("random", "random_zero2", "no_expert3", "no_rank1"):
                 assert l["tokens"][e] == 0, (name, e, l)
     if name in empty:
         print(f"{name}: step 1 expert load", [l["tokens"] for l in ep[0]["moe_load"]])
+resumed = {r["step"]: r["loss"] for r in lines("resumed")}
+ep = {r["step"]: r["loss"] for r in lines("random_zero2.ep")}
+assert sorted(resumed) == [3, 4], sorted(resumed)
+worst = max(abs(resumed[k] - ep[k]) / abs(ep[k]) for k in resumed)
+print(f"ep 2 x dp 2 checkpoint resumed by one process: steps 3-4 rel difference {worst:.2e}")
+assert worst <= 1e-6, (resumed, ep)
 PYEOF
 
 # Refused by name.
