@@ -415,6 +415,14 @@ void save_plan(const ParallelPlan& plan, const std::string& path) {
   MAMMOTH_CHECK(out.good()) << "[plan] cannot write " << path;
 }
 
+int64_t expert_exchange_bytes_per_step(const ParallelPlan& p, const models::ModelConfig& m) {
+  if (p.ep <= 1 || m.moe_experts == 0) return 0;
+  const int64_t rows = p.micro_batch * p.seq_len * m.moe_top_k;
+  const int64_t bytes =
+      rows * (p.ep - 1) / p.ep * m.d_model * static_cast<int64_t>(dtype_size(m.dtype));
+  return 4 * bytes * m.n_layer * p.grad_accum;
+}
+
 std::string plan_summary(const ParallelPlan& p) {
   std::ostringstream s;
   s << "dp" << p.dp << " pp" << p.pp << " tp" << p.tp << " sp" << p.sp << " (" << p.order << ")";

@@ -176,6 +176,26 @@ TEST_CASE("expert parallelism: --ep's rules name what is wrong") {
         "dp4 pp1 tp1 sp1 (tp-sp-dp-pp) ep2 mb8x1 seq 64 zero2 offload none fp32");
 }
 
+TEST_CASE("expert parallelism's exchange volume per step") {
+  const models::ModelConfig mixtral = models::resolve_config("mixtral-tiny");
+  REQUIRE(mixtral.moe_top_k == 2);
+  REQUIRE(mixtral.d_model == 64);
+  REQUIRE(mixtral.n_layer == 2);
+  ParallelPlan p =
+      with([](ParallelPlan& p) { p.dp = 4, p.ep = 2, p.micro_batch = 8, p.seq_len = 64; });
+  // 8 x 64 tokens x top 2 = 1024 rows, half to the other rank, 64 f32 each = 128 KiB per
+  // exchange; 4 exchanges (dispatch, return; forward, backward) x 2 layers.
+  CHECK(expert_exchange_bytes_per_step(p, mixtral) == 4 * 2 * 512 * 64 * 4);
+  p.ep = 4;  // three quarters leave
+  CHECK(expert_exchange_bytes_per_step(p, mixtral) == 4 * 2 * 768 * 64 * 4);
+  p.grad_accum = 3;
+  CHECK(expert_exchange_bytes_per_step(p, mixtral) == 3 * 4 * 2 * 768 * 64 * 4);
+  p.ep = 1;
+  CHECK(expert_exchange_bytes_per_step(p, mixtral) == 0);
+  CHECK(expert_exchange_bytes_per_step(with([](ParallelPlan& p) { p.dp = 2, p.ep = 2; }),
+                                       models::resolve_config("llama-tiny")) == 0);
+}
+
 TEST_CASE("the summary line says the layout") {
   CHECK(plan_summary(with([](ParallelPlan& p) {
           p.dp = 2, p.tp = 2, p.micro_batch = 4, p.grad_accum = 2, p.zero = 1;
