@@ -8,7 +8,8 @@
 #      or every expert of the second ep rank, gets no tokens: top-1 over gate rows giving the
 #      logits (x0, -x0, x1, 0) or (x0, -x0, 0, 0) of the normed hidden state. The expert-load
 #      metric shows that they did;
-#   4. --ep that does not divide the experts or --dp, or a model without experts, is refused.
+#   4. plain --dp 2 --zero 2 (ZeRO is admitted for mixtral with and without --ep);
+#   5. --ep that does not divide the experts or --dp, or a model without experts, is refused.
 # The loss each step equals one process's to <= 1e-6 relative, not bitwise: the gradients of the
 # micro-batches are summed in another order (per rank, then by the reduction) than one
 # process's accumulation.
@@ -55,9 +56,18 @@ run_pair() {  # NAME MODEL RANKS EXTRA...: one process with --grad-accum RANKS, 
   bash "$mpirun" -np "$n" "$mammoth" train --model "$model" "${common[@]}" "$@" \
     --metrics "$work/$name.ep.jsonl" >"$work/$name.ep.log" 2>&1 ||
     { cat "$work/$name.ep.log"; fail "$name: $* failed"; }
-  grep -q "ep2" "$work/$name.ep.log" || { cat "$work/$name.ep.log"; fail "$name: no ep in the layout"; }
+  if [[ " $* " == *" --ep "* ]]; then
+    grep -q "ep2" "$work/$name.ep.log" || { cat "$work/$name.ep.log"; fail "$name: no ep in the layout"; }
+  fi
 }
 run_pair random mixtral-tiny 2 --ep 2
+# Each rank keeps AdamW states for its own experts only: 2 layers x 2 other experts x 3 weights
+# x 2 states fewer tensors than one process.
+states() { sed -n 's/.*optimizer states: [0-9]* bytes in \([0-9]*\) tensors.*/\1/p' "$1" | head -1; }
+one_states="$(states "$work/random.one.log")" ep_states="$(states "$work/random.ep.log")"
+[[ -n "$one_states" && "$ep_states" == "$((one_states - 24))" ]] ||
+  fail "optimizer state tensors: one process $one_states, ep 2 rank 0 $ep_states (expected 24 fewer)"
+run_pair dp2_zero2 mixtral-tiny 2 --zero 2  # plain dp with ZeRO 2, now admitted for mixtral
 run_pair random_zero2 mixtral-tiny 4 --dp 4 --ep 2 --zero 2 --save-dir "$work/ck" --save-every 2
 # Its sharded checkpoint of step 2 (each expert written by its owners) resumed by one process
 # without --ep must continue the same curve.
@@ -79,7 +89,7 @@ work = sys.argv[1]
 def lines(name):
     return [json.loads(l) for l in open(f"{work}/{name}.jsonl")]
 empty = {"no_expert3": [3], "no_rank1": [2, 3]}
-for name in ("random", "random_zero2", "no_expert3", "no_rank1"):
+for name in ("random", "dp2_zero2", "random_zero2", "no_expert3", "no_rank1"):
     one, ep = lines(name + ".one"), lines(name + ".ep")
     assert len(one) == len(ep) == 4, (name, len(one), len(ep))
     worst = max(abs(a["loss"] - b["loss"]) / abs(a["loss"]) for a, b in zip(one, ep))
