@@ -9,7 +9,8 @@
 #      logits (x0, -x0, x1, 0) or (x0, -x0, 0, 0) of the normed hidden state. The expert-load
 #      metric shows that they did;
 #   4. plain --dp 2 --zero 2 (ZeRO is admitted for mixtral with and without --ep);
-#   5. --ep that does not divide the experts or --dp, or a model without experts, is refused.
+#   5. the validation loss at step 4 (evaluation exchanges tokens too) is one process's;
+#   6. --ep that does not divide the experts or --dp, or a model without experts, is refused.
 # The loss each step equals one process's to <= 1e-6 relative, not bitwise: the gradients of the
 # micro-batches are summed in another order (per rank, then by the reduction) than one
 # process's accumulation.
@@ -21,7 +22,7 @@ work="$(mktemp -d "${TEST_TMPDIR:-/tmp}/mixtral_ep.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 export HOME="$work/home"  # the embedded corpus is tokenized into $HOME/.cache
 fail() { echo "FAIL: $*" >&2; exit 1; }
-common=(--steps 4 --log-every 100 --eval-every 0 --warmup 1 --threads 1 --seq-len 32
+common=(--steps 4 --log-every 100 --eval-every 4 --eval-batches 2 --warmup 1 --threads 1 --seq-len 32
   --micro-batch 2 --moe-aux-loss-coef 0.02)
 
 "$py" - "$work" <<'PYEOF'
@@ -96,6 +97,9 @@ for name in ("random", "dp2_zero2", "random_zero2", "no_expert3", "no_rank1"):
     print(f"{name}: worst loss relative difference {worst:.2e} over 4 steps",
           [round(r["loss"], 6) for r in ep])
     assert worst <= 1e-6, [(a["loss"], b["loss"]) for a, b in zip(one, ep)]
+    # Evaluation runs the exchanges too (every rank evaluates the same batches).
+    v1, v2 = one[-1]["val_loss"], ep[-1]["val_loss"]
+    assert abs(v1 - v2) <= 1e-6 * abs(v1), (name, v1, v2)
     for e in empty.get(name, []):
         for r in (one[0], ep[0]):
             for l in r["moe_load"]:
