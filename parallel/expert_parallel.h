@@ -16,8 +16,8 @@
 // Two DataParallel runtimes do this, one over dp for the shared parameters and one over the
 // expert-dp group for this rank's experts (each with the plan's ZeRO stage over its group);
 // the experts' averaged gradients are then divided by ep. The optimizer sees both sets; the
-// experts of other ranks are not trained here (nor written to checkpoints by this rank: their
-// owners write them, each expert element by one expert-dp rank).
+// experts of other ranks are not trained here (the runtime frees them) nor written to
+// checkpoints by this rank: their owners write them, each expert element by one expert-dp rank.
 #pragma once
 
 #include <memory>

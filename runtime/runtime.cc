@@ -9,6 +9,7 @@
 #include "base/error.h"
 #include "engine/offload/offload.h"
 #include "engine/optim/optim.h"
+#include "memory/allocator.h"
 #include "models/mixtral/mixtral.h"
 #include "models/pipeline/pipeline.h"
 #include "models/policies/policy.h"
@@ -227,13 +228,30 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
     p.expert_dp_group = dp.split(d % plan_.ep, d, "expert_dp");
     moe->set_expert_parallel(p.ep_group.get());
     const int64_t local = cfg.moe_experts / plan_.ep, first = (d % plan_.ep) * local;
-    engine::nn::NamedTensors shared, experts;
+    engine::nn::NamedTensors shared, experts, others;
     for (const auto& [name, t] : model_->named_parameters()) {
       const int64_t e = models::Mixtral::expert_of(name);
       if (e < 0)
         shared.emplace_back(name, t);
       else if (e >= first && e < first + local)
         experts.emplace_back(name, t);
+      else
+        others.emplace_back(name, t);
+    }
+    // This rank holds its share of the experts only: the others' weights are freed (their
+    // shapes stay, for the checkpoint index), and a kernel that reaches one says whose it is.
+    for (const auto& [name, t] : others) {
+      engine::Storage& st = *t.storage();
+      MAMMOTH_CHECK(st.nbytes == t.nbytes() && st.allocator != nullptr)
+          << "[train] --ep: expert parameter '" << name << "' does not own its storage";
+      st.allocator->deallocate(st.data, st.nbytes);
+      st.data = nullptr;
+      st.allocator = nullptr;
+      const int64_t owner = models::Mixtral::expert_of(name) / local;
+      st.ensure_resident = [name = name, owner](bool) {
+        MAMMOTH_THROW() << "[train] --ep: " << name << " is held by expert rank " << owner
+                        << " of this rank's expert group, not here";
+      };
     }
     p.ep_dp = std::make_unique<parallel::ExpertDataParallel>(
         shared, experts, dp, *p.expert_dp_group, *p.ep_group,
@@ -387,10 +405,8 @@ TrainingRuntime::Memory TrainingRuntime::memory() const {
   if (p.ep_dp) {
     const parallel::DataParallel::MemoryReport s = p.ep_dp->shared().memory();
     const parallel::DataParallel::MemoryReport e = p.ep_dp->experts().memory();
-    // Every expert is allocated (ZeRO <= 2 keeps parameters whole); gradients and optimizer
-    // states exist for this rank's experts only.
-    return {model.num_parameters() * elem, s.grads + e.grads, s.optimizer + e.optimizer,
-            how + ", ep " + std::to_string(plan_.ep) + ": this rank trains its experts only"};
+    return {s.params + e.params, s.grads + e.grads, s.optimizer + e.optimizer,
+            how + ", ep " + std::to_string(plan_.ep) + ": this rank's experts only"};
   }
   if (p.dp) {
     const parallel::DataParallel::MemoryReport m = p.dp->memory();

@@ -30,8 +30,8 @@
 // projection, and returns the outputs by the reverse all_to_all_v before moe_combine. The
 // backward of each exchange is the reverse exchange. A rank that sends or receives no rows
 // still joins every exchange (zero counts), so an expert or a rank without tokens cannot hang
-// the group. Every rank still allocates all E experts and uses only its own: the non-local
-// ones get no gradient.
+// the group. The model keeps all E experts; this rank's forward uses only its own, so the
+// others get no gradient (the training runtime frees their weights).
 //
 // Parameter names are HF's: "model.layers.0.block_sparse_moe.gate.weight",
 // "model.layers.0.block_sparse_moe.experts.3.w1.weight", the rest as LLaMA's.

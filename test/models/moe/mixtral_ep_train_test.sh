@@ -68,6 +68,11 @@ states() { sed -n 's/.*optimizer states: [0-9]* bytes in \([0-9]*\) tensors.*/\1
 one_states="$(states "$work/random.one.log")" ep_states="$(states "$work/random.ep.log")"
 [[ -n "$one_states" && "$ep_states" == "$((one_states - 24))" ]] ||
   fail "optimizer state tensors: one process $one_states, ep 2 rank 0 $ep_states (expected 24 fewer)"
+# ... and the other ranks' expert weights are freed: less than the whole model per rank.
+percent() { sed -n "s/.*per rank: parameters [0-9.]* MiB (\([0-9.]*\)% of the model's.*/\1/p" "$1" | head -1; }
+[[ "$(percent "$work/random.one.log")" == "100.0" ]] || fail "one process holds $(percent "$work/random.one.log")%"
+p="$(percent "$work/random.ep.log")"
+[[ -n "$p" ]] && (( ${p%.*} < 100 )) || fail "--ep 2 rank 0 holds ${p}% of the parameters"
 run_pair dp2_zero2 mixtral-tiny 2 --zero 2  # plain dp with ZeRO 2, now admitted for mixtral
 run_pair random_zero2 mixtral-tiny 4 --dp 4 --ep 2 --zero 2 --save-dir "$work/ck" --save-every 2
 # Its sharded checkpoint of step 2 (each expert written by its owners) resumed by one process
