@@ -11,6 +11,7 @@
 
 #include "base/error.h"
 #include "engine/tensor.h"
+#include "parallel/comm/flight_recorder.h"
 #include "parallel/comm/mpi_communicator.h"
 
 namespace mammoth::parallel {
@@ -269,6 +270,8 @@ TEST_CASE("all_to_all_v with per-peer counts, zeros, and a rank that sends nothi
       w.all_to_all_v(in, send_counts, out, recv_counts);
       check_values(
           out, [&](int64_t i) { return expect[static_cast<size_t>(i)]; }, what);
+      // Recorded like every collective (flight recorder, and the profiler from it).
+      CHECK_THAT(flight::tail_text(1), Catch::Contains("all_to_all_v("));
       // The async form, two in flight at once with the counts reversed in the second.
       Tensor out2 = Tensor::full({n_send}, 99.0, dtype);
       Tensor in2 = Tensor::from_vector(expect, {n_recv}, dtype);
