@@ -41,8 +41,10 @@ class Checker {
     if (const std::string e = pipeline(); !e.empty()) return e;
     if (const std::string e = memory(); !e.empty()) return e;
     if (const std::string e = device(); !e.empty()) return e;
+    if (const std::string e = experts(); !e.empty()) return e;
     if (c_.model != nullptr) {
       if (const std::string e = model(*c_.model); !e.empty()) return e;
+      if (const std::string e = experts(*c_.model); !e.empty()) return e;
     }
     return "";
   }
@@ -188,6 +190,38 @@ class Checker {
     return "";
   }
 
+  // Expert parallelism (--ep): groups of dp ranks; the layouts it has been checked under.
+  std::string experts() const {
+    if (p_.ep < 1) return say("--ep must be >= 1, got ", p_.ep);
+    if (p_.ep == 1) return "";
+    if (p_.dp % p_.ep != 0)
+      return say("--ep ", p_.ep, " must divide --dp ", p_.dp,
+                 " (expert parallelism splits the data-parallel ranks into groups of ep)");
+    if (p_.tp > 1 || p_.sp > 1 || p_.pp > 1)
+      return say("--ep ", p_.ep, " does not combine with --tp, --sp or --pp yet (got --tp ", p_.tp,
+                 " --sp ", p_.sp, " --pp ", p_.pp, "); use --dp with --ep");
+    if (p_.zero > 2)
+      return say("--ep ", p_.ep, " with ZeRO ", p_.zero,
+                 " is not supported (gathered expert parameters are not implemented); use "
+                 "--zero 0, 1 or 2");
+    if (p_.offloaded())
+      return say("--ep ", p_.ep, " does not combine with --offload/--device-mem/--host-mem");
+    if (p_.device != "cpu")
+      return say("--ep ", p_.ep, " runs on the CPU (MPI) only so far, not --device ", p_.device);
+    return "";
+  }
+
+  std::string experts(const models::ModelConfig& m) const {
+    if (p_.ep == 1) return "";
+    if (m.family != models::Family::kMixtral)
+      return say("--ep ", p_.ep, " needs a mixture-of-experts model (family mixtral); ", m.name,
+                 " is ", models::family_name(m.family));
+    if (m.moe_experts % p_.ep != 0)
+      return say("--ep ", p_.ep, " must divide ", m.name, "'s ", m.moe_experts,
+                 " experts (num_local_experts)");
+    return "";
+  }
+
   std::string model(const models::ModelConfig& m) const {
     const std::string family = models::family_name(m.family);
     const bool decoder = m.family == models::Family::kGpt2 || m.family == models::Family::kLlama;
@@ -199,9 +233,9 @@ class Checker {
         return say(
             "model family mixtral (mixture of experts) does not run under --tp, --sp or "
             "--pp yet; use data parallelism (--dp) only");
-      if (p_.zero > 0 || p_.offloaded())
-        return say("model family mixtral does not run under ZeRO (--zero ", p_.zero,
-                   ") or offload yet; use --zero 0 without --offload/--device-mem/--host-mem");
+      if (p_.zero > 2 || p_.offloaded())
+        return say("model family mixtral does not run under ZeRO 3 (--zero ", p_.zero,
+                   ") or offload yet; use --zero 0-2 without --offload/--device-mem/--host-mem");
       if (p_.recompute_blocks != 0)
         return say(
             "model family mixtral does not support activation checkpointing "
@@ -283,6 +317,7 @@ json::Value plan_to_json(const ParallelPlan& p) {
   v.set("stage_cut", std::move(cut));
   v.set("micro_batch", p.micro_batch).set("grad_accum", p.grad_accum).set("seq_len", p.seq_len);
   v.set("zero", p.zero).set("bucket_mb", p.bucket_mb);
+  v.set("ep", p.ep);
   v.set("offload", p.offload).set("device_mem", p.device_mem);
   v.set("auto_device_mem", p.auto_device_mem).set("host_mem", p.host_mem);
   v.set("chunk_mb", p.chunk_mb).set("nvme_dir", p.nvme_dir);
@@ -336,6 +371,8 @@ ParallelPlan plan_from_json(const json::Value& v) {
       p.zero = as_i();
     else if (k == "bucket_mb")
       p.bucket_mb = m.as_double();
+    else if (k == "ep")
+      p.ep = as_i();
     else if (k == "offload")
       p.offload = m.as_string();
     else if (k == "device_mem")
@@ -358,7 +395,7 @@ ParallelPlan plan_from_json(const json::Value& v) {
       MAMMOTH_THROW() << "[plan] unknown key '" << k << "' (the keys are those of plan_to_json: "
                       << "dp, pp, tp, sp, order, sp_mode, pp_schedule, virtual_stages, "
                          "pp_partition, stage_cut, micro_batch, grad_accum, seq_len, zero, "
-                         "bucket_mb, offload, device_mem, auto_device_mem, host_mem, chunk_mb, "
+                         "bucket_mb, ep, offload, device_mem, auto_device_mem, host_mem, chunk_mb, "
                          "nvme_dir, recompute_blocks, amp, device)";
   }
   return p;
@@ -378,9 +415,18 @@ void save_plan(const ParallelPlan& plan, const std::string& path) {
   MAMMOTH_CHECK(out.good()) << "[plan] cannot write " << path;
 }
 
+int64_t expert_exchange_bytes_per_step(const ParallelPlan& p, const models::ModelConfig& m) {
+  if (p.ep <= 1 || m.moe_experts == 0) return 0;
+  const int64_t rows = p.micro_batch * p.seq_len * m.moe_top_k;
+  const int64_t bytes =
+      rows * (p.ep - 1) / p.ep * m.d_model * static_cast<int64_t>(dtype_size(m.dtype));
+  return 4 * bytes * m.n_layer * p.grad_accum;
+}
+
 std::string plan_summary(const ParallelPlan& p) {
   std::ostringstream s;
   s << "dp" << p.dp << " pp" << p.pp << " tp" << p.tp << " sp" << p.sp << " (" << p.order << ")";
+  if (p.ep > 1) s << " ep" << p.ep;
   if (p.sp_mode != "none") s << " sp-mode " << p.sp_mode;
   if (p.pp > 1) {
     s << " " << p.pp_schedule;

@@ -52,6 +52,12 @@ struct ParallelPlan {
   int zero = 0;
   double bucket_mb = 25.0;
 
+  // Expert parallelism (mixture-of-experts models): the dp ranks fall into groups of `ep`
+  // consecutive dp ranks that split the experts (E / ep each) and exchange tokens; the ranks
+  // holding the same experts (dp / ep of them) reduce those experts' gradients. Not a mesh axis:
+  // every dp rank still reads its own micro-batches, so the world and the batch stay dp's.
+  int ep = 1;
+
   // Chunked memory (engine/offload): where AdamW states live (none | host | nvme), budgets in
   // bytes (0: unlimited) for the device and host tiers, or auto_device_mem: the size of a
   // device whose first step's traced activation peak is taken off; chunk size; NVMe directory.
@@ -97,7 +103,16 @@ ParallelPlan plan_from_json(const json::Value& value);
 ParallelPlan load_plan(const std::string& path);
 void save_plan(const ParallelPlan& plan, const std::string& path);
 
-// One line: "dp2 pp1 tp2 sp1 (tp-sp-dp-pp) mb4x2 zero1 offload none recompute 0 fp32".
+// Expert parallelism's token traffic: bytes one rank sends per step in the expert exchanges
+// (all_to_all_v), assuming the router spreads the rows evenly over the experts (no capacity
+// drop). Per micro-batch and MoE layer, the micro_batch * seq_len * top_k routed rows of
+// d_model elements go to the experts' ranks, (ep - 1) / ep of them to other ranks; they leave
+// once for the experts and once back, and the backward repeats both: 4 exchanges. Received
+// bytes are the same on average. 0 when ep == 1 or the model has no experts.
+int64_t expert_exchange_bytes_per_step(const ParallelPlan& plan, const models::ModelConfig& model);
+
+// One line: "dp2 pp1 tp2 sp1 (tp-sp-dp-pp) mb4x2 zero1 offload none recompute 0 fp32" (and
+// " ep2" after the mesh under expert parallelism).
 std::string plan_summary(const ParallelPlan& plan);
 
 }  // namespace mammoth::plan

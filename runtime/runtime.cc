@@ -9,10 +9,13 @@
 #include "base/error.h"
 #include "engine/offload/offload.h"
 #include "engine/optim/optim.h"
+#include "memory/allocator.h"
+#include "models/mixtral/mixtral.h"
 #include "models/pipeline/pipeline.h"
 #include "models/policies/policy.h"
 #include "parallel/comm/mpi_communicator.h"
 #include "parallel/data_parallel.h"
+#include "parallel/expert_parallel.h"
 #include "parallel/offload_group.h"
 #include "parallel/pipeline/partition.h"
 #include "parallel/pipeline/schedule.h"
@@ -79,6 +82,10 @@ struct TrainingRuntime::Parts {
   std::unique_ptr<PolicyShards> policy_shards;
   std::unique_ptr<models::LanguageModelPipeline> pipeline;
   std::unique_ptr<parallel::DataParallel> dp;
+  // Expert parallelism: the expert group and the expert-data-parallel group (split from dp),
+  // and the runtime that reduces over both.
+  std::unique_ptr<parallel::Communicator> ep_group, expert_dp_group;
+  std::unique_ptr<parallel::ExpertDataParallel> ep_dp;
   std::unique_ptr<parallel::OffloadGroup> offload_group;
   std::unique_ptr<engine::offload::Offload> offload;
 };
@@ -209,7 +216,49 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
   if (plan_.offloaded() && mesh_) {
     p.offload_group = std::make_unique<parallel::OffloadGroup>(mesh_->group(parallel::Axis::kDp));
   }
-  if (mesh_ && plan_.dp > 1 && !plan_.offloaded()) {
+  if (mesh_ && plan_.ep > 1) {
+    // Expert groups of ep consecutive dp ranks (parallel/expert_parallel.h); plan::validate
+    // admitted only a mixture of experts under plain dp here.
+    auto* moe = dynamic_cast<models::Mixtral*>(model_.get());
+    MAMMOTH_CHECK(moe != nullptr && !trained_params_)
+        << "[train] --ep needs a mixtral model without adapters";
+    parallel::Communicator& dp = mesh_->group(parallel::Axis::kDp);
+    const int d = mesh_->coord(parallel::Axis::kDp);
+    p.ep_group = dp.split(d / plan_.ep, d, "ep");
+    p.expert_dp_group = dp.split(d % plan_.ep, d, "expert_dp");
+    moe->set_expert_parallel(p.ep_group.get());
+    const int64_t local = cfg.moe_experts / plan_.ep, first = (d % plan_.ep) * local;
+    engine::nn::NamedTensors shared, experts, others;
+    for (const auto& [name, t] : model_->named_parameters()) {
+      const int64_t e = models::Mixtral::expert_of(name);
+      if (e < 0)
+        shared.emplace_back(name, t);
+      else if (e >= first && e < first + local)
+        experts.emplace_back(name, t);
+      else
+        others.emplace_back(name, t);
+    }
+    // This rank holds its share of the experts only: the others' weights are freed (their
+    // shapes stay, for the checkpoint index), and a kernel that reaches one says whose it is.
+    for (const auto& [name, t] : others) {
+      engine::Storage& st = *t.storage();
+      MAMMOTH_CHECK(st.nbytes == t.nbytes() && st.allocator != nullptr)
+          << "[train] --ep: expert parameter '" << name << "' does not own its storage";
+      st.allocator->deallocate(st.data, st.nbytes);
+      st.data = nullptr;
+      st.allocator = nullptr;
+      const int64_t owner = models::Mixtral::expert_of(name) / local;
+      st.ensure_resident = [name = name, owner](bool) {
+        MAMMOTH_THROW() << "[train] --ep: " << name << " is held by expert rank " << owner
+                        << " of this rank's expert group, not here";
+      };
+    }
+    p.ep_dp = std::make_unique<parallel::ExpertDataParallel>(
+        shared, experts, dp, *p.expert_dp_group, *p.ep_group,
+        parallel::DataParallelOptions{.zero_stage = plan_.zero, .bucket_mb = plan_.bucket_mb});
+    p.ep_dp->broadcast_parameters();
+    o.dp = p.ep_dp.get();
+  } else if (mesh_ && plan_.dp > 1 && !plan_.offloaded()) {
     // Under pp each stage's replicas reduce their stage's parameters.
     p.dp = std::make_unique<parallel::DataParallel>(
         p.pipeline        ? p.pipeline->parameters()
@@ -299,6 +348,7 @@ void TrainingRuntime::set_world_fields(engine::train::TrainOptions& o) const {
   o.layout.set("tp", json::Value(plan_.tp));
   o.layout.set("sp", json::Value(plan_.sp));
   o.layout.set("zero", json::Value(plan_.zero));
+  if (plan_.ep > 1) o.layout.set("ep", json::Value(plan_.ep));
 }
 
 void TrainingRuntime::assemble_classifier(std::shared_ptr<models::Model> model,
@@ -352,6 +402,12 @@ TrainingRuntime::Memory TrainingRuntime::memory() const {
             plan_.dp > 1 ? "offload: sharded by chunk over dp" : "offload " + plan_.offload};
   }
   const std::string how = "ZeRO stage " + std::to_string(plan_.zero);
+  if (p.ep_dp) {
+    const parallel::DataParallel::MemoryReport s = p.ep_dp->shared().memory();
+    const parallel::DataParallel::MemoryReport e = p.ep_dp->experts().memory();
+    return {s.params + e.params, s.grads + e.grads, s.optimizer + e.optimizer,
+            how + ", ep " + std::to_string(plan_.ep) + ": this rank's experts only"};
+  }
   if (p.dp) {
     const parallel::DataParallel::MemoryReport m = p.dp->memory();
     return {m.params, m.grads, m.optimizer, how};

@@ -129,6 +129,14 @@ int run_analyze(const std::vector<std::string>& args) {
     out.set("plan_invalid", invalid);
     if (text) std::printf("  not valid, so not predicted: %s\n", invalid.c_str());
   } else {
+    if (const int64_t ex = plan::expert_exchange_bytes_per_step(p, config); ex > 0) {
+      out.set("expert_exchange_bytes_per_step", ex);
+      if (text)
+        std::printf(
+            "experts      --ep %d: %s sent per rank per step in the token exchanges "
+            "(all_to_all_v; even routing assumed)\n",
+            p.ep, gib(ex).c_str());
+    }
     const plan::MemoryPrediction m = plan::predict_memory(config, p);
     out.set("memory", m.to_json());
     if (text) {

@@ -158,6 +158,9 @@ ABSL_FLAG(int, sp, 1, "sequence-parallel ranks for --sp-mode ulysses or ring");
 ABSL_FLAG(std::string, sp_mode, "none",
           "sequence parallelism: none, split_gather (on the tp group), ulysses or ring (on sp)");
 ABSL_FLAG(int, dp, 0, "data-parallel ranks (0: all ranks mpirun started)");
+ABSL_FLAG(int, ep, 1,
+          "expert parallelism (mixtral): groups of this many dp ranks split the experts; must "
+          "divide --dp and the experts");
 ABSL_FLAG(
     int, zero, 0,
     "ZeRO stage: 0 (replicated), 1 (optimizer states sharded), 2 (+ gradients), 3 (+ parameters)");
@@ -625,10 +628,10 @@ int run_train(const std::vector<std::string>& args) {
   o.log_grad_norms = absl::GetFlag(FLAGS_log_grad_norms);
   // The per-module norms are of this process's whole gradients: sharded ones (ZeRO, tp, sp,
   // pp, offload chunks) would need a reduction per module, which is not built.
-  MAMMOTH_CHECK(!o.log_grad_norms ||
-                (pl.zero == 0 && pl.tp == 1 && pl.sp == 1 && pl.pp == 1 && !pl.offloaded()))
+  MAMMOTH_CHECK(!o.log_grad_norms || (pl.zero == 0 && pl.tp == 1 && pl.sp == 1 && pl.pp == 1 &&
+                                      pl.ep == 1 && !pl.offloaded()))
       << "[train] --log-grad-norms supports one process and plain dp (--zero 0, no --tp, --sp, "
-         "--pp or offload); this run is "
+         "--pp, --ep or offload); this run is "
       << plan::plan_summary(pl);
   // Test hook for --detect-anomaly (test/engine/train/anomaly_test.sh): a NaN in a parameter.
   if (const char* nan_param = std::getenv("MAMMOTH_TEST_NAN_PARAM")) {

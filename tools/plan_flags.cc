@@ -8,6 +8,7 @@
 
 ABSL_DECLARE_FLAG(std::string, plan);
 ABSL_DECLARE_FLAG(int, dp);
+ABSL_DECLARE_FLAG(int, ep);
 ABSL_DECLARE_FLAG(int, tp);
 ABSL_DECLARE_FLAG(int, sp);
 ABSL_DECLARE_FLAG(std::string, sp_mode);
@@ -35,6 +36,7 @@ namespace {
 
 // The flags a plan gives instead.
 constexpr const char* kLayoutFlags[] = {"dp",
+                                        "ep",
                                         "pp",
                                         "tp",
                                         "sp",
@@ -88,6 +90,7 @@ plan::ParallelPlan plan_from_layout_flags(const char* command, int launched) {
   p.dp = absl::GetFlag(FLAGS_dp) > 0    ? absl::GetFlag(FLAGS_dp)
          : mp > 0 && launched % mp == 0 ? launched / mp
                                         : 1;
+  p.ep = absl::GetFlag(FLAGS_ep);
   p.sp_mode = absl::GetFlag(FLAGS_sp_mode);
   p.pp_schedule = absl::GetFlag(FLAGS_pp_schedule);
   p.virtual_stages = absl::GetFlag(FLAGS_virtual_stages);

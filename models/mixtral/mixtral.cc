@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "engine/autograd.h"
 #include "engine/ops.h"
 
 namespace mammoth::models {
@@ -83,17 +84,126 @@ Tensor MixtralSparseMoeBlock::forward(const Tensor& x) {
   const Tensor row_index = Tensor::from_ints(rows, {M}).to(x.device());
   const Tensor weights = engine::cast(
       engine::index_select(top, 0, Tensor::from_ints(pair, {M}).to(x.device())), x.dtype());
+  const Tensor xs = engine::index_select(h, 0, row_index);  // [M, C]
+  const Tensor ys = ep_group_ != nullptr && ep_group_->size() > 1
+                        ? experts_parallel(xs, offsets)
+                        : experts_forward(xs, offsets);  // [M, C]
+  return engine::moe_combine(ys, row_index, weights, N).view(x.shape());
+}
+
+namespace {
+
+// Rows [sum(send_rows), C] to the ranks of `group` (send_rows[j] rows to rank j, in order),
+// returning the rows received [sum(recv_rows), C] in rank order; the backward sends the
+// gradients back the same way. The backward runs (with zeros) even for a rank whose rows did
+// not reach its loss, since its peers wait for it.
+Tensor exchange_rows(const Tensor& x, parallel::Communicator& group,
+                     const std::vector<int64_t>& send_rows, const std::vector<int64_t>& recv_rows) {
+  const int64_t C = x.size(1);
+  const auto elements = [C](const std::vector<int64_t>& rows) {
+    std::vector<int64_t> out;
+    for (int64_t r : rows) out.push_back(r * C);
+    return out;
+  };
+  const std::vector<int64_t> send = elements(send_rows), recv = elements(recv_rows);
+  int64_t total = 0;
+  for (int64_t r : recv_rows) total += r;
+  const Tensor in = x.detach().contiguous();
+  Tensor y = Tensor::empty({total, C}, x.dtype(), x.device());
+  group.all_to_all_v(in, send, y, recv);
+  if (engine::needs_grad({x})) {
+    parallel::Communicator* g = &group;
+    engine::record("collective", {x}, {&y},
+                   [g, send, recv, shape = x.shape(), total, C, dtype = x.dtype(),
+                    device = x.device()](const std::vector<Tensor>& gy) {
+                     const Tensor dy = gy[0].defined() ? gy[0].contiguous()
+                                                       : Tensor::zeros({total, C}, dtype, device);
+                     Tensor dx = Tensor::empty(shape, dtype, device);
+                     g->all_to_all_v(dy, recv, dx, send);
+                     return std::vector<Tensor>{dx};
+                   });
+  }
+  return y;
+}
+
+}  // namespace
+
+void MixtralSparseMoeBlock::set_expert_group(parallel::Communicator* group) {
+  MAMMOTH_CHECK(group == nullptr || config_.moe_experts % group->size() == 0)
+      << "[Mixtral] --ep " << (group ? group->size() : 1) << " must divide the "
+      << config_.moe_experts << " experts (num_local_experts) of '" << config_.name << "'";
+  ep_group_ = group;
+}
+
+int64_t MixtralSparseMoeBlock::local_experts() const {
+  return ep_group_ ? config_.moe_experts / ep_group_->size() : config_.moe_experts;
+}
+
+int64_t MixtralSparseMoeBlock::first_local_expert() const {
+  return ep_group_ ? ep_group_->rank() * local_experts() : 0;
+}
+
+Tensor MixtralSparseMoeBlock::experts_forward(const Tensor& xs,
+                                              const std::vector<int64_t>& offsets) {
   std::vector<Tensor> w1, w2, w3;
   for (size_t e = 0; e < experts->size(); ++e) {
     w1.push_back((*experts)[e].w1->weight);
     w2.push_back((*experts)[e].w2->weight);
     w3.push_back((*experts)[e].w3->weight);
   }
-  const Tensor xs = engine::index_select(h, 0, row_index);  // [M, C]
   const Tensor act = engine::silu(engine::grouped_matmul(xs, offsets, w1)) *
                      engine::grouped_matmul(xs, offsets, w3);
-  const Tensor ys = engine::grouped_matmul(act, offsets, w2);  // [M, C]
-  return engine::moe_combine(ys, row_index, weights, N).view(x.shape());
+  return engine::grouped_matmul(act, offsets, w2);
+}
+
+Tensor MixtralSparseMoeBlock::experts_parallel(const Tensor& xs,
+                                               const std::vector<int64_t>& offsets) {
+  parallel::Communicator& g = *ep_group_;
+  const int64_t P = g.size(), L = local_experts(), first = first_local_expert();
+  // Rows per expert, grouped by the rank that owns it: [P * L], peer j's block is its experts.
+  std::vector<int64_t> mine(static_cast<size_t>(P * L));
+  for (int64_t e = 0; e < P * L; ++e) mine[e] = offsets[e + 1] - offsets[e];
+  const Tensor counts_in = Tensor::from_ints(mine, {P * L}).to(xs.device());
+  Tensor counts_out = Tensor::empty({P * L}, DType::kI64, xs.device());
+  g.all_to_all(counts_in, counts_out);
+  // theirs[i * L + e]: rows rank i sends to my local expert e.
+  const std::vector<double> theirs_d = counts_out.to(Device::cpu()).to_vector();
+  std::vector<int64_t> theirs(theirs_d.begin(), theirs_d.end());
+  std::vector<int64_t> send_rows(P, 0), recv_rows(P, 0);
+  for (int64_t j = 0; j < P; ++j) {
+    for (int64_t e = 0; e < L; ++e) {
+      send_rows[j] += mine[j * L + e];
+      recv_rows[j] += theirs[j * L + e];
+    }
+  }
+  const Tensor xr = exchange_rows(xs, g, send_rows, recv_rows);  // [R, C], by (source, expert)
+  // Into (local expert, source) order for the grouped GEMM, and back after it.
+  std::vector<int64_t> source_start(P, 0);
+  for (int64_t j = 1; j < P; ++j) source_start[j] = source_start[j - 1] + recv_rows[j - 1];
+  std::vector<int64_t> perm, local_offsets = {0};
+  for (int64_t e = 0; e < L; ++e) {
+    for (int64_t j = 0; j < P; ++j) {
+      int64_t start = source_start[j];
+      for (int64_t f = 0; f < e; ++f) start += theirs[j * L + f];
+      for (int64_t m = 0; m < theirs[j * L + e]; ++m) perm.push_back(start + m);
+    }
+    local_offsets.push_back(static_cast<int64_t>(perm.size()));
+  }
+  const int64_t R = static_cast<int64_t>(perm.size());
+  std::vector<int64_t> inverse(perm.size());
+  for (int64_t i = 0; i < R; ++i) inverse[perm[i]] = i;
+  const Tensor xe = engine::index_select(xr, 0, Tensor::from_ints(perm, {R}).to(xs.device()));
+  std::vector<Tensor> w1, w2, w3;
+  for (int64_t e = first; e < first + L; ++e) {
+    w1.push_back((*experts)[e].w1->weight);
+    w2.push_back((*experts)[e].w2->weight);
+    w3.push_back((*experts)[e].w3->weight);
+  }
+  const Tensor act = engine::silu(engine::grouped_matmul(xe, local_offsets, w1)) *
+                     engine::grouped_matmul(xe, local_offsets, w3);
+  const Tensor ye = engine::grouped_matmul(act, local_offsets, w2);  // [R, C]
+  const Tensor yr = engine::index_select(ye, 0, Tensor::from_ints(inverse, {R}).to(xs.device()));
+  return exchange_rows(yr, g, recv_rows, send_rows);  // [M, C], in xs's order
 }
 
 MixtralDecoderLayer::MixtralDecoderLayer(const ModelConfig& c) {
@@ -216,6 +326,18 @@ std::vector<ExpertLoad> Mixtral::expert_load() const {
   std::vector<ExpertLoad> out;
   for (const MixtralSparseMoeBlock* b : moe_blocks(*model)) out.push_back(b->load);
   return out;
+}
+
+void Mixtral::set_expert_parallel(parallel::Communicator* group) {
+  for (size_t l = 0; l < model->layers->size(); ++l)
+    (*model->layers)[l].block_sparse_moe->set_expert_group(group);
+}
+
+int64_t Mixtral::expert_of(const std::string& name) {
+  const std::string key = ".block_sparse_moe.experts.";
+  const size_t at = name.find(key);
+  if (at == std::string::npos) return -1;
+  return std::stoll(name.substr(at + key.size()));
 }
 
 HfLayout Mixtral::hf_layout() const {

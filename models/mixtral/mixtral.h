@@ -21,17 +21,31 @@
 // per projection (engine::grouped_matmul: all experts in one call) and scattered back with their
 // routing weights (engine::moe_combine).
 //
+// Expert parallelism (Mixtral::set_expert_parallel, DeepSpeed's and Megatron's convention): the
+// P ranks of an expert group split the experts, rank r computing experts [r*E/P, (r+1)*E/P).
+// Each rank routes its own tokens (router, top-k and the capacity drop all happen before any
+// exchange, so a rank drops exactly what one process given its micro-batch drops), then sends
+// every peer the per-expert row counts (all_to_all) and the rows for that peer's experts
+// (all_to_all_v), runs its local experts over what it received in one grouped GEMM per
+// projection, and returns the outputs by the reverse all_to_all_v before moe_combine. The
+// backward of each exchange is the reverse exchange. A rank that sends or receives no rows
+// still joins every exchange (zero counts), so an expert or a rank without tokens cannot hang
+// the group. The model keeps all E experts; this rank's forward uses only its own, so the
+// others get no gradient (the training runtime frees their weights).
+//
 // Parameter names are HF's: "model.layers.0.block_sparse_moe.gate.weight",
 // "model.layers.0.block_sparse_moe.experts.3.w1.weight", the rest as LLaMA's.
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "engine/nn/module.h"
 #include "models/layers.h"
 #include "models/llama/llama.h"
 #include "models/model.h"
+#include "parallel/comm/communicator.h"
 
 namespace mammoth::models {
 
@@ -52,6 +66,11 @@ class MixtralSparseMoeBlock : public engine::nn::Module {
   explicit MixtralSparseMoeBlock(const ModelConfig& c);
   // x [B, T, C] -> [B, T, C]; keeps this forward's router probabilities and load.
   engine::Tensor forward(const engine::Tensor& x);
+  // Computes only this rank's experts of `group` (nullptr: all experts, here).
+  void set_expert_group(parallel::Communicator* group);
+  // The experts this rank computes: [first_local_expert(), + local_experts()).
+  int64_t first_local_expert() const;
+  int64_t local_experts() const;
   std::shared_ptr<engine::nn::Linear> gate;
   std::shared_ptr<ModuleList<MixtralExpert>> experts;
 
@@ -61,7 +80,13 @@ class MixtralSparseMoeBlock : public engine::nn::Module {
   ExpertLoad load;
 
  private:
+  // Rows xs [M, C] sorted by expert (offsets [E+1]) through the experts, computed by their ranks
+  // of the expert group: ys [M, C] in the same order.
+  engine::Tensor experts_forward(const engine::Tensor& xs, const std::vector<int64_t>& offsets);
+  engine::Tensor experts_parallel(const engine::Tensor& xs, const std::vector<int64_t>& offsets);
+
   const ModelConfig& config_;
+  parallel::Communicator* ep_group_ = nullptr;
 };
 
 class MixtralDecoderLayer : public engine::nn::Module {
@@ -104,6 +129,12 @@ class Mixtral : public LanguageModel {
   engine::Tensor z_loss() const;
   // Per layer, the last forward's expert load.
   std::vector<ExpertLoad> expert_load() const;
+  // Expert parallelism over `group` (see the top of this file); the experts must divide by its
+  // size. nullptr: every expert here.
+  void set_expert_parallel(parallel::Communicator* group);
+  // The expert a parameter belongs to ("model.layers.0.block_sparse_moe.experts.3.w1.weight":
+  // 3), -1 for the others.
+  static int64_t expert_of(const std::string& param_name);
 
   std::shared_ptr<MixtralModel> model;
   std::shared_ptr<engine::nn::Linear> lm_head;  // null when tied to model.embed_tokens

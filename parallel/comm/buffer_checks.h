@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <span>
 #include <string>
 
 #include "base/device.h"
@@ -24,6 +26,12 @@ void check_same_kind(const engine::Tensor& in, const engine::Tensor& out, const 
 // only), avg for floating types only.
 void check_reduce_dtype(ReduceOp op, DType dtype, const char* name, const Communicator& comm);
 void check_peer(int peer, const char* op, const Communicator& comm);
+
+// all_to_all_v's counts: one per rank, none negative, summing to in's and out's sizes; in and
+// out distinct (when either holds anything).
+void check_v_counts(const engine::Tensor& in, std::span<const int64_t> send_counts,
+                    const engine::Tensor& out, std::span<const int64_t> recv_counts, const char* op,
+                    const Communicator& comm);
 
 // Byte ranges [a, a+na) and [b, b+nb) intersect.
 bool overlaps(const void* a, size_t na, const void* b, size_t nb);

@@ -65,6 +65,29 @@ void check_peer(int peer, const char* op, const Communicator& comm) {
       << where(op, comm) << ": peer " << peer << " is not a rank of this group of " << comm.size();
 }
 
+void check_v_counts(const engine::Tensor& in, std::span<const int64_t> send_counts,
+                    const engine::Tensor& out, std::span<const int64_t> recv_counts, const char* op,
+                    const Communicator& comm) {
+  const auto check = [&](std::span<const int64_t> counts, const engine::Tensor& t,
+                         const char* counts_name, const char* arg) {
+    MAMMOTH_CHECK(static_cast<int64_t>(counts.size()) == comm.size())
+        << where(op, comm) << ": " << counts_name << " has " << counts.size()
+        << " entries, one per rank of the group (" << comm.size() << ") needed";
+    int64_t total = 0;
+    for (size_t i = 0; i < counts.size(); ++i) {
+      MAMMOTH_CHECK(counts[i] >= 0)
+          << where(op, comm) << ": " << counts_name << "[" << i << "] is " << counts[i];
+      total += counts[i];
+    }
+    MAMMOTH_CHECK(total == t.numel()) << where(op, comm) << ": " << counts_name << " sum to "
+                                      << total << " but " << arg << " holds " << t.numel();
+  };
+  check(send_counts, in, "send_counts", "in");
+  check(recv_counts, out, "recv_counts", "out");
+  MAMMOTH_CHECK(!overlaps(in.raw_data(), in.nbytes(), out.raw_data(), out.nbytes()))
+      << where(op, comm) << ": in and out overlap (all_to_all_v has no in-place form)";
+}
+
 bool overlaps(const void* a, size_t na, const void* b, size_t nb) {
   if (na == 0 || nb == 0) return false;
   const auto pa = reinterpret_cast<uintptr_t>(a);

@@ -20,7 +20,12 @@
 //   - all_gather: in holds n, out holds size() * n, rank r's block at [r*n, (r+1)*n). In place
 //     means in is this rank's block of out;
 //   - all_to_all: in and out hold size() * n; block j of in goes to rank j, block i of out came
-//     from rank i; in == out is allowed.
+//     from rank i; in == out is allowed;
+//   - all_to_all_v: counts in elements, one per rank (size() of them, zeros allowed). in holds
+//     sum(send_counts): its block j (send_counts[j] elements, after blocks 0..j-1) goes to rank
+//     j; out holds sum(recv_counts), block i from rank i. recv_counts[i] must equal rank i's
+//     send_counts[rank()] (exchange the counts first, with all_to_all); in and out are distinct.
+//     Every rank calls it, also one whose counts are all zero.
 // Every rank of a group must call the same collectives in the same order with matching sizes.
 //
 // Every operation has a deadline (CommOptions::timeout_s, the `--comm-timeout` flag of the
@@ -31,6 +36,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "engine/tensor.h"
@@ -97,6 +103,10 @@ class Communicator {
                                            int root) = 0;
   virtual std::unique_ptr<Work> iall_to_all(const engine::Tensor& in,
                                             const engine::Tensor& out) = 0;
+  virtual std::unique_ptr<Work> iall_to_all_v(const engine::Tensor& in,
+                                              std::span<const int64_t> send_counts,
+                                              const engine::Tensor& out,
+                                              std::span<const int64_t> recv_counts) = 0;
   virtual std::unique_ptr<Work> isend(const engine::Tensor& t, int peer, int tag = 0) = 0;
   virtual std::unique_ptr<Work> irecv(const engine::Tensor& t, int peer, int tag = 0) = 0;
   virtual std::unique_ptr<Work> ibarrier() = 0;
@@ -127,6 +137,10 @@ class Communicator {
   }
   void all_to_all(const engine::Tensor& in, const engine::Tensor& out) {
     iall_to_all(in, out)->wait();
+  }
+  void all_to_all_v(const engine::Tensor& in, std::span<const int64_t> send_counts,
+                    const engine::Tensor& out, std::span<const int64_t> recv_counts) {
+    iall_to_all_v(in, send_counts, out, recv_counts)->wait();
   }
   void send(const engine::Tensor& t, int peer, int tag = 0) { isend(t, peer, tag)->wait(); }
   void recv(const engine::Tensor& t, int peer, int tag = 0) { irecv(t, peer, tag)->wait(); }

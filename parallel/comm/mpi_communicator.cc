@@ -2,6 +2,7 @@
 // deadline (see mpi_communicator.h).
 #include "parallel/comm/mpi_communicator.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -511,6 +512,52 @@ std::unique_ptr<Work> MpiCommunicator::iall_to_all(const Tensor& in, const Tenso
   work->set_finish([send, out, src, dst, block_bytes, r] {
     std::memcpy(dst + block_bytes * r, src + block_bytes * r, block_bytes);
   });
+  return work;
+}
+
+std::unique_ptr<Work> MpiCommunicator::iall_to_all_v(const Tensor& in,
+                                                     std::span<const int64_t> send_counts,
+                                                     const Tensor& out,
+                                                     std::span<const int64_t> recv_counts) {
+  constexpr const char* kOp = "all_to_all_v";
+  detail::check_tensor(in, "in", kOp, *this, DeviceType::kCPU);
+  detail::check_tensor(out, "out", kOp, *this, DeviceType::kCPU);
+  detail::check_same_kind(in, out, kOp, *this);
+  detail::check_v_counts(in, send_counts, out, recv_counts, kOp, *this);
+  // MPI takes int counts and displacements, in elements.
+  const auto layout = [&](std::span<const int64_t> counts, std::vector<int>& c,
+                          std::vector<int>& displs) {
+    c.resize(counts.size());
+    displs.resize(counts.size());
+    int64_t offset = 0;
+    for (size_t i = 0; i < counts.size(); ++i) {
+      c[i] = mpi_count(counts[i], kOp, *this);
+      displs[i] = mpi_count(offset, kOp, *this);
+      offset += counts[i];
+    }
+  };
+  // MPI forbids touching a non-blocking collective's count and displacement arrays before it
+  // completes (MPI 3.1, 5.12): they live in the Work's completion callback until then.
+  struct Layout {
+    std::vector<int> scounts, sdispls, rcounts, rdispls;
+  };
+  auto v = std::make_shared<Layout>();
+  layout(send_counts, v->scounts, v->sdispls);
+  layout(recv_counts, v->rcounts, v->rdispls);
+  // No shortcut for empty buffers: unlike all_to_all, a rank that sends and receives nothing
+  // must still join, as its peers' counts differ from its own. MPI wants a valid address even
+  // for zero counts.
+  static char empty_buffer;
+  void* const sbuf = in.numel() ? in.raw_data() : &empty_buffer;
+  void* const rbuf = out.numel() ? out.raw_data() : &empty_buffer;
+  const MPI_Datatype type = mpi_type(in.dtype()).type;
+  OpInfo info = op_info(kOp, "", -1, in);
+  info.numel = std::max(in.numel(), out.numel());
+  auto work = std::make_unique<MpiWork>(*this, info, std::vector<Tensor>{in, out});
+  mpi_check(MPI_Ialltoallv(sbuf, v->scounts.data(), v->sdispls.data(), type, rbuf,
+                           v->rcounts.data(), v->rdispls.data(), type, comm_, work->add_request()),
+            "MPI_Ialltoallv");
+  work->set_finish([v] {});
   return work;
 }
 

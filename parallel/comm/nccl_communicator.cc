@@ -289,6 +289,41 @@ std::unique_ptr<Work> NcclCommunicator::iall_to_all(const Tensor& in, const Tens
   return finish(detail::describe_op(kOp, "", in), caller, {send, out});
 }
 
+std::unique_ptr<Work> NcclCommunicator::iall_to_all_v(const Tensor& in,
+                                                      std::span<const int64_t> send_counts,
+                                                      const Tensor& out,
+                                                      std::span<const int64_t> recv_counts) {
+  constexpr const char* kOp = "all_to_all_v";
+  detail::check_tensor(in, "in", kOp, *this, DeviceType::kCUDA);
+  detail::check_tensor(out, "out", kOp, *this, DeviceType::kCUDA);
+  detail::check_same_kind(in, out, kOp, *this);
+  detail::check_v_counts(in, send_counts, out, recv_counts, kOp, *this);
+  cudaStream_t caller = order_after_caller();
+  const size_t elem = dtype_size(in.dtype());
+  const ncclDataType_t type = nccl_type(in.dtype());
+  const char* const src = static_cast<const char*>(in.raw_data());
+  char* const dst = static_cast<char*>(out.raw_data());
+  // Point-to-point pairs need no agreement beyond the counts, so a zero count posts nothing and
+  // a rank with nothing to exchange enqueues only the completion event.
+  size_t send_offset = 0, recv_offset = 0;
+  nccl_check(ncclGroupStart(), "ncclGroupStart");
+  for (int peer = 0; peer < size_; ++peer) {
+    const size_t sc = static_cast<size_t>(send_counts[peer]);
+    const size_t rc = static_cast<size_t>(recv_counts[peer]);
+    if (sc) {
+      nccl_check(ncclSend(src + send_offset * elem, sc, type, peer, comm_, stream_), "ncclSend");
+    }
+    if (rc) {
+      nccl_check(ncclRecv(dst + recv_offset * elem, rc, type, peer, comm_, stream_), "ncclRecv");
+    }
+    send_offset += sc;
+    recv_offset += rc;
+  }
+  nccl_check(ncclGroupEnd(), "ncclGroupEnd");
+  return finish(detail::describe_op(kOp, "", in.numel() >= out.numel() ? in : out), caller,
+                {in, out});
+}
+
 std::unique_ptr<Work> NcclCommunicator::isend(const Tensor& t, int peer, int tag) {
   constexpr const char* kOp = "send";
   detail::check_tensor(t, "tensor", kOp, *this, DeviceType::kCUDA);

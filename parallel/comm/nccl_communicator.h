@@ -51,6 +51,10 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<Work> ibroadcast(const engine::Tensor& in, const engine::Tensor& out,
                                    int root) override;
   std::unique_ptr<Work> iall_to_all(const engine::Tensor& in, const engine::Tensor& out) override;
+  std::unique_ptr<Work> iall_to_all_v(const engine::Tensor& in,
+                                      std::span<const int64_t> send_counts,
+                                      const engine::Tensor& out,
+                                      std::span<const int64_t> recv_counts) override;
   std::unique_ptr<Work> isend(const engine::Tensor& t, int peer, int tag) override;
   std::unique_ptr<Work> irecv(const engine::Tensor& t, int peer, int tag) override;
   std::unique_ptr<Work> ibarrier() override;

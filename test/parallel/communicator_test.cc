@@ -11,6 +11,7 @@
 
 #include "base/error.h"
 #include "engine/tensor.h"
+#include "parallel/comm/flight_recorder.h"
 #include "parallel/comm/mpi_communicator.h"
 
 namespace mammoth::parallel {
@@ -233,6 +234,61 @@ TEST_CASE("all_to_all, in place and out of place, every dtype") {
   }
 }
 
+// Elements rank `src` sends to rank `dst` in pattern `p`: 0 has zeros scattered over the pairs,
+// 1 has the last rank send nothing at all (it still receives), 2 is all zeros everywhere.
+int64_t v_count(int p, int src, int dst, int size) {
+  if (p == 2) return 0;
+  if (p == 1 && src == size - 1) return 0;
+  return (src * 3 + dst * 5 + p) % 4 * (1 + src);
+}
+
+TEST_CASE("all_to_all_v with per-peer counts, zeros, and a rank that sends nothing") {
+  MpiCommunicator& w = world();
+  const int s = w.size(), r = w.rank();
+  for (DType dtype : kAllDTypes) {
+    for (int p : {0, 1, 2}) {
+      const std::string what =
+          std::string("all_to_all_v ") + dtype_name(dtype) + " pattern " + std::to_string(p);
+      // Block src->dst holds value(src, dst * 1000 + k) for its k-th element.
+      std::vector<int64_t> send_counts(s), recv_counts(s);
+      std::vector<double> send;
+      for (int dst = 0; dst < s; ++dst) {
+        send_counts[dst] = v_count(p, r, dst, s);
+        for (int64_t k = 0; k < send_counts[dst]; ++k)
+          send.push_back(value(r, dst * 1000 + k, dtype));
+      }
+      std::vector<double> expect;
+      for (int src = 0; src < s; ++src) {
+        recv_counts[src] = v_count(p, src, r, s);
+        for (int64_t k = 0; k < recv_counts[src]; ++k)
+          expect.push_back(value(src, r * 1000 + k, dtype));
+      }
+      const auto n_send = static_cast<int64_t>(send.size());
+      const auto n_recv = static_cast<int64_t>(expect.size());
+      Tensor in = Tensor::from_vector(send, {n_send}, dtype);
+      Tensor out = Tensor::full({n_recv}, 99.0, dtype);
+      w.all_to_all_v(in, send_counts, out, recv_counts);
+      check_values(
+          out, [&](int64_t i) { return expect[static_cast<size_t>(i)]; }, what);
+      // Recorded like every collective (flight recorder, and the profiler from it).
+      CHECK_THAT(flight::tail_text(1), Catch::Contains("all_to_all_v("));
+      // The async form, two in flight at once with the counts reversed in the second.
+      Tensor out2 = Tensor::full({n_send}, 99.0, dtype);
+      Tensor in2 = Tensor::from_vector(expect, {n_recv}, dtype);
+      Tensor out1 = Tensor::full({n_recv}, 99.0, dtype);
+      auto a = w.iall_to_all_v(in, send_counts, out1, recv_counts);
+      auto b = w.iall_to_all_v(in2, recv_counts, out2, send_counts);
+      b->wait();
+      a->wait();
+      check_values(
+          out1, [&](int64_t i) { return expect[static_cast<size_t>(i)]; }, what + " async");
+      // Sending back what was received returns each rank its own buffer.
+      check_values(
+          out2, [&](int64_t i) { return send[static_cast<size_t>(i)]; }, what + " round trip");
+    }
+  }
+}
+
 TEST_CASE("send/recv around a ring with tags, and async handles") {
   MpiCommunicator& w = world();
   const int s = w.size(), r = w.rank();
@@ -364,6 +420,22 @@ TEST_CASE("bad arguments throw naming the operation and group, before any commun
   CHECK_THAT(message([&] { w.broadcast(f, -1); }), Catch::Contains("root -1"));
   CHECK_THAT(message([&] { w.all_to_all(Tensor::zeros({4 * w.size() + 1}), f); }),
              Catch::Contains("[all_to_all]"));
+  {
+    std::vector<int64_t> fours(w.size(), 4), short_counts(w.size() + 1, 0);
+    Tensor g = Tensor::zeros({4 * w.size()}, DType::kF32);
+    CHECK_THAT(message([&] { w.all_to_all_v(f, fours, g, short_counts); }),
+               Catch::Contains("[all_to_all_v]") && Catch::Contains("recv_counts has"));
+    std::vector<int64_t> negative = fours;
+    negative[0] = -1;
+    CHECK_THAT(message([&] { w.all_to_all_v(f, negative, g, fours); }),
+               Catch::Contains("send_counts[0] is -1"));
+    std::vector<int64_t> bigger = fours;
+    bigger[0] = 5;
+    CHECK_THAT(message([&] { w.all_to_all_v(f, bigger, g, fours); }),
+               Catch::Contains("send_counts sum to"));
+    CHECK_THAT(message([&] { w.all_to_all_v(f, fours, f, fours); }),
+               Catch::Contains("no in-place form"));
+  }
   w.barrier();
 }
 

@@ -52,6 +52,12 @@ TEST_CASE("NCCL collectives on a group of one give the identities") {
     Tensor a2a = Tensor::zeros({n}, dtype, gpu);
     nccl.all_to_all(host.to(gpu), a2a);
     CHECK(a2a.to(Device::cpu()).to_vector() == want);
+    Tensor a2av = Tensor::zeros({n}, dtype, gpu);
+    const std::vector<int64_t> counts{n};
+    nccl.all_to_all_v(host.to(gpu), counts, a2av, counts);
+    CHECK(a2av.to(Device::cpu()).to_vector() == want);
+    const std::vector<int64_t> none{0};
+    nccl.all_to_all_v(Tensor::zeros({0}, dtype, gpu), none, Tensor::zeros({0}, dtype, gpu), none);
   }
   nccl.barrier();
   try {

@@ -70,6 +70,15 @@ import json, sys
 v = json.load(sys.stdin)
 assert "plan_invalid" in v and "memory" not in v' || fail "invalid plan JSON"
 
+# --ep: the expert exchanges' volume (plan::expert_exchange_bytes_per_step), only under --ep.
+"$mammoth" analyze --model mixtral-tiny --dp 4 --ep 2 --json >"$t/ep.json" 2>&1 || fail "--ep 2"
+"$mammoth" analyze --model mixtral-tiny --dp 4 --json >"$t/ep1.json" 2>&1 || fail "mixtral --dp 4"
+"$py" -c '
+import json, sys
+v, w = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+assert v["plan"]["ep"] == 2 and v["expert_exchange_bytes_per_step"] > 0, v
+assert "expert_exchange_bytes_per_step" not in w' "$t/ep.json" "$t/ep1.json" || fail "--ep JSON"
+
 # --plan FILE describes the plan instead; a layout flag beside it is refused.
 echo '{"dp": 2, "zero": 1, "micro_batch": 2}' >"$t/plan.json"
 "$mammoth" analyze --model gpt2 --plan "$t/plan.json" --json >"$t/file.json" 2>&1 || fail "--plan FILE"

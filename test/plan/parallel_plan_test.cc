@@ -32,7 +32,7 @@ TEST_CASE("plans read back from JSON exactly, and unknown keys are refused by na
     p.dp = 2, p.pp = 2, p.tp = 2, p.order = "tp-dp-pp-sp", p.sp_mode = "split_gather";
     p.pp_schedule = "interleaved", p.virtual_stages = 2, p.stage_cut = {0, 1, 2, 3, 4};
     p.micro_batch = 3, p.grad_accum = 4, p.seq_len = 48, p.zero = 1, p.bucket_mb = 4.5;
-    p.recompute_blocks = -1, p.amp = "bf16";
+    p.recompute_blocks = -1, p.amp = "bf16", p.ep = 2;
   });
   CHECK(plan_from_json(plan_to_json(p)) == p);
   CHECK(plan_from_json(json::parse(R"({"tp": 2})")) == with([](ParallelPlan& p) { p.tp = 2; }));
@@ -147,6 +147,53 @@ TEST_CASE("every combination rule names what is wrong") {
   CHECK(check(with([](ParallelPlan& p) { p.tp = 4; }), {.model = &llama}) == "");
   CHECK(check(with([](ParallelPlan& p) { p.sp = 2, p.sp_mode = "ring", p.seq_len = 124; }),
               {.model = &gpt2}) == "");
+}
+
+TEST_CASE("expert parallelism: --ep's rules name what is wrong") {
+  const models::ModelConfig mixtral = models::resolve_config("mixtral-tiny");  // 4 experts
+  const models::ModelConfig llama = models::resolve_config("llama-tiny");
+  const std::vector<std::pair<ParallelPlan, std::string>> cases = {
+      {with([](ParallelPlan& p) { p.ep = 0; }), "--ep must be >= 1"},
+      {with([](ParallelPlan& p) { p.dp = 3, p.ep = 2; }), "--ep 2 must divide --dp 3"},
+      {with([](ParallelPlan& p) { p.dp = 2, p.ep = 2, p.tp = 2; }), "does not combine with --tp"},
+      {with([](ParallelPlan& p) { p.dp = 2, p.ep = 2, p.pp = 2; }), "does not combine with --tp"},
+      {with([](ParallelPlan& p) { p.dp = 2, p.ep = 2, p.zero = 3; }), "ZeRO 3"},
+      {with([](ParallelPlan& p) { p.dp = 2, p.ep = 2, p.offload = "host"; }), "--offload"},
+      {with([](ParallelPlan& p) { p.dp = 2, p.ep = 2, p.device = "cuda"; }), "CPU (MPI) only"},
+  };
+  for (const auto& [plan, message] : cases) {
+    INFO(plan_summary(plan) << " | expected: " << message);
+    CHECK_THAT(check(plan, {.model = &mixtral}), Catch::Contains(message));
+  }
+  const ParallelPlan ep2 = with([](ParallelPlan& p) { p.dp = 4, p.ep = 2, p.zero = 2; });
+  CHECK(check(ep2, {.world = 4, .model = &mixtral}) == "");
+  CHECK_THAT(check(ep2, {.model = &llama}), Catch::Contains("needs a mixture-of-experts model"));
+  models::ModelConfig three = mixtral;
+  three.moe_experts = 3;
+  CHECK_THAT(check(ep2, {.model = &three}),
+             Catch::Contains("must divide mixtral-tiny's 3 experts"));
+  CHECK(plan_summary(ep2) ==
+        "dp4 pp1 tp1 sp1 (tp-sp-dp-pp) ep2 mb8x1 seq 64 zero2 offload none fp32");
+}
+
+TEST_CASE("expert parallelism's exchange volume per step") {
+  const models::ModelConfig mixtral = models::resolve_config("mixtral-tiny");
+  REQUIRE(mixtral.moe_top_k == 2);
+  REQUIRE(mixtral.d_model == 64);
+  REQUIRE(mixtral.n_layer == 2);
+  ParallelPlan p =
+      with([](ParallelPlan& p) { p.dp = 4, p.ep = 2, p.micro_batch = 8, p.seq_len = 64; });
+  // 8 x 64 tokens x top 2 = 1024 rows, half to the other rank, 64 f32 each = 128 KiB per
+  // exchange; 4 exchanges (dispatch, return; forward, backward) x 2 layers.
+  CHECK(expert_exchange_bytes_per_step(p, mixtral) == 4 * 2 * 512 * 64 * 4);
+  p.ep = 4;  // three quarters leave
+  CHECK(expert_exchange_bytes_per_step(p, mixtral) == 4 * 2 * 768 * 64 * 4);
+  p.grad_accum = 3;
+  CHECK(expert_exchange_bytes_per_step(p, mixtral) == 3 * 4 * 2 * 768 * 64 * 4);
+  p.ep = 1;
+  CHECK(expert_exchange_bytes_per_step(p, mixtral) == 0);
+  CHECK(expert_exchange_bytes_per_step(with([](ParallelPlan& p) { p.dp = 2, p.ep = 2; }),
+                                       models::resolve_config("llama-tiny")) == 0);
 }
 
 TEST_CASE("the summary line says the layout") {

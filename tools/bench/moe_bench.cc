@@ -8,7 +8,11 @@
 
 #include "base/error.h"
 #include "base/thread_pool.h"
+#include "engine/nn/module.h"
+#include "engine/ops.h"
 #include "kernels/cpu/gemm.h"
+#include "models/mixtral/mixtral.h"
+#include "models/registry.h"
 
 namespace mammoth::tools {
 namespace {
@@ -39,6 +43,54 @@ double seconds(const std::function<void()>& f, int reps) {
   const auto t0 = std::chrono::steady_clock::now();
   for (int r = 0; r < reps; ++r) f();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
+}
+
+// The MoE layer (models/mixtral's block: router, top-k, dispatch, grouped GEMMs, combine) against
+// a dense SwiGLU MLP of width k * f, which has the same FLOPs per token as the k experts a token
+// runs through (3 projections of d x f each). Forward + backward of sum(y), seconds per step.
+struct LayerShape {
+  const char* name;
+  int64_t experts, top_k, d, f, tokens;
+};
+
+void layer_rows() {
+  const LayerShape shapes[] = {{"mixtral-tiny layer (E 4, k 2)", 4, 2, 64, 96, 256},
+                               {"E 8, k 2, d 512, f 1024", 8, 2, 512, 1024, 512}};
+  std::printf("\n%-32s %12s %12s %8s   (forward + backward, %d threads)\n", "MoE layer vs dense",
+              "MoE ms", "dense ms", "ratio", num_threads());
+  for (const LayerShape& s : shapes) {
+    models::ModelConfig c = models::resolve_config("mixtral-tiny");
+    c.moe_experts = s.experts;
+    c.moe_top_k = s.top_k;
+    c.d_model = s.d;
+    c.d_ff = s.f;
+    models::MixtralSparseMoeBlock moe(c);
+    moe.init(1);
+    engine::nn::Linear w1(s.d, s.top_k * s.f, false), w3(s.d, s.top_k * s.f, false),
+        w2(s.top_k * s.f, s.d, false);
+    w1.init(2);
+    w2.init(3);
+    w3.init(4);
+    const engine::Tensor x = engine::Tensor::randn({1, s.tokens, s.d}, 5);
+    const double flops = 6.0 * 2.0 * s.tokens * s.d * s.f * s.top_k;  // fwd + 2x bwd, 3 proj
+    const int reps = static_cast<int>(std::max(3.0, 1e9 / flops));
+    const double t_moe = seconds(
+        [&] {
+          moe.zero_grad();
+          engine::sum(moe.forward(x)).backward();
+        },
+        reps);
+    const double t_dense = seconds(
+        [&] {
+          w1.zero_grad();
+          w2.zero_grad();
+          w3.zero_grad();
+          engine::sum(w2.forward(engine::silu(w1.forward(x)) * w3.forward(x))).backward();
+        },
+        reps);
+    std::printf("%-32s %12.3f %12.3f %7.2fx   (%lld tokens; MoE / dense)\n", s.name, t_moe * 1e3,
+                t_dense * 1e3, t_moe / t_dense, static_cast<long long>(s.tokens));
+  }
 }
 
 }  // namespace
@@ -80,6 +132,7 @@ int run_moe_bench(const std::vector<std::string>& args) {
     std::printf("%-32s %12.3f %12.3f %7.2fx   (%.1f vs %.1f GFLOP/s)\n", s.name, grouped * 1e3,
                 loop * 1e3, loop / grouped, flops / grouped * 1e-9, flops / loop * 1e-9);
   }
+  layer_rows();
   return 0;
 }
 

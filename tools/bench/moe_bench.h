@@ -1,5 +1,6 @@
 // `mammoth bench moe`: the grouped GEMM over expert batches (kernels/cpu sgemm_grouped, what
-// engine::grouped_matmul runs) against a loop of one sgemm per expert on the same batches.
+// engine::grouped_matmul runs) against a loop of one sgemm per expert on the same batches; and
+// the whole MoE layer's step (forward + backward) against a dense MLP of equal active FLOPs.
 #pragma once
 
 #include <string>
