@@ -291,7 +291,16 @@ int64_t MemoryPrediction::planned_peak() const {
 json::Value MemoryPrediction::to_json() const {
   json::Value out = json::Value::array();
   for (const StageMemory& s : stages) {
+    json::Value homes = json::Value::object();
+    static const char* const kNames[] = {"device", "host", "nvme"};
+    for (int t = kDeviceTier; t <= kNvmeTier; ++t) {
+      homes.set(kNames[t], json::Value::object()
+                               .set("params", s.homes[t].params)
+                               .set("grads", s.homes[t].grads)
+                               .set("optimizer", s.homes[t].optimizer));
+    }
     out.push_back(json::Value::object()
+                      .set("homes", std::move(homes))
                       .set("params", s.params)
                       .set("grads", s.grads)
                       .set("optimizer", s.optimizer)
@@ -323,6 +332,36 @@ std::string MemoryPrediction::explain() const {
                   s, mib(m.device_peak), mib(m.params), mib(m.grads), mib(m.optimizer),
                   mib(m.activations), mib(m.buffers), mib(m.temporaries), mib(m.model_copy),
                   mib(m.chunks_device), mib(m.host), mib(m.nvme));
+    os << line;
+  }
+  return os.str();
+}
+
+std::string placement_table(const StageMemory& m, const ParallelPlan& p) {
+  auto mib = [](int64_t b) { return static_cast<double>(b) / 1048576.0; };
+  auto budget = [&](int tier) -> std::string {
+    char b[64];
+    const int64_t bytes = tier == kDeviceTier ? p.device_mem : tier == kHostTier ? p.host_mem : 0;
+    if (tier == kDeviceTier && p.auto_device_mem > 0)
+      std::snprintf(b, sizeof(b), "auto:%.1f MiB", mib(p.auto_device_mem));
+    else if (tier == kNvmeTier)
+      return p.nvme_dir.empty() ? "-" : p.nvme_dir;
+    else if (bytes == 0)
+      return "unlimited";
+    else
+      std::snprintf(b, sizeof(b), "%.1f MiB", mib(bytes));
+    return b;
+  };
+  std::ostringstream os;
+  char line[512];
+  static const char* const kNames[] = {"device", "host", "nvme"};
+  for (int t = kDeviceTier; t <= kNvmeTier; ++t) {
+    const StageMemory::Homes& h = m.homes[t];
+    std::snprintf(line, sizeof(line),
+                  "  %-6s  params %9.2f MiB  grads %9.2f MiB  optimizer %9.2f MiB  "
+                  "total %9.2f MiB  budget %s\n",
+                  kNames[t], mib(h.params), mib(h.grads), mib(h.optimizer), mib(h.total()),
+                  budget(t).c_str());
     os << line;
   }
   return os.str();
@@ -432,6 +471,27 @@ MemoryPrediction predict_memory(const ModelConfig& c, const ParallelPlan& p) {
         m.nvme = states;
         m.host = 2 * chunk;
       }
+      // Homes (memory/chunks ChunkManager::finalize): the lists whose first choice is the
+      // device live there when they all fit --device-mem, else on the host; CUDA's host-update
+      // flow (optimizer states off the device) homes parameters and gradients on the host.
+      const bool host_update = p.device == "cuda" && p.offload != "none";
+      const std::string param_home = p.offload_params != "none" ? p.offload_params
+                                     : host_update              ? "host"
+                                                                : "device";
+      const int64_t device_wanted =
+          (param_home == "device" ? 2 * P * e : 0) + (p.offload == "none" ? states : 0);
+      const bool fits = p.device_mem == 0 || device_wanted <= p.device_mem;
+      auto tier_of = [&](const std::string& home) {
+        return home == "nvme"                                  ? kNvmeTier
+               : home == "host" || (home == "device" && !fits) ? kHostTier
+                                                               : kDeviceTier;
+      };
+      const int pt = tier_of(param_home);
+      m.homes[pt].params = P * e;
+      m.homes[pt].grads = P * e;
+      m.homes[tier_of(p.offload == "none" ? "device" : p.offload)].optimizer = states;
+      if (p.offload_params == "host") m.host += 2 * P * e;
+      if (p.offload_params == "nvme") m.nvme += 2 * P * e;
       params = 0;
       opt = 0;
       grad_unit_max = ps.largest_block;
@@ -537,6 +597,10 @@ MemoryPrediction predict_memory(const ModelConfig& c, const ParallelPlan& p) {
     m.params = params;
     m.optimizer = opt;
     m.grads = grad_persist + grad_at_peak;
+    if (!offload) {
+      // Held across the step: dp's flat buffers (ZeRO-2/3: the shard), else every gradient.
+      m.homes[kDeviceTier] = {params, grad_persist > 0 ? grad_persist : stage_grad, opt};
+    }
     m.activations = act_peak;
     m.buffers += buf_at_peak;
     // The micro-batch's ids and targets (i64) on the device, position ids; a pipeline keeps

@@ -77,7 +77,10 @@ class Checker {
     if (!(p_.bucket_mb > 0)) return say("--bucket-mb must be > 0, got ", p_.bucket_mb);
     static const std::vector<std::string_view> kOffload = {"none", "host", "nvme"};
     if (!one_of(p_.offload, kOffload))
-      return say("--offload must be ", join(kOffload), ", got '", p_.offload, "'");
+      return say("--offload-optimizer (--offload) must be ", join(kOffload), ", got '", p_.offload,
+                 "'");
+    if (!one_of(p_.offload_params, kOffload))
+      return say("--offload-params must be ", join(kOffload), ", got '", p_.offload_params, "'");
     if (p_.device_mem < 0 || p_.auto_device_mem < 0 || p_.host_mem < 0)
       return say("--device-mem and --host-mem must be >= 0");
     if (p_.device_mem > 0 && p_.auto_device_mem > 0)
@@ -153,7 +156,14 @@ class Checker {
 
   std::string memory() const {
     if (p_.offload == "nvme" && c_.run && p_.nvme_dir.empty())
-      return say("--offload nvme needs --nvme-dir");
+      return say("--offload-optimizer nvme needs --nvme-dir");
+    if (p_.offload_params == "nvme" && c_.run && p_.nvme_dir.empty())
+      return say("--offload-params nvme needs --nvme-dir");
+    // Each dp rank would page every parameter chunk, not its ZeRO-3 shard: not built yet.
+    if (p_.offload_params != "none" && p_.world() > 1)
+      return say("--offload-params ", p_.offload_params,
+                 " runs in one process only so far (not with --dp/--tp/--sp/--pp); "
+                 "--offload-optimizer combines with --dp");
     if (p_.offloaded() && p_.world() > 1) {
       if (p_.tp > 1 || p_.sp > 1 || p_.pp > 1 || p_.sp_mode != "none")
         return say(
@@ -181,6 +191,10 @@ class Checker {
                  " is not enabled on CUDA yet (--zero 0 or 1)");
     if (p_.auto_device_mem > 0)
       return say("--device-mem auto is not implemented on CUDA yet: give a size (--device-mem 8G)");
+    if (p_.offload_params == "nvme")
+      return say(
+          "--offload-params nvme with --device cuda: CUDA parameters page through pinned host "
+          "memory only; use --offload-params host");
     if (p_.offloaded() && p_.dp > 1)
       return say(
           "--device cuda: --offload/--device-mem/--host-mem with --dp (chunks reduced "
@@ -283,7 +297,8 @@ json::Value plan_to_json(const ParallelPlan& p) {
   v.set("stage_cut", std::move(cut));
   v.set("micro_batch", p.micro_batch).set("grad_accum", p.grad_accum).set("seq_len", p.seq_len);
   v.set("zero", p.zero).set("bucket_mb", p.bucket_mb);
-  v.set("offload", p.offload).set("device_mem", p.device_mem);
+  v.set("offload_optimizer", p.offload).set("offload_params", p.offload_params);
+  v.set("device_mem", p.device_mem);
   v.set("auto_device_mem", p.auto_device_mem).set("host_mem", p.host_mem);
   v.set("chunk_mb", p.chunk_mb).set("nvme_dir", p.nvme_dir);
   v.set("recompute_blocks", p.recompute_blocks);
@@ -336,8 +351,13 @@ ParallelPlan plan_from_json(const json::Value& v) {
       p.zero = as_i();
     else if (k == "bucket_mb")
       p.bucket_mb = m.as_double();
-    else if (k == "offload")
+    else if (k == "offload_optimizer" || k == "offload") {
+      // "offload" is the older name of offload_optimizer (plan files written before it).
+      MAMMOTH_CHECK(!(v.contains("offload") && v.contains("offload_optimizer")))
+          << "[plan] give offload_optimizer or its older name offload, not both";
       p.offload = m.as_string();
+    } else if (k == "offload_params")
+      p.offload_params = m.as_string();
     else if (k == "device_mem")
       p.device_mem = m.as_int();
     else if (k == "auto_device_mem")
@@ -358,7 +378,8 @@ ParallelPlan plan_from_json(const json::Value& v) {
       MAMMOTH_THROW() << "[plan] unknown key '" << k << "' (the keys are those of plan_to_json: "
                       << "dp, pp, tp, sp, order, sp_mode, pp_schedule, virtual_stages, "
                          "pp_partition, stage_cut, micro_batch, grad_accum, seq_len, zero, "
-                         "bucket_mb, offload, device_mem, auto_device_mem, host_mem, chunk_mb, "
+                         "bucket_mb, offload_optimizer (or offload), offload_params, device_mem, "
+                         "auto_device_mem, host_mem, chunk_mb, "
                          "nvme_dir, recompute_blocks, amp, device)";
   }
   return p;
@@ -388,6 +409,7 @@ std::string plan_summary(const ParallelPlan& p) {
   }
   s << " mb" << p.micro_batch << "x" << p.grad_accum << " seq " << p.seq_len << " zero" << p.zero
     << " offload " << p.offload;
+  if (p.offload_params != "none") s << " params-on " << p.offload_params;
   if (p.recompute_blocks != 0)
     s << " recompute "
       << (p.recompute_blocks < 0 ? std::string("all") : std::to_string(p.recompute_blocks));

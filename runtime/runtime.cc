@@ -258,6 +258,7 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
   if (plan_.offloaded()) {
     engine::offload::OffloadOptions oo;
     oo.mode = engine::offload::parse_mode(plan_.offload);
+    oo.params = engine::offload::parse_mode(plan_.offload_params);
     oo.device_mem = plan_.device_mem;
     oo.auto_device_size = plan_.auto_device_mem;
     oo.host_mem = plan_.host_mem;
