@@ -459,6 +459,8 @@ MemoryPrediction predict_memory(const ModelConfig& c, const ParallelPlan& p) {
       // What stays in the allocator: a gradient from autograd until its grad-ready hook copies
       // it into its chunk (one parameter at a time; a tied table's all backward long), and
       // under dp the host buffers chunks are averaged and broadcast through.
+      // Under tp / pp each rank chunks its own shard or stages (the whole model otherwise).
+      const int64_t P = p.tp > 1 || p.pp > 1 ? stage_params : models::count_parameters(c);
       const int64_t chunk = std::max(static_cast<int64_t>(p.chunk_mb * 1048576.0), ps.largest * e);
       const int64_t chunks = std::max<int64_t>(1, ceil_div(P * e, chunk));
       const int64_t states_all = P * opt_bytes_per;

@@ -159,17 +159,36 @@ class Checker {
       return say("--offload-optimizer nvme needs --nvme-dir");
     if (p_.offload_params == "nvme" && c_.run && p_.nvme_dir.empty())
       return say("--offload-params nvme needs --nvme-dir");
-    // Each dp rank would page every parameter chunk, not its ZeRO-3 shard: not built yet.
-    if (p_.offload_params != "none" && p_.world() > 1)
-      return say("--offload-params ", p_.offload_params,
-                 " runs in one process only so far (not with --dp/--tp/--sp/--pp); "
-                 "--offload-optimizer combines with --dp");
     if (p_.offloaded() && p_.world() > 1) {
-      if (p_.tp > 1 || p_.sp > 1 || p_.pp > 1 || p_.sp_mode != "none")
+      // What runs with offload across ranks (the layouts train_offload_tiers_test and
+      // train_offload_dp_test prove bitwise); everything else is refused by name.
+      const bool model_parallel = p_.tp > 1 || p_.pp > 1;
+      if (p_.sp > 1 || p_.sp_mode != "none")
         return say(
-            "--offload/--device-mem/--host-mem combine with data parallelism (--dp) only, "
-            "not with --tp ",
-            p_.tp, " / --sp ", p_.sp, " / --pp ", p_.pp, " / --sp-mode ", p_.sp_mode);
+            "--offload-optimizer/--offload-params/--device-mem/--host-mem do not combine "
+            "with sequence parallelism yet, not with --sp ",
+            p_.sp, " / --sp-mode ", p_.sp_mode);
+      if (model_parallel && p_.dp > 1)
+        return say("offload with --tp ", p_.tp, " / --pp ", p_.pp,
+                   " runs without --dp so far (--dp ", p_.dp,
+                   "); --dp alone with offload is ZeRO-Offload");
+      if (model_parallel && (p_.device_mem > 0 || p_.auto_device_mem > 0))
+        return say(
+            "--device-mem with --tp / --pp: their collectives read gradient and parameter chunks "
+            "in place, so the chunks must stay resident; leave --device-mem at 0 (states and "
+            "parameters still go to --offload-optimizer / --offload-params)");
+      if (p_.tp > 1 && p_.offload_params != "none")
+        return say("--offload-params ", p_.offload_params,
+                   " with --tp is not built yet; --offload-optimizer host|nvme runs with --tp");
+      if (p_.pp > 1 && p_.offload_params == "nvme")
+        return say(
+            "--offload-params nvme with --pp is not built yet (the tied embedding's gradient is "
+            "summed in place across stages); use --offload-params host");
+      // Each dp rank would page every parameter chunk, not its ZeRO-3 shard: not built yet.
+      if (p_.dp > 1 && p_.offload_params != "none")
+        return say("--offload-params ", p_.offload_params,
+                   " with --dp is not built yet (each rank would page every parameter, not its "
+                   "ZeRO-3 shard); --offload-optimizer combines with --dp");
       if (p_.zero != 0)
         return say(
             "--offload shards the AdamW states over dp by chunk itself (ZeRO-Offload); "

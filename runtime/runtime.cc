@@ -265,17 +265,24 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
     oo.nvme_dir = plan_.nvme_dir;
     oo.chunk_bytes = static_cast<int64_t>(plan_.chunk_mb * 1048576.0);
     oo.group = p.offload_group.get();
+    // What this rank trains: its tp shard (the sharded form) or its pipeline stages.
+    const engine::nn::NamedTensors& trained =
+        p.pipeline ? p.pipeline->parameters() : trained_->named_parameters();
     // Chunks follow the order in which a forward pass first touches the parameters (one short
-    // sequence, no gradients), so they are needed one after the other.
-    models::LanguageModel* m = model_.get();
-    const int64_t t = std::min<int64_t>(plan_.seq_len, 8);
-    oo.use_order = engine::offload::first_use_order(m->named_parameters(), [m, t, this] {
-      const engine::Tensor ids = engine::Tensor::zeros({1, t}, DType::kI64, device_);
-      m->eval();
-      m->loss(ids, ids);
-      m->train();
-    });
-    p.offload = std::make_unique<engine::offload::Offload>(model_->named_parameters(), oo);
+    // sequence, no gradients; under tp every rank runs it, with its collectives), so they are
+    // needed one after the other. A pipeline stage has no forward of its own to trace: model
+    // order.
+    if (!p.pipeline) {
+      models::LanguageModel* m = trained_;
+      const int64_t t = std::min<int64_t>(plan_.seq_len, 8);
+      oo.use_order = engine::offload::first_use_order(trained, [m, t, this] {
+        const engine::Tensor ids = engine::Tensor::zeros({1, t}, DType::kI64, device_);
+        m->eval();
+        m->loss(ids, ids);
+        m->train();
+      });
+    }
+    p.offload = std::make_unique<engine::offload::Offload>(trained, oo);
     o.offload = p.offload.get();
     o.dp = p.offload->data_parallel();
     if (lead()) std::fprintf(stderr, "%s", p.offload->report().c_str());

@@ -115,16 +115,26 @@ TEST_CASE("every combination rule names what is wrong") {
        "--offload-params nvme needs --nvme-dir"},
       {with([](ParallelPlan& p) { p.offload_params = "host", p.dp = 2; }),
        {},
-       "--offload-params host runs in one process only"},
-      {with([](ParallelPlan& p) { p.offload_params = "nvme", p.pp = 2; }),
-       {},
-       "--offload-params nvme runs in one process only"},
+       "--offload-params host with --dp is not built yet"},
       {with([](ParallelPlan& p) { p.device = "cuda", p.offload_params = "nvme"; }),
        {},
        "pinned host memory only"},
       {with([](ParallelPlan& p) { p.offload = "host", p.dp = 2, p.zero = 1; }), {}, "ZeRO-Offload"},
-      {with([](ParallelPlan& p) { p.offload = "host", p.tp = 2; }), {}, "data parallelism"},
-      {with([](ParallelPlan& p) { p.host_mem = 1 << 20, p.pp = 2; }), {}, "data parallelism"},
+      {with([](ParallelPlan& p) { p.offload = "host", p.sp = 2, p.sp_mode = "ring"; }),
+       {},
+       "not with --sp 2"},
+      {with([](ParallelPlan& p) { p.offload = "host", p.tp = 2, p.dp = 2; }),
+       {},
+       "runs without --dp so far"},
+      {with([](ParallelPlan& p) { p.offload = "nvme", p.tp = 2, p.device_mem = 1 << 20; }),
+       {},
+       "leave --device-mem at 0"},
+      {with([](ParallelPlan& p) { p.offload_params = "host", p.tp = 2; }),
+       {},
+       "--offload-params host with --tp is not built yet"},
+      {with([](ParallelPlan& p) { p.offload_params = "nvme", p.pp = 2; }),
+       {},
+       "--offload-params nvme with --pp is not built yet"},
       {with([](ParallelPlan& p) { p.device = "cuda", p.tp = 2; }), {}, "not wired to NCCL"},
       {with([](ParallelPlan& p) { p.device = "cuda", p.dp = 2, p.zero = 2; }),
        {},
@@ -174,6 +184,11 @@ TEST_CASE("every combination rule names what is wrong") {
                 p.offload = "nvme", p.offload_params = "nvme", p.nvme_dir = "/tmp";
               }),
               {.world = 1, .model = &gpt2, .run = true}) == "");
+  // Offload under tp (states on host or NVMe) and pp (parameters on host too), without dp.
+  CHECK(check(with([](ParallelPlan& p) { p.offload = "nvme", p.tp = 2, p.nvme_dir = "/tmp"; }),
+              {.world = 2, .model = &gpt2, .run = true}) == "");
+  CHECK(check(with([](ParallelPlan& p) { p.offload_params = "host", p.pp = 2; }),
+              {.world = 2, .model = &gpt2}) == "");
   CHECK(check(with([](ParallelPlan& p) { p.sp = 2, p.sp_mode = "ring", p.seq_len = 124; }),
               {.model = &gpt2}) == "");
 }

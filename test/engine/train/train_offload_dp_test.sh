@@ -91,8 +91,8 @@ expect_error() {  # expect_error PATTERN command...
     exit 1
   }
 }
-expect_error "not with --tp 2" bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --tp 2 \
-  --offload host
+expect_error "not with --sp 2" bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --sp 2 \
+  --sp-mode ulysses --offload host
 expect_error "auto needs the emulated device's size" "$mammoth" train "${common[@]}" \
   --device-mem auto
 expect_error "--zero 1 does not apply" bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" \
