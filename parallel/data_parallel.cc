@@ -1,5 +1,6 @@
 #include "parallel/data_parallel.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -83,11 +84,19 @@ DataParallel::DataParallel(const engine::nn::NamedTensors& params, Communicator&
     }
   }
   if (options.zero_stage == 3) {
+    int64_t largest_shard = 0;
     for (size_t b = 0; b < buckets_.size(); ++b) {
       Bucket& bk = buckets_[b];
       bk.shard_params = shard_of(bk.flat_params).clone();
       bk.flat_params.storage()->ensure_resident = [this, b](bool) { make_resident(b); };
+      largest_shard = std::max<int64_t>(largest_shard, bk.shard_params.nbytes());
     }
+    MAMMOTH_CHECK(options.shard_nvme_dir.empty() || device_.is_cpu())
+        << "[data_parallel] ZeRO-3 shards on NVMe run on the CPU backend only so far";
+    if (!options.shard_nvme_dir.empty()) page_shards(largest_shard);
+  } else {
+    MAMMOTH_CHECK(options.shard_nvme_dir.empty())
+        << "[data_parallel] parameter shards on NVMe need ZeRO stage 3, not " << options.zero_stage;
   }
   // What this rank's optimizer updates.
   if (options.zero_stage == 0) {
@@ -121,6 +130,50 @@ DataParallel::DataParallel(const engine::nn::NamedTensors& params, Communicator&
   }
 }
 
+// Moves every bucket's shard into a chunk homed on NVMe: the shard tensor keeps its shape, its
+// storage follows the chunk (the observer re-points it as the chunk moves) and every kernel
+// launch on it pages it in through the residency hook; raw readers (the all-gather, checkpoint
+// writes) page it in first.
+void DataParallel::page_shards(int64_t chunk_bytes) {
+  namespace chunks = memory::chunks;
+  chunks::ChunkManagerOptions mo;
+  mo.chunk_bytes = chunk_bytes;
+  mo.device_budget = options_.shard_device_mem;
+  mo.host_budget = options_.shard_host_mem;
+  mo.nvme_dir = options_.shard_nvme_dir;
+  shard_chunks_ = std::make_unique<chunks::ChunkManager>(mo);
+  chunks::ChunkManager* mgr = shard_chunks_.get();
+  const int list = mgr->add_list({"zero3_param_shards",
+                                  chunks::Tier::kDevice,
+                                  {chunks::Tier::kNvme},
+                                  "ZeRO-3 parameter shard"});
+  std::vector<chunks::ChunkId> ids;
+  for (const Bucket& bk : buckets_)
+    ids.push_back(mgr->add_chunk(list, static_cast<int64_t>(bk.shard_params.nbytes())));
+  mgr->finalize();
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    Bucket& bk = buckets_[b];
+    const chunks::ChunkId id = ids[b];
+    auto st = std::make_shared<engine::Storage>(nullptr, static_cast<size_t>(mgr->chunk_bytes()),
+                                                device_, [] {});
+    engine::Storage* raw = st.get();
+    st->ensure_resident = [mgr, id](bool write) { mgr->acquire(id, write); };
+    mgr->set_observer(id, [raw](void* at) { raw->data = at; });
+    const Tensor values = bk.shard_params;
+    engine::TensorImpl* impl = bk.shard_params.impl();
+    // A fresh tensor over the chunk (the clone's impl may be shared by nothing else).
+    auto fresh = std::make_shared<engine::TensorImpl>();
+    fresh->storage = std::move(st);
+    fresh->offset = 0;
+    fresh->shape = impl->shape;
+    fresh->strides = engine::contiguous_strides(impl->shape);
+    fresh->dtype = impl->dtype;
+    bk.shard_params = Tensor(std::move(fresh));
+    engine::copy_(bk.shard_params, values);
+  }
+  mgr->restart_trace();  // the trace is the first step's, not this set-up
+}
+
 DataParallel::~DataParallel() {
   for (Bucket& b : buckets_) {
     if (b.work) b.work->wait();
@@ -149,6 +202,8 @@ void DataParallel::make_resident(size_t b) {
   if (bk.resident) return;
   engine::Storage& st = *bk.flat_params.storage();
   st.data = st.allocator->allocate(st.nbytes);
+  // MPI reads the shard's bytes directly: a paged shard comes in first.
+  if (const auto& page_in = bk.shard_params.storage()->ensure_resident) page_in(false);
   dp_.all_gather(bk.shard_params, bk.flat_params);
   bk.resident = true;
   if (pinned_) return;
@@ -197,9 +252,22 @@ std::vector<engine::train::CheckpointPiece> DataParallel::checkpoint_pieces(
   std::vector<engine::train::CheckpointPiece> out;
   const bool all = !writing || dp_.rank() == 0;
   if (options_.zero_stage == 3) {
-    // The shard segments are the parameters' home.
+    // The shard segments are the parameters' home. Paged ones are read and written raw by the
+    // checkpoint code, which pages nothing in: writes take copies (a kernel pages the shard in),
+    // loads land in host staging that pieces_loaded() copies in.
+    staged_.clear();
     for (size_t i = 0; i < opt_params_.size(); ++i) {
-      out.push_back({params_[opt_source_[i]].first, opt_offset_[i], opt_params_[i].second});
+      Tensor seg = opt_params_[i].second;
+      if (shard_chunks_) {
+        if (writing) {
+          seg = seg.clone();
+        } else {
+          Tensor host = Tensor::empty(seg.shape(), seg.dtype(), device_);
+          staged_.emplace_back(seg, host);
+          seg = host;
+        }
+      }
+      out.push_back({params_[opt_source_[i]].first, opt_offset_[i], seg});
     }
   } else if (all) {
     for (const auto& [name, p] : params_) out.push_back({name, 0, p});
@@ -221,6 +289,8 @@ std::vector<engine::train::CheckpointPiece> DataParallel::checkpoint_pieces(
 
 void DataParallel::pieces_loaded() {
   // Stage 3 loaded its shards; gathered buckets hold the old values.
+  for (const auto& [seg, host] : staged_) engine::copy_(seg, host);
+  staged_.clear();
   if (options_.zero_stage == 3) {
     for (size_t b = 0; b < buckets_.size(); ++b) release(b);
   }
@@ -369,6 +439,8 @@ void DataParallel::after_step() {
   if (options_.zero_stage == 3) {
     // The optimizer wrote the shards; the cached full buckets are stale.
     for (size_t b = 0; b < buckets_.size(); ++b) release(b);
+    // A step's shard accesses repeat: from the first on they drive prefetch and eviction.
+    if (shard_chunks_) shard_chunks_->end_step();
     return;
   }
   for (Bucket& b : buckets_) dp_.all_gather(shard_of(b.flat_params), b.flat_params);

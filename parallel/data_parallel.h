@@ -44,6 +44,7 @@
 
 #include "engine/nn/module.h"
 #include "engine/train/distributed.h"
+#include "memory/chunks/chunk_manager.h"
 #include "parallel/comm/communicator.h"
 
 namespace mammoth::parallel {
@@ -51,6 +52,14 @@ namespace mammoth::parallel {
 struct DataParallelOptions {
   int zero_stage = 0;
   double bucket_mb = 25.0;
+  // Stage 3 (`train --zero 3 --offload-params nvme`): the parameter shards, this rank's part of
+  // every bucket, are chunks (memory/chunks) homed in files under this directory and paged
+  // into a device cache of shard_device_mem bytes (0: a slot per shard) through host staging
+  // of shard_host_mem bytes (0: unlimited) as kernels, gathers and the optimizer touch them.
+  // Empty: the shards are ordinary device tensors.
+  std::string shard_nvme_dir;
+  int64_t shard_device_mem = 0;
+  int64_t shard_host_mem = 0;
 };
 
 // One event of a synchronised backward (DataParallel::trace()).
@@ -134,6 +143,9 @@ class DataParallel final : public engine::train::DataParallelRuntime {
   };
   MemoryReport memory(int optimizer_states_per_param = 2) const;
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
+  // Stage 3 with shard_nvme_dir: the chunk manager holding the shards (per-tier stats); null
+  // otherwise.
+  const memory::chunks::ChunkManager* shard_chunks() const { return shard_chunks_.get(); }
   int64_t largest_bucket_bytes() const;
 
  private:
@@ -163,6 +175,7 @@ class DataParallel final : public engine::train::DataParallelRuntime {
     if (tracing_) trace_.push_back({kind, index});
   }
   engine::Tensor shard_of(const engine::Tensor& flat) const;
+  void page_shards(int64_t chunk_bytes);
 
   engine::nn::NamedTensors params_;
   Communicator& dp_;
@@ -186,6 +199,10 @@ class DataParallel final : public engine::train::DataParallelRuntime {
   GradSync grad_sync_;
   bool tracing_ = false;
   std::vector<DpTraceEvent> trace_;
+  std::unique_ptr<memory::chunks::ChunkManager> shard_chunks_;
+  // Checkpoint loading with paged shards: (shard segment, host staging) filled by the loader,
+  // copied in by pieces_loaded().
+  std::vector<std::pair<engine::Tensor, engine::Tensor>> staged_;
 };
 
 }  // namespace mammoth::parallel

@@ -382,7 +382,9 @@ MemoryPrediction predict_memory(const ModelConfig& c, const ParallelPlan& p) {
   const parallel::pipeline::Partition cut = stage_cut(c, p);
   const Acts a = activations(c, p, e);
   const bool model_parallel = p.tp * p.sp > 1 || p.sp_mode != "none";
-  const bool offload = p.offloaded();
+  // ZeRO-3 with NVMe-homed shards is data parallelism (its shards paged by the chunk manager),
+  // not the engine's chunked offload.
+  const bool offload = p.offloaded() && !p.zero3_shards_on_nvme();
   const int v = std::max(1, p.virtual_stages);
   // The trained form on one tp rank, whole (every stage): `mammoth train` builds the whole
   // model on every pipeline rank and trains its stages' parameters only.
@@ -602,6 +604,16 @@ MemoryPrediction predict_memory(const ModelConfig& c, const ParallelPlan& p) {
     if (!offload) {
       // Held across the step: dp's flat buffers (ZeRO-2/3: the shard), else every gradient.
       m.homes[kDeviceTier] = {params, grad_persist > 0 ? grad_persist : stage_grad, opt};
+    }
+    if (p.zero3_shards_on_nvme()) {
+      // The shards live in the chunk manager (outside the allocator): homed on NVMe, cached on
+      // the device up to --device-mem; what stays in the allocator is the gathered buckets.
+      const int64_t shard_bytes = shard * e;
+      m.params -= shard_bytes;
+      m.homes[kDeviceTier].params = 0;
+      m.homes[kNvmeTier].params = shard_bytes;
+      m.nvme = shard_bytes;
+      m.chunks_device = p.device_mem > 0 ? std::min(shard_bytes, p.device_mem) : shard_bytes;
     }
     m.activations = act_peak;
     m.buffers += buf_at_peak;

@@ -7,6 +7,7 @@
 // them, and the host / NVMe bytes the chunked memory keeps off the device.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -43,7 +44,7 @@ struct StageMemory {
     int64_t params = 0, grads = 0, optimizer = 0;
     int64_t total() const { return params + grads + optimizer; }
   };
-  Homes homes[3];  // indexed by kDeviceTier, kHostTier, kNvmeTier
+  std::array<Homes, 3> homes;  // indexed by kDeviceTier, kHostTier, kNvmeTier
   // The peak a runtime that holds only the plan's share would reach (what a planner prunes
   // and ranks with); with offload the device tier also holds chunks_device.
   int64_t planned_peak() const { return device_peak - model_copy; }

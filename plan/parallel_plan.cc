@@ -159,6 +159,20 @@ class Checker {
       return say("--offload-optimizer nvme needs --nvme-dir");
     if (p_.offload_params == "nvme" && c_.run && p_.nvme_dir.empty())
       return say("--offload-params nvme needs --nvme-dir");
+    if (p_.zero3_shards_on_nvme()) {
+      // Each dp rank pages its own ZeRO-3 parameter shards; nothing else is chunked.
+      if (p_.tp > 1 || p_.pp > 1 || p_.sp > 1 || p_.sp_mode != "none")
+        return say("--zero 3 --offload-params nvme runs with --dp only so far, not with --tp ",
+                   p_.tp, " / --pp ", p_.pp, " / --sp ", p_.sp);
+      if (p_.offload != "none")
+        return say("--zero 3 --offload-params nvme with --offload-optimizer ", p_.offload,
+                   " is not built yet: ZeRO-3 keeps its AdamW states beside the shards");
+      if (p_.auto_device_mem > 0)
+        return say(
+            "--zero 3 --offload-params nvme takes --device-mem SIZE (the shards' device "
+            "cache), not auto:SIZE");
+      return "";
+    }
     if (p_.offloaded() && p_.world() > 1) {
       // What runs with offload across ranks (the layouts train_offload_tiers_test and
       // train_offload_dp_test prove bitwise); everything else is refused by name.
@@ -184,11 +198,11 @@ class Checker {
         return say(
             "--offload-params nvme with --pp is not built yet (the tied embedding's gradient is "
             "summed in place across stages); use --offload-params host");
-      // Each dp rank would page every parameter chunk, not its ZeRO-3 shard: not built yet.
+      // Each dp rank would page every parameter chunk, not its ZeRO-3 shard: not built.
       if (p_.dp > 1 && p_.offload_params != "none")
         return say("--offload-params ", p_.offload_params,
-                   " with --dp is not built yet (each rank would page every parameter, not its "
-                   "ZeRO-3 shard); --offload-optimizer combines with --dp");
+                   " with --dp runs as --zero 3 --offload-params nvme only (each rank pages its "
+                   "shards); --offload-optimizer combines with --dp");
       if (p_.zero != 0)
         return say(
             "--offload shards the AdamW states over dp by chunk itself (ZeRO-Offload); "

@@ -81,6 +81,9 @@ struct ParallelPlan {
     return offload != "none" || offload_params != "none" || device_mem > 0 || auto_device_mem > 0 ||
            host_mem > 0;
   }
+  // ZeRO-3 with its parameter shards homed on NVMe (parallel::DataParallel pages them; the
+  // engine's chunked offload is not used): --dp N --zero 3 --offload-params nvme.
+  bool zero3_shards_on_nvme() const { return zero == 3 && dp > 1 && offload_params == "nvme"; }
   bool operator==(const ParallelPlan&) const = default;
 };
 

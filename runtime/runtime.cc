@@ -206,19 +206,33 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
   // Chunked memory. Under dp the offload runtime does the data parallelism itself, over its
   // chunks (engine/offload/offload.h): parallel::DataParallel would move the same parameters
   // into its own buckets.
-  if (plan_.offloaded() && mesh_) {
+  const bool chunked = plan_.offloaded() && !plan_.zero3_shards_on_nvme();
+  if (chunked && mesh_) {
     p.offload_group = std::make_unique<parallel::OffloadGroup>(mesh_->group(parallel::Axis::kDp));
   }
-  if (mesh_ && plan_.dp > 1 && !plan_.offloaded()) {
+  if (mesh_ && plan_.dp > 1 && !chunked) {
     // Under pp each stage's replicas reduce their stage's parameters.
     p.dp = std::make_unique<parallel::DataParallel>(
         p.pipeline        ? p.pipeline->parameters()
         : trained_params_ ? *trained_params_
                           : trained_->named_parameters(),
         mesh_->group(parallel::Axis::kDp),
-        parallel::DataParallelOptions{.zero_stage = plan_.zero, .bucket_mb = plan_.bucket_mb});
+        parallel::DataParallelOptions{
+            .zero_stage = plan_.zero,
+            .bucket_mb = plan_.bucket_mb,
+            .shard_nvme_dir = plan_.zero3_shards_on_nvme() ? plan_.nvme_dir : std::string(),
+            .shard_device_mem = plan_.device_mem,
+            .shard_host_mem = plan_.host_mem});
     p.dp->broadcast_parameters();
     o.dp = p.dp.get();
+    if (const memory::chunks::ChunkManager* shards = p.dp->shard_chunks()) {
+      // The shards' tiers as the chunk manager accounts them, in every metrics line.
+      o.step_metrics = [shards] {
+        return json::Value::object().set("zero3_shards", engine::offload::tier_stats_json(*shards));
+      };
+      if (lead())
+        std::fprintf(stderr, "[train] ZeRO-3 parameter shards:\n%s", shards->report().c_str());
+    }
   }
 
   // The global gradient norm when the model is split: each rank sums the squares of the
@@ -255,7 +269,7 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
     };
   }
 
-  if (plan_.offloaded()) {
+  if (chunked) {
     engine::offload::OffloadOptions oo;
     oo.mode = engine::offload::parse_mode(plan_.offload);
     oo.params = engine::offload::parse_mode(plan_.offload_params);

@@ -171,8 +171,8 @@ ABSL_FLAG(std::string, offload, "none", "short form of --offload-optimizer (the 
 ABSL_FLAG(std::string, offload_params, "none",
           "where parameter and gradient chunks are homed (DeepSpeed's offload_param): none "
           "(the device when they fit --device-mem, else host), host, or nvme (files under "
-          "--nvme-dir, read into the device cache along the traced order); one process, or host "
-          "under --pp");
+          "--nvme-dir, read into the device cache along the traced order); one process, host "
+          "under --pp, or nvme with --dp N --zero 3 (each rank's parameter shards)");
 ABSL_FLAG(std::string, device_mem, "0",
           "device memory budget for parameters, gradients and states (K/M/G; 0: unlimited), "
           "or auto:SIZE: a device of SIZE whose first step's traced peak of activations and "

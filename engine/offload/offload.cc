@@ -724,10 +724,10 @@ void Offload::scatter_state(const nn::NamedTensors& full) {
   }
 }
 
-json::Value Offload::metrics() const {
+json::Value tier_stats_json(const memory::chunks::ChunkManager& manager) {
   json::Value out = json::Value::object();
   for (int t = 0; t < chunks::kNumTiers; ++t) {
-    const chunks::TierStats& s = manager_->stats(static_cast<Tier>(t));
+    const chunks::TierStats& s = manager.stats(static_cast<Tier>(t));
     json::Value v = json::Value::object();
     v.set("budget", json::Value(s.budget));
     v.set("home_bytes", json::Value(s.home_bytes));
@@ -740,6 +740,11 @@ json::Value Offload::metrics() const {
     v.set("stall_s", json::Value(s.stall_s));
     out.set(chunks::tier_name(static_cast<Tier>(t)), v);
   }
+  return out;
+}
+
+json::Value Offload::metrics() const {
+  json::Value out = tier_stats_json(*manager_);
   const MemoryReport m = memory();
   out.set("optimizer_state_bytes", json::Value(m.optimizer));
   if (auto_.device_size > 0) {

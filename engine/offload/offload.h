@@ -100,6 +100,10 @@ class ChunkGroup {
   virtual void barrier() = 0;
 };
 
+// Per tier ("device", "host", "nvme") the chunk manager's accounting (budget, homes, peak,
+// reserved, moves, stall): the metrics' view of any chunk manager (Offload's, ZeRO-3's shards).
+json::Value tier_stats_json(const memory::chunks::ChunkManager& manager);
+
 // The unique parameters' names in the order `forward` first touches them (a kernel launch
 // reading or writing their storage), then those it never touched in the model's order. Runs
 // `forward` once (the caller makes it cheap: one short sequence, no gradients).

@@ -170,6 +170,13 @@ TEST_CASE("memory_model: the placement table's homes follow the offload fields a
   CHECK(homes(z)[kDeviceTier].params < P * 4 * 6 / 10);
   CHECK(homes(z)[kDeviceTier].grads < P * 4 * 6 / 10);
   CHECK(homes(z)[kDeviceTier].optimizer < P * 8 * 6 / 10);
+  // ZeRO-3 with its parameter shards on NVMe: the shard moves there, the rest stays.
+  ParallelPlan zn = z;
+  zn.offload_params = "nvme";
+  CHECK(homes(zn)[kNvmeTier].params == homes(z)[kDeviceTier].params);
+  CHECK(homes(zn)[kDeviceTier].params == 0);
+  CHECK(homes(zn)[kDeviceTier].grads == homes(z)[kDeviceTier].grads);
+  CHECK(homes(zn)[kDeviceTier].optimizer == homes(z)[kDeviceTier].optimizer);
   // Everything on NVMe: nothing homed on the device or the host.
   p.offload = "nvme", p.offload_params = "nvme";
   CHECK(same(homes(p)[kNvmeTier], H{P * 4, P * 4, P * 8}));

@@ -115,7 +115,15 @@ TEST_CASE("every combination rule names what is wrong") {
        "--offload-params nvme needs --nvme-dir"},
       {with([](ParallelPlan& p) { p.offload_params = "host", p.dp = 2; }),
        {},
-       "--offload-params host with --dp is not built yet"},
+       "--offload-params host with --dp runs as --zero 3 --offload-params nvme only"},
+      {with([](ParallelPlan& p) {
+         p.offload_params = "nvme", p.dp = 2, p.zero = 3, p.offload = "host";
+       }),
+       {},
+       "with --offload-optimizer host is not built yet"},
+      {with([](ParallelPlan& p) { p.offload_params = "nvme", p.dp = 2, p.zero = 3, p.tp = 2; }),
+       {},
+       "runs with --dp only so far"},
       {with([](ParallelPlan& p) { p.device = "cuda", p.offload_params = "nvme"; }),
        {},
        "pinned host memory only"},
@@ -189,6 +197,10 @@ TEST_CASE("every combination rule names what is wrong") {
               {.world = 2, .model = &gpt2, .run = true}) == "");
   CHECK(check(with([](ParallelPlan& p) { p.offload_params = "host", p.pp = 2; }),
               {.world = 2, .model = &gpt2}) == "");
+  CHECK(check(with([](ParallelPlan& p) {
+                p.offload_params = "nvme", p.dp = 2, p.zero = 3, p.nvme_dir = "/tmp";
+              }),
+              {.world = 2, .model = &gpt2, .run = true}) == "");
   CHECK(check(with([](ParallelPlan& p) { p.sp = 2, p.sp_mode = "ring", p.seq_len = 124; }),
               {.model = &gpt2}) == "");
 }

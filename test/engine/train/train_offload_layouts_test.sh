@@ -1,7 +1,7 @@
 #!/bin/bash
-# Offload under model parallelism through `mammoth train` (each rank chunks what it trains):
+# Offload under every layout through `mammoth train` (each rank pages only what it holds):
 # tp 2 with the AdamW states on NVMe (and on host), pp 2 with the parameters and gradients homed
-# on the host (and the states on NVMe too). Each loss curve is bitwise that of the same layout
+# on the host (and the states on NVMe too), dp 2 x ZeRO 3 with the parameter shards on NVMe. Each loss curve is bitwise that of the same layout
 # without offload, the step-8 checkpoints are byte for byte the same files, an offloaded run
 # resumed from its step-4 checkpoint continues the plain curve bitwise, rank 0's per-tier peaks
 # (the chunk manager's accounting, in the metrics) stay within --host-mem, and the layouts not
@@ -28,19 +28,26 @@ run pp2 --pp 2
 run pp2_host --pp 2 --chunk-mb 0.25 --offload-params host --host-mem 5M
 run pp2_host_nvme --pp 2 --chunk-mb 0.25 --offload-params host --offload-optimizer nvme \
   --nvme-dir "$work/nvme" --host-mem 7M
-cat "$work/tp2_nvme.log" "$work/pp2_host.log"
+# dp 2 x ZeRO 3, each rank's parameter shards (13 of ~200 KiB) homed on NVMe under a device
+# cache of a quarter of them.
+run z3 --zero 3
+run z3_nvme --zero 3 --offload-params nvme --nvme-dir "$work/nvme" --device-mem 640K \
+  --host-mem 1M
+cat "$work/tp2_nvme.log" "$work/pp2_host.log" "$work/z3_nvme.log"
 
 # Resume each offloaded run from its step-4 checkpoint.
-for name in tp2_nvme pp2_host; do
+for name in tp2_nvme pp2_host z3_nvme; do
   cp -r "$work/ck_$name" "$work/ck_${name}_resumed"
   echo step_00000004 >"$work/ck_${name}_resumed/latest"
 done
 run tp2_nvme_resumed --tp 2 --chunk-mb 0.25 --offload-optimizer nvme --nvme-dir "$work/nvme" \
   --resume
 run pp2_host_resumed --pp 2 --chunk-mb 0.25 --offload-params host --resume
+run z3_nvme_resumed --zero 3 --offload-params nvme --nvme-dir "$work/nvme" --device-mem 640K \
+  --resume
 
 # The same step-8 checkpoint, file for file.
-for pair in "tp2 tp2_nvme" "tp2 tp2_host" "pp2 pp2_host" "pp2 pp2_host_nvme"; do
+for pair in "tp2 tp2_nvme" "tp2 tp2_host" "pp2 pp2_host" "pp2 pp2_host_nvme" "z3 z3_nvme"; do
   set -- $pair
   if ! diff <(cd "$work/ck_$1/step_00000008" && sha256sum ./*) \
     <(cd "$work/ck_$2/step_00000008" && sha256sum ./*); then
@@ -69,12 +76,17 @@ expect_error "--offload-params nvme with --pp is not built yet" bash "$mpirun" -
   "$mammoth" train --steps 1 --pp 2 --offload-params nvme --nvme-dir "$work/nvme"
 expect_error "leave --device-mem at 0" bash "$mpirun" -np 2 "$mammoth" train --steps 1 --tp 2 \
   --offload-optimizer host --device-mem 1M
+expect_error "with --offload-optimizer host is not built yet" bash "$mpirun" -np 2 "$mammoth" \
+  train --steps 1 --zero 3 --offload-params nvme --offload-optimizer host --nvme-dir "$work/nvme"
+expect_error "runs as --zero 3 --offload-params nvme only" bash "$mpirun" -np 2 "$mammoth" \
+  train --steps 1 --zero 2 --offload-params nvme --nvme-dir "$work/nvme"
 
 PYTHONPATH="$(dirname "$0")/../../testing" "${MAMMOTH_PYTHON:-/usr/bin/python3}" - "$work" <<'PY'
 import re, sys, curves
 work = sys.argv[1]
 runs = curves.Runs(work)
-for ref, names in {"tp2": ["tp2_nvme", "tp2_host"], "pp2": ["pp2_host", "pp2_host_nvme"]}.items():
+for ref, names in {"tp2": ["tp2_nvme", "tp2_host"], "pp2": ["pp2_host", "pp2_host_nvme"],
+                   "z3": ["z3_nvme"]}.items():
     runs.learns(ref, steps=8)
     want = runs.column(ref)
     for name in names:
@@ -104,6 +116,18 @@ for name, (params_home, states_home) in homes.items():
     print(f"{name}: rank 0 homes params on {params_home}, states on {states_home}; host peak "
           f"{h['peak_bytes']} (budget {budget[name] or 'unlimited'})")
 
+# ZeRO-3's shards: homed on NVMe, paged through a device cache that held its budget.
+for r in runs.rows("z3_nvme"):
+    z = r["zero3_shards"]
+    d, n = z["device"], z["nvme"]
+    assert d["budget"] == 640 << 10 and z["host"]["budget"] == MiB, z
+    assert 0 < d["peak_bytes"] <= d["budget"] and d["reserved_bytes"] <= d["budget"], z
+    assert d["home_bytes"] == 0 and n["home_bytes"] >= 4 * d["budget"], z
+assert n["bytes_out"] > 4 * n["home_bytes"], z  # read back several times per run
+assert n["moves_in"] > 0, z  # updated shards written back
+print(f"z3_nvme: shards {n['home_bytes']} on NVMe, device peak {d['peak_bytes']} <= "
+      f"{d['budget']}, NVMe read {n['bytes_out']}, written {n['bytes_in']}")
+
 # Rank 0's placement table: its shard (tp) or its stage (pp), where the engine put it.
 def table(name):
     rows = {}
@@ -117,5 +141,7 @@ assert t["device"][:2] == plain["device"][:2] and t["device"][2] == 0, (plain, t
 assert t["nvme"][2] == plain["device"][2] and t["nvme"][0] == 0, (plain, t)
 plain, t = table("pp2"), table("pp2_host")
 assert t["host"][:2] == plain["device"][:2] and t["device"][2] == plain["device"][2], (plain, t)
+plain, t = table("z3"), table("z3_nvme")
+assert t["nvme"] == [plain["device"][0], 0, 0] and t["device"][1:] == plain["device"][1:], (plain, t)
 print("ok")
 PY

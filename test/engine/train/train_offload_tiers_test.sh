@@ -54,7 +54,7 @@ expect_error "offload-params nvme needs --nvme-dir" "$mammoth" train "${common[@
   --offload-params nvme
 expect_error "offload-params must be none, host or nvme" "$mammoth" train "${common[@]}" \
   --offload-params disk
-expect_error "offload-params host with --dp is not built yet" bash "$mpirun" -np 2 "$mammoth" \
+expect_error "offload-params host with --dp runs as --zero 3" bash "$mpirun" -np 2 "$mammoth" \
   train "${common[@]}" --offload-params host
 
 # A full --nvme-dir: the swap file is reserved (fallocate) before the first step, so a directory
