@@ -57,19 +57,7 @@ for pair in "tp2 tp2_nvme" "tp2 tp2_host" "pp2 pp2_host" "pp2 pp2_host_nvme" "z3
   echo "step-8 checkpoint of $2: the same files as $1's"
 done
 
-expect_error() {  # expect_error PATTERN command...
-  local pattern="$1"
-  shift
-  if "$@" >"$work/err.log" 2>&1; then
-    echo "expected a failure: $*" >&2
-    exit 1
-  fi
-  grep -q -- "$pattern" "$work/err.log" || {
-    cat "$work/err.log" >&2
-    echo "expected '$pattern' in the error" >&2
-    exit 1
-  }
-}
+source "$(dirname "$0")/../../testing/expect_error.sh"
 expect_error "--offload-params host with --tp is not built yet" bash "$mpirun" -np 2 \
   "$mammoth" train --steps 1 --tp 2 --offload-params host
 expect_error "--offload-params nvme with --pp is not built yet" bash "$mpirun" -np 2 \

@@ -35,19 +35,7 @@ nvme_flags --offload "$work/nvme"
   --nvme-dir "$work/nvme" --device-mem 3400K --metrics "$work/params_host.jsonl" \
   2>"$work/params_host.log"
 
-expect_error() {  # expect_error PATTERN command...
-  local pattern="$1"
-  shift
-  if "$@" >"$work/err.log" 2>&1; then
-    echo "expected a failure: $*" >&2
-    exit 1
-  fi
-  grep -q -- "$pattern" "$work/err.log" || {
-    cat "$work/err.log" >&2
-    echo "expected '$pattern' in the error" >&2
-    exit 1
-  }
-}
+source "$(dirname "$0")/../../testing/expect_error.sh"
 expect_error "disagree (--offload is its short form)" "$mammoth" train "${common[@]}" \
   --offload host --offload-optimizer nvme --nvme-dir "$work/nvme"
 expect_error "offload-params nvme needs --nvme-dir" "$mammoth" train "${common[@]}" \
