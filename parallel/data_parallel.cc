@@ -83,6 +83,16 @@ DataParallel::DataParallel(const engine::nn::NamedTensors& params, Communicator&
       });
     }
   }
+  // Buckets launch in index order (the order backward finishes them), each once all its
+  // parameters' gradients are final; stages 2, 3 bound the full-size buffers alive at once.
+  std::vector<int> order, need;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    order.push_back(static_cast<int>(b));
+    need.push_back(static_cast<int>(buckets_[b].params.size()));
+  }
+  reducer_ = std::make_unique<engine::offload::OrderedReducer>(
+      std::move(order), std::move(need), options.zero_stage >= 2 ? kMaxInFlight : 0,
+      [this](int b) { return launch(b); });
   if (options.zero_stage == 3) {
     int64_t largest_shard = 0;
     for (size_t b = 0; b < buckets_.size(); ++b) {
@@ -298,14 +308,9 @@ void DataParallel::pieces_loaded() {
 void DataParallel::begin_backward(bool sync) {
   sync_ = sync;
   if (!sync) return;
-  next_launch_ = 0;
-  next_complete_ = 0;
   trace_.clear();
-  for (Bucket& b : buckets_) {
-    b.ready = 0;
-    b.launched = false;
-    b.work.reset();
-  }
+  for (Bucket& b : buckets_) b.work.reset();
+  reducer_->begin();
 }
 
 Tensor DataParallel::shard_of(const Tensor& flat) const {
@@ -313,15 +318,13 @@ Tensor DataParallel::shard_of(const Tensor& flat) const {
   return flat.slice(0, dp_.rank() * shard, (dp_.rank() + 1) * shard);
 }
 
-void DataParallel::launch(Bucket& b) {
+// The reducer's launch: the bucket's gradients into its flat buffer, its collective posted.
+// Under stages 2, 3 the reducer has made room first (at most kMaxInFlight full-size buffers).
+engine::offload::OrderedReducer::Op DataParallel::launch(int index) {
   fault::point("backward");
+  Bucket& b = buckets_[static_cast<size_t>(index)];
   const bool stage2 = options_.zero_stage >= 2;
-  if (stage2) {
-    // Bounded full-size memory: this bucket's buffer waits for the oldest in flight.
-    const int index = static_cast<int>(&b - buckets_.data());
-    while (index - next_complete_ >= kMaxInFlight) complete_oldest();
-    b.flat_grads = Tensor::empty({b.padded}, b.shard_grads.dtype(), device_);
-  }
+  if (stage2) b.flat_grads = Tensor::empty({b.padded}, b.shard_grads.dtype(), device_);
   const int64_t used = b.offsets.back() + params_[b.params.back()].second.numel();
   engine::fill_(b.flat_grads.slice(0, used, b.padded), 0.0);  // the padding
   // Gradients into the flat buffer; a parameter without a gradient contributes zeros. The
@@ -340,56 +343,29 @@ void DataParallel::launch(Bucket& b) {
   }
   b.work = stage2 ? dp_.ireduce_scatter(b.flat_grads, b.shard_grads, ReduceOp::kAvg)
                   : dp_.iall_reduce(b.flat_grads, b.flat_grads, ReduceOp::kAvg);
-  b.launched = true;
-  record(DpTraceEvent::kPost, static_cast<int>(&b - buckets_.data()));
-}
-
-// Stages 2, 3: waits for the oldest reduction in flight and frees its full-size buffer.
-void DataParallel::complete_oldest() {
-  Bucket& b = buckets_[next_complete_];
-  b.work->wait();
-  b.flat_grads = Tensor();
-  record(DpTraceEvent::kComplete, next_complete_);
-  ++next_complete_;
-}
-
-// Buckets are launched strictly in index order so every rank posts the same collectives in
-// the same order, whatever order its gradients became ready in.
-void DataParallel::launch_ready() {
-  while (next_launch_ < static_cast<int>(buckets_.size())) {
-    Bucket& b = buckets_[next_launch_];
-    if (b.ready < static_cast<int>(b.params.size())) break;
-    launch(b);
-    ++next_launch_;
-  }
-  // Give MPI a chance to progress the reductions in flight; under stages 2, 3 free the
-  // buffers of those that are done (in order).
-  for (int i = next_complete_; i < next_launch_; ++i) {
-    Bucket& b = buckets_[i];
-    const bool done = b.work->test();
-    if (options_.zero_stage >= 2 && done && i == next_complete_) complete_oldest();
-  }
+  record(DpTraceEvent::kPost, index);
+  Work* work = b.work.get();
+  return {[work] { return work->test(); },
+          [this, index, work, stage2] {
+            work->wait();
+            // Stages 2, 3: the full-size buffer is spent once the shard holds the result.
+            if (stage2) buckets_[static_cast<size_t>(index)].flat_grads = Tensor();
+            record(DpTraceEvent::kComplete, index);
+          }};
 }
 
 void DataParallel::on_grad_ready(int bucket) {
-  ++buckets_[bucket].ready;
-  launch_ready();
+  reducer_->ready(bucket);
+  // Give MPI a chance to progress the reductions in flight; under stages 2, 3 free the
+  // buffers of those that are done (in order).
+  reducer_->poll(/*complete_done=*/options_.zero_stage >= 2);
 }
 
 void DataParallel::finish_backward() {
   MAMMOTH_CHECK(sync_) << "[data_parallel] finish_backward() without begin_backward(true)";
   // Parameters that got no gradient never fire their hook: launch what remains, in order.
-  for (; next_launch_ < static_cast<int>(buckets_.size()); ++next_launch_) {
-    launch(buckets_[next_launch_]);
-  }
-  if (options_.zero_stage >= 2) {
-    while (next_complete_ < static_cast<int>(buckets_.size())) complete_oldest();
-  } else {
-    for (size_t i = 0; i < buckets_.size(); ++i) {
-      buckets_[i].work->wait();
-      record(DpTraceEvent::kComplete, static_cast<int>(i));
-    }
-  }
+  reducer_->launch_rest();
+  reducer_->complete_all();
   if (options_.zero_stage == 0) {
     for (Bucket& b : buckets_) {
       for (size_t k = 0; k < b.params.size(); ++k) {

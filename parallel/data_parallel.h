@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "engine/nn/module.h"
+#include "engine/offload/ordered_reducer.h"
 #include "engine/train/distributed.h"
 #include "memory/chunks/chunk_manager.h"
 #include "parallel/comm/communicator.h"
@@ -159,8 +160,6 @@ class DataParallel final : public engine::train::DataParallelRuntime {
     engine::Tensor shard_params;   // stage 3: [padded / N], this rank's parameters (home)
     bool resident = true;          // stage 3: flat_params holds gathered data
     uint64_t last_use = 0;
-    int ready = 0;
-    bool launched = false;
     std::unique_ptr<Work> work;
   };
   void on_grad_ready(int bucket);
@@ -168,9 +167,7 @@ class DataParallel final : public engine::train::DataParallelRuntime {
   void release(size_t bucket);
   void pin_all();
   void unpin_all(bool refresh_shards);
-  void launch_ready();
-  void launch(Bucket& b);
-  void complete_oldest();
+  engine::offload::OrderedReducer::Op launch(int bucket);
   void record(DpTraceEvent::Kind kind, int index) {
     if (tracing_) trace_.push_back({kind, index});
   }
@@ -185,8 +182,8 @@ class DataParallel final : public engine::train::DataParallelRuntime {
   Device device_ = Device::cpu();
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_;  // per param
-  int next_launch_ = 0;
-  int next_complete_ = 0;  // stages 2, 3: the oldest bucket whose buffer may still be alive
+  // Readiness, fixed-order launch, bounded in flight, completion (shared with Offload).
+  std::unique_ptr<engine::offload::OrderedReducer> reducer_;
   bool sync_ = false;
   bool pinned_ = false;
   uint64_t use_clock_ = 0;
