@@ -539,7 +539,8 @@ void TrainLoop::resume() {
   // to the device after the load.
   std::vector<std::pair<Tensor, Tensor>> staged;  // (device destination, host staging)
   for (CheckpointPiece& p : into) {
-    if (p.data.device().is_cpu()) continue;
+    // Paged storage (offload chunks) may be evicted while the loader writes raw bytes: staged.
+    if (p.data.device().is_cpu() && !p.data.storage()->ensure_resident) continue;
     Tensor host = Tensor::empty(p.data.shape(), p.data.dtype());
     staged.emplace_back(p.data, host);
     p.data = host;

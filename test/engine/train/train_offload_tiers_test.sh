@@ -5,8 +5,10 @@
 # the chunk manager accounted (metrics' "offload") stay within --device-mem / --host-mem. The
 # start-up placement table says where each part is homed; --offload is the short form of
 # --offload-optimizer; combinations not built yet are refused by name. A --nvme-dir that
-# cannot hold the swap file (RLIMIT_FSIZE on the process) or cannot be written stops the job
-# with a message naming the path, and the checkpoint it resumes from is left untouched.
+# cannot hold the swap file (RLIMIT_FSIZE on the process) or cannot be written, and paging that
+# fails mid-run (the file's bytes changed under the job), stop the job with a message naming
+# the path, the checkpoint it resumed from untouched. A checkpoint resumed into everything on
+# NVMe continues bitwise and writes the same files.
 set -euo pipefail
 mammoth="$1"
 mpirun="$2"
@@ -63,6 +65,48 @@ expect_error "nvme-dir $work/not_a_dir/sub is not usable" "$mammoth" train "${co
 after="$(cd "$work/ck" && find . -type f | sort | xargs sha256sum)"
 [ "$before" == "$after" ] || { echo "the checkpoint changed:"; diff <(echo "$before") <(echo "$after"); exit 1; }
 
+# The plain run's step-5 checkpoint resumed with everything on NVMe (the loader writes paged
+# parameters through staging): steps 6..10 continue the plain curve, and its step-10
+# checkpoint is the plain run's, file for file.
+cp -r "$work/ck" "$work/ck_nvme"
+echo step_00000005 >"$work/ck_nvme/latest"
+nvme_flags --offload-optimizer "$work/nvme"
+"$mammoth" train "${common[@]}" "${nvme[@]}" --save-dir "$work/ck_nvme" --resume --save-every 5 \
+  --metrics "$work/resumed_nvme.jsonl"
+diff <(cd "$work/ck/step_00000010" && sha256sum ./*) \
+  <(cd "$work/ck_nvme/step_00000010" && sha256sum ./*) ||
+  { echo "the step-10 checkpoints differ" >&2; exit 1; }
+
+# Paging that fails mid-run: the swap file's bytes are overwritten under the job (as a failing
+# disk would return them) every 20 ms while it resumes with a checkpoint every step. The job
+# stops with the file named (the checksum catches it), and the checkpoint it resumed from is
+# unchanged with `latest` naming a complete one.
+mkdir -p "$work/bad"
+cp -r "$work/ck" "$work/ck_bad"
+echo step_00000005 >"$work/ck_bad/latest"
+before="$(cd "$work/ck_bad/step_00000005" && sha256sum ./*)"
+(
+  while [ ! -e "$work/stop" ]; do
+    for f in "$work"/bad/mammoth-swap-*/chunks.bin; do
+      [ -f "$f" ] && dd if=/dev/urandom of="$f" bs=4096 count=64 oflag=direct conv=notrunc \
+        status=none 2>/dev/null || true
+    done
+    sleep 0.02
+  done
+) &
+corrupter=$!
+nvme_flags --offload-optimizer "$work/bad"
+expect_error "from NVMe ($work/bad/mammoth-swap-" "$mammoth" train "${common[@]}" "${nvme[@]}" \
+  --save-dir "$work/ck_bad" --resume --save-every 1
+touch "$work/stop"
+wait "$corrupter"
+grep -q "checksum mismatch in $work/bad/" "$work/err.log" || { cat "$work/err.log"; exit 1; }
+[ "$before" == "$(cd "$work/ck_bad/step_00000005" && sha256sum ./*)" ] ||
+  { echo "the resumed checkpoint changed" >&2; exit 1; }
+latest="$(cat "$work/ck_bad/latest")"
+[ -f "$work/ck_bad/$latest/state.json" ] || { echo "latest names $latest, incomplete" >&2; exit 1; }
+echo "paging failure: stopped naming the swap file; latest is $latest, complete"
+
 PYTHONPATH="$(dirname "$0")/../../testing" "${MAMMOTH_PYTHON:-/usr/bin/python3}" - "$work" <<'PY'
 import re, sys, curves
 work = sys.argv[1]
@@ -73,6 +117,9 @@ for name in ["nvme", "short", "params_host"]:
     got = runs.column(name)
     assert got == want, (name, got, want)
     print(f"{name}: steps 1..10 bitwise equal to the plain run")
+got = runs.column("resumed_nvme")
+assert sorted(got) == list(range(6, 11)) and all(got[s] == want[s] for s in got), got
+print("resumed_nvme: steps 6..10 bitwise equal to the plain run")
 MiB = 1 << 20
 budgets = {"nvme": (3400 << 10, 1536 << 10), "short": (3400 << 10, 1536 << 10),
            "params_host": (3400 << 10, 0)}
