@@ -1,5 +1,6 @@
 #include "parallel/data_parallel.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -82,12 +83,30 @@ DataParallel::DataParallel(const engine::nn::NamedTensors& params, Communicator&
       });
     }
   }
+  // Buckets launch in index order (the order backward finishes them), each once all its
+  // parameters' gradients are final; stages 2, 3 bound the full-size buffers alive at once.
+  std::vector<int> order, need;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    order.push_back(static_cast<int>(b));
+    need.push_back(static_cast<int>(buckets_[b].params.size()));
+  }
+  reducer_ = std::make_unique<engine::offload::OrderedReducer>(
+      std::move(order), std::move(need), options.zero_stage >= 2 ? kMaxInFlight : 0,
+      [this](int b) { return launch(b); });
   if (options.zero_stage == 3) {
+    int64_t largest_shard = 0;
     for (size_t b = 0; b < buckets_.size(); ++b) {
       Bucket& bk = buckets_[b];
       bk.shard_params = shard_of(bk.flat_params).clone();
       bk.flat_params.storage()->ensure_resident = [this, b](bool) { make_resident(b); };
+      largest_shard = std::max<int64_t>(largest_shard, bk.shard_params.nbytes());
     }
+    MAMMOTH_CHECK(options.shard_nvme_dir.empty() || device_.is_cpu())
+        << "[data_parallel] ZeRO-3 shards on NVMe run on the CPU backend only so far";
+    if (!options.shard_nvme_dir.empty()) page_shards(largest_shard);
+  } else {
+    MAMMOTH_CHECK(options.shard_nvme_dir.empty())
+        << "[data_parallel] parameter shards on NVMe need ZeRO stage 3, not " << options.zero_stage;
   }
   // What this rank's optimizer updates.
   if (options.zero_stage == 0) {
@@ -121,6 +140,50 @@ DataParallel::DataParallel(const engine::nn::NamedTensors& params, Communicator&
   }
 }
 
+// Moves every bucket's shard into a chunk homed on NVMe: the shard tensor keeps its shape, its
+// storage follows the chunk (the observer re-points it as the chunk moves) and every kernel
+// launch on it pages it in through the residency hook; raw readers (the all-gather, checkpoint
+// writes) page it in first.
+void DataParallel::page_shards(int64_t chunk_bytes) {
+  namespace chunks = memory::chunks;
+  chunks::ChunkManagerOptions mo;
+  mo.chunk_bytes = chunk_bytes;
+  mo.device_budget = options_.shard_device_mem;
+  mo.host_budget = options_.shard_host_mem;
+  mo.nvme_dir = options_.shard_nvme_dir;
+  shard_chunks_ = std::make_unique<chunks::ChunkManager>(mo);
+  chunks::ChunkManager* mgr = shard_chunks_.get();
+  const int list = mgr->add_list({"zero3_param_shards",
+                                  chunks::Tier::kDevice,
+                                  {chunks::Tier::kNvme},
+                                  "ZeRO-3 parameter shard"});
+  std::vector<chunks::ChunkId> ids;
+  for (const Bucket& bk : buckets_)
+    ids.push_back(mgr->add_chunk(list, static_cast<int64_t>(bk.shard_params.nbytes())));
+  mgr->finalize();
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    Bucket& bk = buckets_[b];
+    const chunks::ChunkId id = ids[b];
+    auto st = std::make_shared<engine::Storage>(nullptr, static_cast<size_t>(mgr->chunk_bytes()),
+                                                device_, [] {});
+    engine::Storage* raw = st.get();
+    st->ensure_resident = [mgr, id](bool write) { mgr->acquire(id, write); };
+    mgr->set_observer(id, [raw](void* at) { raw->data = at; });
+    const Tensor values = bk.shard_params;
+    engine::TensorImpl* impl = bk.shard_params.impl();
+    // A fresh tensor over the chunk (the clone's impl may be shared by nothing else).
+    auto fresh = std::make_shared<engine::TensorImpl>();
+    fresh->storage = std::move(st);
+    fresh->offset = 0;
+    fresh->shape = impl->shape;
+    fresh->strides = engine::contiguous_strides(impl->shape);
+    fresh->dtype = impl->dtype;
+    bk.shard_params = Tensor(std::move(fresh));
+    engine::copy_(bk.shard_params, values);
+  }
+  mgr->restart_trace();  // the trace is the first step's, not this set-up
+}
+
 DataParallel::~DataParallel() {
   for (Bucket& b : buckets_) {
     if (b.work) b.work->wait();
@@ -149,6 +212,8 @@ void DataParallel::make_resident(size_t b) {
   if (bk.resident) return;
   engine::Storage& st = *bk.flat_params.storage();
   st.data = st.allocator->allocate(st.nbytes);
+  // MPI reads the shard's bytes directly: a paged shard comes in first.
+  if (const auto& page_in = bk.shard_params.storage()->ensure_resident) page_in(false);
   dp_.all_gather(bk.shard_params, bk.flat_params);
   bk.resident = true;
   if (pinned_) return;
@@ -197,9 +262,22 @@ std::vector<engine::train::CheckpointPiece> DataParallel::checkpoint_pieces(
   std::vector<engine::train::CheckpointPiece> out;
   const bool all = !writing || dp_.rank() == 0;
   if (options_.zero_stage == 3) {
-    // The shard segments are the parameters' home.
+    // The shard segments are the parameters' home. Paged ones are read and written raw by the
+    // checkpoint code, which pages nothing in: writes take copies (a kernel pages the shard in),
+    // loads land in host staging that pieces_loaded() copies in.
+    staged_.clear();
     for (size_t i = 0; i < opt_params_.size(); ++i) {
-      out.push_back({params_[opt_source_[i]].first, opt_offset_[i], opt_params_[i].second});
+      Tensor seg = opt_params_[i].second;
+      if (shard_chunks_) {
+        if (writing) {
+          seg = seg.clone();
+        } else {
+          Tensor host = Tensor::empty(seg.shape(), seg.dtype(), device_);
+          staged_.emplace_back(seg, host);
+          seg = host;
+        }
+      }
+      out.push_back({params_[opt_source_[i]].first, opt_offset_[i], seg});
     }
   } else if (all) {
     for (const auto& [name, p] : params_) out.push_back({name, 0, p});
@@ -221,6 +299,8 @@ std::vector<engine::train::CheckpointPiece> DataParallel::checkpoint_pieces(
 
 void DataParallel::pieces_loaded() {
   // Stage 3 loaded its shards; gathered buckets hold the old values.
+  for (const auto& [seg, host] : staged_) engine::copy_(seg, host);
+  staged_.clear();
   if (options_.zero_stage == 3) {
     for (size_t b = 0; b < buckets_.size(); ++b) release(b);
   }
@@ -228,14 +308,9 @@ void DataParallel::pieces_loaded() {
 void DataParallel::begin_backward(bool sync) {
   sync_ = sync;
   if (!sync) return;
-  next_launch_ = 0;
-  next_complete_ = 0;
   trace_.clear();
-  for (Bucket& b : buckets_) {
-    b.ready = 0;
-    b.launched = false;
-    b.work.reset();
-  }
+  for (Bucket& b : buckets_) b.work.reset();
+  reducer_->begin();
 }
 
 Tensor DataParallel::shard_of(const Tensor& flat) const {
@@ -243,15 +318,13 @@ Tensor DataParallel::shard_of(const Tensor& flat) const {
   return flat.slice(0, dp_.rank() * shard, (dp_.rank() + 1) * shard);
 }
 
-void DataParallel::launch(Bucket& b) {
+// The reducer's launch: the bucket's gradients into its flat buffer, its collective posted.
+// Under stages 2, 3 the reducer has made room first (at most kMaxInFlight full-size buffers).
+engine::offload::OrderedReducer::Op DataParallel::launch(int index) {
   fault::point("backward");
+  Bucket& b = buckets_[static_cast<size_t>(index)];
   const bool stage2 = options_.zero_stage >= 2;
-  if (stage2) {
-    // Bounded full-size memory: this bucket's buffer waits for the oldest in flight.
-    const int index = static_cast<int>(&b - buckets_.data());
-    while (index - next_complete_ >= kMaxInFlight) complete_oldest();
-    b.flat_grads = Tensor::empty({b.padded}, b.shard_grads.dtype(), device_);
-  }
+  if (stage2) b.flat_grads = Tensor::empty({b.padded}, b.shard_grads.dtype(), device_);
   const int64_t used = b.offsets.back() + params_[b.params.back()].second.numel();
   engine::fill_(b.flat_grads.slice(0, used, b.padded), 0.0);  // the padding
   // Gradients into the flat buffer; a parameter without a gradient contributes zeros. The
@@ -270,56 +343,29 @@ void DataParallel::launch(Bucket& b) {
   }
   b.work = stage2 ? dp_.ireduce_scatter(b.flat_grads, b.shard_grads, ReduceOp::kAvg)
                   : dp_.iall_reduce(b.flat_grads, b.flat_grads, ReduceOp::kAvg);
-  b.launched = true;
-  record(DpTraceEvent::kPost, static_cast<int>(&b - buckets_.data()));
-}
-
-// Stages 2, 3: waits for the oldest reduction in flight and frees its full-size buffer.
-void DataParallel::complete_oldest() {
-  Bucket& b = buckets_[next_complete_];
-  b.work->wait();
-  b.flat_grads = Tensor();
-  record(DpTraceEvent::kComplete, next_complete_);
-  ++next_complete_;
-}
-
-// Buckets are launched strictly in index order so every rank posts the same collectives in
-// the same order, whatever order its gradients became ready in.
-void DataParallel::launch_ready() {
-  while (next_launch_ < static_cast<int>(buckets_.size())) {
-    Bucket& b = buckets_[next_launch_];
-    if (b.ready < static_cast<int>(b.params.size())) break;
-    launch(b);
-    ++next_launch_;
-  }
-  // Give MPI a chance to progress the reductions in flight; under stages 2, 3 free the
-  // buffers of those that are done (in order).
-  for (int i = next_complete_; i < next_launch_; ++i) {
-    Bucket& b = buckets_[i];
-    const bool done = b.work->test();
-    if (options_.zero_stage >= 2 && done && i == next_complete_) complete_oldest();
-  }
+  record(DpTraceEvent::kPost, index);
+  Work* work = b.work.get();
+  return {[work] { return work->test(); },
+          [this, index, work, stage2] {
+            work->wait();
+            // Stages 2, 3: the full-size buffer is spent once the shard holds the result.
+            if (stage2) buckets_[static_cast<size_t>(index)].flat_grads = Tensor();
+            record(DpTraceEvent::kComplete, index);
+          }};
 }
 
 void DataParallel::on_grad_ready(int bucket) {
-  ++buckets_[bucket].ready;
-  launch_ready();
+  reducer_->ready(bucket);
+  // Give MPI a chance to progress the reductions in flight; under stages 2, 3 free the
+  // buffers of those that are done (in order).
+  reducer_->poll(/*complete_done=*/options_.zero_stage >= 2);
 }
 
 void DataParallel::finish_backward() {
   MAMMOTH_CHECK(sync_) << "[data_parallel] finish_backward() without begin_backward(true)";
   // Parameters that got no gradient never fire their hook: launch what remains, in order.
-  for (; next_launch_ < static_cast<int>(buckets_.size()); ++next_launch_) {
-    launch(buckets_[next_launch_]);
-  }
-  if (options_.zero_stage >= 2) {
-    while (next_complete_ < static_cast<int>(buckets_.size())) complete_oldest();
-  } else {
-    for (size_t i = 0; i < buckets_.size(); ++i) {
-      buckets_[i].work->wait();
-      record(DpTraceEvent::kComplete, static_cast<int>(i));
-    }
-  }
+  reducer_->launch_rest();
+  reducer_->complete_all();
   if (options_.zero_stage == 0) {
     for (Bucket& b : buckets_) {
       for (size_t k = 0; k < b.params.size(); ++k) {
@@ -369,6 +415,8 @@ void DataParallel::after_step() {
   if (options_.zero_stage == 3) {
     // The optimizer wrote the shards; the cached full buckets are stale.
     for (size_t b = 0; b < buckets_.size(); ++b) release(b);
+    // A step's shard accesses repeat: from the first on they drive prefetch and eviction.
+    if (shard_chunks_) shard_chunks_->end_step();
     return;
   }
   for (Bucket& b : buckets_) dp_.all_gather(shard_of(b.flat_params), b.flat_params);

@@ -43,7 +43,9 @@
 #include <vector>
 
 #include "engine/nn/module.h"
+#include "engine/offload/ordered_reducer.h"
 #include "engine/train/distributed.h"
+#include "memory/chunks/chunk_manager.h"
 #include "parallel/comm/communicator.h"
 
 namespace mammoth::parallel {
@@ -51,6 +53,14 @@ namespace mammoth::parallel {
 struct DataParallelOptions {
   int zero_stage = 0;
   double bucket_mb = 25.0;
+  // Stage 3 (`train --zero 3 --offload-params nvme`): the parameter shards, this rank's part of
+  // every bucket, are chunks (memory/chunks) homed in files under this directory and paged
+  // into a device cache of shard_device_mem bytes (0: a slot per shard) through host staging
+  // of shard_host_mem bytes (0: unlimited) as kernels, gathers and the optimizer touch them.
+  // Empty: the shards are ordinary device tensors.
+  std::string shard_nvme_dir;
+  int64_t shard_device_mem = 0;
+  int64_t shard_host_mem = 0;
 };
 
 // One event of a synchronised backward (DataParallel::trace()).
@@ -134,6 +144,9 @@ class DataParallel final : public engine::train::DataParallelRuntime {
   };
   MemoryReport memory(int optimizer_states_per_param = 2) const;
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
+  // Stage 3 with shard_nvme_dir: the chunk manager holding the shards (per-tier stats); null
+  // otherwise.
+  const memory::chunks::ChunkManager* shard_chunks() const { return shard_chunks_.get(); }
   int64_t largest_bucket_bytes() const;
 
  private:
@@ -147,8 +160,6 @@ class DataParallel final : public engine::train::DataParallelRuntime {
     engine::Tensor shard_params;   // stage 3: [padded / N], this rank's parameters (home)
     bool resident = true;          // stage 3: flat_params holds gathered data
     uint64_t last_use = 0;
-    int ready = 0;
-    bool launched = false;
     std::unique_ptr<Work> work;
   };
   void on_grad_ready(int bucket);
@@ -156,13 +167,12 @@ class DataParallel final : public engine::train::DataParallelRuntime {
   void release(size_t bucket);
   void pin_all();
   void unpin_all(bool refresh_shards);
-  void launch_ready();
-  void launch(Bucket& b);
-  void complete_oldest();
+  engine::offload::OrderedReducer::Op launch(int bucket);
   void record(DpTraceEvent::Kind kind, int index) {
     if (tracing_) trace_.push_back({kind, index});
   }
   engine::Tensor shard_of(const engine::Tensor& flat) const;
+  void page_shards(int64_t chunk_bytes);
 
   engine::nn::NamedTensors params_;
   Communicator& dp_;
@@ -172,8 +182,8 @@ class DataParallel final : public engine::train::DataParallelRuntime {
   Device device_ = Device::cpu();
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_;  // per param
-  int next_launch_ = 0;
-  int next_complete_ = 0;  // stages 2, 3: the oldest bucket whose buffer may still be alive
+  // Readiness, fixed-order launch, bounded in flight, completion (shared with Offload).
+  std::unique_ptr<engine::offload::OrderedReducer> reducer_;
   bool sync_ = false;
   bool pinned_ = false;
   uint64_t use_clock_ = 0;
@@ -186,6 +196,10 @@ class DataParallel final : public engine::train::DataParallelRuntime {
   GradSync grad_sync_;
   bool tracing_ = false;
   std::vector<DpTraceEvent> trace_;
+  std::unique_ptr<memory::chunks::ChunkManager> shard_chunks_;
+  // Checkpoint loading with paged shards: (shard segment, host staging) filled by the loader,
+  // copied in by pieces_loaded().
+  std::vector<std::pair<engine::Tensor, engine::Tensor>> staged_;
 };
 
 }  // namespace mammoth::parallel

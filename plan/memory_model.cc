@@ -291,7 +291,16 @@ int64_t MemoryPrediction::planned_peak() const {
 json::Value MemoryPrediction::to_json() const {
   json::Value out = json::Value::array();
   for (const StageMemory& s : stages) {
+    json::Value homes = json::Value::object();
+    static const char* const kNames[] = {"device", "host", "nvme"};
+    for (int t = kDeviceTier; t <= kNvmeTier; ++t) {
+      homes.set(kNames[t], json::Value::object()
+                               .set("params", s.homes[t].params)
+                               .set("grads", s.homes[t].grads)
+                               .set("optimizer", s.homes[t].optimizer));
+    }
     out.push_back(json::Value::object()
+                      .set("homes", std::move(homes))
                       .set("params", s.params)
                       .set("grads", s.grads)
                       .set("optimizer", s.optimizer)
@@ -328,6 +337,36 @@ std::string MemoryPrediction::explain() const {
   return os.str();
 }
 
+std::string placement_table(const StageMemory& m, const ParallelPlan& p) {
+  auto mib = [](int64_t b) { return static_cast<double>(b) / 1048576.0; };
+  auto budget = [&](int tier) -> std::string {
+    char b[64];
+    const int64_t bytes = tier == kDeviceTier ? p.device_mem : tier == kHostTier ? p.host_mem : 0;
+    if (tier == kDeviceTier && p.auto_device_mem > 0)
+      std::snprintf(b, sizeof(b), "auto:%.1f MiB", mib(p.auto_device_mem));
+    else if (tier == kNvmeTier)
+      return p.nvme_dir.empty() ? "-" : p.nvme_dir;
+    else if (bytes == 0)
+      return "unlimited";
+    else
+      std::snprintf(b, sizeof(b), "%.1f MiB", mib(bytes));
+    return b;
+  };
+  std::ostringstream os;
+  char line[512];
+  static const char* const kNames[] = {"device", "host", "nvme"};
+  for (int t = kDeviceTier; t <= kNvmeTier; ++t) {
+    const StageMemory::Homes& h = m.homes[t];
+    std::snprintf(line, sizeof(line),
+                  "  %-6s  params %9.2f MiB  grads %9.2f MiB  optimizer %9.2f MiB  "
+                  "total %9.2f MiB  budget %s\n",
+                  kNames[t], mib(h.params), mib(h.grads), mib(h.optimizer), mib(h.total()),
+                  budget(t).c_str());
+    os << line;
+  }
+  return os.str();
+}
+
 MemoryPrediction predict_memory(const ModelConfig& c, const ParallelPlan& p) {
   MAMMOTH_CHECK(p.dp >= 1 && p.pp >= 1 && p.tp >= 1 && p.sp >= 1)
       << "[memory_model] mesh axes must be >= 1, got dp " << p.dp << " pp " << p.pp << " tp "
@@ -343,7 +382,9 @@ MemoryPrediction predict_memory(const ModelConfig& c, const ParallelPlan& p) {
   const parallel::pipeline::Partition cut = stage_cut(c, p);
   const Acts a = activations(c, p, e);
   const bool model_parallel = p.tp * p.sp > 1 || p.sp_mode != "none";
-  const bool offload = p.offloaded();
+  // ZeRO-3 with NVMe-homed shards is data parallelism (its shards paged by the chunk manager),
+  // not the engine's chunked offload.
+  const bool offload = p.offloaded() && !p.zero3_shards_on_nvme();
   const int v = std::max(1, p.virtual_stages);
   // The trained form on one tp rank, whole (every stage): `mammoth train` builds the whole
   // model on every pipeline rank and trains its stages' parameters only.
@@ -420,6 +461,8 @@ MemoryPrediction predict_memory(const ModelConfig& c, const ParallelPlan& p) {
       // What stays in the allocator: a gradient from autograd until its grad-ready hook copies
       // it into its chunk (one parameter at a time; a tied table's all backward long), and
       // under dp the host buffers chunks are averaged and broadcast through.
+      // Under tp / pp each rank chunks its own shard or stages (the whole model otherwise).
+      const int64_t P = p.tp > 1 || p.pp > 1 ? stage_params : models::count_parameters(c);
       const int64_t chunk = std::max(static_cast<int64_t>(p.chunk_mb * 1048576.0), ps.largest * e);
       const int64_t chunks = std::max<int64_t>(1, ceil_div(P * e, chunk));
       const int64_t states_all = P * opt_bytes_per;
@@ -432,6 +475,27 @@ MemoryPrediction predict_memory(const ModelConfig& c, const ParallelPlan& p) {
         m.nvme = states;
         m.host = 2 * chunk;
       }
+      // Homes (memory/chunks ChunkManager::finalize): the lists whose first choice is the
+      // device live there when they all fit --device-mem, else on the host; CUDA's host-update
+      // flow (optimizer states off the device) homes parameters and gradients on the host.
+      const bool host_update = p.device == "cuda" && p.offload != "none";
+      const std::string param_home = p.offload_params != "none" ? p.offload_params
+                                     : host_update              ? "host"
+                                                                : "device";
+      const int64_t device_wanted =
+          (param_home == "device" ? 2 * P * e : 0) + (p.offload == "none" ? states : 0);
+      const bool fits = p.device_mem == 0 || device_wanted <= p.device_mem;
+      auto tier_of = [&](const std::string& home) {
+        return home == "nvme"                                  ? kNvmeTier
+               : home == "host" || (home == "device" && !fits) ? kHostTier
+                                                               : kDeviceTier;
+      };
+      const int pt = tier_of(param_home);
+      m.homes[pt].params = P * e;
+      m.homes[pt].grads = P * e;
+      m.homes[tier_of(p.offload == "none" ? "device" : p.offload)].optimizer = states;
+      if (p.offload_params == "host") m.host += 2 * P * e;
+      if (p.offload_params == "nvme") m.nvme += 2 * P * e;
       params = 0;
       opt = 0;
       grad_unit_max = ps.largest_block;
@@ -537,6 +601,20 @@ MemoryPrediction predict_memory(const ModelConfig& c, const ParallelPlan& p) {
     m.params = params;
     m.optimizer = opt;
     m.grads = grad_persist + grad_at_peak;
+    if (!offload) {
+      // Held across the step: dp's flat buffers (ZeRO-2/3: the shard), else every gradient.
+      m.homes[kDeviceTier] = {params, grad_persist > 0 ? grad_persist : stage_grad, opt};
+    }
+    if (p.zero3_shards_on_nvme()) {
+      // The shards live in the chunk manager (outside the allocator): homed on NVMe, cached on
+      // the device up to --device-mem; what stays in the allocator is the gathered buckets.
+      const int64_t shard_bytes = shard * e;
+      m.params -= shard_bytes;
+      m.homes[kDeviceTier].params = 0;
+      m.homes[kNvmeTier].params = shard_bytes;
+      m.nvme = shard_bytes;
+      m.chunks_device = p.device_mem > 0 ? std::min(shard_bytes, p.device_mem) : shard_bytes;
+    }
     m.activations = act_peak;
     m.buffers += buf_at_peak;
     // The micro-batch's ids and targets (i64) on the device, position ids; a pipeline keeps

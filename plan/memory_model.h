@@ -7,6 +7,7 @@
 // them, and the host / NVMe bytes the chunked memory keeps off the device.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -34,10 +35,22 @@ struct StageMemory {
                               // the allocator (parameters, gradients, states homed there)
   int64_t host = 0;           // chunks homed in (pinned) host memory
   int64_t nvme = 0;           // chunks on NVMe
+  // Where this rank's model state is homed, per tier (device, host, nvme): the placement table
+  // `mammoth train` prints at start-up and `mammoth analyze` shows (placement_table()). Without
+  // offload everything is on the device (ZeRO's shares); with offload the chunks' homes as
+  // engine/offload and memory/chunks place them (a device budget then also caches chunks
+  // homed elsewhere, which these do not count).
+  struct Homes {
+    int64_t params = 0, grads = 0, optimizer = 0;
+    int64_t total() const { return params + grads + optimizer; }
+  };
+  std::array<Homes, 3> homes;  // indexed by kDeviceTier, kHostTier, kNvmeTier
   // The peak a runtime that holds only the plan's share would reach (what a planner prunes
   // and ranks with); with offload the device tier also holds chunks_device.
   int64_t planned_peak() const { return device_peak - model_copy; }
 };
+
+inline constexpr int kDeviceTier = 0, kHostTier = 1, kNvmeTier = 2;
 
 struct MemoryPrediction {
   std::vector<StageMemory> stages;  // one per pipeline stage (pp entries)
@@ -48,5 +61,9 @@ struct MemoryPrediction {
 };
 
 MemoryPrediction predict_memory(const models::ModelConfig& config, const ParallelPlan& plan);
+
+// The per-tier table of one stage's homes (StageMemory::homes) and the plan's budgets, one line
+// per tier: "  device  params 1.2 MiB  grads 1.2 MiB  optimizer 2.4 MiB  total ... budget ...".
+std::string placement_table(const StageMemory& stage, const ParallelPlan& plan);
 
 }  // namespace mammoth::plan

@@ -79,7 +79,10 @@ class Checker {
     if (!(p_.bucket_mb > 0)) return say("--bucket-mb must be > 0, got ", p_.bucket_mb);
     static const std::vector<std::string_view> kOffload = {"none", "host", "nvme"};
     if (!one_of(p_.offload, kOffload))
-      return say("--offload must be ", join(kOffload), ", got '", p_.offload, "'");
+      return say("--offload-optimizer (--offload) must be ", join(kOffload), ", got '", p_.offload,
+                 "'");
+    if (!one_of(p_.offload_params, kOffload))
+      return say("--offload-params must be ", join(kOffload), ", got '", p_.offload_params, "'");
     if (p_.device_mem < 0 || p_.auto_device_mem < 0 || p_.host_mem < 0)
       return say("--device-mem and --host-mem must be >= 0");
     if (p_.device_mem > 0 && p_.auto_device_mem > 0)
@@ -155,13 +158,53 @@ class Checker {
 
   std::string memory() const {
     if (p_.offload == "nvme" && c_.run && p_.nvme_dir.empty())
-      return say("--offload nvme needs --nvme-dir");
-    if (p_.offloaded() && p_.world() > 1) {
-      if (p_.tp > 1 || p_.sp > 1 || p_.pp > 1 || p_.sp_mode != "none")
+      return say("--offload-optimizer nvme needs --nvme-dir");
+    if (p_.offload_params == "nvme" && c_.run && p_.nvme_dir.empty())
+      return say("--offload-params nvme needs --nvme-dir");
+    if (p_.zero3_shards_on_nvme()) {
+      // Each dp rank pages its own ZeRO-3 parameter shards; nothing else is chunked.
+      if (p_.tp > 1 || p_.pp > 1 || p_.sp > 1 || p_.sp_mode != "none")
+        return say("--zero 3 --offload-params nvme runs with --dp only so far, not with --tp ",
+                   p_.tp, " / --pp ", p_.pp, " / --sp ", p_.sp);
+      if (p_.offload != "none")
+        return say("--zero 3 --offload-params nvme with --offload-optimizer ", p_.offload,
+                   " is not built yet: ZeRO-3 keeps its AdamW states beside the shards");
+      if (p_.auto_device_mem > 0)
         return say(
-            "--offload/--device-mem/--host-mem combine with data parallelism (--dp) only, "
-            "not with --tp ",
-            p_.tp, " / --sp ", p_.sp, " / --pp ", p_.pp, " / --sp-mode ", p_.sp_mode);
+            "--zero 3 --offload-params nvme takes --device-mem SIZE (the shards' device "
+            "cache), not auto:SIZE");
+      return "";
+    }
+    if (p_.offloaded() && p_.world() > 1) {
+      // What runs with offload across ranks (the layouts train_offload_tiers_test and
+      // train_offload_dp_test prove bitwise); everything else is refused by name.
+      const bool model_parallel = p_.tp > 1 || p_.pp > 1;
+      if (p_.sp > 1 || p_.sp_mode != "none")
+        return say(
+            "--offload-optimizer/--offload-params/--device-mem/--host-mem do not combine "
+            "with sequence parallelism yet, not with --sp ",
+            p_.sp, " / --sp-mode ", p_.sp_mode);
+      if (model_parallel && p_.dp > 1)
+        return say("offload with --tp ", p_.tp, " / --pp ", p_.pp,
+                   " runs without --dp so far (--dp ", p_.dp,
+                   "); --dp alone with offload is ZeRO-Offload");
+      if (model_parallel && (p_.device_mem > 0 || p_.auto_device_mem > 0))
+        return say(
+            "--device-mem with --tp / --pp: their collectives read gradient and parameter chunks "
+            "in place, so the chunks must stay resident; leave --device-mem at 0 (states and "
+            "parameters still go to --offload-optimizer / --offload-params)");
+      if (p_.tp > 1 && p_.offload_params != "none")
+        return say("--offload-params ", p_.offload_params,
+                   " with --tp is not built yet; --offload-optimizer host|nvme runs with --tp");
+      if (p_.pp > 1 && p_.offload_params == "nvme")
+        return say(
+            "--offload-params nvme with --pp is not built yet (the tied embedding's gradient is "
+            "summed in place across stages); use --offload-params host");
+      // Each dp rank would page every parameter chunk, not its ZeRO-3 shard: not built.
+      if (p_.dp > 1 && p_.offload_params != "none")
+        return say("--offload-params ", p_.offload_params,
+                   " with --dp runs as --zero 3 --offload-params nvme only (each rank pages its "
+                   "shards); --offload-optimizer combines with --dp");
       if (p_.zero != 0)
         return say(
             "--offload shards the AdamW states over dp by chunk itself (ZeRO-Offload); "
@@ -183,6 +226,10 @@ class Checker {
                  " is not enabled on CUDA yet (--zero 0 or 1)");
     if (p_.auto_device_mem > 0)
       return say("--device-mem auto is not implemented on CUDA yet: give a size (--device-mem 8G)");
+    if (p_.offload_params == "nvme")
+      return say(
+          "--offload-params nvme with --device cuda: CUDA parameters page through pinned host "
+          "memory only; use --offload-params host");
     if (p_.offloaded() && p_.dp > 1)
       return say(
           "--device cuda: --offload/--device-mem/--host-mem with --dp (chunks reduced "
@@ -318,7 +365,8 @@ json::Value plan_to_json(const ParallelPlan& p) {
   v.set("micro_batch", p.micro_batch).set("grad_accum", p.grad_accum).set("seq_len", p.seq_len);
   v.set("zero", p.zero).set("bucket_mb", p.bucket_mb);
   v.set("ep", p.ep);
-  v.set("offload", p.offload).set("device_mem", p.device_mem);
+  v.set("offload_optimizer", p.offload).set("offload_params", p.offload_params);
+  v.set("device_mem", p.device_mem);
   v.set("auto_device_mem", p.auto_device_mem).set("host_mem", p.host_mem);
   v.set("chunk_mb", p.chunk_mb).set("nvme_dir", p.nvme_dir);
   v.set("recompute_blocks", p.recompute_blocks);
@@ -373,8 +421,13 @@ ParallelPlan plan_from_json(const json::Value& v) {
       p.bucket_mb = m.as_double();
     else if (k == "ep")
       p.ep = as_i();
-    else if (k == "offload")
+    else if (k == "offload_optimizer" || k == "offload") {
+      // "offload" is the older name of offload_optimizer (plan files written before it).
+      MAMMOTH_CHECK(!(v.contains("offload") && v.contains("offload_optimizer")))
+          << "[plan] give offload_optimizer or its older name offload, not both";
       p.offload = m.as_string();
+    } else if (k == "offload_params")
+      p.offload_params = m.as_string();
     else if (k == "device_mem")
       p.device_mem = m.as_int();
     else if (k == "auto_device_mem")
@@ -392,11 +445,13 @@ ParallelPlan plan_from_json(const json::Value& v) {
     else if (k == "device")
       p.device = m.as_string();
     else
-      MAMMOTH_THROW() << "[plan] unknown key '" << k << "' (the keys are those of plan_to_json: "
-                      << "dp, pp, tp, sp, order, sp_mode, pp_schedule, virtual_stages, "
-                         "pp_partition, stage_cut, micro_batch, grad_accum, seq_len, zero, "
-                         "bucket_mb, ep, offload, device_mem, auto_device_mem, host_mem, chunk_mb, "
-                         "nvme_dir, recompute_blocks, amp, device)";
+      MAMMOTH_THROW()
+          << "[plan] unknown key '" << k << "' (the keys are those of plan_to_json: "
+          << "dp, pp, tp, sp, order, sp_mode, pp_schedule, virtual_stages, "
+             "pp_partition, stage_cut, micro_batch, grad_accum, seq_len, zero, "
+             "bucket_mb, ep, offload_optimizer (or offload), offload_params, device_mem, "
+             "auto_device_mem, host_mem, chunk_mb, "
+             "nvme_dir, recompute_blocks, amp, device)";
   }
   return p;
 }
@@ -434,6 +489,7 @@ std::string plan_summary(const ParallelPlan& p) {
   }
   s << " mb" << p.micro_batch << "x" << p.grad_accum << " seq " << p.seq_len << " zero" << p.zero
     << " offload " << p.offload;
+  if (p.offload_params != "none") s << " params-on " << p.offload_params;
   if (p.recompute_blocks != 0)
     s << " recompute "
       << (p.recompute_blocks < 0 ? std::string("all") : std::to_string(p.recompute_blocks));

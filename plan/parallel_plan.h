@@ -58,10 +58,14 @@ struct ParallelPlan {
   // every dp rank still reads its own micro-batches, so the world and the batch stay dp's.
   int ep = 1;
 
-  // Chunked memory (engine/offload): where AdamW states live (none | host | nvme), budgets in
-  // bytes (0: unlimited) for the device and host tiers, or auto_device_mem: the size of a
-  // device whose first step's traced activation peak is taken off; chunk size; NVMe directory.
+  // Chunked memory (engine/offload), named as DeepSpeed's offload_optimizer / offload_param:
+  // `offload` (JSON and flag offload_optimizer; --offload is its short form) is where AdamW
+  // states live, `offload_params` where the parameter and gradient chunks are homed (none: the
+  // device when they fit device_mem, else host), each none | host | nvme; budgets in bytes
+  // (0: unlimited) for the device and host tiers, or auto_device_mem: the size of a device whose
+  // first step's traced activation peak is taken off; chunk size; NVMe directory.
   std::string offload = "none";
+  std::string offload_params = "none";
   int64_t device_mem = 0;
   int64_t auto_device_mem = 0;
   int64_t host_mem = 0;
@@ -80,8 +84,12 @@ struct ParallelPlan {
   int world() const { return dp * pp * tp * sp; }
   int64_t global_batch() const { return micro_batch * grad_accum * dp; }
   bool offloaded() const {
-    return offload != "none" || device_mem > 0 || auto_device_mem > 0 || host_mem > 0;
+    return offload != "none" || offload_params != "none" || device_mem > 0 || auto_device_mem > 0 ||
+           host_mem > 0;
   }
+  // ZeRO-3 with its parameter shards homed on NVMe (parallel::DataParallel pages them; the
+  // engine's chunked offload is not used): --dp N --zero 3 --offload-params nvme.
+  bool zero3_shards_on_nvme() const { return zero == 3 && dp > 1 && offload_params == "nvme"; }
   bool operator==(const ParallelPlan&) const = default;
 };
 

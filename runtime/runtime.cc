@@ -213,7 +213,8 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
   // Chunked memory. Under dp the offload runtime does the data parallelism itself, over its
   // chunks (engine/offload/offload.h): parallel::DataParallel would move the same parameters
   // into its own buckets.
-  if (plan_.offloaded() && mesh_) {
+  const bool chunked = plan_.offloaded() && !plan_.zero3_shards_on_nvme();
+  if (chunked && mesh_) {
     p.offload_group = std::make_unique<parallel::OffloadGroup>(mesh_->group(parallel::Axis::kDp));
   }
   if (mesh_ && plan_.ep > 1) {
@@ -258,16 +259,29 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
         parallel::DataParallelOptions{.zero_stage = plan_.zero, .bucket_mb = plan_.bucket_mb});
     p.ep_dp->broadcast_parameters();
     o.dp = p.ep_dp.get();
-  } else if (mesh_ && plan_.dp > 1 && !plan_.offloaded()) {
+  } else if (mesh_ && plan_.dp > 1 && !chunked) {
     // Under pp each stage's replicas reduce their stage's parameters.
     p.dp = std::make_unique<parallel::DataParallel>(
         p.pipeline        ? p.pipeline->parameters()
         : trained_params_ ? *trained_params_
                           : trained_->named_parameters(),
         mesh_->group(parallel::Axis::kDp),
-        parallel::DataParallelOptions{.zero_stage = plan_.zero, .bucket_mb = plan_.bucket_mb});
+        parallel::DataParallelOptions{
+            .zero_stage = plan_.zero,
+            .bucket_mb = plan_.bucket_mb,
+            .shard_nvme_dir = plan_.zero3_shards_on_nvme() ? plan_.nvme_dir : std::string(),
+            .shard_device_mem = plan_.device_mem,
+            .shard_host_mem = plan_.host_mem});
     p.dp->broadcast_parameters();
     o.dp = p.dp.get();
+    if (const memory::chunks::ChunkManager* shards = p.dp->shard_chunks()) {
+      // The shards' tiers as the chunk manager accounts them, in every metrics line.
+      o.step_metrics = [shards] {
+        return json::Value::object().set("zero3_shards", engine::offload::tier_stats_json(*shards));
+      };
+      if (lead())
+        std::fprintf(stderr, "[train] ZeRO-3 parameter shards:\n%s", shards->report().c_str());
+    }
   }
 
   // The global gradient norm when the model is split: each rank sums the squares of the
@@ -304,26 +318,34 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
     };
   }
 
-  if (plan_.offloaded()) {
+  if (chunked) {
     engine::offload::OffloadOptions oo;
     oo.mode = engine::offload::parse_mode(plan_.offload);
+    oo.params = engine::offload::parse_mode(plan_.offload_params);
     oo.device_mem = plan_.device_mem;
     oo.auto_device_size = plan_.auto_device_mem;
     oo.host_mem = plan_.host_mem;
     oo.nvme_dir = plan_.nvme_dir;
     oo.chunk_bytes = static_cast<int64_t>(plan_.chunk_mb * 1048576.0);
     oo.group = p.offload_group.get();
+    // What this rank trains: its tp shard (the sharded form) or its pipeline stages.
+    const engine::nn::NamedTensors& trained =
+        p.pipeline ? p.pipeline->parameters() : trained_->named_parameters();
     // Chunks follow the order in which a forward pass first touches the parameters (one short
-    // sequence, no gradients), so they are needed one after the other.
-    models::LanguageModel* m = model_.get();
-    const int64_t t = std::min<int64_t>(plan_.seq_len, 8);
-    oo.use_order = engine::offload::first_use_order(m->named_parameters(), [m, t, this] {
-      const engine::Tensor ids = engine::Tensor::zeros({1, t}, DType::kI64, device_);
-      m->eval();
-      m->loss(ids, ids);
-      m->train();
-    });
-    p.offload = std::make_unique<engine::offload::Offload>(model_->named_parameters(), oo);
+    // sequence, no gradients; under tp every rank runs it, with its collectives), so they are
+    // needed one after the other. A pipeline stage has no forward of its own to trace: model
+    // order.
+    if (!p.pipeline) {
+      models::LanguageModel* m = trained_;
+      const int64_t t = std::min<int64_t>(plan_.seq_len, 8);
+      oo.use_order = engine::offload::first_use_order(trained, [m, t, this] {
+        const engine::Tensor ids = engine::Tensor::zeros({1, t}, DType::kI64, device_);
+        m->eval();
+        m->loss(ids, ids);
+        m->train();
+      });
+    }
+    p.offload = std::make_unique<engine::offload::Offload>(trained, oo);
     o.offload = p.offload.get();
     o.dp = p.offload->data_parallel();
     if (lead()) std::fprintf(stderr, "%s", p.offload->report().c_str());

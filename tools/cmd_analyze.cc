@@ -145,6 +145,11 @@ int run_analyze(const std::vector<std::string>& args) {
           "runtime's model copy)\n",
           gib(m.device_peak()).c_str(), gib(m.planned_peak()).c_str());
       print_lines(m.explain(), "  ");
+      // The table `mammoth train` prints at start-up, from the same function.
+      for (size_t st = 0; st < m.stages.size(); ++st) {
+        std::printf("placement    stage %zu, per rank:\n", st);
+        print_lines(plan::placement_table(m.stages[st], p), "");
+      }
     }
     const std::string cluster_name = absl::GetFlag(FLAGS_cluster);
     if (!cluster_name.empty()) {

@@ -165,10 +165,17 @@ ABSL_FLAG(
     int, zero, 0,
     "ZeRO stage: 0 (replicated), 1 (optimizer states sharded), 2 (+ gradients), 3 (+ parameters)");
 ABSL_FLAG(double, bucket_mb, 25.0, "gradient bucket size for data-parallel reductions, MiB");
-ABSL_FLAG(std::string, offload, "none",
-          "where AdamW states live: none (beside the parameters), host (CPU AdamW on host "
-          "memory) or nvme (files under --nvme-dir, streamed chunk by chunk); with --dp N "
-          "each rank keeps the AdamW states of its chunks only (chunk k: rank k % N)");
+ABSL_FLAG(std::string, offload_optimizer, "none",
+          "where AdamW states live (DeepSpeed's offload_optimizer): none (beside the "
+          "parameters), host (CPU AdamW on host memory) or nvme (files under --nvme-dir, "
+          "streamed chunk by chunk); with --dp N each rank keeps the AdamW states of its chunks "
+          "only (chunk k: rank k % N)");
+ABSL_FLAG(std::string, offload, "none", "short form of --offload-optimizer (the same values)");
+ABSL_FLAG(std::string, offload_params, "none",
+          "where parameter and gradient chunks are homed (DeepSpeed's offload_param): none "
+          "(the device when they fit --device-mem, else host), host, or nvme (files under "
+          "--nvme-dir, read into the device cache along the traced order); one process, host "
+          "under --pp, or nvme with --dp N --zero 3 (each rank's parameter shards)");
 ABSL_FLAG(std::string, device_mem, "0",
           "device memory budget for parameters, gradients and states (K/M/G; 0: unlimited), "
           "or auto:SIZE: a device of SIZE whose first step's traced peak of activations and "
@@ -686,6 +693,10 @@ int run_train(const std::vector<std::string>& args) {
   const int stage = mesh ? mesh->coord(parallel::Axis::kPp) : 0;
   const plan::MemoryPrediction predicted = plan::predict_memory(cfg, pl);
   o.predicted_peak_mem_bytes = predicted.stages[static_cast<size_t>(stage)].device_peak;
+  if (lead) {
+    std::fprintf(stderr, "[train] placement per rank (plan/memory_model, stage %d):\n%s", stage,
+                 plan::placement_table(predicted.stages[static_cast<size_t>(stage)], pl).c_str());
+  }
   struct PeakMemoryReport {
     int rank = 0;
     int64_t predicted = 0, first_step = 0;

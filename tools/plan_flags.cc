@@ -22,6 +22,8 @@ ABSL_DECLARE_FLAG(int64_t, seq_len);
 ABSL_DECLARE_FLAG(int, zero);
 ABSL_DECLARE_FLAG(double, bucket_mb);
 ABSL_DECLARE_FLAG(std::string, offload);
+ABSL_DECLARE_FLAG(std::string, offload_optimizer);
+ABSL_DECLARE_FLAG(std::string, offload_params);
 ABSL_DECLARE_FLAG(std::string, device_mem);
 ABSL_DECLARE_FLAG(std::string, host_mem);
 ABSL_DECLARE_FLAG(double, chunk_mb);
@@ -50,6 +52,8 @@ constexpr const char* kLayoutFlags[] = {"dp",
                                         "zero",
                                         "bucket_mb",
                                         "offload",
+                                        "offload_optimizer",
+                                        "offload_params",
                                         "device_mem",
                                         "host_mem",
                                         "chunk_mb",
@@ -100,7 +104,15 @@ plan::ParallelPlan plan_from_layout_flags(const char* command, int launched) {
   p.seq_len = absl::GetFlag(FLAGS_seq_len);
   p.zero = absl::GetFlag(FLAGS_zero);
   p.bucket_mb = absl::GetFlag(FLAGS_bucket_mb);
-  p.offload = absl::GetFlag(FLAGS_offload);
+  // --offload is the short form of --offload-optimizer: one of them, or both the same.
+  MAMMOTH_CHECK(!flag_changed("offload") || !flag_changed("offload_optimizer") ||
+                absl::GetFlag(FLAGS_offload) == absl::GetFlag(FLAGS_offload_optimizer))
+      << "[" << command << "] --offload " << absl::GetFlag(FLAGS_offload)
+      << " and --offload-optimizer " << absl::GetFlag(FLAGS_offload_optimizer)
+      << " disagree (--offload is its short form): give one";
+  p.offload = flag_changed("offload_optimizer") ? absl::GetFlag(FLAGS_offload_optimizer)
+                                                : absl::GetFlag(FLAGS_offload);
+  p.offload_params = absl::GetFlag(FLAGS_offload_params);
   const memory::chunks::DeviceMemSpec device_spec =
       memory::chunks::parse_device_mem(absl::GetFlag(FLAGS_device_mem));
   (device_spec.auto_budget ? p.auto_device_mem : p.device_mem) = device_spec.bytes;

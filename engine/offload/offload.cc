@@ -412,8 +412,12 @@ Offload::Offload(const nn::NamedTensors& params, const OffloadOptions& options)
     for (int k = 0; k < num_chunks(); ++k) {
       dp_->broadcast(flat(k, manager_->acquire(ids_[kParams][k], true)), 0);
     }
-    ready_.assign(chunk_used_.size(), 0);
     param_ready_.assign(params_.size(), false);
+    std::vector<int> order, need;
+    for (int k = num_chunks() - 1; k >= 0; --k) order.push_back(k);
+    need = chunk_params_;
+    reducer_ = std::make_unique<OrderedReducer>(std::move(order), std::move(need), kCommBuffers,
+                                                [this](int k) { return launch_average(k); });
   }
   manager_->restart_trace();  // the trace is the first training step's, not this set-up
 }
@@ -477,8 +481,7 @@ void Offload::on_grad_ready(size_t i) {
   // The last micro-batch of a step: a chunk whose gradients are all final is reduced now.
   if (dp_ && sync_ && !param_ready_[i]) {
     param_ready_[i] = true;
-    ++ready_[slots_[i].chunk];
-    launch_ready(false);
+    reducer_->ready(slots_[i].chunk);
   }
 }
 
@@ -488,35 +491,30 @@ Tensor Offload::flat(int chunk, void* base) const {
   return Tensor::from_blob(base, {n}, dtype_, Device::cpu(), nullptr);
 }
 
-// Chunks are reduced in one fixed order on every rank (the collectives must match): the last
-// chunk first, the order in which backward finishes them when chunks follow the forward.
-void Offload::launch_ready(bool all) {
-  const int n = num_chunks();
-  while (next_launch_ < n) {
-    const int k = n - 1 - next_launch_;
-    if (!all && ready_[k] < chunk_params_[k]) return;
-    if (free_buffers_.empty() && static_cast<int>(in_flight_.size()) >= kCommBuffers) drain_one();
-    Tensor buffer = take_buffer();
-    const void* src = manager_->acquire(ids_[kGrads][k], false);
-    std::memcpy(buffer.raw_data(), src, static_cast<size_t>(chunk_used_[k]));
-    in_flight_.push_back(
-        InFlight{k, buffer, dp_->start_average(flat(k, buffer.raw_data())), kGrads});
-    ++next_launch_;
-  }
+// The reducer's launch of chunk k's average (chunks are reduced in one fixed order on every
+// rank, the last chunk first: the order in which backward finishes them when chunks follow the
+// forward). The chunk is copied into a host buffer (it may move while the collective runs);
+// completing it copies the average back into the gradient chunk on every rank, so the norm and
+// fp16's skip decision are computed from the same bytes everywhere.
+OrderedReducer::Op Offload::launch_average(int k) {
+  Tensor buffer = take_buffer();
+  const void* src = manager_->acquire(ids_[kGrads][k], false);
+  std::memcpy(buffer.raw_data(), src, static_cast<size_t>(chunk_used_[k]));
+  return {nullptr, receive(k, kGrads, buffer, dp_->start_average(flat(k, buffer.raw_data())))};
 }
 
-// Waits for the oldest collective and copies its result into its chunk: a gradient average on
-// every rank (the norm and the fp16 skip are then computed from the same bytes everywhere), a
-// broadcast parameter chunk on the ranks that do not own it.
-void Offload::drain_one() {
-  InFlight f = std::move(in_flight_.front());
-  in_flight_.pop_front();
-  f.wait();
-  if (f.into != kNone) {
-    void* dst = manager_->acquire(ids_[f.into][f.chunk], true);
-    std::memcpy(dst, f.buffer.raw_data(), static_cast<size_t>(chunk_used_[f.chunk]));
-  }
-  free_buffers_.push_back(std::move(f.buffer));
+// Waits for a collective on `buffer`, copies the result into chunk k of `into` (kNone: nothing
+// to copy) and recycles the buffer.
+std::function<void()> Offload::receive(int k, List into, Tensor buffer,
+                                       std::function<void()> wait) {
+  return [this, k, into, buffer = std::move(buffer), wait = std::move(wait)]() mutable {
+    wait();
+    if (into != kNone) {
+      void* dst = manager_->acquire(ids_[into][k], true);
+      std::memcpy(dst, buffer.raw_data(), static_cast<size_t>(chunk_used_[k]));
+    }
+    free_buffers_.push_back(std::move(buffer));
+  };
 }
 
 Tensor Offload::take_buffer() {
@@ -532,15 +530,14 @@ Tensor Offload::take_buffer() {
 void Offload::begin_backward(bool sync) {
   sync_ = sync;
   if (!sync) return;
-  std::fill(ready_.begin(), ready_.end(), 0);
   std::fill(param_ready_.begin(), param_ready_.end(), false);
-  next_launch_ = 0;
+  reducer_->begin();
 }
 
 void Offload::finish_backward() {
   // Chunks with a parameter that got no gradient never became ready: reduce them now.
-  launch_ready(true);
-  while (!in_flight_.empty()) drain_one();
+  reducer_->launch_rest();
+  reducer_->complete_all();
   sync_ = false;
 }
 
@@ -560,21 +557,22 @@ double Offload::grad_norm() {
 // itself may move while the collective runs). Every rank calls this for every chunk in order,
 // so the collectives match; a receiver copies the bytes into its chunk when it drains them.
 void Offload::publish(int chunk) {
-  if (free_buffers_.empty() && static_cast<int>(in_flight_.size()) >= kCommBuffers) drain_one();
+  // Room under the bound first: the buffer comes from a completed collective when there is one.
+  reducer_->make_room();
   Tensor buffer = take_buffer();
   const int root = owner(chunk);
   if (root == rank_) {
     const void* src = manager_->acquire(ids_[kParams][chunk], false);
     std::memcpy(buffer.raw_data(), src, static_cast<size_t>(chunk_used_[chunk]));
   }
-  in_flight_.push_back(InFlight{chunk, buffer,
-                                dp_->start_broadcast(flat(chunk, buffer.raw_data()), root),
-                                root == rank_ ? kNone : kParams});
+  std::function<void()> wait = dp_->start_broadcast(flat(chunk, buffer.raw_data()), root);
+  reducer_->post({nullptr, receive(chunk, root == rank_ ? kNone : kParams, std::move(buffer),
+                                   std::move(wait))});
 }
 
 void Offload::after_step() {
   // The broadcasts the optimizer walk started (publish): wait, and take in the others' chunks.
-  while (!in_flight_.empty()) drain_one();
+  reducer_->complete_all();
 }
 
 double Offload::average(double value) { return dp_ ? dp_->average(value) : value; }
@@ -724,10 +722,10 @@ void Offload::scatter_state(const nn::NamedTensors& full) {
   }
 }
 
-json::Value Offload::metrics() const {
+json::Value tier_stats_json(const memory::chunks::ChunkManager& manager) {
   json::Value out = json::Value::object();
   for (int t = 0; t < chunks::kNumTiers; ++t) {
-    const chunks::TierStats& s = manager_->stats(static_cast<Tier>(t));
+    const chunks::TierStats& s = manager.stats(static_cast<Tier>(t));
     json::Value v = json::Value::object();
     v.set("budget", json::Value(s.budget));
     v.set("home_bytes", json::Value(s.home_bytes));
@@ -740,6 +738,11 @@ json::Value Offload::metrics() const {
     v.set("stall_s", json::Value(s.stall_s));
     out.set(chunks::tier_name(static_cast<Tier>(t)), v);
   }
+  return out;
+}
+
+json::Value Offload::metrics() const {
+  json::Value out = tier_stats_json(*manager_);
   const MemoryReport m = memory();
   out.set("optimizer_state_bytes", json::Value(m.optimizer));
   if (auto_.device_size > 0) {

@@ -68,13 +68,13 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "engine/nn/module.h"
+#include "engine/offload/ordered_reducer.h"
 #include "engine/optim/optim.h"
 #include "engine/train/trainer.h"
 #include "memory/chunks/chunk_manager.h"
@@ -99,6 +99,10 @@ class ChunkGroup {
   virtual double average(double value) = 0;
   virtual void barrier() = 0;
 };
+
+// Per tier ("device", "host", "nvme") the chunk manager's accounting (budget, homes, peak,
+// reserved, moves, stall): the metrics' view of any chunk manager (Offload's, ZeRO-3's shards).
+json::Value tier_stats_json(const memory::chunks::ChunkManager& manager);
 
 // The unique parameters' names in the order `forward` first touches them (a kernel launch
 // reading or writing their storage), then those it never touched in the model's order. Runs
@@ -204,9 +208,9 @@ class Offload final : public train::OffloadRuntime, public train::DataParallelRu
   bool owns(size_t i) const { return owner(slots_[i].chunk) == rank_; }
   // Chunk k's used bytes as a flat tensor at `base`.
   Tensor flat(int chunk, void* base) const;
-  void launch_ready(bool all);
+  OrderedReducer::Op launch_average(int chunk);
+  std::function<void()> receive(int chunk, List into, Tensor buffer, std::function<void()> wait);
   void publish(int chunk);
-  void drain_one();
   Tensor take_buffer();
 
   OffloadOptions options_;
@@ -232,16 +236,10 @@ class Offload final : public train::OffloadRuntime, public train::DataParallelRu
   DType dtype_ = DType::kF32;
   bool sync_ = false;
   std::vector<int> chunk_params_;  // per chunk: how many parameters it holds
-  std::vector<int> ready_;         // per chunk: parameters whose gradient is final
   std::vector<bool> param_ready_;  // per parameter, this backward
-  int next_launch_ = 0;            // chunks launched so far (order: last chunk first)
-  struct InFlight {
-    int chunk = 0;
-    Tensor buffer;
-    std::function<void()> wait;
-    List into = kNone;  // the list whose chunk receives the result (kNone: nothing to copy)
-  };
-  std::deque<InFlight> in_flight_;
+  // Chunk averages in the fixed order (last chunk first), at most kCommBuffers in flight, and
+  // the owners' broadcasts after the update under the same bound (shared with DataParallel).
+  std::unique_ptr<OrderedReducer> reducer_;
   std::vector<Tensor> free_buffers_;
   nn::NamedTensors loading_;  // checkpoint pieces being loaded, copied in by pieces_loaded()
 };

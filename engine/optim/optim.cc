@@ -25,6 +25,12 @@ void Optimizer::zero_grad() const {
 namespace {
 void launch_update(Kernel k, std::vector<Tensor> tensors, const void* params) {
   std::vector<kernels::TensorArg> args;
+  // Paged storage (ZeRO-3 shards on NVMe, memory/chunks) comes in before its address is taken,
+  // as engine/ops launches do; the update writes every tensor but the gradient (index 1).
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    if (t.defined() && t.storage()->ensure_resident) t.storage()->ensure_resident(i != 1);
+  }
   for (const Tensor& t : tensors) args.push_back(t.defined() ? t.arg() : kernels::TensorArg{});
   kernels::launch(k, tensors[0].device().type, tensors[0].dtype(), args, {}, params);
 }

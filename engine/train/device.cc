@@ -82,7 +82,9 @@ void move_to_device(const nn::NamedTensors& tensors, Device device) {
 }
 
 Tensor to_host(const Tensor& t) {
-  if (!t.defined() || t.device().is_cpu()) return t;
+  // Paged storage (offload chunks, ZeRO-3 shards on NVMe) may have no address while evicted:
+  // a copy (a kernel, which pages it in) is what raw readers such as checkpoint writers get.
+  if (!t.defined() || (t.device().is_cpu() && !t.storage()->ensure_resident)) return t;
   NoGradGuard ng;
   return t.clone().to(Device::cpu());
 }

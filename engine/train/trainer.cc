@@ -407,8 +407,8 @@ TrainLoop::TrainLoop(nn::Module& model, const LossFn& loss_fn, BatchSource& sour
   MAMMOTH_CHECK(offload_ == nullptr || dp_ == nullptr || dp_ == offload_->data_parallel())
       << "[train] offload with data parallelism needs the offload runtime's own dp over its "
          "chunks (offload->data_parallel()), not a separate runtime managing the same parameters";
-  MAMMOTH_CHECK(shards_ == nullptr || offload_ == nullptr)
-      << "[train] offload with tensor parallelism is not supported";
+  // Offload under tp or pp (no dp) chunks this rank's shard or stages; checkpoints go through
+  // the shard runs like the plain optimizer's state (checkpoint_pieces).
   optim::AdamWOptions ao;
   ao.lr = o.lr;
   ao.beta1 = o.beta1;
@@ -486,7 +486,12 @@ std::vector<CheckpointPiece> TrainLoop::checkpoint_pieces(bool writing,
     held = dp_->checkpoint_pieces(opt_->state(), state_suffixes_, writing);
   } else {
     for (const auto& [name, p] : params_) held.push_back({name, 0, p});
-    for (const auto& [name, t] : full_state ? *full_state : opt_->state()) {
+    // Offload's optimizer state lives in chunks: writing takes host copies of it.
+    const nn::NamedTensors gathered =
+        offload_alone_ && full_state == nullptr ? offload_->gather_state() : nn::NamedTensors();
+    for (const auto& [name, t] : full_state       ? *full_state
+                                 : offload_alone_ ? gathered
+                                                  : opt_->state()) {
       held.push_back({name, 0, t});
     }
   }
@@ -534,7 +539,8 @@ void TrainLoop::resume() {
   // to the device after the load.
   std::vector<std::pair<Tensor, Tensor>> staged;  // (device destination, host staging)
   for (CheckpointPiece& p : into) {
-    if (p.data.device().is_cpu()) continue;
+    // Paged storage (offload chunks) may be evicted while the loader writes raw bytes: staged.
+    if (p.data.device().is_cpu() && !p.data.storage()->ensure_resident) continue;
     Tensor host = Tensor::empty(p.data.shape(), p.data.dtype());
     staged.emplace_back(p.data, host);
     p.data = host;

@@ -90,4 +90,22 @@ assert v["plan"]["dp"] == 2 and v["plan"]["zero"] == 1 and v["memory"]["device_p
 "$mammoth" analyze --model gpt2 --plan "$t/plan.json" --tp 2 >"$t/both.txt" 2>&1 &&
   fail "--tp beside --plan was accepted"
 grep -q -- "--tp is set by --plan" "$t/both.txt" || fail "the refusal does not name --tp"
+
+# The placement table train prints at start-up (plan/memory_model placement_table): per tier the
+# homes of parameters, gradients and optimizer states, and the budgets; JSON carries the homes.
+"$mammoth" analyze --model gpt2 --offload-params nvme --offload-optimizer host --nvme-dir /nvme \
+  --device-mem 1G >"$t/place.txt" 2>&1 || { cat "$t/place.txt"; fail "placement"; }
+grep -q "^placement    stage 0, per rank:" "$t/place.txt" || fail "no placement table"
+grep -q "^  device  params      0.00 MiB  grads      0.00 MiB  optimizer      0.00 MiB .* budget 1024.0 MiB" \
+  "$t/place.txt" || fail "device row"
+grep -q "^  host    params      0.00 MiB  grads      0.00 MiB  optimizer    949.40 MiB .* budget unlimited" \
+  "$t/place.txt" || fail "host row"
+grep -q "^  nvme    params    474.70 MiB  grads    474.70 MiB  optimizer      0.00 MiB .* budget /nvme" \
+  "$t/place.txt" || fail "nvme row"
+tail -1 "$t/place.txt" | "$py" -c '
+import json, sys
+h = json.load(sys.stdin)["memory"]["stages"][0]["homes"]
+P = 124439808
+assert h["nvme"] == {"params": 4 * P, "grads": 4 * P, "optimizer": 0}, h
+assert h["host"]["optimizer"] == 8 * P and h["device"]["params"] == 0, h' || fail "homes JSON"
 echo ok

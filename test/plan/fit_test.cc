@@ -147,12 +147,25 @@ TEST_CASE("fit: a setting the plan cannot run is refused with check()'s message"
   ParallelPlan p = base_plan();
   p.tp = 2;
   const auto fits = offload_fits(c, p, 2 * kGiB, 8 * kGiB);
-  CHECK(find(fits, "none").invalid.empty());
-  for (const char* s : {"host", "nvme", "host-paged", "nvme-paged"}) {
+  // States on host or NVMe run under tp; paging under a device budget does not.
+  for (const char* s : {"none", "host", "nvme"}) {
     INFO(s);
-    CHECK_THAT(find(fits, s).invalid, Catch::Contains("--tp 2"));
+    CHECK(find(fits, s).invalid.empty());
+  }
+  for (const char* s : {"host-paged", "nvme-paged"}) {
+    INFO(s);
+    CHECK_THAT(find(fits, s).invalid, Catch::Contains("--device-mem with --tp / --pp"));
     CHECK_FALSE(find(fits, s).fits);
     CHECK(find(fits, s).max_layers == 0);
+  }
+  p.tp = 1;
+  p.sp = 2;
+  p.sp_mode = "ring";
+  for (const OffloadFit& f : offload_fits(c, p, 2 * kGiB, 8 * kGiB)) {
+    if (f.setting == "none") continue;
+    INFO(f.setting);
+    CHECK_THAT(f.invalid, Catch::Contains("not with --sp 2"));
+    CHECK_FALSE(f.fits);
   }
   CHECK_THROWS_WITH(offload_fits(c, p, -1, 0), Catch::Contains("budgets must be >= 0"));
 }

@@ -153,6 +153,48 @@ TEST_CASE("memory_model: offload moves the states off the device") {
   CHECK(n.nvme == P * 8);
 }
 
+TEST_CASE("memory_model: the placement table's homes follow the offload fields and budgets") {
+  const models::ModelConfig c = models::resolve_config("gpt2");
+  const int64_t P = models::count_parameters(c);
+  using H = StageMemory::Homes;
+  auto homes = [&](const ParallelPlan& p) { return predict_memory(c, p).stages[0].homes; };
+  auto same = [](const H& a, const H& b) {
+    return a.params == b.params && a.grads == b.grads && a.optimizer == b.optimizer;
+  };
+  ParallelPlan p = plan_of(2, 256);
+  // No offload: everything on the device, ZeRO-3 over dp 2 about halves each.
+  CHECK(same(homes(p)[kDeviceTier], H{P * 4, P * 4, P * 8}));
+  CHECK(homes(p)[kHostTier].total() == 0);
+  ParallelPlan z = p;
+  z.dp = 2, z.zero = 3;
+  CHECK(homes(z)[kDeviceTier].params < P * 4 * 6 / 10);
+  CHECK(homes(z)[kDeviceTier].grads < P * 4 * 6 / 10);
+  CHECK(homes(z)[kDeviceTier].optimizer < P * 8 * 6 / 10);
+  // ZeRO-3 with its parameter shards on NVMe: the shard moves there, the rest stays.
+  ParallelPlan zn = z;
+  zn.offload_params = "nvme";
+  CHECK(homes(zn)[kNvmeTier].params == homes(z)[kDeviceTier].params);
+  CHECK(homes(zn)[kDeviceTier].params == 0);
+  CHECK(homes(zn)[kDeviceTier].grads == homes(z)[kDeviceTier].grads);
+  CHECK(homes(zn)[kDeviceTier].optimizer == homes(z)[kDeviceTier].optimizer);
+  // Everything on NVMe: nothing homed on the device or the host.
+  p.offload = "nvme", p.offload_params = "nvme";
+  CHECK(same(homes(p)[kNvmeTier], H{P * 4, P * 4, P * 8}));
+  CHECK(homes(p)[kDeviceTier].total() + homes(p)[kHostTier].total() == 0);
+  // States on the host; parameters and gradients stay on the device while they fit its
+  // budget, and move to the host (the device caching them) when they do not.
+  p.offload = "host", p.offload_params = "none";
+  CHECK(same(homes(p)[kDeviceTier], H{P * 4, P * 4, 0}));
+  CHECK(same(homes(p)[kHostTier], H{0, 0, P * 8}));
+  p.device_mem = P * 4;
+  CHECK(homes(p)[kDeviceTier].total() == 0);
+  CHECK(same(homes(p)[kHostTier], H{P * 4, P * 4, P * 8}));
+  const std::string table = placement_table(predict_memory(c, p).stages[0], p);
+  CHECK_THAT(table, Catch::Contains("device  params      0.00 MiB"));
+  CHECK_THAT(table, Catch::Contains("budget 474.7 MiB"));
+  CHECK_THAT(table, Catch::Contains("host    params    474.70 MiB"));
+}
+
 TEST_CASE("memory_model: published sizes are a formula, not a run") {
   // GPT-3 175B and Llama 3 405B shapes in bf16 under tp 8, pp 16 (Megatron-style layouts).
   models::ModelConfig gpt3 = models::resolve_config("gpt2");

@@ -32,9 +32,18 @@ TEST_CASE("plans read back from JSON exactly, and unknown keys are refused by na
     p.dp = 2, p.pp = 2, p.tp = 2, p.order = "tp-dp-pp-sp", p.sp_mode = "split_gather";
     p.pp_schedule = "interleaved", p.virtual_stages = 2, p.stage_cut = {0, 1, 2, 3, 4};
     p.micro_batch = 3, p.grad_accum = 4, p.seq_len = 48, p.zero = 1, p.bucket_mb = 4.5;
-    p.recompute_blocks = -1, p.amp = "bf16", p.ep = 2;
+    p.recompute_blocks = -1, p.amp = "bf16", p.ep = 2, p.offload = "nvme";
+    p.offload_params = "host";
   });
   CHECK(plan_from_json(plan_to_json(p)) == p);
+  // The JSON names are the flags': offload_optimizer, offload_params; "offload" is the older
+  // name of offload_optimizer, and both at once are refused.
+  CHECK(plan_to_json(p).at("offload_optimizer").as_string() == "nvme");
+  CHECK(plan_to_json(p).at("offload_params").as_string() == "host");
+  CHECK(plan_from_json(json::parse(R"({"offload": "host"})")).offload == "host");
+  CHECK_THROWS_WITH(
+      plan_from_json(json::parse(R"({"offload": "host", "offload_optimizer": "host"})")),
+      Catch::Contains("not both"));
   CHECK(plan_from_json(json::parse(R"({"tp": 2})")) == with([](ParallelPlan& p) { p.tp = 2; }));
   CHECK_THROWS_WITH(plan_from_json(json::parse(R"({"tp": 2, "zero_stage": 1})")),
                     Catch::Contains("unknown key 'zero_stage'"));
@@ -65,7 +74,12 @@ TEST_CASE("every combination rule names what is wrong") {
       {with([](ParallelPlan& p) { p.pp_schedule = "1F1B"; }), {}, "--pp-schedule must be"},
       {with([](ParallelPlan& p) { p.micro_batch = 0; }), {}, "--micro-batch must be > 0"},
       {with([](ParallelPlan& p) { p.zero = 4; }), {}, "--zero must be 0, 1, 2 or 3"},
-      {with([](ParallelPlan& p) { p.offload = "disk"; }), {}, "--offload must be none, host"},
+      {with([](ParallelPlan& p) { p.offload = "disk"; }),
+       {},
+       "--offload-optimizer (--offload) must be none, host"},
+      {with([](ParallelPlan& p) { p.offload_params = "disk"; }),
+       {},
+       "--offload-params must be none, host"},
       {with([](ParallelPlan& p) { p.amp = "fp8"; }), {}, "--amp must be fp32, bf16 or fp16"},
       {with([](ParallelPlan& p) { p.chunk_mb = 0; }), {}, "--chunk-mb"},
       {with([](ParallelPlan& p) { p.device_mem = 1, p.auto_device_mem = 2; }), {}, "not both"},
@@ -97,9 +111,39 @@ TEST_CASE("every combination rule names what is wrong") {
        {.model = &gpt2},
        "must end at the model's 4 layers"},
       {with([](ParallelPlan& p) { p.offload = "nvme"; }), {.run = true}, "needs --nvme-dir"},
+      {with([](ParallelPlan& p) { p.offload_params = "nvme"; }),
+       {.run = true},
+       "--offload-params nvme needs --nvme-dir"},
+      {with([](ParallelPlan& p) { p.offload_params = "host", p.dp = 2; }),
+       {},
+       "--offload-params host with --dp runs as --zero 3 --offload-params nvme only"},
+      {with([](ParallelPlan& p) {
+         p.offload_params = "nvme", p.dp = 2, p.zero = 3, p.offload = "host";
+       }),
+       {},
+       "with --offload-optimizer host is not built yet"},
+      {with([](ParallelPlan& p) { p.offload_params = "nvme", p.dp = 2, p.zero = 3, p.tp = 2; }),
+       {},
+       "runs with --dp only so far"},
+      {with([](ParallelPlan& p) { p.device = "cuda", p.offload_params = "nvme"; }),
+       {},
+       "pinned host memory only"},
       {with([](ParallelPlan& p) { p.offload = "host", p.dp = 2, p.zero = 1; }), {}, "ZeRO-Offload"},
-      {with([](ParallelPlan& p) { p.offload = "host", p.tp = 2; }), {}, "data parallelism"},
-      {with([](ParallelPlan& p) { p.host_mem = 1 << 20, p.pp = 2; }), {}, "data parallelism"},
+      {with([](ParallelPlan& p) { p.offload = "host", p.sp = 2, p.sp_mode = "ring"; }),
+       {},
+       "not with --sp 2"},
+      {with([](ParallelPlan& p) { p.offload = "host", p.tp = 2, p.dp = 2; }),
+       {},
+       "runs without --dp so far"},
+      {with([](ParallelPlan& p) { p.offload = "nvme", p.tp = 2, p.device_mem = 1 << 20; }),
+       {},
+       "leave --device-mem at 0"},
+      {with([](ParallelPlan& p) { p.offload_params = "host", p.tp = 2; }),
+       {},
+       "--offload-params host with --tp is not built yet"},
+      {with([](ParallelPlan& p) { p.offload_params = "nvme", p.pp = 2; }),
+       {},
+       "--offload-params nvme with --pp is not built yet"},
       {with([](ParallelPlan& p) { p.device = "cuda", p.tp = 2; }), {}, "not wired to NCCL"},
       {with([](ParallelPlan& p) { p.device = "cuda", p.dp = 2, p.zero = 2; }),
        {},
@@ -145,6 +189,19 @@ TEST_CASE("every combination rule names what is wrong") {
               }),
               {.world = 2, .model = &gpt2}) == "");
   CHECK(check(with([](ParallelPlan& p) { p.tp = 4; }), {.model = &llama}) == "");
+  CHECK(check(with([](ParallelPlan& p) {
+                p.offload = "nvme", p.offload_params = "nvme", p.nvme_dir = "/tmp";
+              }),
+              {.world = 1, .model = &gpt2, .run = true}) == "");
+  // Offload under tp (states on host or NVMe) and pp (parameters on host too), without dp.
+  CHECK(check(with([](ParallelPlan& p) { p.offload = "nvme", p.tp = 2, p.nvme_dir = "/tmp"; }),
+              {.world = 2, .model = &gpt2, .run = true}) == "");
+  CHECK(check(with([](ParallelPlan& p) { p.offload_params = "host", p.pp = 2; }),
+              {.world = 2, .model = &gpt2}) == "");
+  CHECK(check(with([](ParallelPlan& p) {
+                p.offload_params = "nvme", p.dp = 2, p.zero = 3, p.nvme_dir = "/tmp";
+              }),
+              {.world = 2, .model = &gpt2, .run = true}) == "");
   CHECK(check(with([](ParallelPlan& p) { p.sp = 2, p.sp_mode = "ring", p.seq_len = 124; }),
               {.model = &gpt2}) == "");
 }

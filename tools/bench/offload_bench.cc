@@ -18,6 +18,7 @@
 #include "engine/offload/offload.h"
 #include "engine/train/trainer.h"
 #include "models/registry.h"
+#include "tools/bench/io_bench.h"
 
 namespace mammoth::tools {
 namespace {
@@ -27,8 +28,12 @@ struct Options {
   int64_t steps = 8;
   int64_t micro_batch = 8;
   int64_t seq_len = 64;
+  // none | host | nvme: the AdamW states' home; all_nvme: parameters, gradients and states on
+  // NVMe. "MODE@F" gives that mode its own device budget fraction (0: no budget).
   std::vector<std::string> modes = {"none", "host", "nvme"};
   double budget_fraction = 0.25;
+  // With an NVMe mode: `bench io`'s fio sequential rows on the same directory, this size.
+  std::string io_size = "256M";
   double chunk_mb = 0.5;
   std::string nvme_dir;
   int threads = 0;
@@ -44,7 +49,23 @@ struct RunResult {
   double step_s = 0;  // median over steps after the first
   int64_t state_bytes = 0;
   std::string report;
+  int64_t nvme_bytes = 0;   // read + written over the run (the chunk manager's accounting)
+  double nvme_stall_s = 0;  // time the steps waited for NVMe-homed chunks
 };
+
+// "all_nvme@0.125" -> {"all_nvme", 0.125}; no '@': the default fraction.
+std::pair<std::string, double> mode_spec(const std::string& text, double fraction) {
+  const size_t at = text.find('@');
+  if (at == std::string::npos) return {text, fraction};
+  double f = -1;
+  try {
+    f = std::stod(text.substr(at + 1));
+  } catch (const std::exception&) {
+  }
+  MAMMOTH_CHECK(f >= 0 && f <= 1) << "[bench offload] --modes " << text
+                                  << ": the budget fraction after '@' must be in [0, 1]";
+  return {text.substr(0, at), f};
+}
 
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;
@@ -65,8 +86,9 @@ Options parse(const std::vector<std::string>& args) {
     if (name == "help") {
       std::printf(
           "mammoth bench offload [--model gpt2-tiny] [--steps 8] [--micro-batch 8] [--seq-len 64]\n"
-          "    [--modes none,host,nvme] [--budget-fraction 0.25] [--chunk-mb 0.5]\n"
-          "    [--nvme-dir DIR] [--threads 0] [--rounds 3] [--json FILE]\n");
+          "    [--modes none,host,nvme,all_nvme[@FRACTION]] [--budget-fraction 0.25]\n"
+          "    [--chunk-mb 0.5] [--nvme-dir DIR] [--io-size 256M] [--threads 0] [--rounds 3]\n"
+          "    [--json FILE]\n");
       std::exit(0);
     }
     if (const size_t eq = name.find('='); eq != std::string::npos) {
@@ -97,7 +119,10 @@ Options parse(const std::vector<std::string>& args) {
       o.seq_len = static_cast<int64_t>(number(1));
     } else if (name == "modes") {
       o.modes = split(value);
-      for (const std::string& m : o.modes) engine::offload::parse_mode(m);
+      for (const std::string& m : o.modes) {
+        const std::string name = mode_spec(m, 0).first;
+        if (name != "all_nvme") engine::offload::parse_mode(name);
+      }
     } else if (name == "budget-fraction") {
       o.budget_fraction = number(0);
       MAMMOTH_CHECK(o.budget_fraction > 0 && o.budget_fraction <= 1)
@@ -112,10 +137,13 @@ Options parse(const std::vector<std::string>& args) {
       o.rounds = static_cast<int>(number(1));
     } else if (name == "json") {
       o.json_path = value;
+    } else if (name == "io-size") {
+      o.io_size = value;
     } else {
-      MAMMOTH_THROW() << "[bench offload] unknown option --" << name
-                      << " (known: --model --steps --micro-batch --seq-len --modes "
-                         "--budget-fraction --chunk-mb --nvme-dir --threads --rounds --json)";
+      MAMMOTH_THROW()
+          << "[bench offload] unknown option --" << name
+          << " (known: --model --steps --micro-batch --seq-len --modes "
+             "--budget-fraction --chunk-mb --nvme-dir --io-size --threads --rounds --json)";
     }
   }
   return o;
@@ -168,6 +196,11 @@ RunResult run(const Options& o, const std::string& data_path, const std::string&
   r.step_s = times[times.size() / 2];
   if (off) {
     r.report = off->report();
+    const memory::chunks::TierStats& n = off->manager().stats(memory::chunks::Tier::kNvme);
+    r.nvme_bytes = n.bytes_in + n.bytes_out;
+    for (const memory::chunks::Tier t :
+         {memory::chunks::Tier::kDevice, memory::chunks::Tier::kHost})
+      r.nvme_stall_s += off->manager().stats(t).stall_s;
     off.reset();
   }
   return r;
@@ -201,15 +234,33 @@ int run_offload_bench(const std::vector<std::string>& args) {
 
   // Configuration 0 is the in-memory anchor, then one per offload mode.
   std::vector<engine::offload::OffloadOptions> configs(o.modes.size());
+  bool any_nvme = false;
   for (size_t i = 0; i < o.modes.size(); ++i) {
     engine::offload::OffloadOptions& oo = configs[i];
-    oo.mode = engine::offload::parse_mode(o.modes[i]);
+    const auto [mode, fraction] = mode_spec(o.modes[i], o.budget_fraction);
+    oo.mode = engine::offload::parse_mode(mode == "all_nvme" ? "nvme" : mode);
+    if (mode == "all_nvme") oo.params = engine::offload::Mode::kNvme;
+    any_nvme = any_nvme || oo.mode == engine::offload::Mode::kNvme;
     oo.chunk_bytes = static_cast<int64_t>(o.chunk_mb * 1048576.0);
     oo.nvme_dir = o.nvme_dir.empty() ? dir : o.nvme_dir;
     auto m = make_model(o);
     engine::offload::Offload sizing(m->named_parameters(), engine::offload::OffloadOptions{});
     oo.device_mem =
-        static_cast<int64_t>(static_cast<double>(sizing.model_state_bytes()) * o.budget_fraction);
+        static_cast<int64_t>(static_cast<double>(sizing.model_state_bytes()) * fraction);
+  }
+  // fio's sequential figures on the same directory, in this run (what paging is held to).
+  double fio_read = 0, fio_write = 0;
+  if (any_nvme) {
+    const std::string io_json = dir + "/io.json";
+    run_io_bench({"--dir", o.nvme_dir.empty() ? dir : o.nvme_dir, "--size", o.io_size, "--only",
+                  "seq_write,seq_read", "--json", io_json});
+    for (const json::Value& row : json::parse_file(io_json)) {
+      const std::string name = row.at("name").as_string();
+      const json::Value* fio = row.find("anchor");
+      if (fio == nullptr || !fio->is_number()) continue;  // fio missing: no figure
+      if (name.rfind("seq_read", 0) == 0) fio_read = fio->as_double();
+      if (name.rfind("seq_write", 0) == 0) fio_write = fio->as_double();
+    }
   }
   const size_t n = configs.size() + 1;
   std::vector<RunResult> best(n);
@@ -235,8 +286,9 @@ int run_offload_bench(const std::vector<std::string>& args) {
       "rounds per configuration (median step of each run)\n",
       o.model.c_str(), static_cast<long long>(o.micro_batch), static_cast<long long>(o.seq_len),
       static_cast<long long>(o.steps), num_threads(), o.rounds);
-  std::printf("%-14s %12s %12s %14s %14s %8s %10s\n", "name", "model state", "device-mem",
-              "offloaded s", "in-memory s", "ratio", "identical");
+  std::printf("%-24s %12s %12s %12s %12s %7s %10s %12s %8s %8s\n", "name", "model state",
+              "device-mem", "offloaded s", "in-memory s", "ratio", "identical", "NVMe MB/step",
+              "GB/s", "stall %");
   auto rounds_text = [&](size_t c) {
     std::string t;
     for (double v : per_round[c]) t += (t.empty() ? "" : " ") + std::to_string(v).substr(0, 6);
@@ -249,10 +301,16 @@ int run_offload_bench(const std::vector<std::string>& args) {
     const engine::offload::OffloadOptions& oo = configs[i];
     all_identical = all_identical && identical[i + 1];
     const double ratio = base.step_s / r.step_s;
-    std::printf("%-14s %12s %12s %14.4f %14.4f %8.2f %10s\n", ("offload_" + o.modes[i]).c_str(),
+    // NVMe traffic per step over the whole run (steps incl. the first), and its rate while the
+    // median step ran; the stall is the part of the step spent waiting for chunks.
+    const double per_step = static_cast<double>(r.nvme_bytes) / static_cast<double>(o.steps);
+    const double rate = per_step / r.step_s / 1e9;
+    const double stall = 100.0 * r.nvme_stall_s / (static_cast<double>(o.steps) * r.step_s);
+    std::printf("%-24s %12s %12s %12.4f %12.4f %7.2f %10s %12.1f %8.3f %8.1f\n",
+                ("offload_" + o.modes[i]).c_str(),
                 memory::chunks::short_bytes(r.state_bytes).c_str(),
                 memory::chunks::short_bytes(oo.device_mem).c_str(), r.step_s, base.step_s, ratio,
-                identical[i + 1] ? "yes" : "NO");
+                identical[i + 1] ? "yes" : "NO", per_step / 1e6, rate, stall);
     std::fprintf(stderr, "%s", r.report.c_str());
     json::Value v = json::Value::object();
     v.set("name", json::Value("offload_" + o.modes[i]));
@@ -266,6 +324,9 @@ int run_offload_bench(const std::vector<std::string>& args) {
     v.set("device_mem", json::Value(oo.device_mem));
     v.set("model_state", json::Value(r.state_bytes));
     v.set("identical", json::Value(static_cast<bool>(identical[i + 1])));
+    v.set("nvme_bytes_per_step", json::Value(per_step));
+    v.set("nvme_gb_per_s", json::Value(rate));
+    v.set("stall_percent", json::Value(stall));
     rows.push_back(v);
   }
   std::printf("s/step per round: in-memory %s", rounds_text(0).c_str());
@@ -273,6 +334,12 @@ int run_offload_bench(const std::vector<std::string>& args) {
     std::printf("; %s %s", o.modes[i].c_str(), rounds_text(i + 1).c_str());
   }
   std::printf("\n");
+  if (any_nvme) {
+    std::printf(
+        "fio on the same directory, this run: sequential read %.3f GB/s, write %.3f GB/s "
+        "(NVMe rates above are read + write per median step)\n",
+        fio_read, fio_write);
+  }
   if (!o.json_path.empty()) {
     std::ofstream file(o.json_path);
     file << json::dump(rows, 2) << "\n";

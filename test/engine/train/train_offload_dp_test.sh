@@ -78,21 +78,9 @@ bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" "${chunks[@]}" --offload nv
   --metrics "$work/resumed_dp2_nvme.jsonl"
 
 # Unsupported combinations name the flags.
-expect_error() {  # expect_error PATTERN command...
-  local pattern="$1"
-  shift
-  if "$@" >"$work/err.log" 2>&1; then
-    echo "expected a failure: $*" >&2
-    exit 1
-  fi
-  grep -q -- "$pattern" "$work/err.log" || {
-    cat "$work/err.log" >&2
-    echo "expected '$pattern' in the error" >&2
-    exit 1
-  }
-}
-expect_error "not with --tp 2" bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --tp 2 \
-  --offload host
+source "$(dirname "$0")/../../testing/expect_error.sh"
+expect_error "not with --sp 2" bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --sp 2 \
+  --sp-mode ulysses --offload host
 expect_error "auto needs the emulated device's size" "$mammoth" train "${common[@]}" \
   --device-mem auto
 expect_error "--zero 1 does not apply" bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" \
