@@ -9,7 +9,9 @@
 #include "base/error.h"
 #include "engine/offload/offload.h"
 #include "engine/optim/optim.h"
+#include "engine/train/device.h"
 #include "models/pipeline/pipeline.h"
+#include "models/policies/lora_tp.h"
 #include "models/policies/policy.h"
 #include "parallel/comm/mpi_communicator.h"
 #include "parallel/data_parallel.h"
@@ -25,17 +27,22 @@ namespace {
 // a replicated KV head is rows of the full projection), and one rank per distinct part writes.
 class PolicyShards final : public engine::train::ModelShardRuntime {
  public:
+  // With `lora`, what trains (and is checkpointed) is its adapters, not the frozen model.
   PolicyShards(const models::ShardedLanguageModel& sharded, const models::Model& full,
-               const parallel::DeviceMesh& mesh)
-      : sharded_(sharded), full_(full.named_parameters()), mesh_(mesh) {
-    for (const auto& [name, t] : sharded.named_parameters()) local_shape_[name] = t.shape();
+               const parallel::DeviceMesh& mesh, models::TpLora* lora)
+      : sharded_(sharded),
+        lora_(lora),
+        full_(lora ? lora->single_process_parameters() : full.named_parameters()),
+        mesh_(mesh) {
+    for (const auto& [name, t] : lora ? lora->parameters() : sharded.named_parameters())
+      local_shape_[name] = t.shape();
     for (const auto& [name, t] : full_) full_shape_[name] = t.shape();
   }
   std::vector<FlatRun> single_process_runs(const std::string& param, int64_t lo,
                                            int64_t hi) const override {
     const engine::Shape& local = shape_in(local_shape_, param);
     const int tp = mesh_.size(parallel::Axis::kTp), r = mesh_.coord(parallel::Axis::kTp);
-    const parallel::ShardSpec spec = sharded_.spec(param);
+    const parallel::ShardSpec spec = lora_ ? lora_->spec(param) : sharded_.spec(param);
     std::vector<FlatRun> runs;
     if (spec.sharded()) {
       for (const auto& run : parallel::shard_flat_runs(spec, local, r, tp, lo, hi)) {
@@ -44,7 +51,7 @@ class PolicyShards final : public engine::train::ModelShardRuntime {
       return runs;
     }
     int64_t offset = 0;
-    if (!sharded_.holds_full(param)) {
+    if (!lora_ && !sharded_.holds_full(param)) {
       // A replicated KV head: this rank holds head r / (tp / heads), rows of dim 0.
       const int64_t rows = local[0], heads = shape_in(full_shape_, param)[0] / rows;
       const int64_t head = r / (tp / heads);
@@ -54,7 +61,8 @@ class PolicyShards final : public engine::train::ModelShardRuntime {
     return runs;
   }
   bool writes(const std::string& param) const override {
-    return mesh_.coord(parallel::Axis::kSp) == 0 && sharded_.grad_owner(param);
+    return mesh_.coord(parallel::Axis::kSp) == 0 &&
+           (lora_ ? lora_->grad_owner(param) : sharded_.grad_owner(param));
   }
   const engine::nn::NamedTensors& single_process_parameters() const override { return full_; }
 
@@ -66,6 +74,7 @@ class PolicyShards final : public engine::train::ModelShardRuntime {
     return it->second;
   }
   const models::ShardedLanguageModel& sharded_;
+  models::TpLora* lora_;
   engine::nn::NamedTensors full_;
   const parallel::DeviceMesh& mesh_;
   std::map<std::string, engine::Shape> local_shape_, full_shape_;
@@ -76,6 +85,7 @@ class PolicyShards final : public engine::train::ModelShardRuntime {
 // What assemble() builds; each is null when the plan does not use it.
 struct TrainingRuntime::Parts {
   std::shared_ptr<models::ShardedLanguageModel> sharded;
+  std::unique_ptr<models::TpLora> tp_lora;  // LoRA's pieces on `sharded`
   std::unique_ptr<PolicyShards> policy_shards;
   std::unique_ptr<models::LanguageModelPipeline> pipeline;
   std::unique_ptr<parallel::DataParallel> dp;
@@ -114,13 +124,15 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
   plan::validate(plan_, {.model = &cfg});
   model_ = std::move(model);
   trained_ = model_.get();
-  // LoRA (o.trained_params: adapters beside a frozen model) trains under dp and ZeRO 0-2; the
-  // parallel forms that rebuild or move the model's parameters do not carry the adapters.
+  // LoRA (o.trained_params: adapters beside a frozen model) trains under dp, ZeRO and tp (its
+  // pieces on the sharded layers); sequence parallelism and the pipeline are not built for it.
   if (o.trained_params) {
     trained_params_ = o.trained_params;
-    MAMMOTH_CHECK(plan_.tp == 1 && plan_.sp == 1 && plan_.sp_mode == "none")
-        << "[train] LoRA (--lora-rank / --adapter) with tensor or sequence parallelism (--tp, "
-           "--sp, --sp-mode) is not supported; use --dp";
+    MAMMOTH_CHECK(plan_.sp == 1 && plan_.sp_mode == "none")
+        << "[train] LoRA (--lora-rank / --adapter) with sequence parallelism (--sp, --sp-mode) "
+           "is not supported; use --tp or --dp";
+    MAMMOTH_CHECK(plan_.tp == 1 || lora_ != nullptr)
+        << "[runtime] LoRA under tp needs the adapters (set_lora) before assemble()";
     MAMMOTH_CHECK(plan_.pp == 1) << "[train] LoRA with --pp is not supported; use --dp";
     MAMMOTH_CHECK(!plan_.offloaded())
         << "[train] LoRA with --offload is not supported (its optimizer states are small)";
@@ -138,13 +150,26 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
   if (plan_.tp * plan_.sp > 1 || sp_mode != models::SpMode::kNone) {
     p.sharded = models::apply_policy(*model_, *mesh_, {.sp_mode = sp_mode});
     trained_ = p.sharded.get();
-    p.policy_shards = std::make_unique<PolicyShards>(*p.sharded, *model_, *mesh_);
+    if (trained_params_) {
+      p.tp_lora = std::make_unique<models::TpLora>(*lora_, *p.sharded);
+      engine::train::move_to_device(p.tp_lora->parameters(), device_);
+      trained_params_ = &p.tp_lora->parameters();
+      o.trained_params = trained_params_;
+    }
+    p.policy_shards = std::make_unique<PolicyShards>(*p.sharded, *model_, *mesh_, p.tp_lora.get());
     o.model_shards = p.policy_shards.get();
     models::ShardedLanguageModel* sharded = p.sharded.get();
-    o.after_backward = [sharded] { sharded->sync_grads(); };
-    o.sync_grad = [sharded](const std::string& n, const engine::Tensor& t) {
-      sharded->sync_grad(n, t);
-    };
+    if (models::TpLora* lora = p.tp_lora.get()) {
+      o.after_backward = [lora] { lora->sync_grads(); };
+      o.sync_grad = [lora](const std::string& n, const engine::Tensor& t) {
+        lora->sync_grad(n, t);
+      };
+    } else {
+      o.after_backward = [sharded] { sharded->sync_grads(); };
+      o.sync_grad = [sharded](const std::string& n, const engine::Tensor& t) {
+        sharded->sync_grad(n, t);
+      };
+    }
   }
 
   // Pipeline parallelism: this rank runs its stages of the schedule over the step's
@@ -231,6 +256,7 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
     o.grad_norm = [parts, mesh] {
       const bool sp0 = mesh->coord(parallel::Axis::kSp) == 0;
       auto counts = [&](const std::string& name) {
+        if (parts->tp_lora) return sp0 && parts->tp_lora->grad_owner(name);
         return (!parts->sharded || (sp0 && parts->sharded->grad_owner(name))) &&
                (!parts->pipeline || parts->pipeline->counts_in_norm(name));
       };
@@ -239,8 +265,9 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
         sq = parts->dp->grad_sq_sum(counts);
       } else {
         engine::nn::NamedTensors counted;
-        for (const auto& [name, t] :
-             parts->pipeline ? parts->pipeline->parameters() : parts->sharded->named_parameters()) {
+        for (const auto& [name, t] : parts->pipeline  ? parts->pipeline->parameters()
+                                     : parts->tp_lora ? parts->tp_lora->parameters()
+                                                      : parts->sharded->named_parameters()) {
           if (counts(name)) counted.emplace_back(name, t);
         }
         sq = engine::optim::grad_sq_sum(counted);

@@ -641,6 +641,7 @@ int run_train(const std::vector<std::string>& args) {
   }
 
   // Everything the plan turns on (tp/sp shards, pipeline stages, dp/ZeRO, offload).
+  if (lora) rt.set_lora(*lora);
   rt.assemble(model, o);
   std::unique_ptr<profile::Session> profiling = make_profile_session(o, cfg, pl, mesh, device, rt);
   models::LanguageModel& trained = rt.trained();
