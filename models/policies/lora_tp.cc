@@ -15,6 +15,8 @@ TpLora::TpLora(const LoraAdapters& full, ShardedLanguageModel& sharded)
       << "[lora] --lora-dropout " << o.dropout
       << " with --tp is not supported (a row-parallel layer's input is split, so its dropout "
          "mask would differ from one process's); use --lora-dropout 0 or --dp";
+  // The sharded base is frozen as the model is: no gradient buffers, no optimizer states.
+  for (auto& [name, t] : sharded.named_parameters()) t.requires_grad_(false);
   std::map<std::string, std::shared_ptr<engine::nn::Module>> modules;
   for (auto& [name, m] : sharded.named_modules()) modules[name] = m;
   const int p = tp_.size(), r = tp_.rank();

@@ -31,9 +31,9 @@ namespace mammoth::models {
 class TpLora {
  public:
   // Hangs this rank's pieces of `full`'s adapters (wrapping the single-process model that
-  // `sharded` was built from) on `sharded`'s parallel layers. Throws naming the layer for a
-  // target the layout cannot split (a replicated GQA KV head copy) and for dropout > 0 (the
-  // mask of a split input would differ from one process's).
+  // `sharded` was built from) on `sharded`'s parallel layers and freezes `sharded`. Throws naming
+  // the layer for a target the layout cannot split (a replicated GQA KV head copy) and for dropout
+  // > 0 (the mask of a split input would differ from one process's).
   TpLora(const LoraAdapters& full, ShardedLanguageModel& sharded);
   TpLora(const TpLora&) = delete;
   TpLora& operator=(const TpLora&) = delete;

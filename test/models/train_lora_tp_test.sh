@@ -5,7 +5,7 @@
 # with A split like W's columns); its PEFT directory (written whole from the sharded checkpoint)
 # loads in HF peft with the logits of `mammoth eval --adapter` (lora_peft_check.py); a tp 2
 # LoRA checkpoint resumes on one process and continues the curve; --lora-dropout under --tp is
-# refused by name.
+# refused by name; dp 2 x tp 2 gives the same curve.
 #   train_lora_tp_test.sh PYTHON_SH CHECK_PY MAMMOTH LORA_LOGITS MPIRUN
 set -euo pipefail
 python_sh="$1"
@@ -28,7 +28,11 @@ for family in gpt2 llama; do
     --eval-every 0 --log-every 100 --threads 1)
   "$mammoth" train "${common[@]}" --save-dir "$d/single" --metrics "$d/single.jsonl"
   bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --tp 2 --save-dir "$d/run" \
-    --metrics "$d/tp2.jsonl" --save-every 3
+    --metrics "$d/tp2.jsonl" --save-every 3 2>&1 | tee "$d/tp2.log"
+  grep -q "the frozen base's tp shards" "$d/tp2.log"
+  # dp 2 x tp 2, ZeRO-1: the adapters' tp sums run in dp's gradient buckets.
+  bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --micro-batch 2 --dp 2 --tp 2 --zero 1 \
+    --bucket-mb 0.001 --metrics "$d/dp2_tp2.jsonl"
   # The tp 2 checkpoint of step 3, continued by one process.
   cp -r "$d/run" "$d/resume"
   echo step_00000003 >"$d/resume/latest"
@@ -48,6 +52,7 @@ runs = curves.Runs(d)
 runs.learns("single", steps=6, drop=0.004)  # 6 steps; LLaMA falls ~0.5%
 runs.matches("tp2", "single", tol=1e-6)
 runs.matches("resumed", "single", tol=1e-6, steps=[4, 5, 6])
+runs.matches("dp2_tp2", "single", tol=1e-6)  # dp averages two half-batches: not bitwise
 ref = load_file(f"{d}/single/adapter/adapter_model.safetensors")
 for run in ["run", "resume"]:
     got = load_file(f"{d}/{run}/adapter/adapter_model.safetensors")
