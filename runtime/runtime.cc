@@ -124,15 +124,12 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
   plan::validate(plan_, {.model = &cfg});
   model_ = std::move(model);
   trained_ = model_.get();
-  // LoRA (o.trained_params: adapters beside a frozen model) trains under dp, ZeRO and tp (its
-  // pieces on the sharded layers); sequence parallelism and the pipeline are not built for it.
+  // LoRA (o.trained_params: adapters beside a frozen model) trains under dp, ZeRO, tp and sp
+  // (its pieces on the sharded layers); the pipeline is not built for it.
   if (o.trained_params) {
     trained_params_ = o.trained_params;
-    MAMMOTH_CHECK(plan_.sp == 1 && plan_.sp_mode == "none")
-        << "[train] LoRA (--lora-rank / --adapter) with sequence parallelism (--sp, --sp-mode) "
-           "is not supported; use --tp or --dp";
-    MAMMOTH_CHECK(plan_.tp == 1 || lora_ != nullptr)
-        << "[runtime] LoRA under tp needs the adapters (set_lora) before assemble()";
+    MAMMOTH_CHECK((plan_.tp == 1 && plan_.sp == 1 && plan_.sp_mode == "none") || lora_ != nullptr)
+        << "[runtime] LoRA under tp/sp needs the adapters (set_lora) before assemble()";
     MAMMOTH_CHECK(plan_.pp == 1) << "[train] LoRA with --pp is not supported; use --dp";
     MAMMOTH_CHECK(!plan_.offloaded())
         << "[train] LoRA with --offload is not supported (its optimizer states are small)";

@@ -9,12 +9,13 @@ namespace mammoth::models {
 using engine::Tensor;
 
 TpLora::TpLora(const LoraAdapters& full, ShardedLanguageModel& sharded)
-    : tp_(sharded.mesh().group(parallel::Axis::kTp)) {
+    : tp_(sharded.mesh().group(parallel::Axis::kTp)),
+      sp_(sharded.mesh().group(parallel::Axis::kSp)) {
   const LoraOptions& o = full.options();
   MAMMOTH_CHECK(o.dropout == 0)
       << "[lora] --lora-dropout " << o.dropout
-      << " with --tp is not supported (a row-parallel layer's input is split, so its dropout "
-         "mask would differ from one process's); use --lora-dropout 0 or --dp";
+      << " with --tp / --sp is not supported (a split input's dropout mask would differ from "
+         "one process's); use --lora-dropout 0 or --dp";
   // The sharded base is frozen as the model is: no gradient buffers, no optimizer states.
   for (auto& [name, t] : sharded.named_parameters()) t.requires_grad_(false);
   std::map<std::string, std::shared_ptr<engine::nn::Module>> modules;
@@ -70,10 +71,18 @@ parallel::ShardSpec TpLora::spec(const std::string& name) const {
 }
 
 void TpLora::sync_grad(const std::string& name, const Tensor& t) const {
-  if (spec(name).sharded() || tp_.size() == 1) return;
-  const Tensor g = t.grad();
+  Tensor g = t.grad();
   if (!g.defined()) return;
-  t.set_grad(parallel::comm_ops::all_reduce(g, tp_));
+  bool changed = false;
+  if (!spec(name).sharded() && tp_.size() > 1) {
+    g = parallel::comm_ops::all_reduce(g, tp_);
+    changed = true;
+  }
+  if (sp_.size() > 1) {
+    g = parallel::comm_ops::all_reduce(g, sp_);
+    changed = true;
+  }
+  if (changed) t.set_grad(g);
 }
 
 void TpLora::sync_grads() const {

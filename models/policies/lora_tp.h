@@ -11,7 +11,10 @@
 // product before the all-reduce (or reduce-scatter), so the partial updates sum to B A x as the
 // partial products sum to W x. The replicated factor's gradient is then partial on every rank
 // (column: A's, summed over the output shards; row: B's, over the input shards): sync_grad sums
-// it over tp, so every rank's copy gets the same update and stays bitwise equal.
+// it over tp, so every rank's copy gets the same update and stays bitwise equal. Sequence
+// parallelism needs nothing more under split_gather (a column layer's input is the gathered
+// sequence, a row layer's partial is reduce-scattered with the base's); under ulysses / ring
+// each sp rank sees part of the sequence, so every factor's gradient is also summed over sp.
 //
 // The parameters keep the single-process names ("h.0.attn.c_attn.lora_A.weight"); spec() says
 // how each is split, for checkpoints (written as the whole single-process tensors) and gathers.
@@ -31,9 +34,9 @@ namespace mammoth::models {
 class TpLora {
  public:
   // Hangs this rank's pieces of `full`'s adapters (wrapping the single-process model that
-  // `sharded` was built from) on `sharded`'s parallel layers and freezes `sharded`. Throws naming
-  // the layer for a target the layout cannot split (a replicated GQA KV head copy) and for dropout
-  // > 0 (the mask of a split input would differ from one process's).
+  // `sharded` was built from) on `sharded`'s parallel layers and freezes `sharded`. Throws
+  // naming the layer for a target the layout cannot split (a replicated GQA KV head copy), and
+  // for dropout > 0 (the mask of a split input or sequence would differ from one process's).
   TpLora(const LoraAdapters& full, ShardedLanguageModel& sharded);
   TpLora(const TpLora&) = delete;
   TpLora& operator=(const TpLora&) = delete;
@@ -44,8 +47,9 @@ class TpLora {
   const engine::nn::NamedTensors& single_process_parameters() const { return whole_; }
   bool has(const std::string& name) const { return specs_.count(name) > 0; }
   parallel::ShardSpec spec(const std::string& name) const;
-  // Sums a replicated factor's gradient over tp (a split one is left as it is). Collective
-  // over tp: every rank calls it for the same names in the same order.
+  // Sums a replicated factor's gradient over tp (a split one is left as it is), and every
+  // factor's over sp. Collective over tp and sp: every rank calls it for the same names in the
+  // same order.
   void sync_grad(const std::string& name, const engine::Tensor& t) const;
   void sync_grads() const;
   // Whether this tp rank counts `name`'s gradient in a global norm: split factors on every
@@ -56,6 +60,7 @@ class TpLora {
 
  private:
   parallel::Communicator& tp_;
+  parallel::Communicator& sp_;
   std::vector<std::shared_ptr<LoraLinear>> loras_;
   engine::nn::NamedTensors local_, whole_;
   std::map<std::string, parallel::ShardSpec> specs_;  // dim < 0: replicated

@@ -5,7 +5,7 @@
 # with A split like W's columns); its PEFT directory (written whole from the sharded checkpoint)
 # loads in HF peft with the logits of `mammoth eval --adapter` (lora_peft_check.py); a tp 2
 # LoRA checkpoint resumes on one process and continues the curve; --lora-dropout under --tp is
-# refused by name; dp 2 x tp 2 gives the same curve.
+# refused by name; split_gather, Ulysses, ring (sp 2) and dp 2 x tp 2 give the same curve.
 #   train_lora_tp_test.sh PYTHON_SH CHECK_PY MAMMOTH LORA_LOGITS MPIRUN
 set -euo pipefail
 python_sh="$1"
@@ -30,6 +30,13 @@ for family in gpt2 llama; do
   bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --tp 2 --save-dir "$d/run" \
     --metrics "$d/tp2.jsonl" --save-every 3 2>&1 | tee "$d/tp2.log"
   grep -q "the frozen base's tp shards" "$d/tp2.log"
+  # Sequence parallelism: Megatron SP on the tp group, Ulysses and ring attention on sp.
+  bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --tp 2 --sp-mode split_gather \
+    --metrics "$d/tp2_split_gather.jsonl"
+  for mode in ulysses ring; do
+    bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --sp 2 --sp-mode $mode \
+      --metrics "$d/sp2_$mode.jsonl"
+  done
   # dp 2 x tp 2, ZeRO-1: the adapters' tp sums run in dp's gradient buckets.
   bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --micro-batch 2 --dp 2 --tp 2 --zero 1 \
     --bucket-mb 0.001 --metrics "$d/dp2_tp2.jsonl"
@@ -52,6 +59,8 @@ runs = curves.Runs(d)
 runs.learns("single", steps=6, drop=0.004)  # 6 steps; LLaMA falls ~0.5%
 runs.matches("tp2", "single", tol=1e-6)
 runs.matches("resumed", "single", tol=1e-6, steps=[4, 5, 6])
+for run in ["tp2_split_gather", "sp2_ulysses", "sp2_ring"]:
+    runs.matches(run, "single", tol=1e-6)
 runs.matches("dp2_tp2", "single", tol=1e-6)  # dp averages two half-batches: not bitwise
 ref = load_file(f"{d}/single/adapter/adapter_model.safetensors")
 for run in ["run", "resume"]:
@@ -71,5 +80,5 @@ if bash "$mpirun" -np 2 "$mammoth" train --model "$d/base" --data "$d/data.bin" 
   echo "--lora-dropout with --tp was accepted"
   exit 1
 fi
-grep -qF -- "--lora-dropout 0.1 with --tp is not supported" "$work/err" || { cat "$work/err"; exit 1; }
+grep -qF -- "--lora-dropout 0.1 with --tp / --sp is not supported" "$work/err" || { cat "$work/err"; exit 1; }
 echo "train_lora_tp_test passed"
