@@ -88,6 +88,7 @@ struct TrainingRuntime::Parts {
   std::unique_ptr<models::TpLora> tp_lora;  // LoRA's pieces on `sharded`
   std::unique_ptr<PolicyShards> policy_shards;
   std::unique_ptr<models::LanguageModelPipeline> pipeline;
+  engine::nn::NamedTensors stage_lora;  // LoRA under pp: this rank's stages' adapters
   std::unique_ptr<parallel::DataParallel> dp;
   std::unique_ptr<parallel::OffloadGroup> offload_group;
   std::unique_ptr<engine::offload::Offload> offload;
@@ -125,12 +126,11 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
   model_ = std::move(model);
   trained_ = model_.get();
   // LoRA (o.trained_params: adapters beside a frozen model) trains under dp, ZeRO, tp and sp
-  // (its pieces on the sharded layers); the pipeline is not built for it.
+  // (its pieces on the sharded layers) and pp (each stage its layers' adapters).
   if (o.trained_params) {
     trained_params_ = o.trained_params;
     MAMMOTH_CHECK((plan_.tp == 1 && plan_.sp == 1 && plan_.sp_mode == "none") || lora_ != nullptr)
         << "[runtime] LoRA under tp/sp needs the adapters (set_lora) before assemble()";
-    MAMMOTH_CHECK(plan_.pp == 1) << "[train] LoRA with --pp is not supported; use --dp";
     MAMMOTH_CHECK(!plan_.offloaded())
         << "[train] LoRA with --offload is not supported (its optimizer states are small)";
   }
@@ -206,6 +206,26 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
       return pipeline->step(batches, scale);
     };
     o.optimizer_params = &p.pipeline->parameters();
+    if (trained_params_) {
+      // The adapters of this rank's stages' layers (the pipeline's rule for its parameters).
+      const int rank = mesh_->coord(parallel::Axis::kPp);
+      for (const auto& [name, t] : *trained_params_) {
+        const models::LanguageModel::PipelinePart part = staged->pipeline_part(name);
+        for (int c = 0; c < schedule.virtual_stages; ++c) {
+          const size_t s = static_cast<size_t>(schedule.virtual_stage(rank, c));
+          const bool head = static_cast<int>(s) == schedule.num_virtual_stages() - 1;
+          if ((part.embed && s == 0) || (part.head && head) ||
+              (part.block >= plan_.stage_cut[s] && part.block < plan_.stage_cut[s + 1])) {
+            p.stage_lora.emplace_back(name, t);
+            break;
+          }
+        }
+      }
+      MAMMOTH_CHECK(!p.stage_lora.empty())
+          << "[train] LoRA with --pp: no --lora-targets layer is on pipeline stage " << rank
+          << "; target layers of every block";
+      o.optimizer_params = &p.stage_lora;
+    }
     if (o.eval_every > 0 && lead()) {
       std::fprintf(stderr,
                    "[train] --pp: periodic evaluation is off (stages hold only their "
@@ -234,7 +254,7 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
   if (mesh_ && plan_.dp > 1 && !plan_.offloaded()) {
     // Under pp each stage's replicas reduce their stage's parameters.
     p.dp = std::make_unique<parallel::DataParallel>(
-        p.pipeline        ? p.pipeline->parameters()
+        p.pipeline        ? *o.optimizer_params
         : trained_params_ ? *trained_params_
                           : trained_->named_parameters(),
         mesh_->group(parallel::Axis::kDp),
@@ -253,7 +273,10 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
     o.grad_norm = [parts, mesh] {
       const bool sp0 = mesh->coord(parallel::Axis::kSp) == 0;
       auto counts = [&](const std::string& name) {
-        if (parts->tp_lora) return sp0 && parts->tp_lora->grad_owner(name);
+        if (parts->tp_lora) {
+          return sp0 && parts->tp_lora->grad_owner(name) &&
+                 (!parts->pipeline || parts->pipeline->counts_in_norm(name));
+        }
         return (!parts->sharded || (sp0 && parts->sharded->grad_owner(name))) &&
                (!parts->pipeline || parts->pipeline->counts_in_norm(name));
       };
@@ -262,9 +285,11 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
         sq = parts->dp->grad_sq_sum(counts);
       } else {
         engine::nn::NamedTensors counted;
-        for (const auto& [name, t] : parts->pipeline  ? parts->pipeline->parameters()
-                                     : parts->tp_lora ? parts->tp_lora->parameters()
-                                                      : parts->sharded->named_parameters()) {
+        for (const auto& [name, t] :
+             parts->pipeline
+                 ? (parts->stage_lora.empty() ? parts->pipeline->parameters() : parts->stage_lora)
+             : parts->tp_lora ? parts->tp_lora->parameters()
+                              : parts->sharded->named_parameters()) {
           if (counts(name)) counted.emplace_back(name, t);
         }
         sq = engine::optim::grad_sq_sum(counted);
@@ -382,7 +407,9 @@ TrainingRuntime::Memory TrainingRuntime::memory() const {
   }
   int64_t n = 0;
   if (p.pipeline || trained_params_) {
-    for (const auto& [name, t] : p.pipeline ? p.pipeline->parameters() : *trained_params_)
+    for (const auto& [name, t] :
+         p.pipeline ? (p.stage_lora.empty() ? p.pipeline->parameters() : p.stage_lora)
+                    : *trained_params_)
       n += t.numel();
   } else {
     n = trained_ ? trained_->num_parameters() : classifier_->num_parameters();

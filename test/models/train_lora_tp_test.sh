@@ -5,7 +5,8 @@
 # with A split like W's columns); its PEFT directory (written whole from the sharded checkpoint)
 # loads in HF peft with the logits of `mammoth eval --adapter` (lora_peft_check.py); a tp 2
 # LoRA checkpoint resumes on one process and continues the curve; --lora-dropout under --tp is
-# refused by name; split_gather, Ulysses, ring (sp 2) and dp 2 x tp 2 give the same curve.
+# refused by name; split_gather, Ulysses, ring (sp 2), pp 2, pp 2 x tp 2 and dp 2 x tp 2 give
+# the same curve (and the pipeline runs the same adapter directory).
 #   train_lora_tp_test.sh PYTHON_SH CHECK_PY MAMMOTH LORA_LOGITS MPIRUN
 set -euo pipefail
 python_sh="$1"
@@ -37,6 +38,11 @@ for family in gpt2 llama; do
     bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --sp 2 --sp-mode $mode \
       --metrics "$d/sp2_$mode.jsonl"
   done
+  # Pipeline: each stage trains (and checkpoints) its layers' adapters; also pp 2 x tp 2.
+  bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --pp 2 --save-dir "$d/pp2" \
+    --metrics "$d/pp2.jsonl"
+  bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --pp 2 --tp 2 --save-dir "$d/pp2_tp2" \
+    --metrics "$d/pp2_tp2.jsonl"
   # dp 2 x tp 2, ZeRO-1: the adapters' tp sums run in dp's gradient buckets.
   bash "$mpirun" -np 4 "$mammoth" train "${common[@]}" --micro-batch 2 --dp 2 --tp 2 --zero 1 \
     --bucket-mb 0.001 --metrics "$d/dp2_tp2.jsonl"
@@ -59,11 +65,11 @@ runs = curves.Runs(d)
 runs.learns("single", steps=6, drop=0.004)  # 6 steps; LLaMA falls ~0.5%
 runs.matches("tp2", "single", tol=1e-6)
 runs.matches("resumed", "single", tol=1e-6, steps=[4, 5, 6])
-for run in ["tp2_split_gather", "sp2_ulysses", "sp2_ring"]:
+for run in ["tp2_split_gather", "sp2_ulysses", "sp2_ring", "pp2", "pp2_tp2"]:
     runs.matches(run, "single", tol=1e-6)
 runs.matches("dp2_tp2", "single", tol=1e-6)  # dp averages two half-batches: not bitwise
 ref = load_file(f"{d}/single/adapter/adapter_model.safetensors")
-for run in ["run", "resume"]:
+for run in ["run", "resume", "pp2", "pp2_tp2"]:
     got = load_file(f"{d}/{run}/adapter/adapter_model.safetensors")
     assert sorted(got) == sorted(ref), (run, sorted(got), sorted(ref))
     for k, t in ref.items():
