@@ -9,9 +9,11 @@
 #include "base/error.h"
 #include "engine/offload/offload.h"
 #include "engine/optim/optim.h"
+#include "engine/train/device.h"
 #include "memory/allocator.h"
 #include "models/mixtral/mixtral.h"
 #include "models/pipeline/pipeline.h"
+#include "models/policies/lora_tp.h"
 #include "models/policies/policy.h"
 #include "parallel/comm/mpi_communicator.h"
 #include "parallel/data_parallel.h"
@@ -28,17 +30,22 @@ namespace {
 // a replicated KV head is rows of the full projection), and one rank per distinct part writes.
 class PolicyShards final : public engine::train::ModelShardRuntime {
  public:
+  // With `lora`, what trains (and is checkpointed) is its adapters, not the frozen model.
   PolicyShards(const models::ShardedLanguageModel& sharded, const models::Model& full,
-               const parallel::DeviceMesh& mesh)
-      : sharded_(sharded), full_(full.named_parameters()), mesh_(mesh) {
-    for (const auto& [name, t] : sharded.named_parameters()) local_shape_[name] = t.shape();
+               const parallel::DeviceMesh& mesh, models::TpLora* lora)
+      : sharded_(sharded),
+        lora_(lora),
+        full_(lora ? lora->single_process_parameters() : full.named_parameters()),
+        mesh_(mesh) {
+    for (const auto& [name, t] : lora ? lora->parameters() : sharded.named_parameters())
+      local_shape_[name] = t.shape();
     for (const auto& [name, t] : full_) full_shape_[name] = t.shape();
   }
   std::vector<FlatRun> single_process_runs(const std::string& param, int64_t lo,
                                            int64_t hi) const override {
     const engine::Shape& local = shape_in(local_shape_, param);
     const int tp = mesh_.size(parallel::Axis::kTp), r = mesh_.coord(parallel::Axis::kTp);
-    const parallel::ShardSpec spec = sharded_.spec(param);
+    const parallel::ShardSpec spec = lora_ ? lora_->spec(param) : sharded_.spec(param);
     std::vector<FlatRun> runs;
     if (spec.sharded()) {
       for (const auto& run : parallel::shard_flat_runs(spec, local, r, tp, lo, hi)) {
@@ -47,7 +54,7 @@ class PolicyShards final : public engine::train::ModelShardRuntime {
       return runs;
     }
     int64_t offset = 0;
-    if (!sharded_.holds_full(param)) {
+    if (!lora_ && !sharded_.holds_full(param)) {
       // A replicated KV head: this rank holds head r / (tp / heads), rows of dim 0.
       const int64_t rows = local[0], heads = shape_in(full_shape_, param)[0] / rows;
       const int64_t head = r / (tp / heads);
@@ -57,7 +64,8 @@ class PolicyShards final : public engine::train::ModelShardRuntime {
     return runs;
   }
   bool writes(const std::string& param) const override {
-    return mesh_.coord(parallel::Axis::kSp) == 0 && sharded_.grad_owner(param);
+    return mesh_.coord(parallel::Axis::kSp) == 0 &&
+           (lora_ ? lora_->grad_owner(param) : sharded_.grad_owner(param));
   }
   const engine::nn::NamedTensors& single_process_parameters() const override { return full_; }
 
@@ -69,6 +77,7 @@ class PolicyShards final : public engine::train::ModelShardRuntime {
     return it->second;
   }
   const models::ShardedLanguageModel& sharded_;
+  models::TpLora* lora_;
   engine::nn::NamedTensors full_;
   const parallel::DeviceMesh& mesh_;
   std::map<std::string, engine::Shape> local_shape_, full_shape_;
@@ -79,8 +88,10 @@ class PolicyShards final : public engine::train::ModelShardRuntime {
 // What assemble() builds; each is null when the plan does not use it.
 struct TrainingRuntime::Parts {
   std::shared_ptr<models::ShardedLanguageModel> sharded;
+  std::unique_ptr<models::TpLora> tp_lora;  // LoRA's pieces on `sharded`
   std::unique_ptr<PolicyShards> policy_shards;
   std::unique_ptr<models::LanguageModelPipeline> pipeline;
+  engine::nn::NamedTensors stage_lora;  // LoRA under pp: this rank's stages' adapters
   std::unique_ptr<parallel::DataParallel> dp;
   // Expert parallelism: the expert group and the expert-data-parallel group (split from dp),
   // and the runtime that reduces over both.
@@ -121,14 +132,12 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
   plan::validate(plan_, {.model = &cfg});
   model_ = std::move(model);
   trained_ = model_.get();
-  // LoRA (o.trained_params: adapters beside a frozen model) trains under dp and ZeRO 0-2; the
-  // parallel forms that rebuild or move the model's parameters do not carry the adapters.
+  // LoRA (o.trained_params: adapters beside a frozen model) trains under dp, ZeRO, tp and sp
+  // (its pieces on the sharded layers) and pp (each stage its layers' adapters).
   if (o.trained_params) {
     trained_params_ = o.trained_params;
-    MAMMOTH_CHECK(plan_.tp == 1 && plan_.sp == 1 && plan_.sp_mode == "none")
-        << "[train] LoRA (--lora-rank / --adapter) with tensor or sequence parallelism (--tp, "
-           "--sp, --sp-mode) is not supported; use --dp";
-    MAMMOTH_CHECK(plan_.pp == 1) << "[train] LoRA with --pp is not supported; use --dp";
+    MAMMOTH_CHECK((plan_.tp == 1 && plan_.sp == 1 && plan_.sp_mode == "none") || lora_ != nullptr)
+        << "[runtime] LoRA under tp/sp needs the adapters (set_lora) before assemble()";
     MAMMOTH_CHECK(!plan_.offloaded())
         << "[train] LoRA with --offload is not supported (its optimizer states are small)";
   }
@@ -145,13 +154,26 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
   if (plan_.tp * plan_.sp > 1 || sp_mode != models::SpMode::kNone) {
     p.sharded = models::apply_policy(*model_, *mesh_, {.sp_mode = sp_mode});
     trained_ = p.sharded.get();
-    p.policy_shards = std::make_unique<PolicyShards>(*p.sharded, *model_, *mesh_);
+    if (trained_params_) {
+      p.tp_lora = std::make_unique<models::TpLora>(*lora_, *p.sharded);
+      engine::train::move_to_device(p.tp_lora->parameters(), device_);
+      trained_params_ = &p.tp_lora->parameters();
+      o.trained_params = trained_params_;
+    }
+    p.policy_shards = std::make_unique<PolicyShards>(*p.sharded, *model_, *mesh_, p.tp_lora.get());
     o.model_shards = p.policy_shards.get();
     models::ShardedLanguageModel* sharded = p.sharded.get();
-    o.after_backward = [sharded] { sharded->sync_grads(); };
-    o.sync_grad = [sharded](const std::string& n, const engine::Tensor& t) {
-      sharded->sync_grad(n, t);
-    };
+    if (models::TpLora* lora = p.tp_lora.get()) {
+      o.after_backward = [lora] { lora->sync_grads(); };
+      o.sync_grad = [lora](const std::string& n, const engine::Tensor& t) {
+        lora->sync_grad(n, t);
+      };
+    } else {
+      o.after_backward = [sharded] { sharded->sync_grads(); };
+      o.sync_grad = [sharded](const std::string& n, const engine::Tensor& t) {
+        sharded->sync_grad(n, t);
+      };
+    }
   }
 
   // Pipeline parallelism: this rank runs its stages of the schedule over the step's
@@ -191,6 +213,26 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
       return pipeline->step(batches, scale);
     };
     o.optimizer_params = &p.pipeline->parameters();
+    if (trained_params_) {
+      // The adapters of this rank's stages' layers (the pipeline's rule for its parameters).
+      const int rank = mesh_->coord(parallel::Axis::kPp);
+      for (const auto& [name, t] : *trained_params_) {
+        const models::LanguageModel::PipelinePart part = staged->pipeline_part(name);
+        for (int c = 0; c < schedule.virtual_stages; ++c) {
+          const size_t s = static_cast<size_t>(schedule.virtual_stage(rank, c));
+          const bool head = static_cast<int>(s) == schedule.num_virtual_stages() - 1;
+          if ((part.embed && s == 0) || (part.head && head) ||
+              (part.block >= plan_.stage_cut[s] && part.block < plan_.stage_cut[s + 1])) {
+            p.stage_lora.emplace_back(name, t);
+            break;
+          }
+        }
+      }
+      MAMMOTH_CHECK(!p.stage_lora.empty())
+          << "[train] LoRA with --pp: no --lora-targets layer is on pipeline stage " << rank
+          << "; target layers of every block";
+      o.optimizer_params = &p.stage_lora;
+    }
     if (o.eval_every > 0 && lead()) {
       std::fprintf(stderr,
                    "[train] --pp: periodic evaluation is off (stages hold only their "
@@ -262,7 +304,7 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
   } else if (mesh_ && plan_.dp > 1 && !chunked) {
     // Under pp each stage's replicas reduce their stage's parameters.
     p.dp = std::make_unique<parallel::DataParallel>(
-        p.pipeline        ? p.pipeline->parameters()
+        p.pipeline        ? *o.optimizer_params
         : trained_params_ ? *trained_params_
                           : trained_->named_parameters(),
         mesh_->group(parallel::Axis::kDp),
@@ -294,6 +336,10 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
     o.grad_norm = [parts, mesh] {
       const bool sp0 = mesh->coord(parallel::Axis::kSp) == 0;
       auto counts = [&](const std::string& name) {
+        if (parts->tp_lora) {
+          return sp0 && parts->tp_lora->grad_owner(name) &&
+                 (!parts->pipeline || parts->pipeline->counts_in_norm(name));
+        }
         return (!parts->sharded || (sp0 && parts->sharded->grad_owner(name))) &&
                (!parts->pipeline || parts->pipeline->counts_in_norm(name));
       };
@@ -303,7 +349,10 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
       } else {
         engine::nn::NamedTensors counted;
         for (const auto& [name, t] :
-             parts->pipeline ? parts->pipeline->parameters() : parts->sharded->named_parameters()) {
+             parts->pipeline
+                 ? (parts->stage_lora.empty() ? parts->pipeline->parameters() : parts->stage_lora)
+             : parts->tp_lora ? parts->tp_lora->parameters()
+                              : parts->sharded->named_parameters()) {
           if (counts(name)) counted.emplace_back(name, t);
         }
         sq = engine::optim::grad_sq_sum(counted);
@@ -436,7 +485,9 @@ TrainingRuntime::Memory TrainingRuntime::memory() const {
   }
   int64_t n = 0;
   if (p.pipeline || trained_params_) {
-    for (const auto& [name, t] : p.pipeline ? p.pipeline->parameters() : *trained_params_)
+    for (const auto& [name, t] :
+         p.pipeline ? (p.stage_lora.empty() ? p.pipeline->parameters() : p.stage_lora)
+                    : *trained_params_)
       n += t.numel();
   } else {
     n = trained_ ? trained_->num_parameters() : classifier_->num_parameters();

@@ -16,6 +16,7 @@
 
 #include "base/device.h"
 #include "engine/train/trainer.h"
+#include "models/lora.h"
 #include "models/model.h"
 #include "parallel/mesh.h"
 #include "plan/parallel_plan.h"
@@ -45,6 +46,11 @@ class TrainingRuntime {
   // world_size / world_barrier, writes_parameter, layout. Prints the pipeline stages and the
   // offload report on rank 0. Call once; `model` is kept alive by the runtime.
   void assemble(std::shared_ptr<models::LanguageModel> model, engine::train::TrainOptions& options);
+
+  // LoRA: `adapters` (their parameters in options.trained_params) train beside the frozen
+  // model. Under tp, assemble() hangs their pieces on the sharded layers (models/policies/
+  // lora_tp.h) and trains those instead. Call before assemble(); kept by reference.
+  void set_lora(const models::LoraAdapters& adapters) { lora_ = &adapters; }
 
   // A classifier (ViT, BERT's sequence-classification head) instead of a language model: it
   // trains whole (options.trained_params: the part of it that trains; null: all), under dp
@@ -79,6 +85,7 @@ class TrainingRuntime {
   std::shared_ptr<models::Model> classifier_;  // assemble_classifier's model
   models::LanguageModel* trained_ = nullptr;
   const engine::nn::NamedTensors* trained_params_ = nullptr;  // LoRA's adapters; null: trained_'s
+  const models::LoraAdapters* lora_ = nullptr;
   std::unique_ptr<Parts> parts_;
 };
 

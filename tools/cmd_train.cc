@@ -651,6 +651,7 @@ int run_train(const std::vector<std::string>& args) {
   }
 
   // Everything the plan turns on (tp/sp shards, pipeline stages, dp/ZeRO, offload).
+  if (lora) rt.set_lora(*lora);
   rt.assemble(model, o);
   std::unique_ptr<profile::Session> profiling = make_profile_session(o, cfg, pl, mesh, device, rt);
   models::LanguageModel& trained = rt.trained();
@@ -671,17 +672,18 @@ int run_train(const std::vector<std::string>& args) {
     // pipeline stages, divided further by ZeRO.
     const int64_t elem = static_cast<int64_t>(dtype_size(cfg.dtype));
     const runtime::TrainingRuntime::Memory m = rt.memory();
-    // LoRA: the runtime holds the adapters (sharded by ZeRO); the frozen model sits whole on
-    // every rank beside them.
-    const double frozen = lora ? static_cast<double>(model->num_parameters() * elem) : 0.0;
+    // LoRA: the runtime holds the adapters (sharded by ZeRO); the frozen model sits beside
+    // them, whole on every rank or (tp) as this rank's shards.
+    const double frozen = lora ? static_cast<double>(trained.num_parameters() * elem) : 0.0;
     const double whole = static_cast<double>((model->num_parameters() + trainable) * elem);
     const double params = static_cast<double>(m.params) + frozen;
-    std::fprintf(stderr,
-                 "[train] per rank: parameters %.1f MiB (%.1f%% of the model's %.1f MiB%s), "
-                 "gradients %.1f MiB, optimizer states %.1f MiB (%s)\n",
-                 params / 1048576.0, 100.0 * params / whole, whole / 1048576.0,
-                 lora ? ", the frozen base whole" : "", m.grads / 1048576.0,
-                 m.optimizer / 1048576.0, m.how.c_str());
+    std::fprintf(
+        stderr,
+        "[train] per rank: parameters %.1f MiB (%.1f%% of the model's %.1f MiB%s), "
+        "gradients %.1f MiB, optimizer states %.1f MiB (%s)\n",
+        params / 1048576.0, 100.0 * params / whole, whole / 1048576.0,
+        lora ? (pl.tp > 1 ? ", the frozen base's tp shards" : ", the frozen base whole") : "",
+        m.grads / 1048576.0, m.optimizer / 1048576.0, m.how.c_str());
   }
   // The planner's predictions for the plan being run, recorded beside what the run measures:
   // every rank's peak memory (plan/memory_model.h, for its pipeline stage) against the

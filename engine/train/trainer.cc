@@ -590,9 +590,10 @@ void TrainLoop::save(int64_t at_step) {
       ShardedLayout layout;
       layout.world = o_.world_size;
       layout.layout = o_.layout.is_object() ? o_.layout : json::Value::object();
-      const nn::NamedTensors whole = o_.trained_params ? *o_.trained_params
-                                     : shards_         ? shards_->single_process_parameters()
-                                                       : model_.named_parameters();
+      // (Under tp the model shards map LoRA's pieces too: their single-process tensors first.)
+      const nn::NamedTensors whole = shards_             ? shards_->single_process_parameters()
+                                     : o_.trained_params ? *o_.trained_params
+                                                         : model_.named_parameters();
       layout.tensors = whole;
       for (const std::string& suffix : state_suffixes_) {
         for (const auto& [name, p] : whole) layout.tensors.emplace_back(name + "." + suffix, p);

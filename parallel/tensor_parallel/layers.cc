@@ -123,6 +123,7 @@ Tensor ColumnParallelLinear::forward(const Tensor& x) const {
   Tensor xp =
       options_.sequence_parallel ? all_gather_from_group(x, group_, 1) : copy_to_group(x, group_);
   Tensor y = engine::linear(xp, weight, bias);
+  if (delta) y = y + delta->forward(xp, training_);
   return options_.gather_output ? gather_from_group(y, group_, -1) : y;
 }
 
@@ -150,6 +151,7 @@ RowParallelLinear::RowParallelLinear(int64_t in, int64_t out, bool with_bias, DT
 Tensor RowParallelLinear::forward(const Tensor& x) const {
   Tensor xp = options_.input_is_parallel ? x : scatter_to_group(x, group_, -1);
   Tensor partial = engine::linear(xp, weight);
+  if (delta) partial = partial + delta->forward(xp, training_);
   Tensor y = options_.sequence_parallel ? reduce_scatter_to_group(partial, group_, 1)
                                         : reduce_from_group(partial, group_);
   return bias.defined() ? y + bias : y;

@@ -69,6 +69,8 @@ class ColumnParallelLinear : public engine::nn::Module {
   void load_from(const engine::nn::Linear& full);
   ShardSpec weight_spec() const { return spec_; }
   engine::Tensor weight, bias;  // [out/p, in], [out/p]
+  // Added to this rank's output [.., out/p] from the (gathered) input (LoRA's B split like W).
+  std::shared_ptr<const engine::nn::LinearDelta> delta;
 
  private:
   Communicator& group_;
@@ -93,6 +95,9 @@ class RowParallelLinear : public engine::nn::Module {
   void load_from(const engine::nn::Linear& full);
   ShardSpec weight_spec() const { return spec_; }
   engine::Tensor weight, bias;  // [out, in/p], [out]
+  // Added to this rank's partial product [.., out] from its input shard [.., in/p], before the
+  // reduction (LoRA's A split like W: the partial updates sum to the whole one).
+  std::shared_ptr<const engine::nn::LinearDelta> delta;
 
  private:
   Communicator& group_;

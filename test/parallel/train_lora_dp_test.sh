@@ -2,7 +2,7 @@
 # LoRA under data parallelism: `mammoth train --lora-*` on 2 ranks (ZeRO 0-3) gives the loss
 # curve and the adapter of one process; a LoRA checkpoint written by 2 ranks (sharded) resumes
 # on 1 and continues the curve; a ZeRO-3 run (no rank holds the adapters whole) writes its
-# adapter directory from its checkpoint; tensor parallelism with LoRA is refused by name.
+# adapter directory from its checkpoint; offload with LoRA is refused by name.
 set -euo pipefail
 mammoth="$1"
 mpirun="$2"
@@ -25,7 +25,7 @@ echo step_00000003 >"$work/ckpt/latest"
 "$mammoth" train "${common[@]}" --micro-batch 4 --save-dir "$work/ckpt" --resume \
   --metrics "$work/resumed.jsonl"
 
-for refused in "--tp 2"; do
+for refused in "--offload host"; do
   # shellcheck disable=SC2086
   if bash "$mpirun" -np 2 "$mammoth" train "${common[@]}" --steps 1 --micro-batch 2 $refused \
     2>"$work/err"; then
