@@ -24,7 +24,8 @@
 #                              the last checkpoint is step 2
 #   stall, stop                non-zero at the peer's deadline; `mammoth flight` names the rank
 #                              that fell behind and the operation and group its peer waits in
-#                              for it; the last checkpoint is step 2 (a lead stopped in the
+#                              for it (at forward, the layout's own: dp's all_reduce, tp's,
+#                              pp's send/recv, ZeRO-3's all_gather); the last checkpoint is step 2 (a lead stopped in the
 #                              checkpoint phase may commit step 4, whose shards all exist,
 #                              when mpirun's SIGCONT resumes it before its SIGKILL)
 #   term                       every rank saves and stops at the fault's step (exit 130); that
@@ -126,6 +127,15 @@ cell() {
         # What the rank that waited was in: the operation it could not finish, on which group,
         # for the stalled rank.
         local g="on group '[a-z]+ \[0,1\]'" op="#[0-9]+ [a-z_]+\(.*\)"
+        if [[ "$phase" == forward ]]; then
+          # Stuck at the step's start: the peer's first blocking operation of that step.
+          case "$layout" in
+            dp) g="on group 'dp \[0,1\]'" op="#[0-9]+ all_reduce\(avg, .*\)" ;;
+            tp) g="on group 'tp \[0,1\]'" op="#[0-9]+ all_reduce\(sum, .*\)" ;;
+            pp) g="on group 'pp \[0,1\]'" op="#[0-9]+ (send|recv)\(.*\)" ;;
+            zero3) g="on group 'dp \[0,1\]'" op="#[0-9]+ all_gather\(.*\)" ;;
+          esac
+        fi
         local op_re="waits in $op .*$g for world rank $rank|rank $rank left no record $g: rank\(s\) $((1 - rank)) wait in $op|rank $rank reached $op $g"
         grep -Eq "$op_re" <<<"$report" ||
           fail "the flight report names no operation and group waiting for rank $rank"
