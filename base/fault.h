@@ -5,10 +5,11 @@
 //          raises), stall (sleeps an hour: a rank stuck in compute), delay (sleeps one second, then
 //          carries on: a straggler, whose peers' collectives wait for it)
 //   PHASE  forward (default: the step's start), backward (a data-parallel bucket's reduction
-//          launch), send (a pipeline send), optimizer (before the update), checkpoint (after
-//          this rank wrote part of a checkpoint)
+//          launch; under tp the reduction of an input gradient, under pp a stage's backward),
+//          send (a pipeline send), optimizer (before the update), checkpoint (after this rank
+//          wrote part of a checkpoint)
 // The test matrix (test/engine/train/fault_matrix_test.sh) runs every kind and phase under dp,
-// tp, pp and ZeRO-3. A malformed value is refused by name on first use.
+// tp, pp and ZeRO-3 (send occurs under pp only). A malformed value is refused by name on first use.
 #pragma once
 
 #include <cstdint>

@@ -18,8 +18,9 @@ struct Op {
   int64_t seq = 0;
   std::string what;
   bool in_flight = false;
-  int peer = -1;     // group rank of a point-to-point peer
-  double age_s = 0;  // how long before the dump it was posted
+  int peer = -1;        // group rank of a point-to-point peer
+  double age_s = 0;     // how long before the dump it was posted
+  double posted_s = 0;  // wall-clock time it was posted
 };
 
 // One group as one rank recorded it.
@@ -38,6 +39,8 @@ struct RankRecord {
   int64_t pid = 0;
   std::map<std::string, Membership> groups;  // by group key
   bool waiting = false;                      // anything in flight
+  double oldest_wait_s = 1e300;              // when the oldest operation in flight was posted
+  bool timed_out = false;                    // dumped at its deadline (not on a signal)
 };
 
 std::string group_key(const std::string& name, const std::vector<int>& ranks) {
@@ -57,6 +60,8 @@ RankRecord read_record(const json::Value& d) {
   r.rank = static_cast<int>(d.at("rank").as_int());
   r.host = d.at("host").as_string();
   r.reason = d.at("reason").as_string();
+  // The deadline's message (abort_job_on_timeout) ends by naming the flag.
+  r.timed_out = r.reason.find("(--comm-timeout)") != std::string::npos;
   r.pid = d.at("pid").as_int();
   const int64_t dumped_us = d.at("dumped_us").as_int();
   const int64_t wall_at_epoch_us = d.at("wall_at_epoch_us").as_int();
@@ -85,14 +90,15 @@ RankRecord read_record(const json::Value& d) {
     op.in_flight = e.at("state").as_string() == "in_flight";
     if (const json::Value* p = e.find("peer")) op.peer = static_cast<int>(p->as_int());
     op.age_s = static_cast<double>(dumped_us - e.at("posted_us").as_int()) * 1e-6;
+    op.posted_s = static_cast<double>(wall_at_epoch_us + e.at("posted_us").as_int()) * 1e-6;
     if (e.at("kind").as_string() == "collective") {
       if (op.seq >= m.last_collective.seq) m.last_collective = op;
-      m.collective_posted_s[op.seq] =
-          static_cast<double>(wall_at_epoch_us + e.at("posted_us").as_int()) * 1e-6;
+      m.collective_posted_s[op.seq] = op.posted_s;
     }
     if (op.in_flight) {
       m.in_flight.push_back(op);
       r.waiting = true;
+      r.oldest_wait_s = std::min(r.oldest_wait_s, op.posted_s);
     }
   }
   return r;
@@ -160,23 +166,34 @@ Report merge_dumps(const std::vector<json::Value>& dumps) {
       leaders.push_back(r);
       if (m->last_collective.in_flight) awaited = describe(m->last_collective);
     }
-    // Everyone reached the awaited collective, but some only long after the others: a rank
-    // that was stopped or stuck and resumed (SIGCONT, say) before the dumps.
-    if (!awaited.empty()) {
+    // A collective some member waits in that another reached only long after the first: a
+    // rank that was stopped or stuck and resumed (SIGCONT, say) before the dumps. What it did
+    // after that came after the waiter's deadline, so its count does not make the waiter late.
+    std::set<int64_t> reached_late;
+    std::set<int> late;
+    for (int w : ranks) {
+      const Membership* mw = membership(records, w, key);
+      if (!mw || !mw->last_collective.in_flight) continue;
+      const int64_t seq = mw->last_collective.seq;
       double first = 1e300;
-      for (int r : leaders) {
-        const auto& posted = membership(records, r, key)->collective_posted_s;
-        if (const auto it = posted.find(most); it != posted.end())
+      for (int r : ranks) {
+        const Membership* m = membership(records, r, key);
+        if (!m) continue;
+        if (const auto it = m->collective_posted_s.find(seq); it != m->collective_posted_s.end())
           first = std::min(first, it->second);
       }
-      for (int r : leaders) {
-        const auto& posted = membership(records, r, key)->collective_posted_s;
-        const auto it = posted.find(most);
-        if (it == posted.end() || it->second - first < kLateS) continue;
-        out << "[flight] rank " << r << " reached " << awaited << " on group '" << key << "' "
+      for (int r : ranks) {
+        const Membership* m = membership(records, r, key);
+        if (!m || late.count(r)) continue;
+        const auto it = m->collective_posted_s.find(seq);
+        if (it == m->collective_posted_s.end() || it->second - first < kLateS) continue;
+        out << "[flight] rank " << r << " reached " << describe(mw->last_collective)
+            << " on group '" << key << "' "
             << static_cast<int64_t>((it->second - first) * 10 + 0.5) / 10.0
             << " s after the first rank (it was stalled, stopped or slow)\n";
         suspects.insert(r);
+        late.insert(r);
+        reached_late.insert(seq);
       }
     }
     for (int r : ranks) {
@@ -190,7 +207,8 @@ Report merge_dumps(const std::vector<json::Value>& dumps) {
         continue;
       }
       const Membership* m = membership(records, r, key);
-      if (!m || m->collectives >= most) continue;
+      if (!m || m->collectives >= most || late.count(r)) continue;
+      if (m->last_collective.in_flight && reached_late.count(m->last_collective.seq)) continue;
       out << "[flight] rank " << r << " fell behind on group '" << key << "': it posted "
           << m->collectives << " collective(s), rank(s) " << list(leaders) << " posted " << most;
       if (!awaited.empty()) out << " and wait in " << awaited;
@@ -213,6 +231,18 @@ Report merge_dumps(const std::vector<json::Value>& dumps) {
           suspects.insert(peer);
         } else if (!records.at(peer).waiting) {
           out << ", which waits for nothing (busy outside communication)\n";
+          suspects.insert(peer);
+        } else if (const double later = records.at(peer).oldest_wait_s - op.posted_s;
+                   later >= kLateS) {
+          // The peer waits too, but began only after this wait had run long: it was stalled,
+          // stopped (and resumed before the dumps) or slow when this rank needed it.
+          out << ", which began waiting only " << static_cast<int64_t>(later * 10 + 0.5) / 10.0
+              << " s later (it was stalled, stopped or slow)\n";
+          suspects.insert(peer);
+        } else if (rec.timed_out && !records.at(peer).timed_out) {
+          // This rank waited out its whole deadline; the peer, waiting too, had not reached its
+          // own when the abort came: it entered its wait late.
+          out << ", which had not reached its own deadline (it was stalled, stopped or slow)\n";
           suspects.insert(peer);
         } else {
           out << "\n";

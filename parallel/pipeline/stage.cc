@@ -172,6 +172,7 @@ void PipelineStage::backward(const Action& a) {
   stats_.stored = static_cast<int>(stored_.size());
   // Split backward: the weight-gradient GEMMs of this backward wait in a queue for W, so the
   // input gradient reaches the previous stage sooner (what zero-bubble schedules rely on).
+  fault::point("backward");  // the pipeline's equivalent of a bucket reduction: its gradients
   engine::WeightGradQueue queue;
   {
     std::optional<engine::DeferWeightGradsGuard> defer;

@@ -102,3 +102,55 @@ TEST_CASE("no suspect when every rank is at the same collective") {
   CHECK(r.text.find("no rank fell behind") != std::string::npos);
   CHECK_THROWS_WITH(flight::merge_dumps({}), Catch::Contains("no dumps"));
 }
+
+TEST_CASE("a rank that reached the awaited collective late is named, not the rank that waited") {
+  // Rank 1 was stopped before #5; rank 0 waited in #5 until its deadline; rank 1 then resumed
+  // (mpirun's SIGCONT before its SIGTERM), joined #5 5 s late and went on into #6.
+  const json::Value waiter = rank_dump(0, 2, 5, true);
+  json::Value late = rank_dump(1, 2, 6, true);
+  const int64_t shift_us = 5000000;
+  late.set("dumped_us", json::Value(late.at("dumped_us").as_int() + shift_us));
+  json::Value& entries = late.at("entries");
+  for (size_t i = 0; i < entries.size(); ++i) {
+    json::Value& e = entries[i];
+    if (e.at("seq").as_int() >= 5)
+      e.set("posted_us", json::Value(e.at("posted_us").as_int() + shift_us));
+  }
+  const flight::Report r = flight::merge_dumps({waiter, late});
+  INFO(r.text);
+  CHECK(r.suspects == std::vector<int>{1});
+  CHECK(r.text.find("rank 1 reached #5 all_reduce(sum, f32, 8 elements)") != std::string::npos);
+  CHECK(r.text.find("rank 0 fell behind") == std::string::npos);
+}
+
+TEST_CASE("a peer that began its point-to-point wait long after the waiter is named") {
+  // Pipeline stages: rank 0 waits to receive from rank 1, which was stopped and, resumed 5 s
+  // later, waits to receive from rank 0 in turn.
+  const json::Value waiter = rank_dump(0, 2, 3, false, {0, 1}, 1);
+  json::Value late = rank_dump(1, 2, 3, false, {0, 1}, 0);
+  const int64_t shift_us = 5000000;
+  late.set("dumped_us", json::Value(late.at("dumped_us").as_int() + shift_us));
+  json::Value& entries = late.at("entries");
+  json::Value& recv = entries[entries.size() - 1];
+  REQUIRE(recv.at("state").as_string() == "in_flight");
+  recv.set("posted_us", json::Value(recv.at("posted_us").as_int() + shift_us));
+  const flight::Report r = flight::merge_dumps({waiter, late});
+  INFO(r.text);
+  CHECK(r.suspects == std::vector<int>{1});
+  CHECK(r.text.find("for world rank 1, which began waiting only 5") != std::string::npos);
+}
+
+TEST_CASE("a peer that had not reached its deadline while the waiter timed out is named") {
+  // Rank 1 waited out its deadline receiving from rank 0; rank 0, stopped after posting its
+  // sends and resumed before the abort, dumped on mpirun's SIGTERM while waiting in turn.
+  json::Value stopped = rank_dump(0, 2, 3, false, {0, 1}, 1);
+  json::Value waiter = rank_dump(1, 2, 3, false, {0, 1}, 0);
+  waiter.set("reason", json::Value("rank 1 (world rank 1): recv(from 0) on group 'pp' did not "
+                                   "complete within 4 s (--comm-timeout); Aborting the job."));
+  stopped.set("reason", json::Value("signal 15 while waiting"));
+  const flight::Report r = flight::merge_dumps({stopped, waiter});
+  INFO(r.text);
+  CHECK(r.suspects == std::vector<int>{0});
+  CHECK(r.text.find("for world rank 0, which had not reached its own deadline") !=
+        std::string::npos);
+}
