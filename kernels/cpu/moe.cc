@@ -12,6 +12,7 @@
 #include "base/error.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/register.h"
+#include "kernels/moe_offsets.h"
 
 namespace mammoth::kernels::cpu {
 namespace {
@@ -26,13 +27,7 @@ std::vector<int64_t> read_offsets(const char* op, const TensorArg& offsets, int6
       << " entries";
   const int64_t* o = offsets.ptr<const int64_t>();
   std::vector<int64_t> v(o, o + groups + 1);
-  MAMMOTH_CHECK(v.front() == 0 && v.back() == M)
-      << "[" << op << "] offsets must run from 0 to " << M << ", got " << v.front() << " .. "
-      << v.back();
-  for (int64_t e = 0; e < groups; ++e) {
-    MAMMOTH_CHECK(v[e] <= v[e + 1])
-        << "[" << op << "] offsets decrease at group " << e << ": " << v[e] << " > " << v[e + 1];
-  }
+  check_moe_offsets(op, v, groups, M);
   return v;
 }
 
