@@ -158,8 +158,16 @@ void DataParallel::page_shards(int64_t chunk_bytes) {
                                   {chunks::Tier::kNvme},
                                   "ZeRO-3 parameter shard"});
   std::vector<chunks::ChunkId> ids;
-  for (const Bucket& bk : buckets_)
+  for (const Bucket& bk : buckets_) {
     ids.push_back(mgr->add_chunk(list, static_cast<int64_t>(bk.shard_params.nbytes())));
+    // The profiler's chunk moves name the bucket's parameters (first .. last).
+    if (!bk.params.empty()) {
+      std::string label = params_[static_cast<size_t>(bk.params.front())].first;
+      if (bk.params.size() > 1)
+        label += ".." + params_[static_cast<size_t>(bk.params.back())].first;
+      mgr->set_label(ids.back(), label + " (" + std::to_string(bk.params.size()) + ")");
+    }
+  }
   mgr->finalize();
   for (size_t b = 0; b < buckets_.size(); ++b) {
     Bucket& bk = buckets_[b];

@@ -374,6 +374,17 @@ Offload::Offload(const nn::NamedTensors& params, const OffloadOptions& options)
       ids_[l].push_back(held ? manager_->add_chunk(list, chunk_used_[k]) : -1);
     }
   }
+  // Each chunk names its tensors in the profiler's chunk moves: the first and last of them.
+  for (size_t k = 0; k < chunk_members_.size(); ++k) {
+    const std::vector<size_t>& m = chunk_members_[k];
+    if (m.empty()) continue;
+    std::string label = params_[m.front()].first;
+    if (m.size() > 1) label += ".." + params_[m.back()].first;
+    label += " (" + std::to_string(m.size()) + ")";
+    for (int l = 0; l < kNumLists; ++l) {
+      if (ids_[l][k] >= 0) manager_->set_label(ids_[l][k], label);
+    }
+  }
   manager_->finalize();
 
   // One Storage per chunk, shared by every tensor in it; the manager points it at wherever the

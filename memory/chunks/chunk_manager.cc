@@ -209,6 +209,7 @@ struct ChunkManager::Chunk {
   io::Ticket read;                 // pending NVMe -> compute load
   io::Ticket write_back;           // last NVMe write of this chunk
   void* event = nullptr;           // CUDA: the last copy-stream operation on this chunk
+  std::string label;               // what the chunk holds, for the profiler (set_label)
 };
 
 // Chunk-sized slots on a compute tier caching chunks homed further away.
@@ -693,14 +694,20 @@ void ChunkManager::write_back_home(Chunk& c, const char* src) {
   std::memcpy(c.home_ptr, src, static_cast<size_t>(c.used));
 }
 
-// A chunk move's profile args: the chunk, its list, the tiers and the bytes it spans.
+// A chunk move's profile args: the chunk, its list, the tiers, the bytes it spans and as much of
+// its label as the args buffer has room for.
 void ChunkManager::describe_move(const Chunk& c, ChunkId id, char* args) const {
-  std::snprintf(args, profile::Scope::kArgs,
-                "\"chunk\":%d,\"list\":\"%.40s\",\"home\":\"%s\",\"compute\":\"%s\",\"bytes\":%lld,"
-                "\"dirty\":%s",
-                static_cast<int>(id), lists_[c.list].name.c_str(), tier_name(c.home),
-                tier_name(c.compute), static_cast<long long>(chunk_bytes_),
-                c.dirty ? "true" : "false");
+  const int n = std::snprintf(args, profile::Scope::kArgs,
+                              "\"chunk\":%d,\"list\":\"%.40s\",\"home\":\"%s\",\"compute\":\"%s\","
+                              "\"bytes\":%lld,\"dirty\":%s",
+                              static_cast<int>(id), lists_[c.list].name.c_str(), tier_name(c.home),
+                              tier_name(c.compute), static_cast<long long>(chunk_bytes_),
+                              c.dirty ? "true" : "false");
+  const int room = static_cast<int>(profile::Scope::kArgs) - n - 16;  // ,"tensors":"" + NUL
+  if (n > 0 && room > 0 && !c.label.empty()) {
+    std::snprintf(args + n, profile::Scope::kArgs - static_cast<size_t>(n), ",\"tensors\":\"%.*s\"",
+                  room, c.label.c_str());
+  }
 }
 
 void ChunkManager::start_load(ChunkId id, int slot, bool prefetch) {
@@ -912,6 +919,11 @@ void ChunkManager::discard(ChunkId id) {
   if (c.home == c.compute) return;
   c.discarded = true;
   c.dirty = false;
+}
+
+void ChunkManager::set_label(ChunkId id, std::string label) {
+  check(id, "set_label");
+  chunks_[id]->label = std::move(label);
 }
 
 void ChunkManager::set_observer(ChunkId id, std::function<void(void*)> on_move) {

@@ -178,6 +178,10 @@ class ChunkManager {
   // The contents of `id` are dead (e.g. gradients after the update): no write-back, and the
   // next acquire does not load them (the bytes are then unspecified until written).
   void discard(ChunkId id);
+  // What the chunk holds, in the profiler's chunk-move events ("tensors"; cut to what the
+  // event's args have room for, ~40 bytes, so name the first and last of many). Must not hold
+  // '"' or '\\'.
+  void set_label(ChunkId id, std::string label);
   // Called with the chunk's current address whenever it changes: the compute-tier slot when
   // it becomes resident, its home copy when evicted (nullptr for NVMe). The engine points
   // tensor storage at it, so reads that bypass acquire() still see valid bytes.

@@ -136,6 +136,11 @@ def main():
     evs = load_trace(os.path.join(prof2, "rank_0.trace.json"))
     io = {e["name"] for e in evs if e["ph"] == "X" and e["cat"] == "io"}
     assert io & {"chunk_load", "chunk_prefetch"} and "chunk_evict" in io, io
+    # Each chunk move names the parameters the chunk holds (module paths, first .. last).
+    moves = [e for e in evs if e["ph"] == "X" and e["name"].startswith("chunk_")]
+    named = [e["args"]["tensors"] for e in moves if e.get("args", {}).get("tensors")]
+    assert len(named) == len(moves) and any(t.startswith("h.") or t.startswith("wte")
+                                            for t in named), named[:5]
     assert {"nvme_read", "nvme_write"} <= io, io
     assert any(e["ph"] == "C" and e["name"].startswith("chunks.") for e in evs)
 
