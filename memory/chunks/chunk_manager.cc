@@ -857,11 +857,14 @@ void* ChunkManager::acquire(ChunkId id, bool write) {
   if (c.state == ChunkState::kInFlight) {
     finish_load(id);
   } else if (c.state == ChunkState::kEvicted) {
+    // The whole demand load is the stall; finish_load's own share of it must not count twice.
+    TierStats& s = stats_[static_cast<int>(c.compute)];
+    const double before = s.stall_s;
     const auto t0 = Clock::now();
     const int slot = take_slot(pool, id, true);
     start_load(id, slot, false);
     finish_load(id);
-    if (!c.discarded) stats_[static_cast<int>(c.compute)].stall_s += seconds_since(t0);
+    if (!c.discarded) s.stall_s = before + seconds_since(t0);
   }
   c.last_use = ++clock_;
   if (write) {

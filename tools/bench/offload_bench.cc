@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -51,6 +52,7 @@ struct RunResult {
   std::string report;
   int64_t nvme_bytes = 0;   // read + written over the run (the chunk manager's accounting)
   double nvme_stall_s = 0;  // time the steps waited for NVMe-homed chunks
+  double run_s = 0;         // wall time of the whole run, every step (the stall's span)
 };
 
 // "all_nvme@0.125" -> {"all_nvme", 0.125}; no '@': the default fraction.
@@ -177,12 +179,14 @@ RunResult run(const Options& o, const std::string& data_path, const std::string&
     t.offload = off.get();
     r.state_bytes = off->model_state_bytes();
   }
+  const auto t0 = std::chrono::steady_clock::now();
   r.losses =
       engine::train::train(
           *model,
           [&](const engine::Tensor& in, const engine::Tensor& tg) { return model->loss(in, tg); },
           data, data::TokenDataset(), t, json::Value::object())
           .losses;
+  r.run_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::ifstream in(t.metrics_path);
   std::vector<double> times;
   const double tokens = static_cast<double>(o.micro_batch * o.seq_len);
@@ -302,10 +306,11 @@ int run_offload_bench(const std::vector<std::string>& args) {
     all_identical = all_identical && identical[i + 1];
     const double ratio = base.step_s / r.step_s;
     // NVMe traffic per step over the whole run (steps incl. the first), and its rate while the
-    // median step ran; the stall is the part of the step spent waiting for chunks.
+    // median step ran; the stall is the part of the whole run spent waiting for chunks (the
+    // first step's demand loads included, so it is measured over the same span).
     const double per_step = static_cast<double>(r.nvme_bytes) / static_cast<double>(o.steps);
     const double rate = per_step / r.step_s / 1e9;
-    const double stall = 100.0 * r.nvme_stall_s / (static_cast<double>(o.steps) * r.step_s);
+    const double stall = 100.0 * r.nvme_stall_s / std::max(r.run_s, 1e-9);
     std::printf("%-24s %12s %12s %12.4f %12.4f %7.2f %10s %12.1f %8.3f %8.1f\n",
                 ("offload_" + o.modes[i]).c_str(),
                 memory::chunks::short_bytes(r.state_bytes).c_str(),
