@@ -77,33 +77,28 @@ json::Value points_json(const std::vector<std::pair<double, double>>& pts) {
   return arr;
 }
 
-// One core's fp32 FMA rate from registers alone: 12 independent chains cover the FMA latency
-// times the pipes, so this is the core's peak, not a memory figure.
-double fma_peak_one_core() {
-  const bool zmm = __builtin_cpu_supports("avx512f");
-  const int64_t iters = 2000000;
-  const double t0 = now_s();
-  kernels::cpu::run_fma_chains(zmm, iters);
-  return kernels::cpu::fma_chain_flops(zmm, iters) / (now_s() - t0);
-}
-
 double thread_cpu_s() {
   timespec t{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
   return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
+// One core's fp32 FMA rate from registers alone, timed by `clock` (seconds): 12 independent
+// chains cover the FMA latency times the pipes, so this is the core's peak, not a memory figure.
+double fma_rate(double (*clock)(), int64_t iters) {
+  const bool zmm = __builtin_cpu_supports("avx512f");
+  const double t0 = clock();
+  kernels::cpu::run_fma_chains(zmm, iters);
+  return kernels::cpu::fma_chain_flops(zmm, iters) / (clock() - t0);
+}
+
+double fma_peak_one_core() { return fma_rate(now_s, 2000000); }
+
 }  // namespace
 
 double core_speed_probe(int rounds) {
-  const bool zmm = __builtin_cpu_supports("avx512f");
-  const int64_t iters = 1000000;
   double best = 0;
-  for (int r = 0; r < rounds; ++r) {
-    const double t0 = thread_cpu_s();
-    kernels::cpu::run_fma_chains(zmm, iters);
-    best = std::max(best, kernels::cpu::fma_chain_flops(zmm, iters) / (thread_cpu_s() - t0));
-  }
+  for (int r = 0; r < rounds; ++r) best = std::max(best, fma_rate(thread_cpu_s, 1000000));
   return best;
 }
 
