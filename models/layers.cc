@@ -4,10 +4,86 @@
 
 #include "engine/autograd.h"
 #include "engine/nn/rng.h"
+#include "parallel/sequence_parallel/sequence_parallel.h"
+#include "parallel/tensor_parallel/layers.h"
 
 namespace mammoth::models {
 
 using engine::Tensor;
+
+const char* sp_mode_name(SpMode mode) {
+  switch (mode) {
+    case SpMode::kNone:
+      return "none";
+    case SpMode::kSplitGather:
+      return "split_gather";
+    case SpMode::kUlysses:
+      return "ulysses";
+    case SpMode::kRing:
+      return "ring";
+  }
+  return "?";
+}
+
+SpMode sp_mode_from_name(const std::string& name) {
+  for (SpMode m : {SpMode::kNone, SpMode::kSplitGather, SpMode::kUlysses, SpMode::kRing}) {
+    if (name == sp_mode_name(m)) return m;
+  }
+  MAMMOTH_THROW() << "[sp_mode] unknown sequence parallel mode '" << name
+                  << "'; expected none, split_gather, ulysses or ring";
+}
+
+Layers::Layers(parallel::Communicator& tp, SpMode mode) : tp_(&tp), mode_(mode) {}
+
+int64_t Layers::split(int64_t n, const char* what) const {
+  MAMMOTH_CHECK(n % tp() == 0) << "[layers] " << what << " " << n << " does not divide by tp "
+                               << tp();
+  return n / tp();
+}
+
+std::shared_ptr<engine::nn::Linear> Layers::column(int64_t in, int64_t out, bool bias, DType dtype,
+                                                   const LinearOptions& o) const {
+  if (tp() == 1) return local(in, out, bias, dtype, o);
+  return std::make_shared<parallel::ColumnParallelLinear>(
+      in, out, bias, dtype, *tp_,
+      parallel::ColumnParallelLinear::Options{.sequence_parallel = mode_ == SpMode::kSplitGather,
+                                              .parts = o.parts});
+}
+
+std::shared_ptr<engine::nn::Linear> Layers::row(int64_t in, int64_t out, bool bias, DType dtype,
+                                                const LinearOptions& o) const {
+  if (tp() == 1) return local(in, out, bias, dtype, o);
+  return std::make_shared<parallel::RowParallelLinear>(
+      in, out, bias, dtype, *tp_,
+      parallel::RowParallelLinear::Options{.sequence_parallel = mode_ == SpMode::kSplitGather});
+}
+
+std::shared_ptr<engine::nn::Linear> Layers::local(int64_t in, int64_t out, bool bias, DType dtype,
+                                                  const LinearOptions& o) {
+  if (o.init_std > 0) return std::make_shared<ScaledLinear>(in, out, bias, dtype, o.init_std);
+  return std::make_shared<engine::nn::Linear>(in, out, bias, dtype);
+}
+
+Tensor Layers::attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                         engine::AttentionOptions options, double dropout, bool training,
+                         const SeqContext& seq) const {
+  if (seq.mode == SpMode::kUlysses || seq.mode == SpMode::kRing) {
+    MAMMOTH_CHECK(seq.sp && seq.layout)
+        << "[layers] " << sp_mode_name(seq.mode) << " attention without its sp group and layout";
+    MAMMOTH_CHECK(!options.key_mask.defined())
+        << "[layers] a key mask under " << sp_mode_name(seq.mode)
+        << " (its layout masks the padding itself)";
+    MAMMOTH_CHECK(dropout == 0.0 || !training)
+        << "[layers] attention dropout " << dropout << " under " << sp_mode_name(seq.mode)
+        << " is not supported; set attn_dropout 0";
+    const auto run =
+        seq.mode == SpMode::kUlysses ? parallel::ulysses_attention : parallel::ring_attention;
+    return run(q.contiguous(), k.contiguous(), v.contiguous(), *seq.sp, *seq.layout, options.causal,
+               options.scale, options.window);
+  }
+  if (seq.key_mask.defined()) options.key_mask = seq.key_mask;
+  return attend(q, k, v, options, dropout, training);
+}
 
 void ScaledLinear::init_own(uint64_t seed, const std::string& prefix) {
   engine::nn::init_normal(weight, seed, engine::nn::name_stream(prefix + "weight"), 0.0, stddev_);

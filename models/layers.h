@@ -1,5 +1,6 @@
-// Small building blocks shared by the model families: a module list with numeric child names,
-// a Linear with its own init scale, and attention with optional dropout on the probabilities.
+// The building blocks shared by the model families: a module list with numeric child names, a
+// Linear with its own init scale, attention with optional dropout on the probabilities, and
+// Layers, the factory a family's blocks are built from.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +11,11 @@
 #include "engine/nn/module.h"
 #include "engine/ops.h"
 #include "engine/tensor.h"
+#include "parallel/comm/communicator.h"
+
+namespace mammoth::parallel {
+class SequenceLayout;
+}
 
 namespace mammoth::models {
 
@@ -48,6 +54,68 @@ class ScaledLinear : public engine::nn::Linear {
 // attention; otherwise the fused engine::attention runs.
 engine::Tensor attend(const engine::Tensor& q, const engine::Tensor& k, const engine::Tensor& v,
                       const engine::AttentionOptions& options, double dropout_p, bool training);
+
+// How the sequence is split (models/policies/policy.h describes the modes).
+enum class SpMode { kNone, kSplitGather, kUlysses, kRing };
+const char* sp_mode_name(SpMode mode);              // "none", "split_gather", "ulysses", "ring"
+SpMode sp_mode_from_name(const std::string& name);  // throws naming the value
+
+// What a block needs to know about the sequence layout of its input, made by the sharded model
+// for each batch (ShardLayout::plan_sequence). Default: the whole sequence on one rank.
+struct SeqContext {
+  SpMode mode = SpMode::kNone;
+  // Owned, not borrowed: a recomputed (activation-checkpointed) block runs again in backward.
+  std::shared_ptr<const parallel::SequenceLayout> layout;  // ulysses / ring
+  parallel::Communicator* sp = nullptr;                    // ulysses / ring
+  // Global positions of the rows this rank holds, in order (>= T: padding); rotary families.
+  std::shared_ptr<const std::vector<int64_t>> positions;
+  // split_gather with padding (encoders): bool [B, padded], true = a real position.
+  engine::Tensor key_mask;
+};
+
+// How Layers builds one linear layer (namespace level: a default argument cannot be a nested
+// class with member initialisers).
+struct LinearOptions {
+  int parts = 1;          // fused segments along the output (q|k|v: 3), split each over tp
+  double init_std = 0.0;  // > 0: weights N(0, init_std) (ScaledLinear); else nn::Linear's
+};
+
+// The layers a family's blocks are built from. The plan chooses them: Layers() gives the
+// one-device layers (nn::Linear, local attention); Layers(tp, mode) the tensor-parallel ones
+// (column / row parallel over the tp group, Megatron sequence parallelism under split_gather)
+// and, through SeqContext, Ulysses or ring attention. A block written once against Layers is
+// both the single-device block and its parallel form; it keeps n / tp() heads and widths.
+class Layers {
+ public:
+  Layers() = default;
+  Layers(parallel::Communicator& tp, SpMode mode);
+
+  // Output features split over tp (their input replicated, or gathered along the sequence).
+  std::shared_ptr<engine::nn::Linear> column(int64_t in, int64_t out, bool bias, DType dtype,
+                                             const LinearOptions& options = {}) const;
+  // Input features split over tp, the partial products summed (or reduce-scattered along the
+  // sequence); the bias is whole.
+  std::shared_ptr<engine::nn::Linear> row(int64_t in, int64_t out, bool bias, DType dtype,
+                                          const LinearOptions& options = {}) const;
+  // Scaled dot-product attention over this rank's heads, q [B, Hq, T, D], k and v [B, Hk, T, D]:
+  // local (attend, with seq.key_mask), or Ulysses / ring over seq.sp. Attention dropout and an
+  // explicit key mask under Ulysses / ring are refused by name.
+  engine::Tensor attention(const engine::Tensor& q, const engine::Tensor& k,
+                           const engine::Tensor& v, engine::AttentionOptions options,
+                           double dropout, bool training, const SeqContext& seq) const;
+
+  int tp() const { return tp_ ? tp_->size() : 1; }
+  parallel::Communicator* tp_group() const { return tp_; }
+  SpMode sp_mode() const { return mode_; }
+  // n / tp(), refused naming `what` when it does not divide.
+  int64_t split(int64_t n, const char* what) const;
+
+ private:
+  static std::shared_ptr<engine::nn::Linear> local(int64_t in, int64_t out, bool bias, DType dtype,
+                                                   const LinearOptions& options);
+  parallel::Communicator* tp_ = nullptr;
+  SpMode mode_ = SpMode::kNone;
+};
 
 // [B, T, H*D] -> [B, H, T, D]
 engine::Tensor split_heads(const engine::Tensor& x, int64_t heads);

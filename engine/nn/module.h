@@ -80,11 +80,13 @@ class LinearDelta {
 };
 
 // y = x W^T + b, W [out, in] (PyTorch / Hugging Face nn.Linear layout); plus delta(x) when a
-// delta is attached.
+// delta is attached. forward is virtual so that a model's blocks hold an nn::Linear whether the
+// parallel plan gave them this one or a tensor-parallel one (parallel/tensor_parallel), whose
+// weight is then this rank's shard.
 class Linear : public Module {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias = true, DType dtype = DType::kF32);
-  Tensor forward(const Tensor& x) const;
+  virtual Tensor forward(const Tensor& x) const;
   Tensor weight, bias;
   int64_t in_features, out_features;
   std::shared_ptr<const LinearDelta> delta;  // null: none

@@ -11,28 +11,6 @@ namespace mammoth::models {
 
 using engine::Tensor;
 
-const char* sp_mode_name(SpMode mode) {
-  switch (mode) {
-    case SpMode::kNone:
-      return "none";
-    case SpMode::kSplitGather:
-      return "split_gather";
-    case SpMode::kUlysses:
-      return "ulysses";
-    case SpMode::kRing:
-      return "ring";
-  }
-  return "?";
-}
-
-SpMode sp_mode_from_name(const std::string& name) {
-  for (SpMode m : {SpMode::kNone, SpMode::kSplitGather, SpMode::kUlysses, SpMode::kRing}) {
-    if (name == sp_mode_name(m)) return m;
-  }
-  MAMMOTH_THROW() << "[sp_mode] unknown sequence parallel mode '" << name
-                  << "'; expected none, split_gather, ulysses or ring";
-}
-
 ShardLayout::ShardLayout(const engine::nn::Module& self, const parallel::DeviceMesh& mesh,
                          const ShardOptions& options)
     : mesh_(mesh), options_(options), self_(self) {

@@ -45,16 +45,13 @@
 #include <vector>
 
 #include "engine/nn/module.h"
+#include "models/layers.h"
 #include "models/model.h"
 #include "parallel/mesh.h"
 #include "parallel/sequence_parallel/sequence_parallel.h"
 #include "parallel/tensor_parallel/layers.h"
 
 namespace mammoth::models {
-
-enum class SpMode { kNone, kSplitGather, kUlysses, kRing };
-const char* sp_mode_name(SpMode mode);              // "none", "split_gather", "ulysses", "ring"
-SpMode sp_mode_from_name(const std::string& name);  // throws naming the value
 
 struct ShardOptions {
   SpMode sp_mode = SpMode::kNone;

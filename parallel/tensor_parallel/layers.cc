@@ -109,14 +109,14 @@ std::vector<FlatRun> shard_flat_runs(const ShardSpec& spec, const engine::Shape&
 
 ColumnParallelLinear::ColumnParallelLinear(int64_t in, int64_t out, bool with_bias, DType dtype,
                                            Communicator& group, const Options& options)
-    : group_(group), options_(options) {
-  spec_ = make_shard_spec(0, out, options.parts, group.size());
+    : Linear(in, make_shard_spec(0, out, options.parts, group.size()).padded / group.size(),
+             with_bias, dtype),
+      group_(group),
+      options_(options),
+      spec_(make_shard_spec(0, out, options.parts, group.size())) {
   MAMMOTH_CHECK(!options.gather_output || spec_.padded == spec_.size)
       << "[ColumnParallelLinear] gather_output needs out_features " << out
       << " divisible by tp size " << group.size();
-  const int64_t local = spec_.padded / group.size();
-  weight = register_parameter("weight", Tensor::zeros({local, in}, dtype));
-  if (with_bias) bias = register_parameter("bias", Tensor::zeros({local}, dtype));
 }
 
 Tensor ColumnParallelLinear::forward(const Tensor& x) const {
@@ -140,12 +140,12 @@ void ColumnParallelLinear::load_from(const engine::nn::Linear& full) {
 
 RowParallelLinear::RowParallelLinear(int64_t in, int64_t out, bool with_bias, DType dtype,
                                      Communicator& group, const Options& options)
-    : group_(group), options_(options) {
-  spec_ = make_shard_spec(1, in, 1, group.size());
+    : Linear(make_shard_spec(1, in, 1, group.size()).padded / group.size(), out, with_bias, dtype),
+      group_(group),
+      options_(options),
+      spec_(make_shard_spec(1, in, 1, group.size())) {
   MAMMOTH_CHECK(spec_.padded == spec_.size)
       << "[RowParallelLinear] in_features " << in << " must divide by tp size " << group.size();
-  weight = register_parameter("weight", Tensor::zeros({out, in / group.size()}, dtype));
-  if (with_bias) bias = register_parameter("bias", Tensor::zeros({out}, dtype));
 }
 
 Tensor RowParallelLinear::forward(const Tensor& x) const {

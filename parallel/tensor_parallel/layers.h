@@ -55,7 +55,9 @@ std::vector<FlatRun> shard_flat_runs(const ShardSpec& spec, const engine::Shape&
 // The input X is replicated (copy_to_group: its gradient is all-reduced in backward), or, with
 // sequence_parallel, sharded along the sequence (dim 1) and all-gathered first (Megatron SP:
 // the gradient is reduce-scattered back). Output: Y_r [.., out/p], or all of Y with gather_output.
-class ColumnParallelLinear : public engine::nn::Module {
+// An nn::Linear whose weight and bias are this rank's shard ([out/p, in], [out/p]); `delta`
+// (LoRA's B split like W) is added to this rank's output from the (gathered) input.
+class ColumnParallelLinear : public engine::nn::Linear {
  public:
   struct Options {
     bool gather_output = false;
@@ -64,13 +66,10 @@ class ColumnParallelLinear : public engine::nn::Module {
   };
   ColumnParallelLinear(int64_t in_features, int64_t out_features, bool bias, DType dtype,
                        Communicator& group, const Options& options);
-  engine::Tensor forward(const engine::Tensor& x) const;
+  engine::Tensor forward(const engine::Tensor& x) const override;
   // Copies this rank's shard of a single-device nn::Linear's weight [out, in] and bias.
   void load_from(const engine::nn::Linear& full);
   ShardSpec weight_spec() const { return spec_; }
-  engine::Tensor weight, bias;  // [out/p, in], [out/p]
-  // Added to this rank's output [.., out/p] from the (gathered) input (LoRA's B split like W).
-  std::shared_ptr<const engine::nn::LinearDelta> delta;
 
  private:
   Communicator& group_;
@@ -83,7 +82,10 @@ class ColumnParallelLinear : public engine::nn::Module {
 // the whole b. The partial products are all-reduced (reduce_from_group), or, with
 // sequence_parallel, reduce-scattered along the sequence (dim 1); b is added afterwards.
 // input_is_parallel = false scatters a replicated X first.
-class RowParallelLinear : public engine::nn::Module {
+// An nn::Linear whose weight is this rank's shard [out, in/p] and whose bias [out] is whole;
+// `delta` (LoRA's A split like W) is added to this rank's partial product from its input shard
+// [.., in/p], before the reduction, so the partial updates sum to the whole one.
+class RowParallelLinear : public engine::nn::Linear {
  public:
   struct Options {
     bool input_is_parallel = true;
@@ -91,13 +93,9 @@ class RowParallelLinear : public engine::nn::Module {
   };
   RowParallelLinear(int64_t in_features, int64_t out_features, bool bias, DType dtype,
                     Communicator& group, const Options& options);
-  engine::Tensor forward(const engine::Tensor& x) const;
+  engine::Tensor forward(const engine::Tensor& x) const override;
   void load_from(const engine::nn::Linear& full);
   ShardSpec weight_spec() const { return spec_; }
-  engine::Tensor weight, bias;  // [out, in/p], [out]
-  // Added to this rank's partial product [.., out] from its input shard [.., in/p], before the
-  // reduction (LoRA's A split like W: the partial updates sum to the whole one).
-  std::shared_ptr<const engine::nn::LinearDelta> delta;
 
  private:
   Communicator& group_;
