@@ -89,8 +89,17 @@ TEST_CASE("chat_template bounds what a template may build, and refuses integer o
       {"{{ range(10 ** 12) | length }}", "range() of more than 2^20 elements"},
       {"{{ 'ab' * 10 ** 12 }}", "a string would exceed 16 MiB"},
       {"{% set s = 'x' * 16777216 %}{{ s + s }}", "a string would exceed 16 MiB"},
-      {"{% for i in range(1048576) %}{{ 'abcdefghijklmnopq' }}{% endfor %}",
+      {"{% set s = 'x' * 1048576 %}{% for i in range(17) %}{{ s }}{% endfor %}",
        "the rendered text exceeds 16 MiB"},
+      // Each loop is within the limits; together they would run 2^40 iterations.
+      {"{% for i in range(1000) %}{% for j in range(1000) %}{% endfor %}{% endfor %}",
+       "rendering takes more than 2^19 steps"},
+      // Indexing a string splits it: a loop over a long string's characters is quadratic.
+      {"{% set s = 'x' * 100000 %}{% for i in range(100000) %}{% set c = s[i] %}{% endfor %}",
+       "rendering takes more than 2^19 steps"},
+      // Each lookup of a long string copies it.
+      {"{% set s = 'x' * 16000000 %}{% for i in range(1000) %}{% if s %}{% endif %}{% endfor %}",
+       "rendering takes more than 2^19 steps"},
       {"{{ 9223372036854775807 + 1 }}", "integer overflow in '+'"},
       {"{{ 3037000500 * 3037000500 }}", "integer overflow in '*'"},
       {"{{ 2 ** 63 }}", "integer overflow in '**'"},
@@ -100,8 +109,25 @@ TEST_CASE("chat_template bounds what a template may build, and refuses integer o
     CAPTURE(source);
     CHECK_THROWS_WITH(render(source), Catch::Contains(message));
   }
+  CHECK(render("[{{ '' * 10 ** 12 }}]") == "[]");
   CHECK(render("{{ 2 ** 62 }}|{{ -7 % 3 }}|{{ 7 % -3 }}|{{ -7 // 2 }}") ==
         "4611686018427387904|2|-2|-4");  // Python's values
+}
+
+TEST_CASE("chat_template's work budget leaves room for long chats") {
+  // 4000 turns of 1 KiB through Llama 3's template render whole: the budget that stops runaway
+  // loops does not stop a real conversation.
+  std::vector<ChatMessage> chat;
+  for (int k = 0; k < 4000; ++k)
+    chat.push_back(
+        {k % 2 ? "assistant" : "user", std::string(1024, static_cast<char>('a' + k % 26))});
+  const std::string out = render(kLlama3, chat, true);
+  size_t turns = 0;
+  for (size_t at = 0; (at = out.find("<|eot_id|>", at)) != std::string::npos; at += 10) ++turns;
+  CHECK(turns == 4000);
+  CHECK(out.size() > 4000 * 1024);
+  CHECK(out.rfind("<|start_header_id|>assistant<|end_header_id|>\n\n") ==
+        out.size() - std::string("<|start_header_id|>assistant<|end_header_id|>\n\n").size());
 }
 
 TEST_CASE("chat_template refuses what it cannot honour, by name") {
