@@ -6,8 +6,6 @@
 
 #include "engine/autograd.h"
 #include "engine/ops.h"
-#include "kernels/params.h"
-#include "kernels/registry.h"
 #include "memory/allocator.h"
 #ifdef MAMMOTH_WITH_CUDA
 #include "memory/cuda/device.h"
@@ -130,33 +128,22 @@ std::vector<std::string> first_use_order(const nn::NamedTensors& params,
   return order;
 }
 
-// AdamW over the chunked parameters: PyTorch's update through the same fused kernel as
-// optim::AdamW, launched per parameter on the same slices, so the numbers are identical; the
-// difference is that each launch first pages in its four chunks (parameter, gradient, moments).
-class Offload::ChunkedAdamW final : public optim::Optimizer {
+// AdamW over the chunked parameters: optim::AdamW's update, launched per parameter on the same
+// slices, so the numbers are identical; what differs is where the moments live (chunks, on any
+// tier) and that each launch first pages in its four chunks (parameter, gradient, moments).
+class Offload::ChunkedAdamW final : public optim::AdamW {
  public:
   ChunkedAdamW(Offload& owner, const optim::AdamWOptions& options)
-      : Optimizer(owner.params_), owner_(owner), options_(options) {
-    MAMMOTH_CHECK(options.lr >= 0) << "[AdamW] lr must be >= 0, got " << options.lr;
-    lr_ = options.lr;
-    for (const auto& [name, t] : params_) decay_.push_back(optim::decay_matrices(name, t));
-  }
+      : AdamW(owner.params_, options, optim::decay_matrices, Moments::kExternal), owner_(owner) {}
 
   void step(double grad_scale) override {
     NoGradGuard ng;
-    ++step_count_;
-    kernels::AdamWParams p;
-    p.lr = lr_;
-    p.beta1 = options_.beta1;
-    p.beta2 = options_.beta2;
-    p.eps = options_.eps;
-    p.step = step_count_;
-    p.grad_scale = grad_scale;
+    begin_step(grad_scale);
     // Chunk by chunk (parameters are independent, so the order changes no number): under dp
     // each updated chunk's broadcast starts at once, overlapping the rest of the walk, and the
     // other ranks' chunks are received meanwhile (Offload::publish; after_step waits).
     for (int k = 0; k < owner_.num_chunks(); ++k) {
-      for (size_t i : owner_.chunk_members_[k]) update(i, p);
+      for (size_t i : owner_.chunk_members_[k]) update_param(i);
       if (owner_.dp_) owner_.publish(k);
     }
   }
@@ -164,18 +151,12 @@ class Offload::ChunkedAdamW final : public optim::Optimizer {
   nn::NamedTensors state() const override;
 
  private:
-  void update(size_t i, kernels::AdamWParams& p) {
+  void update_param(size_t i) {
     const auto& [name, param] = params_[i];
     if (!owner_.owns(i)) return;  // another dp rank updates it and broadcasts the result
-    Tensor g = param.grad();
+    const Tensor g = optim::checked_grad(name, param);
     if (!g.defined()) return;
-    MAMMOTH_CHECK(g.shape() == param.shape() && g.dtype() == param.dtype())
-        << "[optimizer] gradient of '" << name << "' has shape " << shape_str(g.shape()) << " "
-        << dtype_name(g.dtype()) << " but the parameter is " << shape_str(param.shape()) << " "
-        << dtype_name(param.dtype());
-    if (!g.is_contiguous()) g = g.contiguous();
     const Tensor m = owner_.view(kExpAvg, i), v = owner_.view(kExpAvgSq, i);
-    p.weight_decay = decay_[i] ? options_.weight_decay : 0.0;
     if (owner_.host_update_) {
       // The CPU AdamW on the host copies (offload.h, "The device"): the gradient
       // chunk's home copy, written back from the device if dirty; the parameter chunk's home
@@ -188,22 +169,18 @@ class Offload::ChunkedAdamW final : public optim::Optimizer {
       char* gp = static_cast<char*>(mgr.acquire_home(owner_.ids_[kGrads][s.chunk], false));
       make_resident(m, true);
       make_resident(v, true);
-      std::vector<kernels::TensorArg> args = {arg_at(param, pp + s.offset),
-                                              arg_at(g, gp + s.offset), m.arg(), v.arg()};
-      kernels::launch(kernels::Kernel::adamw, DeviceType::kCPU, param.dtype(), args, {}, &p);
+      update(i, {arg_at(param, pp + s.offset), arg_at(g, gp + s.offset), m.arg(), v.arg()},
+             DeviceType::kCPU);
       return;
     }
     make_resident(param, true);
     make_resident(g, false);
     make_resident(m, true);
     make_resident(v, true);
-    std::vector<kernels::TensorArg> args = {param.arg(), g.arg(), m.arg(), v.arg()};
-    kernels::launch(kernels::Kernel::adamw, param.device().type, param.dtype(), args, {}, &p);
+    update(i, {param.arg(), g.arg(), m.arg(), v.arg()}, param.device().type);
   }
 
   Offload& owner_;
-  optim::AdamWOptions options_;
-  std::vector<bool> decay_;
 };
 
 nn::NamedTensors Offload::ChunkedAdamW::state() const {

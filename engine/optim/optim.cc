@@ -23,19 +23,20 @@ void Optimizer::zero_grad() const {
 }
 
 namespace {
-void launch_update(Kernel k, std::vector<Tensor> tensors, const void* params) {
+// Paged storage (ZeRO-3 shards on NVMe, memory/chunks) comes in before its address is taken, as
+// engine/ops launches do; an update writes every tensor but the gradient (index 1).
+std::vector<kernels::TensorArg> resident_args(const std::vector<Tensor>& tensors) {
   std::vector<kernels::TensorArg> args;
-  // Paged storage (ZeRO-3 shards on NVMe, memory/chunks) comes in before its address is taken,
-  // as engine/ops launches do; the update writes every tensor but the gradient (index 1).
   for (size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& t = tensors[i];
     if (t.defined() && t.storage()->ensure_resident) t.storage()->ensure_resident(i != 1);
   }
   for (const Tensor& t : tensors) args.push_back(t.defined() ? t.arg() : kernels::TensorArg{});
-  kernels::launch(k, tensors[0].device().type, tensors[0].dtype(), args, {}, params);
+  return args;
 }
+}  // namespace
 
-Tensor grad_of(const std::string& name, const Tensor& p) {
+Tensor checked_grad(const std::string& name, const Tensor& p) {
   Tensor g = p.grad();
   if (!g.defined()) return g;
   MAMMOTH_CHECK(g.shape() == p.shape() && g.dtype() == p.dtype())
@@ -44,7 +45,6 @@ Tensor grad_of(const std::string& name, const Tensor& p) {
       << dtype_name(p.dtype());
   return g.is_contiguous() ? g : g.contiguous();
 }
-}  // namespace
 
 SGD::SGD(NamedTensors params, const SgdOptions& options)
     : Optimizer(std::move(params)), options_(options) {
@@ -69,9 +69,11 @@ void SGD::step(double grad_scale) {
   p.first_step = step_count_ == 0;
   p.grad_scale = grad_scale;
   for (size_t i = 0; i < params_.size(); ++i) {
-    const Tensor g = grad_of(params_[i].first, params_[i].second);
+    const Tensor g = checked_grad(params_[i].first, params_[i].second);
     if (!g.defined()) continue;
-    launch_update(Kernel::sgd, {params_[i].second, g, momentum_[i]}, &p);
+    const Tensor& param = params_[i].second;
+    kernels::launch(Kernel::sgd, param.device().type, param.dtype(),
+                    resident_args({param, g, momentum_[i]}), {}, &p);
   }
   ++step_count_;
 }
@@ -88,6 +90,9 @@ NamedTensors SGD::state() const {
 bool decay_matrices(const std::string&, const Tensor& t) { return t.dim() >= 2; }
 
 AdamW::AdamW(NamedTensors params, const AdamWOptions& options, DecayFilter decay)
+    : AdamW(std::move(params), options, std::move(decay), Moments::kOwn) {}
+
+AdamW::AdamW(NamedTensors params, const AdamWOptions& options, DecayFilter decay, Moments moments)
     : Optimizer(std::move(params)), options_(options) {
   MAMMOTH_CHECK(options.lr >= 0) << "[AdamW] lr must be >= 0, got " << options.lr;
   MAMMOTH_CHECK(options.beta1 >= 0 && options.beta1 < 1 && options.beta2 >= 0 && options.beta2 < 1)
@@ -95,26 +100,37 @@ AdamW::AdamW(NamedTensors params, const AdamWOptions& options, DecayFilter decay
   lr_ = options.lr;
   for (const auto& [name, t] : params_) {
     decay_.push_back(decay(name, t));
+    if (moments == Moments::kExternal) continue;
     exp_avg_.push_back(Tensor::zeros(t.shape(), t.dtype(), t.device()));
     exp_avg_sq_.push_back(Tensor::zeros(t.shape(), t.dtype(), t.device()));
   }
 }
 
-void AdamW::step(double grad_scale) {
-  NoGradGuard ng;
+void AdamW::begin_step(double grad_scale) {
   ++step_count_;
+  grad_scale_ = grad_scale;
+}
+
+void AdamW::update(size_t i, const std::vector<kernels::TensorArg>& args, DeviceType device) const {
   kernels::AdamWParams p;
   p.lr = lr_;
   p.beta1 = options_.beta1;
   p.beta2 = options_.beta2;
   p.eps = options_.eps;
   p.step = step_count_;
-  p.grad_scale = grad_scale;
+  p.grad_scale = grad_scale_;
+  p.weight_decay = decay_[i] ? options_.weight_decay : 0.0;
+  kernels::launch(Kernel::adamw, device, args[0].dtype, args, {}, &p);
+}
+
+void AdamW::step(double grad_scale) {
+  NoGradGuard ng;
+  begin_step(grad_scale);
   for (size_t i = 0; i < params_.size(); ++i) {
-    const Tensor g = grad_of(params_[i].first, params_[i].second);
+    const auto& [name, param] = params_[i];
+    const Tensor g = checked_grad(name, param);
     if (!g.defined()) continue;
-    p.weight_decay = decay_[i] ? options_.weight_decay : 0.0;
-    launch_update(Kernel::adamw, {params_[i].second, g, exp_avg_[i], exp_avg_sq_[i]}, &p);
+    update(i, resident_args({param, g, exp_avg_[i], exp_avg_sq_[i]}), param.device().type);
   }
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/nn/module.h"
+#include "kernels/kernel.h"
 
 namespace mammoth::engine::optim {
 
@@ -67,17 +68,36 @@ struct AdamWOptions {
 using DecayFilter = std::function<bool(const std::string& name, const Tensor& t)>;
 bool decay_matrices(const std::string& name, const Tensor& t);
 
+// PyTorch's AdamW (decoupled weight decay, bias-corrected moments), one fused kernel launch per
+// parameter. The moments live in this object's tensors, or, for a subclass constructed with
+// Moments::kExternal, wherever it keeps them (engine/offload keeps them in chunks on any tier):
+// such a subclass overrides step() and state(), and calls begin_step() once and update() per
+// parameter, so the update rule and its hyper-parameters exist once.
 class AdamW : public Optimizer {
  public:
   AdamW(NamedTensors params, const AdamWOptions& options, DecayFilter decay = decay_matrices);
   void step(double grad_scale = 1.0) override;
   NamedTensors state() const override;
 
+ protected:
+  enum class Moments { kOwn, kExternal };
+  AdamW(NamedTensors params, const AdamWOptions& options, DecayFilter decay, Moments moments);
+  // Counts the step and fixes its gradient scale for the update() calls that follow.
+  void begin_step(double grad_scale);
+  // Updates parameter i in place: args = {parameter, gradient, exp_avg, exp_avg_sq}, resident
+  // on `device`, shaped like the parameter.
+  void update(size_t i, const std::vector<kernels::TensorArg>& args, DeviceType device) const;
+
  private:
   AdamWOptions options_;
   std::vector<bool> decay_;
   std::vector<Tensor> exp_avg_, exp_avg_sq_;
+  double grad_scale_ = 1.0;
 };
+
+// The gradient of parameter `name` (p), contiguous, after checking it matches p's shape and
+// dtype; undefined when p has none.
+Tensor checked_grad(const std::string& name, const Tensor& p);
 
 // L2 norm of all gradients together (parameters without grad count as zero).
 double grad_norm(const NamedTensors& params);
