@@ -33,22 +33,8 @@ Tensor BertEmbeddings::forward(const Tensor& ids, const Tensor& token_type_ids) 
   return dropout->forward(LayerNorm->forward(x));
 }
 
-BertSelfAttention::BertSelfAttention(const ModelConfig& c) : config_(c) {
-  query = register_module("query", std::make_shared<Linear>(c.d_model, c.d_model, true, c.dtype));
-  key = register_module("key", std::make_shared<Linear>(c.d_model, c.d_model, true, c.dtype));
-  value = register_module("value", std::make_shared<Linear>(c.d_model, c.d_model, true, c.dtype));
-}
-
-Tensor BertSelfAttention::forward(const Tensor& x, const Tensor& key_mask) const {
-  const int64_t H = config_.n_head;
-  Tensor y = attend(split_heads(query->forward(x), H), split_heads(key->forward(x), H),
-                    split_heads(value->forward(x), H), {.key_mask = key_mask}, config_.attn_dropout,
-                    is_training());
-  return merge_heads(y);
-}
-
-BertResidualOutput::BertResidualOutput(const ModelConfig& c, int64_t in) {
-  dense = register_module("dense", std::make_shared<Linear>(in, c.d_model, true, c.dtype));
+BertResidualOutput::BertResidualOutput(const ModelConfig& c, int64_t in, const Layers& L) {
+  dense = register_module("dense", L.row(in, c.d_model, true, c.dtype));
   LayerNorm = register_module(
       "LayerNorm", std::make_shared<engine::nn::LayerNorm>(c.d_model, c.norm_eps, c.dtype));
   dropout = register_module("dropout", std::make_shared<Dropout>(c.dropout));
@@ -58,35 +44,35 @@ Tensor BertResidualOutput::forward(const Tensor& x, const Tensor& residual) cons
   return LayerNorm->forward(dropout->forward(dense->forward(x)) + residual);
 }
 
-BertAttention::BertAttention(const ModelConfig& c) {
-  self = register_module("self", std::make_shared<BertSelfAttention>(c));
-  output = register_module("output", std::make_shared<BertResidualOutput>(c, c.d_model));
+BertAttention::BertAttention(const ModelConfig& c, const Layers& L) {
+  self = register_module("self", std::make_shared<EncoderSelfAttention>(c, L));
+  output = register_module("output", std::make_shared<BertResidualOutput>(c, c.d_model, L));
 }
 
-Tensor BertAttention::forward(const Tensor& x, const Tensor& key_mask) const {
-  return output->forward(self->forward(x, key_mask), x);
+Tensor BertAttention::forward(const Tensor& x, const SeqContext& seq) const {
+  return output->forward(self->forward(x, seq), x);
 }
 
-BertIntermediate::BertIntermediate(const ModelConfig& c) {
-  dense = register_module("dense", std::make_shared<Linear>(c.d_model, c.d_ff, true, c.dtype));
+BertIntermediate::BertIntermediate(const ModelConfig& c, const Layers& L) {
+  dense = register_module("dense", L.column(c.d_model, c.d_ff, true, c.dtype));
 }
 
 Tensor BertIntermediate::forward(const Tensor& x) const { return engine::gelu(dense->forward(x)); }
 
-BertLayer::BertLayer(const ModelConfig& c) {
-  attention = register_module("attention", std::make_shared<BertAttention>(c));
-  intermediate = register_module("intermediate", std::make_shared<BertIntermediate>(c));
-  output = register_module("output", std::make_shared<BertResidualOutput>(c, c.d_ff));
+BertLayer::BertLayer(const ModelConfig& c, const Layers& L) {
+  attention = register_module("attention", std::make_shared<BertAttention>(c, L));
+  intermediate = register_module("intermediate", std::make_shared<BertIntermediate>(c, L));
+  output = register_module("output", std::make_shared<BertResidualOutput>(c, c.d_ff, L));
 }
 
-Tensor BertLayer::forward(const Tensor& x, const Tensor& key_mask) const {
-  Tensor a = attention->forward(x, key_mask);
+Tensor BertLayer::forward(const Tensor& x, const SeqContext& seq) const {
+  Tensor a = attention->forward(x, seq);
   return output->forward(intermediate->forward(a), a);
 }
 
-BertEncoder::BertEncoder(const ModelConfig& c) {
+BertEncoder::BertEncoder(const ModelConfig& c, const Layers& L) {
   layer = register_module("layer", std::make_shared<ModuleList<BertLayer>>());
-  for (int64_t l = 0; l < c.n_layer; ++l) layer->add(std::make_shared<BertLayer>(c));
+  for (int64_t l = 0; l < c.n_layer; ++l) layer->add(std::make_shared<BertLayer>(c, L));
 }
 
 BertPooler::BertPooler(const ModelConfig& c) {
@@ -113,13 +99,13 @@ Tensor BertPredictionHeadTransform::forward(const Tensor& x) const {
   return LayerNorm->forward(engine::gelu(dense->forward(x)));
 }
 
-BertLMPredictionHead::BertLMPredictionHead(const ModelConfig& c) {
+BertLMPredictionHead::BertLMPredictionHead(const ModelConfig& c, int64_t vocab) {
   transform = register_module("transform", std::make_shared<BertPredictionHeadTransform>(c));
-  bias = register_parameter("bias", Tensor::zeros({c.vocab_size}, c.dtype));
+  bias = register_parameter("bias", Tensor::zeros({vocab}, c.dtype));
 }
 
-BertOnlyMLMHead::BertOnlyMLMHead(const ModelConfig& c) {
-  predictions = register_module("predictions", std::make_shared<BertLMPredictionHead>(c));
+BertOnlyMLMHead::BertOnlyMLMHead(const ModelConfig& c, int64_t vocab) {
+  predictions = register_module("predictions", std::make_shared<BertLMPredictionHead>(c, vocab));
 }
 
 Bert::Bert(ModelConfig config) : config_(std::move(config)) {
@@ -128,7 +114,7 @@ Bert::Bert(ModelConfig config) : config_(std::move(config)) {
       << "[Bert] the MLM decoder is tied to the word embeddings; tie_embeddings=false is not "
          "supported";
   bert = register_module("bert", std::make_shared<BertModel>(config_));
-  cls = register_module("cls", std::make_shared<BertOnlyMLMHead>(config_));
+  cls = register_module("cls", std::make_shared<BertOnlyMLMHead>(config_, config_.vocab_size));
   dropout_ = register_module("dropout", std::make_shared<Dropout>(config_.dropout));
   if (config_.num_labels > 0) {
     classifier = register_module(
@@ -147,13 +133,14 @@ Tensor Bert::encode(const Tensor& ids, const Tensor& token_type_ids,
   MAMMOTH_CHECK(types.shape() == ids.shape())
       << "[Bert::encode] token_type_ids " << engine::shape_str(types.shape()) << " must match ids "
       << engine::shape_str(ids.shape());
-  Tensor key_mask;
+  SeqContext seq;  // the whole sequence here, padding (if any) masked
   if (attention_mask.defined()) {
     MAMMOTH_CHECK(attention_mask.shape() == ids.shape())
         << "[Bert::encode] attention_mask " << engine::shape_str(attention_mask.shape())
         << " must match ids " << engine::shape_str(ids.shape());
-    key_mask = attention_mask.dtype() == DType::kBool ? attention_mask
-                                                      : engine::cast(attention_mask, DType::kBool);
+    seq.key_mask = attention_mask.dtype() == DType::kBool
+                       ? attention_mask
+                       : engine::cast(attention_mask, DType::kBool);
   }
   Tensor x = bert->embeddings->forward(ids, types);
   const ModuleList<BertLayer>& layers = *bert->encoder->layer;
@@ -161,7 +148,7 @@ Tensor Bert::encode(const Tensor& ids, const Tensor& token_type_ids,
     const BertLayer& layer = layers[l];
     x = run_block(
         recomputes(static_cast<int64_t>(l)),
-        [&layer, key_mask](const Tensor& in) { return layer.forward(in, key_mask); }, x);
+        [&layer, seq](const Tensor& in) { return layer.forward(in, seq); }, x);
   }
   return x;
 }

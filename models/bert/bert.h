@@ -5,11 +5,17 @@
 // Parameter names are HF's: "bert.embeddings.word_embeddings.weight",
 // "bert.encoder.layer.0.attention.self.query.weight", "bert.pooler.dense.weight",
 // "cls.predictions.transform.dense.weight", "cls.predictions.bias", "classifier.weight".
+//
+// The encoder blocks are built from a Layers (models/layers.h): Layers() is the single-device
+// model; the tensor / sequence-parallel form (models/policies/bert_policy.cc) builds the same
+// blocks from Layers(tp, mode): query/key/value and intermediate.dense column-parallel, the
+// two output.dense row-parallel, n_head / tp heads per rank.
 #pragma once
 
 #include <memory>
 
 #include "engine/nn/module.h"
+#include "models/encoder.h"
 #include "models/layers.h"
 #include "models/model.h"
 
@@ -25,21 +31,11 @@ class BertEmbeddings : public engine::nn::Module {
   std::shared_ptr<engine::nn::Dropout> dropout;
 };
 
-// "attention.self": query/key/value projections and attention.
-class BertSelfAttention : public engine::nn::Module {
- public:
-  explicit BertSelfAttention(const ModelConfig& c);
-  engine::Tensor forward(const engine::Tensor& x, const engine::Tensor& key_mask) const;
-  std::shared_ptr<engine::nn::Linear> query, key, value;
-
- private:
-  const ModelConfig& config_;
-};
-
-// dense -> dropout -> LayerNorm(x + residual): BertSelfOutput and BertOutput.
+// dense (row-parallel under tp) -> dropout -> LayerNorm(x + residual): BertSelfOutput and
+// BertOutput.
 class BertResidualOutput : public engine::nn::Module {
  public:
-  BertResidualOutput(const ModelConfig& c, int64_t in);
+  BertResidualOutput(const ModelConfig& c, int64_t in, const Layers& L = Layers());
   engine::Tensor forward(const engine::Tensor& x, const engine::Tensor& residual) const;
   std::shared_ptr<engine::nn::Linear> dense;
   std::shared_ptr<engine::nn::LayerNorm> LayerNorm;  // NOLINT: HF's name
@@ -48,24 +44,26 @@ class BertResidualOutput : public engine::nn::Module {
 
 class BertAttention : public engine::nn::Module {
  public:
-  explicit BertAttention(const ModelConfig& c);
-  engine::Tensor forward(const engine::Tensor& x, const engine::Tensor& key_mask) const;
-  std::shared_ptr<BertSelfAttention> self;
+  explicit BertAttention(const ModelConfig& c, const Layers& L = Layers());
+  engine::Tensor forward(const engine::Tensor& x, const SeqContext& seq) const;
+  std::shared_ptr<EncoderSelfAttention> self;
   std::shared_ptr<BertResidualOutput> output;
 };
 
-// dense + GELU, as a module so that the parameter reads "intermediate.dense.weight".
+// dense (column-parallel under tp) + GELU, as a module so that the parameter reads
+// "intermediate.dense.weight".
 class BertIntermediate : public engine::nn::Module {
  public:
-  explicit BertIntermediate(const ModelConfig& c);
+  explicit BertIntermediate(const ModelConfig& c, const Layers& L = Layers());
   engine::Tensor forward(const engine::Tensor& x) const;
   std::shared_ptr<engine::nn::Linear> dense;
 };
 
 class BertLayer : public engine::nn::Module {
  public:
-  explicit BertLayer(const ModelConfig& c);
-  engine::Tensor forward(const engine::Tensor& x, const engine::Tensor& key_mask) const;
+  explicit BertLayer(const ModelConfig& c, const Layers& L = Layers());
+  // x [B, n, C]: every position, or this rank's under split_gather / ulysses / ring (seq).
+  engine::Tensor forward(const engine::Tensor& x, const SeqContext& seq) const;
   std::shared_ptr<BertAttention> attention;
   std::shared_ptr<BertIntermediate> intermediate;
   std::shared_ptr<BertResidualOutput> output;
@@ -73,7 +71,7 @@ class BertLayer : public engine::nn::Module {
 
 class BertEncoder : public engine::nn::Module {
  public:
-  explicit BertEncoder(const ModelConfig& c);
+  explicit BertEncoder(const ModelConfig& c, const Layers& L = Layers());
   std::shared_ptr<ModuleList<BertLayer>> layer;
 };
 
@@ -102,17 +100,18 @@ class BertPredictionHeadTransform : public engine::nn::Module {
   std::shared_ptr<engine::nn::LayerNorm> LayerNorm;  // NOLINT: HF's name
 };
 
-// "cls.predictions": transform, then the tied decoder plus its own bias [V].
+// "cls.predictions": transform, then the tied decoder plus its own bias [vocab]: vocab_size
+// on one device, one rank's vocabulary shard (Vp / tp) in the tensor-parallel form.
 class BertLMPredictionHead : public engine::nn::Module {
  public:
-  explicit BertLMPredictionHead(const ModelConfig& c);
+  BertLMPredictionHead(const ModelConfig& c, int64_t vocab);
   std::shared_ptr<BertPredictionHeadTransform> transform;
   engine::Tensor bias;
 };
 
 class BertOnlyMLMHead : public engine::nn::Module {
  public:
-  explicit BertOnlyMLMHead(const ModelConfig& c);
+  BertOnlyMLMHead(const ModelConfig& c, int64_t vocab);
   std::shared_ptr<BertLMPredictionHead> predictions;
 };
 

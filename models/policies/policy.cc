@@ -244,6 +244,31 @@ ShardLayout::SeqPlan ShardLayout::plan_sequence(int64_t T) const {
   return plan;
 }
 
+SeqContext ShardLayout::encoder_context(const SeqPlan& plan, int64_t batch, Device device) const {
+  SeqContext seq{
+      .mode = options_.sp_mode, .layout = plan.layout, .sp = &mesh_.group(parallel::Axis::kSp)};
+  const int64_t length = plan.layout->length(), padded = plan.layout->padded();
+  if (options_.sp_mode == SpMode::kSplitGather && padded > length) {
+    std::vector<double> keep(static_cast<size_t>(batch * padded));
+    for (size_t i = 0; i < keep.size(); ++i) {
+      keep[i] = static_cast<int64_t>(i) % padded < length ? 1.0 : 0.0;
+    }
+    seq.key_mask = Tensor::from_vector(keep, {batch, padded}, DType::kBool).to(device);
+  }
+  return seq;
+}
+
+void ShardLayout::set_parallel_linear_specs() {
+  for (const auto& [name, module] : self_.named_modules()) {
+    if (const auto* col = dynamic_cast<const parallel::ColumnParallelLinear*>(module.get())) {
+      set_spec(name + ".weight", col->weight_spec());
+      if (col->bias.defined()) set_spec(name + ".bias", col->weight_spec());
+    } else if (const auto* row = dynamic_cast<const parallel::RowParallelLinear*>(module.get())) {
+      set_spec(name + ".weight", row->weight_spec());
+    }
+  }
+}
+
 parallel::Communicator& ShardLayout::sequence_group() const {
   return mesh_.group(options_.sp_mode == SpMode::kSplitGather ? parallel::Axis::kTp
                                                               : parallel::Axis::kSp);

@@ -107,6 +107,9 @@ class ShardLayout {
 
  protected:
   void set_spec(const std::string& name, const parallel::ShardSpec& spec) { specs_[name] = spec; }
+  // set_spec for every column- and row-parallel layer in the tree, by its full name: the weight,
+  // and a column layer's bias, as the layer splits them (a row layer's bias is whole).
+  void set_parallel_linear_specs();
   // `name` holds `heads` heads of `head_rows` rows each along dim 0, fewer heads than tp ranks
   // (tp % heads == 0): rank r holds a copy of head r / (tp / heads) (GQA's KV projections).
   void set_replicated_heads(const std::string& name, int64_t heads, int64_t head_rows);
@@ -127,6 +130,10 @@ class ShardLayout {
   // The group the sequence is split over: tp under split_gather, sp under ulysses/ring, else
   // a group of one (sp, whose size is then 1).
   parallel::Communicator& sequence_group() const;
+  // The SeqContext of a bidirectional encoder's blocks (BERT, ViT) for `batch` sequences laid
+  // out by `plan`: under split_gather with padding, a key mask [batch, padded] hiding the padded
+  // positions on `device` (ulysses and ring attention mask them from the layout themselves).
+  SeqContext encoder_context(const SeqPlan& plan, int64_t batch, Device device) const;
 
   const parallel::DeviceMesh& mesh_;
   ShardOptions options_;

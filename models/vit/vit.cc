@@ -1,6 +1,10 @@
 #include "models/vit/vit.h"
 
+#include <utility>
+#include <vector>
+
 #include "engine/ops.h"
+#include "parallel/sequence_parallel/sequence_parallel.h"
 
 namespace mammoth::models {
 
@@ -16,16 +20,24 @@ PatchProjection::PatchProjection(const ModelConfig& c) : patch_(c.patch_size) {
 }
 
 Tensor PatchProjection::forward(const Tensor& pixels) const {
-  const int64_t C = weight.size(1), D = weight.size(0), P = patch_;
+  return engine::linear(patches(pixels), matrix(), bias);
+}
+
+Tensor PatchProjection::matrix() const {
+  return weight.reshape({weight.size(0), weight.size(1) * patch_ * patch_});
+}
+
+Tensor PatchProjection::patches(const Tensor& pixels) const {
+  const int64_t C = weight.size(1), P = patch_;
   MAMMOTH_CHECK(pixels.dim() == 4 && pixels.size(1) == C && pixels.size(2) % P == 0 &&
                 pixels.size(3) % P == 0)
       << "[Vit::forward] pixels must be [B, " << C << ", H, W] with H, W multiples of " << P
       << ", got " << engine::shape_str(pixels.shape());
   const int64_t B = pixels.size(0), h = pixels.size(2) / P, w = pixels.size(3) / P;
   // [B, C, h, P, w, P] -> [B, h, w, C, P, P] -> [B, h*w, C*P*P]
-  Tensor patches =
-      pixels.reshape({B, C, h, P, w, P}).permute({0, 2, 4, 1, 3, 5}).reshape({B, h * w, C * P * P});
-  return engine::linear(patches, weight.reshape({D, C * P * P}), bias);
+  return pixels.reshape({B, C, h, P, w, P})
+      .permute({0, 2, 4, 1, 3, 5})
+      .reshape({B, h * w, C * P * P});
 }
 
 VitPatchEmbeddings::VitPatchEmbeddings(const ModelConfig& c) {
@@ -52,21 +64,39 @@ Tensor VitEmbeddings::forward(const Tensor& pixels) const {
   return dropout->forward(x + engine::cast(position_embeddings, x.dtype()));
 }
 
-VitSelfAttention::VitSelfAttention(const ModelConfig& c) : config_(c) {
-  query = register_module("query", std::make_shared<Linear>(c.d_model, c.d_model, true, c.dtype));
-  key = register_module("key", std::make_shared<Linear>(c.d_model, c.d_model, true, c.dtype));
-  value = register_module("value", std::make_shared<Linear>(c.d_model, c.d_model, true, c.dtype));
+Tensor VitEmbeddings::forward(const Tensor& pixels, const parallel::SequenceLayout& layout,
+                              int part) const {
+  const PatchProjection& proj = *patch_embeddings->projection;
+  Tensor patches = proj.patches(pixels);  // [B, N, C*P*P]
+  const int64_t B = patches.size(0), N = patches.size(1), K = patches.size(2);
+  MAMMOTH_CHECK(N + 1 == position_embeddings.size(1) && N + 1 == layout.length())
+      << "[Vit::forward] " << N << " patches, but the position table has "
+      << position_embeddings.size(1) - 1 << " (image_size / patch_size squared)";
+  // A zero row stands in for the class token ahead of the patches, so that position p of the
+  // sequence is row p and each rank projects only its own rows.
+  Tensor tokens =
+      engine::concat({Tensor::zeros({B, 1, K}, pixels.dtype(), pixels.device()), patches}, 1);
+  Tensor x =
+      engine::linear(parallel::shard_sequence(tokens, 1, layout, part), proj.matrix(), proj.bias);
+  // Position 0 takes the class token instead of the projection of its zero row (whose
+  // gradient the 0 factor stops: the projection's bias is not used there on one device).
+  const std::vector<int64_t> pos = layout.positions(part);
+  const int64_t n = static_cast<int64_t>(pos.size());
+  std::vector<double> is_cls(static_cast<size_t>(n)), not_cls(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    is_cls[i] = pos[i] == 0 ? 1.0 : 0.0;
+    not_cls[i] = 1.0 - is_cls[i];
+  }
+  const auto column = [&](const std::vector<double>& v) {
+    return Tensor::from_vector(v, {1, n, 1}, x.dtype()).to(x.device());
+  };
+  x = x * column(not_cls) + cls_token * column(is_cls) +
+      parallel::shard_sequence(position_embeddings, 1, layout, part);
+  return dropout->forward(x);
 }
 
-Tensor VitSelfAttention::forward(const Tensor& x) const {
-  const int64_t H = config_.n_head;
-  return merge_heads(attend(split_heads(query->forward(x), H), split_heads(key->forward(x), H),
-                            split_heads(value->forward(x), H), {}, config_.attn_dropout,
-                            is_training()));
-}
-
-VitDense::VitDense(const ModelConfig& c, int64_t in, int64_t out, bool with_dropout) {
-  dense = register_module("dense", std::make_shared<Linear>(in, out, true, c.dtype));
+VitDense::VitDense(const ModelConfig& c, std::shared_ptr<Linear> linear, bool with_dropout) {
+  dense = register_module("dense", std::move(linear));
   if (with_dropout) dropout_ = register_module("dropout", std::make_shared<Dropout>(c.dropout));
 }
 
@@ -75,39 +105,42 @@ Tensor VitDense::forward(const Tensor& x) const {
   return dropout_ ? dropout_->forward(y) : y;
 }
 
-VitAttention::VitAttention(const ModelConfig& c) {
-  attention = register_module("attention", std::make_shared<VitSelfAttention>(c));
-  output = register_module("output", std::make_shared<VitDense>(c, c.d_model, c.d_model, true));
+VitAttention::VitAttention(const ModelConfig& c, const Layers& L) {
+  attention = register_module("attention", std::make_shared<EncoderSelfAttention>(c, L));
+  output = register_module(
+      "output", std::make_shared<VitDense>(c, L.row(c.d_model, c.d_model, true, c.dtype), true));
 }
 
-Tensor VitAttention::forward(const Tensor& x) const {
-  return output->forward(attention->forward(x));
+Tensor VitAttention::forward(const Tensor& x, const SeqContext& seq) const {
+  return output->forward(attention->forward(x, seq));
 }
 
-VitLayer::VitLayer(const ModelConfig& c) {
+VitLayer::VitLayer(const ModelConfig& c, const Layers& L) {
   layernorm_before = register_module("layernorm_before",
                                      std::make_shared<LayerNorm>(c.d_model, c.norm_eps, c.dtype));
-  attention = register_module("attention", std::make_shared<VitAttention>(c));
+  attention = register_module("attention", std::make_shared<VitAttention>(c, L));
   layernorm_after = register_module("layernorm_after",
                                     std::make_shared<LayerNorm>(c.d_model, c.norm_eps, c.dtype));
-  intermediate =
-      register_module("intermediate", std::make_shared<VitDense>(c, c.d_model, c.d_ff, false));
-  output = register_module("output", std::make_shared<VitDense>(c, c.d_ff, c.d_model, true));
+  intermediate = register_module(
+      "intermediate",
+      std::make_shared<VitDense>(c, L.column(c.d_model, c.d_ff, true, c.dtype), false));
+  output = register_module(
+      "output", std::make_shared<VitDense>(c, L.row(c.d_ff, c.d_model, true, c.dtype), true));
 }
 
-Tensor VitLayer::forward(const Tensor& x) const {
-  Tensor h = x + attention->forward(layernorm_before->forward(x));
+Tensor VitLayer::forward(const Tensor& x, const SeqContext& seq) const {
+  Tensor h = x + attention->forward(layernorm_before->forward(x), seq);
   return h + output->forward(engine::gelu(intermediate->forward(layernorm_after->forward(h))));
 }
 
-VitEncoder::VitEncoder(const ModelConfig& c) {
+VitEncoder::VitEncoder(const ModelConfig& c, const Layers& L) {
   layer = register_module("layer", std::make_shared<ModuleList<VitLayer>>());
-  for (int64_t l = 0; l < c.n_layer; ++l) layer->add(std::make_shared<VitLayer>(c));
+  for (int64_t l = 0; l < c.n_layer; ++l) layer->add(std::make_shared<VitLayer>(c, L));
 }
 
-VitModel::VitModel(const ModelConfig& c) {
+VitModel::VitModel(const ModelConfig& c, const Layers& L) {
   embeddings = register_module("embeddings", std::make_shared<VitEmbeddings>(c));
-  encoder = register_module("encoder", std::make_shared<VitEncoder>(c));
+  encoder = register_module("encoder", std::make_shared<VitEncoder>(c, L));
   layernorm =
       register_module("layernorm", std::make_shared<LayerNorm>(c.d_model, c.norm_eps, c.dtype));
 }
@@ -115,7 +148,7 @@ VitModel::VitModel(const ModelConfig& c) {
 Tensor VitModel::forward(const Tensor& pixels) const {
   Tensor x = embeddings->forward(pixels);
   const ModuleList<VitLayer>& layers = *encoder->layer;
-  for (size_t l = 0; l < layers.size(); ++l) x = layers[l].forward(x);
+  for (size_t l = 0; l < layers.size(); ++l) x = layers[l].forward(x, SeqContext{});
   return layernorm->forward(x);
 }
 
