@@ -15,6 +15,7 @@
 #include "models/pipeline/pipeline.h"
 #include "models/policies/lora_tp.h"
 #include "models/policies/policy.h"
+#include "models/vit/vit.h"
 #include "parallel/comm/mpi_communicator.h"
 #include "parallel/data_parallel.h"
 #include "parallel/expert_parallel.h"
@@ -31,13 +32,15 @@ namespace {
 class PolicyShards final : public engine::train::ModelShardRuntime {
  public:
   // With `lora`, what trains (and is checkpointed) is its adapters, not the frozen model.
-  PolicyShards(const models::ShardedLanguageModel& sharded, const models::Model& full,
-               const parallel::DeviceMesh& mesh, models::TpLora* lora)
+  // `sharded`: the sharded form's layout (a ShardedLanguageModel or ShardedVit) and `module`,
+  // the same object as the module whose parameters it holds.
+  PolicyShards(const models::ShardLayout& sharded, const engine::nn::Module& module,
+               const models::Model& full, const parallel::DeviceMesh& mesh, models::TpLora* lora)
       : sharded_(sharded),
         lora_(lora),
         full_(lora ? lora->single_process_parameters() : full.named_parameters()),
         mesh_(mesh) {
-    for (const auto& [name, t] : lora ? lora->parameters() : sharded.named_parameters())
+    for (const auto& [name, t] : lora ? lora->parameters() : module.named_parameters())
       local_shape_[name] = t.shape();
     for (const auto& [name, t] : full_) full_shape_[name] = t.shape();
   }
@@ -76,7 +79,7 @@ class PolicyShards final : public engine::train::ModelShardRuntime {
     MAMMOTH_CHECK(it != shapes.end()) << "[train] no parameter '" << param << "'";
     return it->second;
   }
-  const models::ShardedLanguageModel& sharded_;
+  const models::ShardLayout& sharded_;
   models::TpLora* lora_;
   engine::nn::NamedTensors full_;
   const parallel::DeviceMesh& mesh_;
@@ -88,6 +91,10 @@ class PolicyShards final : public engine::train::ModelShardRuntime {
 // What assemble() builds; each is null when the plan does not use it.
 struct TrainingRuntime::Parts {
   std::shared_ptr<models::ShardedLanguageModel> sharded;
+  std::shared_ptr<models::ShardedVit> sharded_vit;  // a ViT classifier's tp/sp form
+  // Whichever of the two trains: its shard bookkeeping and its module.
+  const models::ShardLayout* shards = nullptr;
+  const engine::nn::Module* shard_module = nullptr;
   std::unique_ptr<models::TpLora> tp_lora;  // LoRA's pieces on `sharded`
   std::unique_ptr<PolicyShards> policy_shards;
   std::unique_ptr<models::LanguageModelPipeline> pipeline;
@@ -160,18 +167,11 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
       trained_params_ = &p.tp_lora->parameters();
       o.trained_params = trained_params_;
     }
-    p.policy_shards = std::make_unique<PolicyShards>(*p.sharded, *model_, *mesh_, p.tp_lora.get());
-    o.model_shards = p.policy_shards.get();
-    models::ShardedLanguageModel* sharded = p.sharded.get();
+    wire_shards(*p.sharded, *p.sharded, *model_, o);
     if (models::TpLora* lora = p.tp_lora.get()) {
       o.after_backward = [lora] { lora->sync_grads(); };
       o.sync_grad = [lora](const std::string& n, const engine::Tensor& t) {
         lora->sync_grad(n, t);
-      };
-    } else {
-      o.after_backward = [sharded] { sharded->sync_grads(); };
-      o.sync_grad = [sharded](const std::string& n, const engine::Tensor& t) {
-        sharded->sync_grad(n, t);
       };
     }
   }
@@ -326,46 +326,7 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
     }
   }
 
-  // The global gradient norm when the model is split: each rank sums the squares of the
-  // gradients it counts (tp: sharded ones, replicated ones on their owner; sp: sp rank 0; pp:
-  // a tied parameter on the first stage only), over its ZeRO shards and the dp group when dp
-  // shards, then over tp, sp and pp.
-  if (p.sharded || p.pipeline) {
-    Parts* parts = parts_.get();
-    parallel::DeviceMesh* mesh = mesh_.get();
-    o.grad_norm = [parts, mesh] {
-      const bool sp0 = mesh->coord(parallel::Axis::kSp) == 0;
-      auto counts = [&](const std::string& name) {
-        if (parts->tp_lora) {
-          return sp0 && parts->tp_lora->grad_owner(name) &&
-                 (!parts->pipeline || parts->pipeline->counts_in_norm(name));
-        }
-        return (!parts->sharded || (sp0 && parts->sharded->grad_owner(name))) &&
-               (!parts->pipeline || parts->pipeline->counts_in_norm(name));
-      };
-      double sq = 0;
-      if (parts->dp) {
-        sq = parts->dp->grad_sq_sum(counts);
-      } else {
-        engine::nn::NamedTensors counted;
-        for (const auto& [name, t] :
-             parts->pipeline
-                 ? (parts->stage_lora.empty() ? parts->pipeline->parameters() : parts->stage_lora)
-             : parts->tp_lora ? parts->tp_lora->parameters()
-                              : parts->sharded->named_parameters()) {
-          if (counts(name)) counted.emplace_back(name, t);
-        }
-        sq = engine::optim::grad_sq_sum(counted);
-      }
-      if (parts->sharded) {
-        engine::Tensor t = engine::Tensor::from_vector({sq}, {1}, DType::kF64);
-        mesh->cpu_group(parallel::Axis::kTp).all_reduce(t, parallel::ReduceOp::kSum);
-        mesh->cpu_group(parallel::Axis::kSp).all_reduce(t, parallel::ReduceOp::kSum);
-        sq = t.item();
-      }
-      return parts->pipeline ? parts->pipeline->grad_norm(sq) : std::sqrt(sq);
-    };
-  }
+  set_grad_norm(o);
 
   if (chunked) {
     engine::offload::OffloadOptions oo;
@@ -401,6 +362,65 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
   }
 }
 
+void TrainingRuntime::wire_shards(const models::ShardLayout& shards,
+                                  const engine::nn::Module& module, const models::Model& full,
+                                  engine::train::TrainOptions& o) {
+  Parts& p = *parts_;
+  p.shards = &shards;
+  p.shard_module = &module;
+  p.policy_shards = std::make_unique<PolicyShards>(shards, module, full, *mesh_, p.tp_lora.get());
+  o.model_shards = p.policy_shards.get();
+  const models::ShardLayout* layout = &shards;
+  o.after_backward = [layout] { layout->sync_grads(); };
+  o.sync_grad = [layout](const std::string& n, const engine::Tensor& t) {
+    layout->sync_grad(n, t);
+  };
+}
+
+void TrainingRuntime::set_grad_norm(engine::train::TrainOptions& o) {
+  // The global gradient norm when the model is split: each rank sums the squares of the
+  // gradients it counts (tp: sharded ones, replicated ones on their owner; sp: sp rank 0; pp:
+  // a tied parameter on the first stage only), over its ZeRO shards and the dp group when dp
+  // shards, then over tp, sp and pp.
+  const Parts& p = *parts_;
+  if (p.shards || p.pipeline) {
+    Parts* parts = parts_.get();
+    parallel::DeviceMesh* mesh = mesh_.get();
+    o.grad_norm = [parts, mesh] {
+      const bool sp0 = mesh->coord(parallel::Axis::kSp) == 0;
+      auto counts = [&](const std::string& name) {
+        if (parts->tp_lora) {
+          return sp0 && parts->tp_lora->grad_owner(name) &&
+                 (!parts->pipeline || parts->pipeline->counts_in_norm(name));
+        }
+        return (!parts->shards || (sp0 && parts->shards->grad_owner(name))) &&
+               (!parts->pipeline || parts->pipeline->counts_in_norm(name));
+      };
+      double sq = 0;
+      if (parts->dp) {
+        sq = parts->dp->grad_sq_sum(counts);
+      } else {
+        engine::nn::NamedTensors counted;
+        for (const auto& [name, t] :
+             parts->pipeline
+                 ? (parts->stage_lora.empty() ? parts->pipeline->parameters() : parts->stage_lora)
+             : parts->tp_lora ? parts->tp_lora->parameters()
+                              : parts->shard_module->named_parameters()) {
+          if (counts(name)) counted.emplace_back(name, t);
+        }
+        sq = engine::optim::grad_sq_sum(counted);
+      }
+      if (parts->shards) {
+        engine::Tensor t = engine::Tensor::from_vector({sq}, {1}, DType::kF64);
+        mesh->cpu_group(parallel::Axis::kTp).all_reduce(t, parallel::ReduceOp::kSum);
+        mesh->cpu_group(parallel::Axis::kSp).all_reduce(t, parallel::ReduceOp::kSum);
+        sq = t.item();
+      }
+      return parts->pipeline ? parts->pipeline->grad_norm(sq) : std::sqrt(sq);
+    };
+  }
+}
+
 void TrainingRuntime::set_world_fields(engine::train::TrainOptions& o) const {
   o.logging_rank = lead();
   // Every rank writes its shard of a sharded checkpoint.
@@ -426,9 +446,11 @@ void TrainingRuntime::assemble_classifier(std::shared_ptr<models::Model> model,
                                           engine::train::TrainOptions& o) {
   MAMMOTH_CHECK(model_ == nullptr && classifier_ == nullptr) << "[runtime] assemble() runs once";
   const std::string family = models::family_name(model->config().family);
-  // The parallel forms that rebuild the model (policies, pipeline stages) and the chunked
-  // memory carry language models only.
-  MAMMOTH_CHECK(plan_.tp == 1 && plan_.sp == 1 && plan_.sp_mode == "none")
+  const models::SpMode sp_mode = models::sp_mode_from_name(plan_.sp_mode);
+  const bool sharded = plan_.tp * plan_.sp > 1 || sp_mode != models::SpMode::kNone;
+  // ViT's tensor/sequence-parallel form is its policy's; BERT's classification head has none,
+  // and the pipeline stages and chunked memory carry language models only.
+  MAMMOTH_CHECK(!sharded || model->config().family == models::Family::kVit)
       << "[train] classification (" << family << ") with tensor or sequence parallelism (--tp, "
       << "--sp, --sp-mode) is not supported; use --dp";
   MAMMOTH_CHECK(plan_.pp == 1) << "[train] classification (" << family
@@ -451,16 +473,32 @@ void TrainingRuntime::assemble_classifier(std::shared_ptr<models::Model> model,
   o.amp = plan_.amp;
   o.device = device_;
   if (!mesh_) return;
+  Parts& p = *parts_;
+  if (sharded) {
+    MAMMOTH_CHECK(trained_params_ == nullptr)
+        << "[train] classification under tp/sp trains the whole ViT";
+    const auto* vit = dynamic_cast<const models::Vit*>(classifier_.get());
+    MAMMOTH_CHECK(vit != nullptr) << "[train] " << family << " did not build a ViT";
+    p.sharded_vit = models::vit_policy(*vit, *mesh_, {.sp_mode = sp_mode});
+    engine::train::move_to_device(p.sharded_vit->named_parameters(), device_);
+    wire_shards(*p.sharded_vit, *p.sharded_vit, *classifier_, o);
+  }
   set_world_fields(o);
   if (plan_.dp > 1) {
-    Parts& p = *parts_;
     p.dp = std::make_unique<parallel::DataParallel>(
-        trained_params_ ? *trained_params_ : classifier_->named_parameters(),
+        trained_params_ ? *trained_params_ : trained_classifier().named_parameters(),
         mesh_->group(parallel::Axis::kDp),
         parallel::DataParallelOptions{.zero_stage = plan_.zero, .bucket_mb = plan_.bucket_mb});
     p.dp->broadcast_parameters();
     o.dp = p.dp.get();
   }
+  set_grad_norm(o);
+}
+
+models::Model& TrainingRuntime::trained_classifier() const {
+  MAMMOTH_CHECK(classifier_ != nullptr) << "[runtime] trained_classifier() before assemble";
+  if (parts_->sharded_vit) return *parts_->sharded_vit;
+  return *classifier_;
 }
 
 TrainingRuntime::Memory TrainingRuntime::memory() const {
@@ -490,7 +528,7 @@ TrainingRuntime::Memory TrainingRuntime::memory() const {
                     : *trained_params_)
       n += t.numel();
   } else {
-    n = trained_ ? trained_->num_parameters() : classifier_->num_parameters();
+    n = trained_ ? trained_->num_parameters() : trained_classifier().num_parameters();
   }
   return {n * elem, n * elem, 2 * n * elem, how};
 }

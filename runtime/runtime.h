@@ -21,6 +21,10 @@
 #include "parallel/mesh.h"
 #include "plan/parallel_plan.h"
 
+namespace mammoth::models {
+class ShardLayout;
+}
+
 namespace mammoth::runtime {
 
 class TrainingRuntime {
@@ -54,10 +58,13 @@ class TrainingRuntime {
 
   // A classifier (ViT, BERT's sequence-classification head) instead of a language model: it
   // trains whole (options.trained_params: the part of it that trains; null: all), under dp
-  // and ZeRO only. tp, sp, pp, offload, and recompute for a family without it are refused here
-  // by name. Fills the same layout fields as assemble(). Call once, instead of assemble().
+  // and ZeRO; a ViT also under tp and sp (its policy's form, trained_classifier()). pp,
+  // offload, tp/sp for BERT and recompute for a family without it are refused here by name.
+  // Fills the same layout fields as assemble(). Call once, instead of assemble().
   void assemble_classifier(std::shared_ptr<models::Model> model,
                            engine::train::TrainOptions& options);
+  // The classifier that trains: the model, or its tensor/sequence-parallel form.
+  models::Model& trained_classifier() const;
 
   // The form that trains: the model, or its tensor/sequence-parallel shards.
   models::LanguageModel& trained() const { return *trained_; }
@@ -78,6 +85,13 @@ class TrainingRuntime {
   struct Parts;
   // logging_rank, world_rank / world_size / world_barrier / world_any and layout, from the mesh.
   void set_world_fields(engine::train::TrainOptions& options) const;
+  // A sharded form trains: checkpoints map its shards to single-process tensors, and its
+  // sequence-partial gradients are summed after backward (model_shards, after_backward,
+  // sync_grad). `module` is `shards`' own module.
+  void wire_shards(const models::ShardLayout& shards, const engine::nn::Module& module,
+                   const models::Model& full, engine::train::TrainOptions& options);
+  // options.grad_norm when the model is split over tp, sp or pp (each part counted once).
+  void set_grad_norm(engine::train::TrainOptions& options);
   plan::ParallelPlan plan_;
   Device device_;
   std::unique_ptr<parallel::DeviceMesh> mesh_;

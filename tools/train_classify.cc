@@ -17,6 +17,7 @@
 #include "engine/data/wordpiece.h"
 #include "engine/ops.h"
 #include "models/bert/bert.h"
+#include "models/policies/policy.h"
 #include "models/registry.h"
 #include "models/vit/vit.h"
 #include "tools/plan_flags.h"
@@ -235,17 +236,28 @@ int run_classification(runtime::TrainingRuntime& rt, const engine::train::Device
 
   // Each checkpoint carries the classifier as a transformers directory (hf/: config.json with
   // the class names, and model.safetensors; BERT as BertForSequenceClassification).
-  if (rt.plan().zero < 3) {
+  // Under tp / sp the sharded form trains and `model` keeps its first weights.
+  models::Model& learner = rt.trained_classifier();
+  const bool whole = &learner == model.get();
+  if (rt.plan().zero < 3 && whole) {
     o.after_checkpoint = [&model, &classes](const std::string& dir) {
       models::save_pretrained(*model, dir + "/hf", {.labels = classes});
     };
   } else if (lead) {
     std::fprintf(stderr,
-                 "[train] --zero 3: checkpoints carry no hf/ directory (each rank holds a shard "
-                 "of the parameters); `mammoth ckpt export` writes one\n");
+                 "[train] %s: checkpoints carry no hf/ directory (each rank holds a shard of "
+                 "the parameters); `mammoth ckpt export` writes one\n",
+                 whole ? "--zero 3" : "--tp / --sp");
   }
   engine::train::LossFn loss_fn;
-  if (images) {
+  if (auto* sharded = dynamic_cast<models::ShardedVit*>(&learner)) {
+    loss_fn = [sharded](const engine::Tensor& in, const engine::Tensor& tg) {
+      return sharded->loss(in, tg);
+    };
+    o.eval_fn = [sharded](const engine::Tensor& in, const engine::Tensor& tg) {
+      return loss_and_correct(sharded->forward(in), tg);
+    };
+  } else if (images) {
     auto vit = std::dynamic_pointer_cast<models::Vit>(model);
     MAMMOTH_CHECK(vit != nullptr) << "[train] " << model_name << " did not build a ViT";
     loss_fn = [vit](const engine::Tensor& in, const engine::Tensor& tg) {
@@ -268,7 +280,7 @@ int run_classification(runtime::TrainingRuntime& rt, const engine::train::Device
     };
   }
   const engine::train::TrainResult r =
-      engine::train::train(*model, loss_fn, *train_examples, val_examples, o, config);
+      engine::train::train(learner, loss_fn, *train_examples, val_examples, o, config);
   if (lead && !r.losses.empty()) {
     std::fprintf(stderr, "[train] done: steps %lld..%lld, loss %.4f -> %.4f",
                  static_cast<long long>(r.first_step), static_cast<long long>(r.last_step),

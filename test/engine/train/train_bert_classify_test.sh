@@ -132,6 +132,12 @@ one=(--model bert-tiny --task classify --train-file "$work/train.jsonl" --tokeni
 bash "$mpirun" -np 2 "$mammoth" train "${one[@]}" --grad-accum 1 --metrics "$work/dp2.jsonl" \
   2>"$work/dp2.log" || { cat "$work/dp2.log"; fail "dp 2 failed"; }
 same_curve "$work/dp1.jsonl" "$work/dp2.jsonl" 8
+# BERT's classification head has no tensor-parallel form (ViT's has): refused by name.
+if bash "$mpirun" -np 2 "$mammoth" train "${one[@]}" --tp 2 >"$work/tp.log" 2>&1; then
+  fail "accepted BERT classification with --tp 2"
+fi
+grep -q "classification (bert) with tensor or sequence parallelism" "$work/tp.log" ||
+  { cat "$work/tp.log"; fail "BERT --tp 2 not refused by name"; }
 
 # Rows of ids (TSV, integer labels), with a separate validation file.
 printf 'label\tids\n' >"$work/ids.tsv"
