@@ -13,48 +13,48 @@ using engine::nn::Embedding;
 using engine::nn::LayerNorm;
 using engine::nn::Linear;
 
-Gpt2Attention::Gpt2Attention(const ModelConfig& c) : config_(c) {
-  const double proj_std = 0.02 / std::sqrt(2.0 * c.n_layer);
+namespace {
+// GPT-2 scales the residual projections' initial weights by 1/sqrt(2 n_layer).
+double residual_std(const ModelConfig& c) { return 0.02 / std::sqrt(2.0 * c.n_layer); }
+}  // namespace
+
+Gpt2Attention::Gpt2Attention(const ModelConfig& c, const Layers& L)
+    : config_(c),
+      layers_(L),
+      heads_(L.split(c.n_head, "n_head")),
+      width_(L.split(c.d_model, "d_model")) {
   c_attn =
-      register_module("c_attn", std::make_shared<Linear>(c.d_model, 3 * c.d_model, true, c.dtype));
+      register_module("c_attn", L.column(c.d_model, 3 * c.d_model, true, c.dtype, {.parts = 3}));
   c_proj = register_module(
-      "c_proj", std::make_shared<ScaledLinear>(c.d_model, c.d_model, true, c.dtype, proj_std));
+      "c_proj", L.row(c.d_model, c.d_model, true, c.dtype, {.init_std = residual_std(c)}));
   resid_dropout_ = register_module("resid_dropout", std::make_shared<Dropout>(c.dropout));
 }
 
-Tensor Gpt2Attention::forward(const Tensor& x, KVCache* cache, int64_t layer) const {
-  const int64_t C = config_.d_model;
+Tensor Gpt2Attention::forward(const Tensor& x, KVCache* cache, int64_t layer,
+                              const SeqContext& seq) const {
+  const int64_t C = width_;
   std::vector<Tensor> qkv = engine::split(c_attn->forward(x), {C, C, C}, -1);  // [B, T, C] each
-  Tensor q = split_heads(qkv[0], config_.n_head);                              // [B, H, T, D]
-  Tensor k = split_heads(qkv[1], config_.n_head);
-  Tensor v = split_heads(qkv[2], config_.n_head);
+  Tensor q = split_heads(qkv[0], heads_);                                      // [B, H, T, D]
+  Tensor k = split_heads(qkv[1], heads_);
+  Tensor v = split_heads(qkv[2], heads_);
   if (cache != nullptr) std::tie(k, v) = cache->append(layer, k, v);
-  Tensor y = attend(q, k, v, {.causal = true}, config_.attn_dropout, is_training());
+  Tensor y = layers_.attention(q, k, v, {.causal = true}, config_.attn_dropout, is_training(), seq);
   return resid_dropout_->forward(c_proj->forward(merge_heads(y)));
 }
 
 Tensor Gpt2Attention::forward_paged(const Tensor& x, const std::vector<PagedSequence>& seqs,
                                     PagedKVCache* cache, int64_t layer) const {
-  const int64_t C = config_.d_model;
+  const int64_t C = width_, N = x.size(1), D = config_.head_dim();
   std::vector<Tensor> qkv = engine::split(c_attn->forward(x), {C, C, C}, -1);  // [1, N, C] each
-  std::vector<Tensor> ys;
-  int64_t at = 0;
-  for (const PagedSequence& s : seqs) {
-    auto heads = [&](const Tensor& t) {  // this sequence's rows -> [1, H, count, D]
-      return split_heads(t.slice(1, at, at + s.count), config_.n_head);
-    };
-    auto [k, v] = paged_append(cache, layer, s, heads(qkv[1]), heads(qkv[2]));
-    ys.push_back(merge_heads(attend(heads(qkv[0]), k, v, {.causal = true}, 0.0, false)));
-    at += s.count;
-  }
-  return resid_dropout_->forward(c_proj->forward(engine::concat(ys, 1)));
+  auto heads = [&](const Tensor& t) { return t.reshape({1, N, heads_, D}); };
+  const Tensor y = paged_attention(cache, layer, seqs, heads(qkv[0]), heads(qkv[1]), heads(qkv[2]));
+  return resid_dropout_->forward(c_proj->forward(y));
 }
 
-Gpt2Mlp::Gpt2Mlp(const ModelConfig& c) {
-  const double proj_std = 0.02 / std::sqrt(2.0 * c.n_layer);
-  c_fc = register_module("c_fc", std::make_shared<Linear>(c.d_model, c.d_ff, true, c.dtype));
-  c_proj = register_module(
-      "c_proj", std::make_shared<ScaledLinear>(c.d_ff, c.d_model, true, c.dtype, proj_std));
+Gpt2Mlp::Gpt2Mlp(const ModelConfig& c, const Layers& L) {
+  c_fc = register_module("c_fc", L.column(c.d_model, c.d_ff, true, c.dtype));
+  c_proj = register_module("c_proj",
+                           L.row(c.d_ff, c.d_model, true, c.dtype, {.init_std = residual_std(c)}));
   dropout_ = register_module("dropout", std::make_shared<Dropout>(c.dropout));
 }
 
@@ -62,15 +62,16 @@ Tensor Gpt2Mlp::forward(const Tensor& x) const {
   return dropout_->forward(c_proj->forward(engine::gelu_tanh(c_fc->forward(x))));
 }
 
-Gpt2Block::Gpt2Block(const ModelConfig& c) {
+Gpt2Block::Gpt2Block(const ModelConfig& c, const Layers& L) {
   ln_1 = register_module("ln_1", std::make_shared<LayerNorm>(c.d_model, c.norm_eps, c.dtype));
-  attn = register_module("attn", std::make_shared<Gpt2Attention>(c));
+  attn = register_module("attn", std::make_shared<Gpt2Attention>(c, L));
   ln_2 = register_module("ln_2", std::make_shared<LayerNorm>(c.d_model, c.norm_eps, c.dtype));
-  mlp = register_module("mlp", std::make_shared<Gpt2Mlp>(c));
+  mlp = register_module("mlp", std::make_shared<Gpt2Mlp>(c, L));
 }
 
-Tensor Gpt2Block::forward(const Tensor& x, KVCache* cache, int64_t layer) const {
-  Tensor h1 = x + attn->forward(ln_1->forward(x), cache, layer);
+Tensor Gpt2Block::forward(const Tensor& x, KVCache* cache, int64_t layer,
+                          const SeqContext& seq) const {
+  Tensor h1 = x + attn->forward(ln_1->forward(x), cache, layer, seq);
   return h1 + mlp->forward(ln_2->forward(h1));
 }
 

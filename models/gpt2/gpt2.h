@@ -15,28 +15,36 @@
 
 namespace mammoth::models {
 
+// The blocks are written once for every parallel layout: `L` gives them their linears (one
+// device by default; column / row parallel over a tp group from a sharding policy) and they
+// keep n_head / L.tp() heads and d_model / L.tp() of the attention width. `seq` says how the
+// sequence is split (models/layers.h); the KV cache and the paged forward take the whole
+// sequence.
 class Gpt2Attention : public engine::nn::Module {
  public:
-  explicit Gpt2Attention(const ModelConfig& c);
+  explicit Gpt2Attention(const ModelConfig& c, const Layers& L = Layers());
   // x [B, T, C]; with a cache, T new positions after cache->length.
-  engine::Tensor forward(const engine::Tensor& x, KVCache* cache, int64_t layer) const;
+  engine::Tensor forward(const engine::Tensor& x, KVCache* cache, int64_t layer,
+                         const SeqContext& seq = {}) const;
   // x [1, N, C]: the new tokens of `seqs`, concatenated (LanguageModel::forward_paged).
   engine::Tensor forward_paged(const engine::Tensor& x, const std::vector<PagedSequence>& seqs,
                                PagedKVCache* cache, int64_t layer) const;
   std::shared_ptr<engine::nn::Linear> c_attn;  // [3C, C]: q, k, v
-  std::shared_ptr<ScaledLinear> c_proj;        // [C, C]
+  std::shared_ptr<engine::nn::Linear> c_proj;  // [C, C], N(0, 0.02 / sqrt(2 n_layer))
 
  private:
   const ModelConfig& config_;
+  Layers layers_;
+  int64_t heads_, width_;  // this rank's heads and their width (heads_ * head_dim)
   std::shared_ptr<engine::nn::Dropout> resid_dropout_;
 };
 
 class Gpt2Mlp : public engine::nn::Module {
  public:
-  explicit Gpt2Mlp(const ModelConfig& c);
+  explicit Gpt2Mlp(const ModelConfig& c, const Layers& L = Layers());
   engine::Tensor forward(const engine::Tensor& x) const;
-  std::shared_ptr<engine::nn::Linear> c_fc;  // [d_ff, C]
-  std::shared_ptr<ScaledLinear> c_proj;      // [C, d_ff]
+  std::shared_ptr<engine::nn::Linear> c_fc;    // [d_ff, C]
+  std::shared_ptr<engine::nn::Linear> c_proj;  // [C, d_ff], N(0, 0.02 / sqrt(2 n_layer))
 
  private:
   std::shared_ptr<engine::nn::Dropout> dropout_;
@@ -44,8 +52,9 @@ class Gpt2Mlp : public engine::nn::Module {
 
 class Gpt2Block : public engine::nn::Module {
  public:
-  explicit Gpt2Block(const ModelConfig& c);
-  engine::Tensor forward(const engine::Tensor& x, KVCache* cache, int64_t layer) const;
+  explicit Gpt2Block(const ModelConfig& c, const Layers& L = Layers());
+  engine::Tensor forward(const engine::Tensor& x, KVCache* cache, int64_t layer,
+                         const SeqContext& seq = {}) const;
   engine::Tensor forward_paged(const engine::Tensor& x, const std::vector<PagedSequence>& seqs,
                                PagedKVCache* cache, int64_t layer) const;
   std::shared_ptr<engine::nn::LayerNorm> ln_1, ln_2;

@@ -1,5 +1,6 @@
 #include "models/llama/llama.h"
 
+#include <algorithm>
 #include <tuple>
 
 #include "engine/ops.h"
@@ -12,84 +13,94 @@ using engine::nn::Embedding;
 using engine::nn::Linear;
 using engine::nn::RMSNorm;
 
-LlamaAttention::LlamaAttention(const ModelConfig& c) : config_(c) {
+LlamaAttention::LlamaAttention(const ModelConfig& c, const Layers& L)
+    : config_(c), layers_(L), heads_(L.split(c.n_head, "n_head")) {
+  const int64_t p = L.tp();
+  MAMMOTH_CHECK(c.n_kv_head % p == 0 || p % c.n_kv_head == 0)
+      << "[llama] " << c.n_kv_head << " key/value heads can neither be split over tp " << p
+      << " (n_kv_head % tp != 0) nor replicated (tp % n_kv_head != 0); with n_head " << c.n_head
+      << " a rank's query heads would need parts of several KV heads";
+  kv_heads_ = kv_replicated() ? 1 : c.n_kv_head / p;
   const int64_t D = c.head_dim();
-  const bool bias = c.qkv_bias;  // Qwen2
-  q_proj =
-      register_module("q_proj", std::make_shared<Linear>(c.d_model, c.n_head * D, bias, c.dtype));
-  k_proj = register_module("k_proj",
-                           std::make_shared<Linear>(c.d_model, c.n_kv_head * D, bias, c.dtype));
-  v_proj = register_module("v_proj",
-                           std::make_shared<Linear>(c.d_model, c.n_kv_head * D, bias, c.dtype));
-  o_proj =
-      register_module("o_proj", std::make_shared<Linear>(c.n_head * D, c.d_model, false, c.dtype));
+  // With fewer KV heads than ranks each rank projects one (replicated) KV head: the
+  // column-parallel layer then has tp heads' rows, one per rank.
+  const int64_t kv_rows = std::max(c.n_kv_head, p) * D;
+  const bool bias = c.qkv_bias;  // Qwen2; split with its projection's rows
+  q_proj = register_module("q_proj", L.column(c.d_model, c.n_head * D, bias, c.dtype));
+  k_proj = register_module("k_proj", L.column(c.d_model, kv_rows, bias, c.dtype));
+  v_proj = register_module("v_proj", L.column(c.d_model, kv_rows, bias, c.dtype));
+  o_proj = register_module("o_proj", L.row(c.n_head * D, c.d_model, false, c.dtype));
 }
 
-Tensor LlamaAttention::forward(const Tensor& x, KVCache* cache, int64_t layer) const {
-  const int64_t B = x.size(0), T = x.size(1), D = config_.head_dim();
+Tensor LlamaAttention::forward(const Tensor& x, KVCache* cache, int64_t layer,
+                               const SeqContext& seq) const {
+  const int64_t B = x.size(0), D = config_.head_dim();
   const int64_t offset = cache != nullptr ? cache->length : 0;
-  // rope works on [B, T, H, D]; attention wants [B, H, T, D].
+  // rope works on [B, T, H, D]; attention wants [B, H, T, D]. T is the projection's rows: under
+  // split_gather the column-parallel layers gather the whole sequence.
   auto project = [&](const Linear& proj, int64_t heads, bool rotate) {
-    Tensor t = proj.forward(x).view({B, T, heads, D});
-    if (rotate) t = llama_rope(t, config_, offset, offset + T);
+    Tensor t = proj.forward(x);
+    const int64_t T = t.size(1);
+    t = t.view({B, T, heads, D});
+    if (rotate) {
+      t = seq.positions ? llama_rope_at(t, *seq.positions, config_)
+                        : llama_rope(t, config_, offset, offset + T);
+    }
     return t.permute({0, 2, 1, 3});
   };
-  Tensor q = project(*q_proj, config_.n_head, true);
-  Tensor k = project(*k_proj, config_.n_kv_head, true);
-  Tensor v = project(*v_proj, config_.n_kv_head, false);
+  Tensor q = project(*q_proj, heads_, true);
+  Tensor k = project(*k_proj, kv_heads_, true);
+  Tensor v = project(*v_proj, kv_heads_, false);
   if (cache != nullptr) std::tie(k, v) = cache->append(layer, k, v);
-  Tensor y = attend(q, k, v, {.causal = true, .window = config_.sliding_window},
-                    config_.attn_dropout, is_training());
+  Tensor y = layers_.attention(q, k, v, {.causal = true, .window = config_.sliding_window},
+                               config_.attn_dropout, is_training(), seq);
   return o_proj->forward(merge_heads(y));
 }
 
 Tensor LlamaAttention::forward_paged(const Tensor& x, const std::vector<PagedSequence>& seqs,
                                      PagedKVCache* cache, int64_t layer) const {
-  const int64_t D = config_.head_dim();
-  const Tensor q_all = q_proj->forward(x), k_all = k_proj->forward(x), v_all = v_proj->forward(x);
-  std::vector<Tensor> ys;
-  int64_t at = 0;
-  for (const PagedSequence& s : seqs) {
-    // This sequence's rows as [1, heads, count, D], rotated from its own position offset, the
-    // same rope forward applies for a cache at s.start (rope_scaling included).
-    auto heads = [&](const Tensor& all, int64_t n, bool rotate) {
-      Tensor t = all.slice(1, at, at + s.count).reshape({1, s.count, n, D});
-      if (rotate) t = llama_rope(t, config_, s.start, s.start + s.count);
-      return t.permute({0, 2, 1, 3});
-    };
-    auto [k, v] = paged_append(cache, layer, s, heads(k_all, config_.n_kv_head, true),
-                               heads(v_all, config_.n_kv_head, false));
-    ys.push_back(
-        merge_heads(attend(heads(q_all, config_.n_head, true), k, v,
-                           {.causal = true, .window = config_.sliding_window}, 0.0, false)));
-    at += s.count;
-  }
-  return o_proj->forward(engine::concat(ys, 1));
+  const int64_t N = x.size(1), D = config_.head_dim();
+  auto heads = [&](const Linear& proj, int64_t n) { return proj.forward(x).reshape({1, N, n, D}); };
+  // Each sequence's rows rotated from its own position offset, the same rope forward applies
+  // for a cache at s.start (rope_scaling included).
+  auto rotated = [&](const Tensor& t) {
+    std::vector<Tensor> parts;
+    int64_t at = 0;
+    for (const PagedSequence& s : seqs) {
+      parts.push_back(
+          llama_rope(t.slice(1, at, at + s.count), config_, s.start, s.start + s.count));
+      at += s.count;
+    }
+    return parts.size() == 1 ? parts[0] : engine::concat(parts, 1);
+  };
+  const Tensor y = paged_attention(cache, layer, seqs, rotated(heads(*q_proj, heads_)),
+                                   rotated(heads(*k_proj, kv_heads_)), heads(*v_proj, kv_heads_),
+                                   config_.sliding_window);
+  return o_proj->forward(y);
 }
 
-LlamaMlp::LlamaMlp(const ModelConfig& c) {
-  gate_proj =
-      register_module("gate_proj", std::make_shared<Linear>(c.d_model, c.d_ff, false, c.dtype));
-  up_proj = register_module("up_proj", std::make_shared<Linear>(c.d_model, c.d_ff, false, c.dtype));
-  down_proj =
-      register_module("down_proj", std::make_shared<Linear>(c.d_ff, c.d_model, false, c.dtype));
+LlamaMlp::LlamaMlp(const ModelConfig& c, const Layers& L) {
+  gate_proj = register_module("gate_proj", L.column(c.d_model, c.d_ff, false, c.dtype));
+  up_proj = register_module("up_proj", L.column(c.d_model, c.d_ff, false, c.dtype));
+  down_proj = register_module("down_proj", L.row(c.d_ff, c.d_model, false, c.dtype));
 }
 
 Tensor LlamaMlp::forward(const Tensor& x) const {
   return down_proj->forward(engine::silu(gate_proj->forward(x)) * up_proj->forward(x));
 }
 
-LlamaDecoderLayer::LlamaDecoderLayer(const ModelConfig& c) {
+LlamaDecoderLayer::LlamaDecoderLayer(const ModelConfig& c, const Layers& L) {
   input_layernorm =
       register_module("input_layernorm", std::make_shared<RMSNorm>(c.d_model, c.norm_eps, c.dtype));
-  self_attn = register_module("self_attn", std::make_shared<LlamaAttention>(c));
+  self_attn = register_module("self_attn", std::make_shared<LlamaAttention>(c, L));
   post_attention_layernorm = register_module(
       "post_attention_layernorm", std::make_shared<RMSNorm>(c.d_model, c.norm_eps, c.dtype));
-  mlp = register_module("mlp", std::make_shared<LlamaMlp>(c));
+  mlp = register_module("mlp", std::make_shared<LlamaMlp>(c, L));
 }
 
-Tensor LlamaDecoderLayer::forward(const Tensor& x, KVCache* cache, int64_t layer) const {
-  Tensor h = x + self_attn->forward(input_layernorm->forward(x), cache, layer);
+Tensor LlamaDecoderLayer::forward(const Tensor& x, KVCache* cache, int64_t layer,
+                                  const SeqContext& seq) const {
+  Tensor h = x + self_attn->forward(input_layernorm->forward(x), cache, layer, seq);
   return h + mlp->forward(post_attention_layernorm->forward(h));
 }
 

@@ -15,31 +15,44 @@
 
 namespace mammoth::models {
 
+// The blocks are written once for every parallel layout: `L` gives them their linears (one
+// device by default; column / row parallel over a tp group from a sharding policy) and they
+// keep n_head / L.tp() query heads, n_kv_head / L.tp() key/value heads (or, with fewer KV heads
+// than ranks, one copy of the KV head their query heads use: models/policies/policy.h) and
+// d_ff / L.tp() of the MLP. `seq` says how the sequence is split (models/layers.h); its
+// positions, when given, are the global positions the rotary embedding rotates by. The KV
+// cache and the paged forward take the whole sequence.
 class LlamaAttention : public engine::nn::Module {
  public:
-  explicit LlamaAttention(const ModelConfig& c);
-  engine::Tensor forward(const engine::Tensor& x, KVCache* cache, int64_t layer) const;
+  explicit LlamaAttention(const ModelConfig& c, const Layers& L = Layers());
+  engine::Tensor forward(const engine::Tensor& x, KVCache* cache, int64_t layer,
+                         const SeqContext& seq = {}) const;
   // x [1, N, C]: the new tokens of `seqs`, concatenated (LanguageModel::forward_paged).
   engine::Tensor forward_paged(const engine::Tensor& x, const std::vector<PagedSequence>& seqs,
                                PagedKVCache* cache, int64_t layer) const;
+  // Whether each rank holds a copy of one KV head (fewer KV heads than tp ranks).
+  bool kv_replicated() const { return config_.n_kv_head < layers_.tp(); }
   std::shared_ptr<engine::nn::Linear> q_proj, k_proj, v_proj, o_proj;
 
  private:
   const ModelConfig& config_;
+  Layers layers_;
+  int64_t heads_, kv_heads_;  // this rank's
 };
 
 class LlamaMlp : public engine::nn::Module {
  public:
-  explicit LlamaMlp(const ModelConfig& c);
-  // down(silu(gate(x)) * up(x))
+  explicit LlamaMlp(const ModelConfig& c, const Layers& L = Layers());
+  // down(silu(gate(x)) * up(x)); under tp the product is elementwise over this rank's columns.
   engine::Tensor forward(const engine::Tensor& x) const;
   std::shared_ptr<engine::nn::Linear> gate_proj, up_proj, down_proj;
 };
 
 class LlamaDecoderLayer : public engine::nn::Module {
  public:
-  explicit LlamaDecoderLayer(const ModelConfig& c);
-  engine::Tensor forward(const engine::Tensor& x, KVCache* cache, int64_t layer) const;
+  explicit LlamaDecoderLayer(const ModelConfig& c, const Layers& L = Layers());
+  engine::Tensor forward(const engine::Tensor& x, KVCache* cache, int64_t layer,
+                         const SeqContext& seq = {}) const;
   engine::Tensor forward_paged(const engine::Tensor& x, const std::vector<PagedSequence>& seqs,
                                PagedKVCache* cache, int64_t layer) const;
   std::shared_ptr<engine::nn::RMSNorm> input_layernorm, post_attention_layernorm;

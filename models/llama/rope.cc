@@ -59,4 +59,20 @@ engine::Tensor llama_rope(const engine::Tensor& t, const ModelConfig& c, int64_t
   return engine::rope(t, c.rope_base, offset, 0, inv_freq);
 }
 
+engine::Tensor llama_rope_at(const engine::Tensor& t, const std::vector<int64_t>& positions,
+                             const ModelConfig& c) {
+  const int64_t n = static_cast<int64_t>(positions.size());
+  MAMMOTH_CHECK(t.size(1) == n) << "[llama_rope_at] " << t.size(1) << " rows but " << n
+                                << " positions";
+  std::vector<engine::Tensor> runs;
+  int64_t start = 0;
+  for (int64_t i = 1; i <= n; ++i) {
+    if (i < n && positions[i] == positions[i - 1] + 1) continue;
+    const engine::Tensor part = start == 0 && i == n ? t : t.slice(1, start, i);
+    runs.push_back(llama_rope(part, c, positions[start], 0));
+    start = i;
+  }
+  return runs.size() == 1 ? runs[0] : engine::concat(runs, 1);
+}
+
 }  // namespace mammoth::models

@@ -1,7 +1,7 @@
 // Rotary position embeddings with config.json's rope_scaling, as transformers 4.44 computes
 // them (modeling_rope_utils.py: _compute_default / linear / dynamic_ntk / llama3 parameters).
-// The one place that knows the scaled frequencies: LLaMA's attention, its tp/sp policy and the
-// paged serving path all rotate through llama_rope.
+// The one place that knows the scaled frequencies: LLaMA's attention (in every parallel
+// layout) and its paged serving path all rotate through llama_rope.
 #pragma once
 
 #include <cstdint>
@@ -28,5 +28,12 @@ std::vector<float> rope_inv_freq(const ModelConfig& c);
 // seq_len positions (what dynamic scaling depends on; ignored by the other kinds).
 engine::Tensor llama_rope(const engine::Tensor& t, const ModelConfig& c, int64_t offset,
                           int64_t seq_len);
+
+// llama_rope of t [B, n, H, head_dim] whose rows are the global `positions` (a sequence split
+// over ranks: a rank's rows need not be consecutive). engine::rope takes one offset, so each
+// run of consecutive positions is rotated from its first one. Dynamic scaling is not
+// supported (it needs the whole sequence's length; the tp/sp policy refuses it).
+engine::Tensor llama_rope_at(const engine::Tensor& t, const std::vector<int64_t>& positions,
+                             const ModelConfig& c);
 
 }  // namespace mammoth::models

@@ -1,14 +1,16 @@
-// GPT-2's sharding policy: the blocks of models/gpt2 rebuilt from tensor-parallel layers.
+// GPT-2's sharding policy. The blocks are models/gpt2's own, built from Layers(tp, mode), which
+// gives them these layers:
 //
 //   attn.c_attn  column-parallel, 3 segments (q|k|v): rank r holds heads [r H/tp, (r+1) H/tp)
 //                of each of q, k and v
 //   attn.c_proj  row-parallel over the same heads
 //   mlp.c_fc     column-parallel (d_ff / tp), mlp.c_proj row-parallel
+//
+// What is GPT-2-specific and parallel lives here, in the sharded top:
+//
 //   wte          vocab-parallel, padded to a multiple of tp; also the tied LM head, whose
 //                logits stay split by vocabulary into the vocab-parallel cross-entropy
 //   wpe, ln_*    replicated
-#include <cmath>
-
 #include "engine/autograd.h"
 #include "engine/ops.h"
 #include "models/gpt2/gpt2.h"
@@ -25,122 +27,9 @@ using engine::nn::Dropout;
 using engine::nn::Embedding;
 using engine::nn::LayerNorm;
 using parallel::Axis;
-using parallel::ColumnParallelLinear;
 using parallel::Communicator;
-using parallel::RowParallelLinear;
 
 namespace {
-
-// What a block needs to know about the sequence layout of its input.
-struct SeqContext {
-  SpMode mode = SpMode::kNone;
-  // Owned, not borrowed: a recomputed (activation-checkpointed) block runs again in backward.
-  std::shared_ptr<const parallel::SequenceLayout> layout;  // ulysses / ring
-  Communicator* sp = nullptr;
-};
-
-class TpGpt2Attention : public engine::nn::Module {
- public:
-  TpGpt2Attention(const ModelConfig& c, Communicator& tp, bool sequence_parallel)
-      : config_(c), tp_(tp) {
-    MAMMOTH_CHECK(c.n_head % tp.size() == 0)
-        << "[gpt2_policy] n_head " << c.n_head << " does not divide by tp " << tp.size();
-    c_attn = register_module(
-        "c_attn",
-        std::make_shared<ColumnParallelLinear>(
-            c.d_model, 3 * c.d_model, true, c.dtype, tp,
-            ColumnParallelLinear::Options{.sequence_parallel = sequence_parallel, .parts = 3}));
-    c_proj = register_module(
-        "c_proj", std::make_shared<RowParallelLinear>(
-                      c.d_model, c.d_model, true, c.dtype, tp,
-                      RowParallelLinear::Options{.sequence_parallel = sequence_parallel}));
-    resid_dropout_ = register_module("resid_dropout", std::make_shared<Dropout>(c.dropout));
-  }
-
-  Tensor forward(const Tensor& x, const SeqContext& seq) const {
-    const int64_t Cl = config_.d_model / tp_.size(), Hl = config_.n_head / tp_.size();
-    std::vector<Tensor> qkv = engine::split(c_attn->forward(x), {Cl, Cl, Cl}, -1);
-    Tensor q = split_heads(qkv[0], Hl), k = split_heads(qkv[1], Hl), v = split_heads(qkv[2], Hl);
-    Tensor y;
-    if (seq.mode == SpMode::kUlysses) {
-      y = parallel::ulysses_attention(q.contiguous(), k.contiguous(), v.contiguous(), *seq.sp,
-                                      *seq.layout, true);
-    } else if (seq.mode == SpMode::kRing) {
-      y = parallel::ring_attention(q.contiguous(), k.contiguous(), v.contiguous(), *seq.sp,
-                                   *seq.layout, true);
-    } else {
-      engine::AttentionOptions causal;
-      causal.causal = true;
-      y = attend(q, k, v, causal, config_.attn_dropout, is_training());
-    }
-    return resid_dropout_->forward(c_proj->forward(merge_heads(y)));
-  }
-
-  // x [1, N, C]: the new tokens of `seqs` (serving), this rank's heads in the paged cache.
-  Tensor forward_paged(const Tensor& x, const std::vector<PagedSequence>& seqs, PagedKVCache* cache,
-                       int64_t layer) const {
-    const int64_t Cl = config_.d_model / tp_.size(), Hl = config_.n_head / tp_.size();
-    const int64_t N = x.size(1), D = config_.head_dim();
-    std::vector<Tensor> qkv = engine::split(c_attn->forward(x), {Cl, Cl, Cl}, -1);
-    auto heads = [&](const Tensor& t) { return t.reshape({1, N, Hl, D}); };
-    const Tensor y =
-        paged_attention(cache, layer, seqs, heads(qkv[0]), heads(qkv[1]), heads(qkv[2]));
-    return resid_dropout_->forward(c_proj->forward(y));
-  }
-
-  std::shared_ptr<ColumnParallelLinear> c_attn;
-  std::shared_ptr<RowParallelLinear> c_proj;
-
- private:
-  const ModelConfig& config_;
-  Communicator& tp_;
-  std::shared_ptr<Dropout> resid_dropout_;
-};
-
-class TpGpt2Mlp : public engine::nn::Module {
- public:
-  TpGpt2Mlp(const ModelConfig& c, Communicator& tp, bool sequence_parallel) {
-    c_fc = register_module(
-        "c_fc", std::make_shared<ColumnParallelLinear>(
-                    c.d_model, c.d_ff, true, c.dtype, tp,
-                    ColumnParallelLinear::Options{.sequence_parallel = sequence_parallel}));
-    c_proj = register_module(
-        "c_proj", std::make_shared<RowParallelLinear>(
-                      c.d_ff, c.d_model, true, c.dtype, tp,
-                      RowParallelLinear::Options{.sequence_parallel = sequence_parallel}));
-    dropout_ = register_module("dropout", std::make_shared<Dropout>(c.dropout));
-  }
-  Tensor forward(const Tensor& x) const {
-    return dropout_->forward(c_proj->forward(engine::gelu_tanh(c_fc->forward(x))));
-  }
-  std::shared_ptr<ColumnParallelLinear> c_fc;
-  std::shared_ptr<RowParallelLinear> c_proj;
-
- private:
-  std::shared_ptr<Dropout> dropout_;
-};
-
-class TpGpt2Block : public engine::nn::Module {
- public:
-  TpGpt2Block(const ModelConfig& c, Communicator& tp, bool sequence_parallel) {
-    ln_1 = register_module("ln_1", std::make_shared<LayerNorm>(c.d_model, c.norm_eps, c.dtype));
-    attn = register_module("attn", std::make_shared<TpGpt2Attention>(c, tp, sequence_parallel));
-    ln_2 = register_module("ln_2", std::make_shared<LayerNorm>(c.d_model, c.norm_eps, c.dtype));
-    mlp = register_module("mlp", std::make_shared<TpGpt2Mlp>(c, tp, sequence_parallel));
-  }
-  Tensor forward(const Tensor& x, const SeqContext& seq) const {
-    Tensor h1 = x + attn->forward(ln_1->forward(x), seq);
-    return h1 + mlp->forward(ln_2->forward(h1));
-  }
-  Tensor forward_paged(const Tensor& x, const std::vector<PagedSequence>& seqs, PagedKVCache* cache,
-                       int64_t layer) const {
-    Tensor h1 = x + attn->forward_paged(ln_1->forward(x), seqs, cache, layer);
-    return h1 + mlp->forward(ln_2->forward(h1));
-  }
-  std::shared_ptr<LayerNorm> ln_1, ln_2;
-  std::shared_ptr<TpGpt2Attention> attn;
-  std::shared_ptr<TpGpt2Mlp> mlp;
-};
 
 class TpGpt2 : public ShardedDecoder {
  public:
@@ -153,20 +42,11 @@ class TpGpt2 : public ShardedDecoder {
                                      c.vocab_size, c.d_model, c.dtype, tp, sg));
     wpe = register_module("wpe", std::make_shared<Embedding>(c.max_seq, c.d_model, c.dtype));
     drop_ = register_module("drop", std::make_shared<Dropout>(c.dropout));
-    h = register_module("h", std::make_shared<ModuleList<TpGpt2Block>>());
-    for (int64_t l = 0; l < c.n_layer; ++l) h->add(std::make_shared<TpGpt2Block>(config_, tp, sg));
+    h = register_module("h", std::make_shared<ModuleList<Gpt2Block>>());
+    const Layers layers(tp, options.sp_mode);
+    for (int64_t l = 0; l < c.n_layer; ++l) h->add(std::make_shared<Gpt2Block>(config_, layers));
     ln_f = register_module("ln_f", std::make_shared<LayerNorm>(c.d_model, c.norm_eps, c.dtype));
-    set_spec("wte.weight", wte->weight_spec());
-    for (int64_t l = 0; l < c.n_layer; ++l) {
-      const std::string p = "h." + std::to_string(l) + ".";
-      const TpGpt2Block& b = (*h)[l];
-      set_spec(p + "attn.c_attn.weight", b.attn->c_attn->weight_spec());
-      set_spec(p + "attn.c_attn.bias", b.attn->c_attn->weight_spec());
-      set_spec(p + "attn.c_proj.weight", b.attn->c_proj->weight_spec());
-      set_spec(p + "mlp.c_fc.weight", b.mlp->c_fc->weight_spec());
-      set_spec(p + "mlp.c_fc.bias", b.mlp->c_fc->weight_spec());
-      set_spec(p + "mlp.c_proj.weight", b.mlp->c_proj->weight_spec());
-    }
+    set_layer_specs();
   }
 
   // Pipeline stages (and, run in a row, the whole forward), each re-deriving the sequence plan
@@ -180,10 +60,12 @@ class TpGpt2 : public ShardedDecoder {
   }
   Tensor pipeline_block(int64_t l, const Tensor& x, const Tensor& ids) override {
     const SeqPlan plan = plan_sequence(ids.size(1));
-    const SeqContext seq{options_.sp_mode, plan.layout, &mesh_.group(Axis::kSp)};
-    const TpGpt2Block* block = &(*h)[static_cast<size_t>(l)];
+    const SeqContext seq{
+        .mode = options_.sp_mode, .layout = plan.layout, .sp = &mesh_.group(Axis::kSp)};
+    const Gpt2Block* block = &(*h)[static_cast<size_t>(l)];
     return run_block(
-        recomputes(l), [block, seq](const Tensor& in) { return block->forward(in, seq); }, x);
+        recomputes(l),
+        [block, seq, l](const Tensor& in) { return block->forward(in, nullptr, l, seq); }, x);
   }
   PipelinePart pipeline_part(const std::string& name) const override {
     return gpt2_pipeline_part(name);
@@ -192,7 +74,7 @@ class TpGpt2 : public ShardedDecoder {
 
   std::shared_ptr<parallel::VocabParallelEmbedding> wte;
   std::shared_ptr<Embedding> wpe;
-  std::shared_ptr<ModuleList<TpGpt2Block>> h;
+  std::shared_ptr<ModuleList<Gpt2Block>> h;
   std::shared_ptr<LayerNorm> ln_f;
 
  private:

@@ -110,6 +110,23 @@ void ShardLayout::set_replicated_heads(const std::string& name, int64_t heads, i
   replicated_[name] = {heads, head_rows};
 }
 
+void ShardLayout::set_layer_specs() {
+  for (const auto& [name, m] : self_.named_modules()) {
+    auto set = [&](const std::string& param, const parallel::ShardSpec& s) {
+      const std::string full = name + "." + param;
+      if (replicated_heads(full) == nullptr) set_spec(full, s);
+    };
+    if (auto col = std::dynamic_pointer_cast<parallel::ColumnParallelLinear>(m)) {
+      set("weight", col->weight_spec());
+      if (col->bias.defined()) set("bias", col->weight_spec());  // [out]: split as W's rows
+    } else if (auto row = std::dynamic_pointer_cast<parallel::RowParallelLinear>(m)) {
+      set("weight", row->weight_spec());
+    } else if (auto emb = std::dynamic_pointer_cast<parallel::VocabParallelEmbedding>(m)) {
+      set("weight", emb->weight_spec());
+    }
+  }
+}
+
 const ShardLayout::ReplicatedHeads* ShardLayout::replicated_heads(const std::string& name) const {
   auto it = replicated_.find(name);
   return it == replicated_.end() ? nullptr : &it->second;

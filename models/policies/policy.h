@@ -4,7 +4,10 @@
 // A policy per family builds the same module tree from parallel layers (column-/row-parallel
 // linear, vocab-parallel embedding and loss, Ulysses or ring attention), with the single-device
 // parameter names, and copies this rank's shard of every weight from the model it is given
-// (built with the same seed on every rank). A new family needs only a policy. The bookkeeping
+// (built with the same seed on every rank). GPT-2's and LLaMA's blocks are written once: the
+// policy builds the family's own blocks from Layers(tp, mode) (models/layers.h), adds only the
+// sharded top (vocab-parallel embedding and head, the sequence plan each block gets as a
+// SeqContext) and reads the specs off the layers (set_layer_specs). The bookkeeping
 // every family shares (specs, load/gather/shard of tensors, gradient sums, sequence plans) is
 // ShardLayout, a mixin of both ShardedLanguageModel and ShardedVit (an image classifier).
 //
@@ -113,6 +116,11 @@ class ShardLayout {
   // `name` holds `heads` heads of `head_rows` rows each along dim 0, fewer heads than tp ranks
   // (tp % heads == 0): rank r holds a copy of head r / (tp / heads) (GQA's KV projections).
   void set_replicated_heads(const std::string& name, int64_t heads, int64_t head_rows);
+  // The specs of every parallel layer below `self`, by its parameters' names: a column-parallel
+  // linear's weight and bias (split by output rows), a row-parallel linear's weight (split by
+  // input columns; its bias is whole), a vocab-parallel embedding's table. Parameters already
+  // given replicated heads are left to those, so call set_replicated_heads first.
+  void set_layer_specs();
 
   // How a batch of T positions is laid out under the sequence mode (shared by the families).
   struct SeqPlan {
