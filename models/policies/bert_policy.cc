@@ -105,9 +105,10 @@ class TpBert : public ShardedLanguageModel {
       register_module("classifier",
                       std::make_shared<Linear>(c.d_model, c.num_labels, true, c.dtype));
     }
+    set_layer_specs();
+    // The MLM bias is a plain tensor split like the vocabulary (no layer to read it off).
     set_spec("bert.embeddings.word_embeddings.weight", vocab);
     set_spec("cls.predictions.bias", vocab);
-    set_parallel_linear_specs();
   }
 
   const ModelConfig& config() const override { return config_; }

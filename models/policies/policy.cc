@@ -275,17 +275,6 @@ SeqContext ShardLayout::encoder_context(const SeqPlan& plan, int64_t batch, Devi
   return seq;
 }
 
-void ShardLayout::set_parallel_linear_specs() {
-  for (const auto& [name, module] : self_.named_modules()) {
-    if (const auto* col = dynamic_cast<const parallel::ColumnParallelLinear*>(module.get())) {
-      set_spec(name + ".weight", col->weight_spec());
-      if (col->bias.defined()) set_spec(name + ".bias", col->weight_spec());
-    } else if (const auto* row = dynamic_cast<const parallel::RowParallelLinear*>(module.get())) {
-      set_spec(name + ".weight", row->weight_spec());
-    }
-  }
-}
-
 parallel::Communicator& ShardLayout::sequence_group() const {
   return mesh_.group(options_.sp_mode == SpMode::kSplitGather ? parallel::Axis::kTp
                                                               : parallel::Axis::kSp);

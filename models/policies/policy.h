@@ -4,10 +4,11 @@
 // A policy per family builds the same module tree from parallel layers (column-/row-parallel
 // linear, vocab-parallel embedding and loss, Ulysses or ring attention), with the single-device
 // parameter names, and copies this rank's shard of every weight from the model it is given
-// (built with the same seed on every rank). GPT-2's and LLaMA's blocks are written once: the
+// (built with the same seed on every rank). Every family's blocks are written once: the
 // policy builds the family's own blocks from Layers(tp, mode) (models/layers.h), adds only the
-// sharded top (vocab-parallel embedding and head, the sequence plan each block gets as a
-// SeqContext) and reads the specs off the layers (set_layer_specs). The bookkeeping
+// sharded top (vocab-parallel embedding and head or loss, the ViT class-token classifier, the
+// sequence plan each block gets as a SeqContext) and reads the specs off the layers
+// (set_layer_specs). The bookkeeping
 // every family shares (specs, load/gather/shard of tensors, gradient sums, sequence plans) is
 // ShardLayout, a mixin of both ShardedLanguageModel and ShardedVit (an image classifier).
 //
@@ -110,9 +111,6 @@ class ShardLayout {
 
  protected:
   void set_spec(const std::string& name, const parallel::ShardSpec& spec) { specs_[name] = spec; }
-  // set_spec for every column- and row-parallel layer in the tree, by its full name: the weight,
-  // and a column layer's bias, as the layer splits them (a row layer's bias is whole).
-  void set_parallel_linear_specs();
   // `name` holds `heads` heads of `head_rows` rows each along dim 0, fewer heads than tp ranks
   // (tp % heads == 0): rank r holds a copy of head r / (tp / heads) (GQA's KV projections).
   void set_replicated_heads(const std::string& name, int64_t heads, int64_t head_rows);

@@ -53,7 +53,7 @@ class TpVit : public ShardedVit {
         "vit", std::make_shared<VitModel>(c, Layers(mesh.group(Axis::kTp), options.sp_mode)));
     classifier = register_module("classifier",
                                  std::make_shared<Linear>(c.d_model, c.num_labels, true, c.dtype));
-    set_parallel_linear_specs();
+    set_layer_specs();
   }
 
   const ModelConfig& config() const override { return config_; }

@@ -117,6 +117,9 @@ bash "$mpirun" -np 2 "$mammoth" train "${one[@]}" --tp 2 --eval-every 5 --eval-b
   --save-dir "$work/ck_tp2_resume" --resume --metrics "$work/tp2_resumed.jsonl" \
   2>"$work/tp2_resumed.log" || { cat "$work/tp2_resumed.log"; fail "tp 2 resume failed"; }
 same_tail "$work/tp2.jsonl" "$work/tp2_resumed.jsonl" 6 10
+# The tp 2 run's own step-5 checkpoint again (the resumed run above wrote its step 10 beside it).
+mv "$work/ck_tp2_resume" "$work/ck_tp2_resumed_by_tp2"
+resume_at "$work/ck_tp2" 5
 "$mammoth" train "${one[@]}" --eval-every 5 --eval-batches 1 --save-dir "$work/ck_tp2_resume" \
   --resume --metrics "$work/tp2_on_one.jsonl" 2>"$work/tp2_on_one.log" ||
   { cat "$work/tp2_on_one.log"; fail "a tp 2 checkpoint did not resume on one process"; }
