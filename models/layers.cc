@@ -75,7 +75,8 @@ Tensor Layers::attention(const Tensor& q, const Tensor& k, const Tensor& v,
         << " (its layout masks the padding itself)";
     MAMMOTH_CHECK(dropout == 0.0 || !training)
         << "[layers] attention dropout " << dropout << " under " << sp_mode_name(seq.mode)
-        << " is not supported; set attn_dropout 0";
+        << " is not supported (Ulysses and ring attention have no dropout); train with "
+           "--dropout 0 or --sp-mode split_gather";
     const auto run =
         seq.mode == SpMode::kUlysses ? parallel::ulysses_attention : parallel::ring_attention;
     return run(q.contiguous(), k.contiguous(), v.contiguous(), *seq.sp, *seq.layout, options.causal,

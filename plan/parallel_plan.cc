@@ -45,6 +45,7 @@ class Checker {
     if (c_.model != nullptr) {
       if (const std::string e = model(*c_.model); !e.empty()) return e;
       if (const std::string e = experts(*c_.model); !e.empty()) return e;
+      if (const std::string e = attention(*c_.model); !e.empty()) return e;
     }
     return "";
   }
@@ -238,6 +239,15 @@ class Checker {
   }
 
   // Expert parallelism (--ep): groups of dp ranks; the layouts it has been checked under.
+  // Ulysses and ring attention compute no attention dropout (models::Layers::attention).
+  std::string attention(const models::ModelConfig& m) const {
+    if ((p_.sp_mode == "ulysses" || p_.sp_mode == "ring") && m.attn_dropout > 0)
+      return say("--sp-mode ", p_.sp_mode, " has no attention dropout, but ", m.name,
+                 " has attention dropout ", m.attn_dropout,
+                 " (--dropout sets it); use --dropout 0 or --sp-mode split_gather");
+    return "";
+  }
+
   std::string experts() const {
     if (p_.ep < 1) return say("--ep must be >= 1, got ", p_.ep);
     if (p_.ep == 1) return "";

@@ -206,6 +206,21 @@ TEST_CASE("every combination rule names what is wrong") {
               {.model = &gpt2}) == "");
 }
 
+TEST_CASE("Ulysses and ring attention refuse attention dropout by name") {
+  models::ModelConfig gpt2 = models::resolve_config("gpt2-tiny");
+  gpt2.attn_dropout = 0.1;
+  for (const char* mode : {"ulysses", "ring"}) {
+    const ParallelPlan p = with([mode](ParallelPlan& q) { q.sp = 2, q.sp_mode = mode; });
+    CHECK_THAT(check(p, {.model = &gpt2}),
+               Catch::Contains("has no attention dropout") && Catch::Contains("use --dropout 0"));
+  }
+  // split_gather attends locally, with dropout; no dropout is fine under ring.
+  CHECK(check(with([](ParallelPlan& q) { q.tp = 2, q.sp_mode = "split_gather"; }),
+              {.model = &gpt2}) == "");
+  gpt2.attn_dropout = 0;
+  CHECK(check(with([](ParallelPlan& q) { q.sp = 2, q.sp_mode = "ring"; }), {.model = &gpt2}) == "");
+}
+
 TEST_CASE("expert parallelism: --ep's rules name what is wrong") {
   const models::ModelConfig mixtral = models::resolve_config("mixtral-tiny");  // 4 experts
   const models::ModelConfig llama = models::resolve_config("llama-tiny");
