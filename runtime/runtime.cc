@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <set>
 #include <utility>
 
 #include "base/error.h"
@@ -33,13 +34,23 @@ class PolicyShards final : public engine::train::ModelShardRuntime {
  public:
   // With `lora`, what trains (and is checkpointed) is its adapters, not the frozen model.
   // `sharded`: the sharded form's layout (a ShardedLanguageModel or ShardedVit) and `module`,
-  // the same object as the module whose parameters it holds.
+  // the same object as the module whose parameters it holds. `trained`: the names checkpoints
+  // hold (null: every parameter of `full`).
   PolicyShards(const models::ShardLayout& sharded, const engine::nn::Module& module,
-               const models::Model& full, const parallel::DeviceMesh& mesh, models::TpLora* lora)
-      : sharded_(sharded),
-        lora_(lora),
-        full_(lora ? lora->single_process_parameters() : full.named_parameters()),
-        mesh_(mesh) {
+               const models::Model& full, const parallel::DeviceMesh& mesh, models::TpLora* lora,
+               const engine::nn::NamedTensors* trained)
+      : sharded_(sharded), lora_(lora), mesh_(mesh) {
+    if (lora) {
+      full_ = lora->single_process_parameters();
+    } else {
+      std::set<std::string> names;
+      if (trained) {
+        for (const auto& [name, t] : *trained) names.insert(name);
+      }
+      for (const auto& [name, t] : full.named_parameters()) {
+        if (!trained || names.count(name)) full_.emplace_back(name, t);
+      }
+    }
     for (const auto& [name, t] : lora ? lora->parameters() : module.named_parameters())
       local_shape_[name] = t.shape();
     for (const auto& [name, t] : full_) full_shape_[name] = t.shape();
@@ -91,7 +102,10 @@ class PolicyShards final : public engine::train::ModelShardRuntime {
 // What assemble() builds; each is null when the plan does not use it.
 struct TrainingRuntime::Parts {
   std::shared_ptr<models::ShardedLanguageModel> sharded;
-  std::shared_ptr<models::ShardedVit> sharded_vit;  // a ViT classifier's tp/sp form
+  // A classifier's tp/sp form (ShardedVit, or BERT's policy form for classify) and, when only
+  // part of it trains (BERT: all but the masked-LM head), that part.
+  std::shared_ptr<models::Model> sharded_classifier;
+  engine::nn::NamedTensors sharded_trained;
   // Whichever of the two trains: its shard bookkeeping and its module.
   const models::ShardLayout* shards = nullptr;
   const engine::nn::Module* shard_module = nullptr;
@@ -167,7 +181,7 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
       trained_params_ = &p.tp_lora->parameters();
       o.trained_params = trained_params_;
     }
-    wire_shards(*p.sharded, *p.sharded, *model_, o);
+    wire_shards(*p.sharded, *p.sharded, *model_, o, nullptr);
     if (models::TpLora* lora = p.tp_lora.get()) {
       o.after_backward = [lora] { lora->sync_grads(); };
       o.sync_grad = [lora](const std::string& n, const engine::Tensor& t) {
@@ -364,11 +378,13 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
 
 void TrainingRuntime::wire_shards(const models::ShardLayout& shards,
                                   const engine::nn::Module& module, const models::Model& full,
-                                  engine::train::TrainOptions& o) {
+                                  engine::train::TrainOptions& o,
+                                  const engine::nn::NamedTensors* trained) {
   Parts& p = *parts_;
   p.shards = &shards;
   p.shard_module = &module;
-  p.policy_shards = std::make_unique<PolicyShards>(shards, module, full, *mesh_, p.tp_lora.get());
+  p.policy_shards =
+      std::make_unique<PolicyShards>(shards, module, full, *mesh_, p.tp_lora.get(), trained);
   o.model_shards = p.policy_shards.get();
   const models::ShardLayout* layout = &shards;
   o.after_backward = [layout] { layout->sync_grads(); };
@@ -448,11 +464,18 @@ void TrainingRuntime::assemble_classifier(std::shared_ptr<models::Model> model,
   const std::string family = models::family_name(model->config().family);
   const models::SpMode sp_mode = models::sp_mode_from_name(plan_.sp_mode);
   const bool sharded = plan_.tp * plan_.sp > 1 || sp_mode != models::SpMode::kNone;
-  // ViT's tensor/sequence-parallel form is its policy's; BERT's classification head has none,
-  // and the pipeline stages and chunked memory carry language models only.
-  MAMMOTH_CHECK(!sharded || model->config().family == models::Family::kVit)
+  // The tp/sp forms are the policies' (ViT: every sp mode; BERT: tp, with or without
+  // split_gather: Ulysses and ring attention take no attention mask); the pipeline stages and
+  // chunked memory carry language models only.
+  MAMMOTH_CHECK(!sharded || model->config().family == models::Family::kVit ||
+                model->config().family == models::Family::kBert)
       << "[train] classification (" << family << ") with tensor or sequence parallelism (--tp, "
       << "--sp, --sp-mode) is not supported; use --dp";
+  MAMMOTH_CHECK(model->config().family != models::Family::kBert ||
+                (sp_mode != models::SpMode::kUlysses && sp_mode != models::SpMode::kRing))
+      << "[train] BERT classification under --sp-mode " << plan_.sp_mode
+      << ": the padding mask has no Ulysses / ring form; use --tp (with or without --sp-mode "
+         "split_gather)";
   MAMMOTH_CHECK(plan_.pp == 1) << "[train] classification (" << family
                                << ") with --pp is not supported; use --dp";
   MAMMOTH_CHECK(!plan_.offloaded())
@@ -475,13 +498,34 @@ void TrainingRuntime::assemble_classifier(std::shared_ptr<models::Model> model,
   if (!mesh_) return;
   Parts& p = *parts_;
   if (sharded) {
-    MAMMOTH_CHECK(trained_params_ == nullptr)
-        << "[train] classification under tp/sp trains the whole ViT";
-    const auto* vit = dynamic_cast<const models::Vit*>(classifier_.get());
-    MAMMOTH_CHECK(vit != nullptr) << "[train] " << family << " did not build a ViT";
-    p.sharded_vit = models::vit_policy(*vit, *mesh_, {.sp_mode = sp_mode});
-    engine::train::move_to_device(p.sharded_vit->named_parameters(), device_);
-    wire_shards(*p.sharded_vit, *p.sharded_vit, *classifier_, o);
+    const engine::nn::NamedTensors* whole_trained = trained_params_;
+    const models::ShardLayout* layout = nullptr;
+    if (const auto* vit = dynamic_cast<const models::Vit*>(classifier_.get())) {
+      auto form = models::vit_policy(*vit, *mesh_, {.sp_mode = sp_mode});
+      layout = form.get();
+      p.sharded_classifier = form;
+    } else {
+      auto form = models::bert_policy(*classifier_, *mesh_, {.sp_mode = sp_mode});
+      layout = form.get();
+      p.sharded_classifier = form;
+    }
+    models::Model& form = *p.sharded_classifier;
+    if (whole_trained) {
+      // The sharded form's parameters of the names that train; the rest frozen as in `model`.
+      std::set<std::string> names;
+      for (const auto& [name, t] : *whole_trained) names.insert(name);
+      for (auto& [name, t] : form.named_parameters()) {
+        if (names.count(name)) {
+          p.sharded_trained.emplace_back(name, t);
+        } else {
+          t.requires_grad_(false);
+        }
+      }
+      trained_params_ = &p.sharded_trained;
+      o.trained_params = trained_params_;
+    }
+    engine::train::move_to_device(form.named_parameters(), device_);
+    wire_shards(*layout, form, *classifier_, o, whole_trained);
   }
   set_world_fields(o);
   if (plan_.dp > 1) {
@@ -497,7 +541,7 @@ void TrainingRuntime::assemble_classifier(std::shared_ptr<models::Model> model,
 
 models::Model& TrainingRuntime::trained_classifier() const {
   MAMMOTH_CHECK(classifier_ != nullptr) << "[runtime] trained_classifier() before assemble";
-  if (parts_->sharded_vit) return *parts_->sharded_vit;
+  if (parts_->sharded_classifier) return *parts_->sharded_classifier;
   return *classifier_;
 }
 

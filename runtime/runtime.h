@@ -58,8 +58,9 @@ class TrainingRuntime {
 
   // A classifier (ViT, BERT's sequence-classification head) instead of a language model: it
   // trains whole (options.trained_params: the part of it that trains; null: all), under dp
-  // and ZeRO; a ViT also under tp and sp (its policy's form, trained_classifier()). pp,
-  // offload, tp/sp for BERT and recompute for a family without it are refused here by name.
+  // and ZeRO; also under tp and sp (its policy's form, trained_classifier(): ViT in every sp
+  // mode, BERT with or without split_gather). pp, offload, BERT under Ulysses / ring and
+  // recompute for a family without it are refused here by name.
   // Fills the same layout fields as assemble(). Call once, instead of assemble().
   void assemble_classifier(std::shared_ptr<models::Model> model,
                            engine::train::TrainOptions& options);
@@ -88,8 +89,10 @@ class TrainingRuntime {
   // A sharded form trains: checkpoints map its shards to single-process tensors, and its
   // sequence-partial gradients are summed after backward (model_shards, after_backward,
   // sync_grad). `module` is `shards`' own module.
+  // `trained`: the names that train and are checkpointed (null: all of `full`).
   void wire_shards(const models::ShardLayout& shards, const engine::nn::Module& module,
-                   const models::Model& full, engine::train::TrainOptions& options);
+                   const models::Model& full, engine::train::TrainOptions& options,
+                   const engine::nn::NamedTensors* trained);
   // options.grad_norm when the model is split over tp, sp or pp (each part counted once).
   void set_grad_norm(engine::train::TrainOptions& options);
   plan::ParallelPlan plan_;

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -269,9 +270,17 @@ int run_classification(runtime::TrainingRuntime& rt, const engine::train::Device
   } else {
     auto bert = std::dynamic_pointer_cast<models::Bert>(model);
     MAMMOTH_CHECK(bert != nullptr) << "[train] " << model_name << " did not build a BERT";
-    auto logits = [bert, pad](const engine::Tensor& ids) {
-      return bert->classify(bert->encode(ids, engine::Tensor(), attention_mask(ids, pad)));
-    };
+    auto* sharded = dynamic_cast<models::ShardedSequenceClassifier*>(&learner);
+    std::function<engine::Tensor(const engine::Tensor&)> logits;
+    if (sharded) {
+      logits = [sharded, pad](const engine::Tensor& ids) {
+        return sharded->classify(ids, attention_mask(ids, pad));
+      };
+    } else {
+      logits = [bert, pad](const engine::Tensor& ids) {
+        return bert->classify(bert->encode(ids, engine::Tensor(), attention_mask(ids, pad)));
+      };
+    }
     loss_fn = [logits](const engine::Tensor& in, const engine::Tensor& tg) {
       return engine::cross_entropy(logits(in), tg);
     };

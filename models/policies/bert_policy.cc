@@ -12,13 +12,15 @@
 //                                   vocab-parallel cross-entropy
 //   cls.predictions.bias            split by vocabulary like the decoder's rows
 //   position/token-type embeddings, LayerNorms, cls.predictions.transform, pooler, classifier
-//                                   replicated (the pooler and classifier are not used by the
-//                                   MLM loss and keep no gradient)
+//                                   replicated (the MLM loss leaves the pooler and classifier
+//                                   without a gradient, classification the MLM head)
 //
 // Attention is bidirectional: padded positions (sequences that do not divide) are keys nobody
 // attends to (a key mask under split_gather; ulysses_attention and ring_attention mask them
-// themselves). Only forward(ids) and loss(ids, targets) exist in the sharded form: no attention
-// mask or token types (token type 0 everywhere, as Bert::forward), no classification.
+// themselves). The sharded form has the masked LM (forward(ids), loss(ids, targets)) and
+// sequence classification (classify(ids, attention_mask): the mask joins the padding key mask;
+// the [CLS] row is on one rank of the sequence group under split_gather, which classifies as
+// ShardedVit does, see vit_policy.cc). Token type 0 everywhere, as Bert::forward.
 #include <memory>
 #include <vector>
 
@@ -89,7 +91,7 @@ class TpBertModel : public engine::nn::Module {
   std::shared_ptr<BertPooler> pooler;  // not used by the MLM loss
 };
 
-class TpBert : public ShardedLanguageModel {
+class TpBert : public ShardedLanguageModel, public ShardedSequenceClassifier {
  public:
   TpBert(const ModelConfig& config, const parallel::DeviceMesh& mesh, const ShardOptions& options)
       : ShardedLanguageModel(mesh, options), config_(config) {
@@ -100,10 +102,10 @@ class TpBert : public ShardedLanguageModel {
     predictions =
         register_module("cls", std::make_shared<BertOnlyMLMHead>(c, vocab.padded / tp.size()))
             ->predictions;
-    register_module("dropout", std::make_shared<Dropout>(c.dropout));  // the classifier's
+    dropout_ = register_module("dropout", std::make_shared<Dropout>(c.dropout));  // classifier's
     if (c.num_labels > 0) {
-      register_module("classifier",
-                      std::make_shared<Linear>(c.d_model, c.num_labels, true, c.dtype));
+      classifier_ = register_module(
+          "classifier", std::make_shared<Linear>(c.d_model, c.num_labels, true, c.dtype));
     }
     set_layer_specs();
     // The MLM bias is a plain tensor split like the vocabulary (no layer to read it off).
@@ -128,29 +130,58 @@ class TpBert : public ShardedLanguageModel {
                            bert->embeddings->word_embeddings->vocab_start(), config_.vocab_size);
   }
 
+  Tensor classify(const Tensor& ids, const Tensor& attention_mask) override {
+    MAMMOTH_CHECK(classifier_ != nullptr)
+        << "[TpBert::classify] the model has no classification head (num_labels = 0)";
+    MAMMOTH_CHECK(!sequence_on_sp())
+        << "[TpBert::classify] an attention mask has no Ulysses / ring form; classify under tp "
+           "(with or without split_gather)";
+    const SeqPlan plan = checked_plan(ids);
+    const bool sg = options_.sp_mode == SpMode::kSplitGather;
+    const int64_t B = ids.size(0), T = ids.size(1), padded = plan.layout->padded();
+    SeqContext seq = encoder_context(plan, B, ids.device());
+    if (attention_mask.defined()) {
+      MAMMOTH_CHECK(attention_mask.shape() == ids.shape())
+          << "[TpBert::classify] attention_mask " << engine::shape_str(attention_mask.shape())
+          << " must match ids " << engine::shape_str(ids.shape());
+      // The given mask over the first T keys; the padding to `padded` (split_gather) is masked.
+      const std::vector<double> given = engine::cast(attention_mask, DType::kF64).to_vector();
+      std::vector<double> keep(static_cast<size_t>(B * padded), 0.0);
+      for (int64_t b = 0; b < B; ++b) {
+        for (int64_t t = 0; t < T; ++t) keep[b * padded + t] = given[b * T + t] != 0 ? 1.0 : 0.0;
+      }
+      seq.key_mask = Tensor::from_vector(keep, {B, padded}, DType::kBool).to(ids.device());
+    }
+    Tensor x = encode(ids, plan, seq);
+    // The [CLS] row (position 0): local row `at` on the rank of the sequence group holding it.
+    int64_t at = -1;
+    for (size_t i = 0; i < plan.local.size(); ++i) {
+      if (plan.local[i] == 0) at = static_cast<int64_t>(i);
+    }
+    const int64_t row = at >= 0 ? at : 0;
+    Tensor logits = classifier_->forward(
+        dropout_->forward(bert->pooler->forward(x.slice(1, row, row + 1))));  // [B, labels]
+    if (!sg) return logits;  // every tp rank holds every position
+    return parallel::reduce_from_group(logits * (at >= 0 ? 1.0 : 0.0), sequence_group());
+  }
+
   std::shared_ptr<TpBertModel> bert;
   std::shared_ptr<BertLMPredictionHead> predictions;
 
  private:
-  struct Local {
-    Tensor logits;              // [B, n, Vp/tp]: the rows of `rows`
-    std::vector<int64_t> rows;  // global positions (>= T: padding)
-    SeqPlan plan;
-  };
-
-  Local run(const Tensor& ids) {
+  SeqPlan checked_plan(const Tensor& ids) const {
     MAMMOTH_CHECK(ids.dim() == 2 && ids.dtype() == DType::kI64)
         << "[TpBert::forward] ids must be i64 [B, T], got " << engine::shape_str(ids.shape());
-    const int64_t T = ids.size(1);
-    Communicator& tp = mesh_.group(Axis::kTp);
-    const bool sg = options_.sp_mode == SpMode::kSplitGather;
-    Local out;
-    out.plan = plan_sequence(T);
-    const SeqPlan& plan = out.plan;
+    SeqPlan plan = plan_sequence(ids.size(1));
     MAMMOTH_CHECK(plan.layout->padded() <= config_.max_seq)
-        << "[TpBert::forward] " << T << " positions padded to " << plan.layout->padded()
+        << "[TpBert::forward] " << ids.size(1) << " positions padded to " << plan.layout->padded()
         << " exceed max_seq " << config_.max_seq;
-    const SeqContext seq = encoder_context(plan, ids.size(0), ids.device());
+    return plan;
+  }
+
+  // The encoder's output for this rank's rows [B, n, C].
+  Tensor encode(const Tensor& ids, const SeqPlan& plan, const SeqContext& seq) const {
+    const bool sg = options_.sp_mode == SpMode::kSplitGather;
     Tensor x = bert->embeddings->forward(ids_at(ids, sg ? plan.every : plan.local), plan.local);
     for (size_t l = 0; l < bert->encoder->layer->size(); ++l) {
       const BertLayer* layer = &(*bert->encoder->layer)[l];
@@ -158,7 +189,23 @@ class TpBert : public ShardedLanguageModel {
           recomputes(static_cast<int64_t>(l)),
           [layer, seq](const Tensor& in) { return layer->forward(in, seq); }, x);
     }
-    x = predictions->transform->forward(x);
+    return x;
+  }
+
+  struct Local {
+    Tensor logits;              // [B, n, Vp/tp]: the rows of `rows`
+    std::vector<int64_t> rows;  // global positions (>= T: padding)
+    SeqPlan plan;
+  };
+
+  Local run(const Tensor& ids) {
+    Communicator& tp = mesh_.group(Axis::kTp);
+    const bool sg = options_.sp_mode == SpMode::kSplitGather;
+    Local out;
+    out.plan = checked_plan(ids);
+    const SeqPlan& plan = out.plan;
+    const SeqContext seq = encoder_context(plan, ids.size(0), ids.device());
+    Tensor x = predictions->transform->forward(encode(ids, plan, seq));
     // The tied decoder: columns (and bias) of this rank's vocabulary shard, for every position
     // under split_gather (gathered), this rank's positions otherwise.
     Tensor xh = sg ? parallel::all_gather_from_group(x, tp, 1) : parallel::copy_to_group(x, tp);
@@ -168,6 +215,8 @@ class TpBert : public ShardedLanguageModel {
   }
 
   ModelConfig config_;
+  std::shared_ptr<Dropout> dropout_;
+  std::shared_ptr<Linear> classifier_;  // null without num_labels
 };
 
 }  // namespace

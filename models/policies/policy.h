@@ -239,6 +239,17 @@ class ShardedVit : public Model, public ShardLayout {
   virtual engine::Tensor loss(const engine::Tensor& pixels, const engine::Tensor& labels) = 0;
 };
 
+// BERT's sequence classification in its tensor-parallel form (tp, and split_gather over it):
+// BertForSequenceClassification's logits [B, num_labels], the same on every rank, from ids
+// i64 [B, T] and attention_mask [B, T] (nonzero: a real token; undefined: every token). Ulysses
+// and ring attention take no attention mask, so those modes are refused.
+class ShardedSequenceClassifier {
+ public:
+  virtual ~ShardedSequenceClassifier() = default;
+  virtual engine::Tensor classify(const engine::Tensor& ids,
+                                  const engine::Tensor& attention_mask) = 0;
+};
+
 // A family policy's last step: `sharded` (built for `model`'s config) takes this rank's shards
 // of `model`'s weights, its training mode and its activation checkpointing.
 template <class Sharded>

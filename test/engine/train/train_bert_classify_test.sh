@@ -4,7 +4,8 @@
 # vocab.txt reaches >= 90% validation accuracy; our WordPiece ids equal transformers'
 # BertTokenizer's on the same vocabulary; a run resumed from its step-20 checkpoint gives the
 # uninterrupted run's losses bitwise; a checkpoint's hf/ directory loads in transformers'
-# BertForSequenceClassification with the same validation loss; dp 2 matches one process; rows
+# BertForSequenceClassification with the same validation loss; dp 2, tp 2 and tp 2 split_gather
+# match one process, a tp checkpoint resumes on one process, ring is refused; rows
 # given as ids (TSV, integer labels) train too; bad columns, labels and ids are refused by name.
 set -euo pipefail
 mammoth="$1"
@@ -132,12 +133,43 @@ one=(--model bert-tiny --task classify --train-file "$work/train.jsonl" --tokeni
 bash "$mpirun" -np 2 "$mammoth" train "${one[@]}" --grad-accum 1 --metrics "$work/dp2.jsonl" \
   2>"$work/dp2.log" || { cat "$work/dp2.log"; fail "dp 2 failed"; }
 same_curve "$work/dp1.jsonl" "$work/dp2.jsonl" 8
-# BERT's classification head has no tensor-parallel form (ViT's has): refused by name.
-if bash "$mpirun" -np 2 "$mammoth" train "${one[@]}" --tp 2 >"$work/tp.log" 2>&1; then
-  fail "accepted BERT classification with --tp 2"
-fi
-grep -q "classification (bert) with tensor or sequence parallelism" "$work/tp.log" ||
-  { cat "$work/tp.log"; fail "BERT --tp 2 not refused by name"; }
+# tp 2, with and without split_gather (padded rows masked as keys): the curve and the
+# validation accuracy are one process's; a tp 2 checkpoint resumes on one process.
+ev=(--eval-every 4 --eval-batches 1 --val-fraction 0.2)
+"$mammoth" train "${one[@]}" "${ev[@]}" --metrics "$work/one_ev.jsonl" 2>/dev/null
+for layout in "--tp 2" "--tp 2 --sp-mode split_gather"; do
+  name=$(echo "$layout" | tr -d ' -')
+  # shellcheck disable=SC2086
+  bash "$mpirun" -np 2 "$mammoth" train "${one[@]}" "${ev[@]}" $layout --save-every 4 \
+    --save-dir "$work/ck_$name" --metrics "$work/$name.jsonl" 2>"$work/$name.log" ||
+    { cat "$work/$name.log"; fail "$layout failed"; }
+  grep -q "plan: dp1 pp1 tp2" "$work/$name.log" || { cat "$work/$name.log"; fail "not tp 2"; }
+  same_curve "$work/one_ev.jsonl" "$work/$name.jsonl" 8
+  python3 - "$work/one_ev.jsonl" "$work/$name.jsonl" <<'PY'
+import json, sys
+acc = [[r["val_accuracy"] for r in map(json.loads, open(f)) if "val_accuracy" in r]
+       for f in sys.argv[1:]]
+assert len(acc[0]) == 2 and acc[0] == acc[1], acc
+PY
+done
+resume_at "$work/ck_tp2" 4
+"$mammoth" train "${one[@]}" "${ev[@]}" --save-dir "$work/ck_tp2_resume" --resume \
+  --metrics "$work/tp2_on_one.jsonl" 2>"$work/tp2_on_one.log" ||
+  { cat "$work/tp2_on_one.log"; fail "a tp 2 checkpoint did not resume on one process"; }
+python3 - "$work/one_ev.jsonl" "$work/tp2_on_one.jsonl" <<'PY'
+import json, sys
+one = {r["step"]: r["loss"] for r in map(json.loads, open(sys.argv[1]))}
+res = {r["step"]: r["loss"] for r in map(json.loads, open(sys.argv[2]))}
+assert sorted(res) == list(range(5, 9)), sorted(res)
+worst = max(abs(res[s] - one[s]) / one[s] for s in res)
+print(f"tp 2 checkpoint resumed on one process: largest relative loss difference {worst:.3g}")
+assert worst < 1e-5, worst
+PY
+# Ulysses and ring attention take no padding mask: refused by name.
+if bash "$mpirun" -np 2 "$mammoth" train "${one[@]}" --sp 2 --sp-mode ring >"$work/ring.log" \
+  2>&1; then fail "accepted BERT classification with --sp-mode ring"; fi
+grep -q "BERT classification under --sp-mode ring: the padding mask has no Ulysses / ring form" \
+  "$work/ring.log" || { cat "$work/ring.log"; fail "--sp-mode ring not refused by name"; }
 
 # Rows of ids (TSV, integer labels), with a separate validation file.
 printf 'label\tids\n' >"$work/ids.tsv"
