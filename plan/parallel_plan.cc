@@ -298,11 +298,14 @@ class Checker {
             "model family mixtral does not support activation checkpointing "
             "(--recompute-blocks) yet: the recomputed router would lose the router losses' graph");
     }
+    const bool bert = m.family == models::Family::kBert;
     if (p_.pp > 1) {
-      if (!decoder)
-        return say("--pp: model family ", family,
-                   " has no pipeline stages (the masked-LM objective has no pipeline form: a "
-                   "stage carries a window as seq_len + 1 tokens of next-token data); use --pp 1");
+      if (!decoder && !bert)
+        return say("--pp: model family ", family, " has no pipeline stages; use --pp 1");
+      if (bert && (p_.tp > 1 || p_.sp > 1 || p_.sp_mode != "none"))
+        return say(
+            "--pp with --tp / --sp: BERT's tensor-parallel form has no pipeline stages "
+            "yet (its one-device blocks have); use --pp with --dp");
       const int64_t stages = static_cast<int64_t>(p_.pp) * p_.virtual_stages;
       if (m.n_layer < stages)
         return say("--pp ", p_.pp, " x --virtual-stages ", p_.virtual_stages, " = ", stages,
@@ -314,9 +317,9 @@ class Checker {
     if (p_.recompute_blocks > m.n_layer)
       return say("recompute_blocks ", p_.recompute_blocks, " exceeds the model's ", m.n_layer,
                  " blocks");
-    // A pipeline stage carries each window as one row of seq_len + 1 tokens; a split sequence is
-    // padded to a multiple of its parts (twice as many chunks for ring's zigzag).
-    int64_t positions = p_.seq_len + (p_.pp > 1 ? 1 : 0);
+    // A decoder's pipeline stage carries each window as one row of seq_len + 1 tokens; a split
+    // sequence is padded to a multiple of its parts (twice as many chunks for ring's zigzag).
+    int64_t positions = p_.seq_len + (p_.pp > 1 && !bert ? 1 : 0);
     const int parts = p_.sp_mode == "split_gather"                        ? p_.tp
                       : (p_.sp_mode == "ulysses" || p_.sp_mode == "ring") ? p_.sp
                                                                           : 1;

@@ -134,8 +134,6 @@ class TokenWindows final : public BatchSource {
     MAMMOTH_CHECK(o.objective == "next_token" || o.objective == "masked_lm")
         << "[train] objective must be next_token or masked_lm, got '" << o.objective << "'";
     if (o.objective == "masked_lm") {
-      // plan::check refuses this layout; a pipeline stage's rows are next-token windows.
-      MAMMOTH_CHECK(!o.pipeline_step) << "[train] the masked-LM objective has no pipeline form";
       data::MaskingOptions mo = o.masking;
       mo.seed = o.seed;
       mlm_ = std::make_unique<data::MaskingRule>(mo);
@@ -688,8 +686,11 @@ TrainLoop::Step TrainLoop::step(int64_t step) {
       // Micro-batch m of this rank's contiguous share of the step's global batch.
       auto [in, tg] = source_.train_batch(step, m);
       if (o_.pipeline_step) {
-        // The window as one row of seq_len + 1 tokens: the input plus its last target.
-        pipeline_batches.push_back(concat({in, tg.slice(1, o_.seq_len - 1, o_.seq_len)}, 1));
+        // Next-token: the window as one row of seq_len + 1 tokens, the input plus its last
+        // target. Masked LM: the masked ids, then their targets (LanguageModel::pipeline_*).
+        pipeline_batches.push_back(o_.objective == "masked_lm"
+                                       ? concat({in, tg}, 1)
+                                       : concat({in, tg.slice(1, o_.seq_len - 1, o_.seq_len)}, 1));
         continue;
       }
       // No communication before the last micro-batch; none during backward at all when the

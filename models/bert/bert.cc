@@ -169,6 +169,48 @@ Tensor Bert::classify(const Tensor& hidden) const {
 
 Tensor Bert::forward(const Tensor& ids) { return mlm_logits(encode(ids, Tensor(), Tensor())); }
 
+namespace {
+// The masked ids and the targets of a pipeline micro-batch [B, 2T].
+std::pair<Tensor, Tensor> split_mlm_batch(const Tensor& batch) {
+  MAMMOTH_CHECK(batch.dim() == 2 && batch.dtype() == DType::kI64 && batch.size(1) % 2 == 0)
+      << "[Bert::pipeline] a micro-batch is i64 [B, 2T] (ids, then targets), got "
+      << engine::shape_str(batch.shape());
+  const int64_t T = batch.size(1) / 2;
+  return {batch.slice(1, 0, T).contiguous(), batch.slice(1, T, 2 * T).contiguous()};
+}
+}  // namespace
+
+Tensor Bert::pipeline_embed(const Tensor& batch) {
+  const Tensor ids = split_mlm_batch(batch).first;
+  MAMMOTH_CHECK(ids.size(1) <= config_.max_seq) << "[Bert::pipeline_embed] " << ids.size(1)
+                                                << " positions exceed max_seq " << config_.max_seq;
+  return bert->embeddings->forward(ids, Tensor::zeros(ids.shape(), DType::kI64, ids.device()));
+}
+
+Tensor Bert::pipeline_block(int64_t l, const Tensor& x, const Tensor&) {
+  const BertLayer& layer = (*bert->encoder->layer)[static_cast<size_t>(l)];
+  return run_block(
+      recomputes(l), [&layer](const Tensor& in) { return layer.forward(in, SeqContext{}); }, x);
+}
+
+Tensor Bert::pipeline_loss(const Tensor& x, const Tensor& batch) {
+  return engine::cross_entropy(mlm_logits(x), split_mlm_batch(batch).second);
+}
+
+LanguageModel::PipelinePart Bert::pipeline_part(const std::string& name) const {
+  const std::string layers = "bert.encoder.layer.";
+  if (name.rfind(layers, 0) == 0) {
+    const size_t at = layers.size();
+    return {.block = std::stoll(name.substr(at, name.find('.', at) - at))};
+  }
+  if (name.rfind("bert.embeddings.word_embeddings.", 0) == 0) return {.embed = true, .head = true};
+  if (name.rfind("bert.embeddings.", 0) == 0) return {.embed = true};
+  if (name.rfind("cls.", 0) == 0 || name.rfind("bert.pooler.", 0) == 0 ||
+      name.rfind("classifier.", 0) == 0)
+    return {.head = true};
+  MAMMOTH_THROW() << "[Bert::pipeline_part] parameter '" << name << "' belongs to no part";
+}
+
 Tensor Bert::loss(const Tensor& ids, const Tensor& targets) {
   MAMMOTH_CHECK(targets.defined())
       << "[Bert::loss] BERT is a masked LM: pass targets [B, T] with -100 at unmasked positions";

@@ -4,7 +4,7 @@
 # 10 chosen positions, labels -100 elsewhere, the label at a chosen position the original token
 # at that position (not the next one), and the inputs there [MASK] / random / unchanged in
 # 80/10/10 proportion (binomial tolerances); and that the same seed gives the same global batch
-# under dp 1/2/4, gradient accumulation, tp 2, sp 2 (ring), dp 2 x tp 2 and a resumed run, and
+# under dp 1/2/4, gradient accumulation, tp 2, sp 2 (ring), dp 2 x tp 2, pp 2 and a resumed run, and
 # the same loss curve (every window has 10 predictions, so micro-batch means weigh equally).
 set -euo pipefail
 mammoth="$1"
@@ -54,6 +54,11 @@ bash "$mpirun" -np 2 "$mammoth" train "${layout[@]}" --micro-batch 8 --sp 2 --sp
   --dump-batches "$work/sp2" --metrics "$work/sp2.jsonl"
 bash "$mpirun" -np 4 "$mammoth" train "${layout[@]}" --micro-batch 4 --tp 2 \
   --dump-batches "$work/dp2tp2" --metrics "$work/dp2tp2.jsonl"
+# Pipeline stages: 4 micro-batches of 2 windows through 2 stages (1F1B). A stage is fed the
+# micro-batch as one [B, 2T] row of ids and targets, not through the loss --dump-batches taps,
+# so only its curve is compared.
+bash "$mpirun" -np 2 "$mammoth" train "${layout[@]}" --micro-batch 2 --grad-accum 4 --pp 2 \
+  --metrics "$work/pp2.jsonl"
 
 PYTHONPATH="$(dirname "$0")/../testing" "$py" - "$work" <<'PY'
 import curves, glob, json, math, struct, sys
@@ -127,6 +132,7 @@ for name, accum in [("accum4", 4), ("dp2", 1), ("dp4", 1), ("tp2", 1), ("sp2", 1
     if name != "accum4":
         curves.Runs(work).matches(name, "single", tol=1e-4)
 curves.Runs(work).matches("accum4", "single", tol=1e-5)
+curves.Runs(work).matches("pp2", "single", tol=1e-5)
 resumed = global_batches("resumed_a", steps=5) + global_batches("resumed_b", steps=STEPS - 5)
 assert resumed == single, "a resumed run is fed other batches"
 print("resumed at step 5: the single-process batches")

@@ -154,7 +154,9 @@ TEST_CASE("every combination rule names what is wrong") {
       {with([](ParallelPlan& p) { p.device = "cuda", p.dp = 2, p.offload = "host"; }),
        {},
        "not implemented on CUDA"},
-      {with([](ParallelPlan& p) { p.pp = 2; }), {.model = &bert}, "no pipeline stages"},
+      {with([](ParallelPlan& p) { p.pp = 2, p.tp = 2; }),
+       {.model = &bert},
+       "BERT's tensor-parallel form has no pipeline stages"},
       {with([](ParallelPlan& p) { p.pp = 8; }), {.model = &gpt2}, "8 stages but"},
       {with([](ParallelPlan& p) { p.recompute_blocks = 5; }), {.model = &gpt2}, "exceeds"},
       {with([](ParallelPlan& p) { p.seq_len = 128, p.pp = 2; }),
@@ -176,6 +178,9 @@ TEST_CASE("every combination rule names what is wrong") {
     CHECK_THAT(got, Catch::Contains(c.message));
     if (!got.empty()) CHECK_THROWS_WITH(validate(c.plan, c.context), Catch::Contains(": [plan] "));
   }
+
+  // BERT's masked LM has pipeline stages of its one-device blocks.
+  CHECK(check(with([](ParallelPlan& p) { p.pp = 2, p.grad_accum = 2; }), {.model = &bert}) == "");
 
   // Untied GPT-2 has no tensor-parallel form.
   models::ModelConfig untied = gpt2;
