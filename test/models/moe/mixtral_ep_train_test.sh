@@ -15,16 +15,8 @@
 # micro-batches are summed in another order (per rank, then by the reduction) than one
 # process's accumulation.
 set -euo pipefail
-mammoth="$1"
-mpirun="$2"
-py="${MAMMOTH_PYTHON:-/usr/bin/python3}"
-work="$(mktemp -d "${TEST_TMPDIR:-/tmp}/mixtral_ep.XXXXXX")"
-trap 'rm -rf "$work"' EXIT
-export HOME="$work/home"  # the embedded corpus is tokenized into $HOME/.cache
-common=(--steps 4 --log-every 100 --eval-every 4 --eval-batches 2 --warmup 1 --threads 1 --seq-len 32
-  --micro-batch 2 --moe-aux-loss-coef 0.02)
 # shellcheck source=test/models/moe/moe_train_lib.sh
-source "${BASH_SOURCE[0]%/*}/moe_train_lib.sh"
+source "${BASH_SOURCE[0]%/*}/moe_train_lib.sh" "$1" "$2" mixtral_ep
 
 craft_router no_expert3 "[(0, 1.0), (0, -1.0), (1, 1.0), None]"
 craft_router no_rank1 "[(0, 1.0), (0, -1.0), None, None]"

@@ -14,16 +14,8 @@
 # another order than one process. The expert-load metric (read from the sharded form under tp)
 # must be one process's at step 1.
 set -euo pipefail
-mammoth="$1"
-mpirun="$2"
-py="${MAMMOTH_PYTHON:-/usr/bin/python3}"
-work="$(mktemp -d "${TEST_TMPDIR:-/tmp}/mixtral_tp.XXXXXX")"
-trap 'rm -rf "$work"' EXIT
-export HOME="$work/home"  # the embedded corpus is tokenized into $HOME/.cache
-common=(--steps 4 --log-every 100 --eval-every 4 --eval-batches 2 --warmup 1 --threads 1 --seq-len 32
-  --micro-batch 2 --moe-aux-loss-coef 0.02)
 # shellcheck source=test/models/moe/moe_train_lib.sh
-source "${BASH_SOURCE[0]%/*}/moe_train_lib.sh"
+source "${BASH_SOURCE[0]%/*}/moe_train_lib.sh" "$1" "$2" mixtral_tp
 
 craft_router no_expert3 "[(0, 1.0), (0, -1.0), (1, 1.0), None]"
 

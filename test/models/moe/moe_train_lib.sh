@@ -1,8 +1,17 @@
 # shellcheck shell=bash
-# shellcheck disable=SC2154  # mammoth, mpirun, py, work, common: set by the sourcing test
-# What the `mammoth train` tests of mixtral under a parallel layout share (sourced, not run).
-# The caller sets: mammoth, mpirun (the binaries), py (a Python with torch and transformers),
-# work (a scratch directory) and the array `common` (the flags of every run).
+# What the `mammoth train` tests of mixtral under a parallel layout share. Sourced with the
+# test's arguments and a name: `source moe_train_lib.sh MAMMOTH MPIRUN NAME` sets mammoth and
+# mpirun (the binaries), py (a Python with torch and transformers), work (a scratch directory,
+# removed on exit, also $HOME: the embedded corpus is tokenized into $HOME/.cache) and
+# `common`, the flags of every run: 4 steps, evaluated at the last.
+mammoth="$1"
+mpirun="$2"
+py="${MAMMOTH_PYTHON:-/usr/bin/python3}"
+work="$(mktemp -d "${TEST_TMPDIR:-/tmp}/$3.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+export HOME="$work/home"
+common=(--steps 4 --log-every 100 --eval-every 4 --eval-batches 2 --warmup 1 --threads 1 --seq-len 32
+  --micro-batch 2 --moe-aux-loss-coef 0.02)
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
