@@ -53,11 +53,13 @@ bool ExpertDataParallel::decays(const std::string& name) const {
   MAMMOTH_THROW() << "[expert_parallel] unknown optimizer parameter '" << name << "'";
 }
 
-double ExpertDataParallel::grad_norm() {
+double ExpertDataParallel::grad_norm() { return std::sqrt(grad_sq_sum()); }
+
+double ExpertDataParallel::grad_sq_sum(const std::function<bool(const std::string&)>& include) {
   // Each expert-dp group sums its experts' squares; the expert group adds the other experts.
-  Tensor sq = Tensor::from_vector({experts_->grad_sq_sum()}, {1}, DType::kF64);
+  Tensor sq = Tensor::from_vector({experts_->grad_sq_sum(include)}, {1}, DType::kF64);
   ep_.all_reduce(sq, ReduceOp::kSum);
-  return std::sqrt(shared_->grad_sq_sum() + sq.item());
+  return shared_->grad_sq_sum(include) + sq.item();
 }
 
 void ExpertDataParallel::after_step() {

@@ -20,6 +20,7 @@
 // checkpoints by this rank: their owners write them, each expert element by one expert-dp rank.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -50,6 +51,10 @@ class ExpertDataParallel final : public engine::train::DataParallelRuntime {
   bool decays(const std::string& optimizer_param_name) const override;
   // Over every expert of every rank and the shared parameters (collective over dp and ep).
   double grad_norm() override;
+  // Its square over the parameters whose name passes `include` (all when empty), the same
+  // collective: under tp (experts replicated over it) each tp rank counts what it owns and
+  // the caller sums over tp.
+  double grad_sq_sum(const std::function<bool(const std::string&)>& include = {});
   void after_step() override;
   double average(double value) override { return shared_->average(value); }
   void barrier() override { shared_->barrier(); }

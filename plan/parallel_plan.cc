@@ -254,9 +254,12 @@ class Checker {
     if (p_.dp % p_.ep != 0)
       return say("--ep ", p_.ep, " must divide --dp ", p_.dp,
                  " (expert parallelism splits the data-parallel ranks into groups of ep)");
-    if (p_.tp > 1 || p_.sp > 1 || p_.pp > 1)
-      return say("--ep ", p_.ep, " does not combine with --tp, --sp or --pp yet (got --tp ", p_.tp,
-                 " --sp ", p_.sp, " --pp ", p_.pp, "); use --dp with --ep");
+    // Under --tp every tp coordinate has its own expert groups of dp ranks (the experts are
+    // replicated over tp); the sequence split and pipeline stages are refused for mixtral.
+    if (p_.sp > 1 || p_.sp_mode != "none" || p_.pp > 1)
+      return say("--ep ", p_.ep, " does not combine with --sp, --sp-mode or --pp (got --sp ", p_.sp,
+                 " --sp-mode ", p_.sp_mode, " --pp ", p_.pp,
+                 "); use --dp with --ep, and --tp if needed");
     if (p_.zero > 2)
       return say("--ep ", p_.ep, " with ZeRO ", p_.zero,
                  " is not supported (gathered expert parameters are not implemented); use "
@@ -285,11 +288,19 @@ class Checker {
     if (m.family == models::Family::kVit)
       return say("model family vit has no language-model objective for `mammoth train`");
     if (m.family == models::Family::kMixtral) {
-      // Experts have no sharded, staged, chunked or recomputed form yet (models/mixtral).
-      if (p_.tp > 1 || p_.sp > 1 || p_.pp > 1)
+      // Tensor parallelism splits the attention and keeps the experts whole (models/mixtral);
+      // the experts have no sequence-split, staged, chunked or recomputed form.
+      if (p_.sp > 1 || p_.sp_mode != "none")
         return say(
-            "model family mixtral (mixture of experts) does not run under --tp, --sp or "
-            "--pp yet; use data parallelism (--dp) only");
+            "model family mixtral (mixture of experts) does not run under sequence "
+            "parallelism (--sp ",
+            p_.sp, ", --sp-mode ", p_.sp_mode,
+            "): the router losses average over every token of a sequence; use --tp "
+            "without --sp-mode");
+      if (p_.pp > 1)
+        return say(
+            "model family mixtral (mixture of experts) does not run under --pp (the "
+            "router losses span every layer); use --dp, --tp and --ep");
       if (p_.zero > 2 || p_.offloaded())
         return say("model family mixtral does not run under ZeRO 3 (--zero ", p_.zero,
                    ") or offload yet; use --zero 0-2 without --offload/--device-mem/--host-mem");
@@ -333,7 +344,8 @@ class Checker {
       if (m.n_head % p_.tp != 0)
         return say("--tp ", p_.tp, " does not divide ", m.name, "'s ", m.n_head,
                    " attention heads");
-      if (m.d_ff % p_.tp != 0)
+      // Mixtral's experts are whole on every tp rank: their width is not split.
+      if (m.d_ff % p_.tp != 0 && m.family != models::Family::kMixtral)
         return say("--tp ", p_.tp, " does not divide ", m.name, "'s MLP width ", m.d_ff);
       if (m.n_kv_head % p_.tp != 0 && p_.tp % m.n_kv_head != 0)
         return say("--tp ", p_.tp, ": ", m.name, "'s ", m.n_kv_head,

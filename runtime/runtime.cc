@@ -274,19 +274,21 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
     p.offload_group = std::make_unique<parallel::OffloadGroup>(mesh_->group(parallel::Axis::kDp));
   }
   if (mesh_ && plan_.ep > 1) {
-    // Expert groups of ep consecutive dp ranks (parallel/expert_parallel.h); plan::validate
-    // admitted only a mixture of experts under plain dp here.
-    auto* moe = dynamic_cast<models::Mixtral*>(model_.get());
-    MAMMOTH_CHECK(moe != nullptr && !trained_params_)
+    // Expert groups of ep consecutive dp ranks (parallel/expert_parallel.h). The dp group is
+    // that of this rank's tp coordinate and the experts are whole on every tp rank
+    // (models/mixtral), so under --tp each tp rank is an expert rank of its own group; the
+    // sharded form's parameters are what trains then. plan::validate admitted only a mixture
+    // of experts under dp and tp here.
+    MAMMOTH_CHECK(cfg.family == models::Family::kMixtral && !trained_params_)
         << "[train] --ep needs a mixtral model without adapters";
     parallel::Communicator& dp = mesh_->group(parallel::Axis::kDp);
     const int d = mesh_->coord(parallel::Axis::kDp);
     p.ep_group = dp.split(d / plan_.ep, d, "ep");
     p.expert_dp_group = dp.split(d % plan_.ep, d, "expert_dp");
-    moe->set_expert_parallel(p.ep_group.get());
+    models::set_expert_parallel(*trained_, p.ep_group.get());
     const int64_t local = cfg.moe_experts / plan_.ep, first = (d % plan_.ep) * local;
     engine::nn::NamedTensors shared, experts, others;
-    for (const auto& [name, t] : model_->named_parameters()) {
+    for (const auto& [name, t] : trained_->named_parameters()) {
       const int64_t e = models::Mixtral::expert_of(name);
       if (e < 0)
         shared.emplace_back(name, t);
@@ -415,6 +417,9 @@ void TrainingRuntime::set_grad_norm(engine::train::TrainOptions& o) {
       double sq = 0;
       if (parts->dp) {
         sq = parts->dp->grad_sq_sum(counts);
+      } else if (parts->ep_dp) {
+        // --ep under tp: the experts too are replicated over tp, counted on tp rank 0.
+        sq = parts->ep_dp->grad_sq_sum(counts);
       } else {
         engine::nn::NamedTensors counted;
         for (const auto& [name, t] :

@@ -717,10 +717,13 @@ int run_train(const std::vector<std::string>& args) {
   PeakMemoryReport peak_report{rt.rank(), o.predicted_peak_mem_bytes, 0, device.device};
   o.report_peak_memory = [report = &peak_report](int64_t peak) { report->first_step = peak; };
   // The last forward's expert load per layer and its router losses (models/mixtral).
-  if (auto moe = std::dynamic_pointer_cast<models::Mixtral>(model)) {
-    o.step_metrics = [moe] {
+  // Read from what trains: under --tp its sharded form ran the forward.
+  if (cfg.family == models::Family::kMixtral) {
+    const models::LanguageModel* moe = &rt.trained();
+    const int64_t experts = cfg.moe_experts;
+    o.step_metrics = [moe, experts] {
       json::Value layers = json::Value::array();
-      for (const models::ExpertLoad& l : moe->expert_load()) {
+      for (const models::ExpertLoad& l : models::moe_expert_load(*moe)) {
         json::Value tokens = json::Value::array();
         for (int64_t t : l.tokens) tokens.push_back(json::Value(t));
         layers.push_back(
@@ -729,8 +732,8 @@ int run_train(const std::vector<std::string>& args) {
       engine::NoGradGuard ng;
       return json::Value::object()
           .set("moe_load", std::move(layers))
-          .set("moe_aux_loss", moe->aux_loss().item())
-          .set("moe_z_loss", moe->z_loss().item());
+          .set("moe_aux_loss", models::moe_aux_loss(*moe, experts).item())
+          .set("moe_z_loss", models::moe_z_loss(*moe).item());
     };
   }
   if (cluster) {

@@ -206,10 +206,10 @@ Tensor MixtralSparseMoeBlock::experts_parallel(const Tensor& xs,
   return exchange_rows(yr, g, recv_rows, send_rows);  // [M, C], in xs's order
 }
 
-MixtralDecoderLayer::MixtralDecoderLayer(const ModelConfig& c) {
+MixtralDecoderLayer::MixtralDecoderLayer(const ModelConfig& c, const Layers& L) {
   input_layernorm =
       register_module("input_layernorm", std::make_shared<RMSNorm>(c.d_model, c.norm_eps, c.dtype));
-  self_attn = register_module("self_attn", std::make_shared<LlamaAttention>(c));
+  self_attn = register_module("self_attn", std::make_shared<LlamaAttention>(c, L));
   post_attention_layernorm = register_module(
       "post_attention_layernorm", std::make_shared<RMSNorm>(c.d_model, c.norm_eps, c.dtype));
   block_sparse_moe =
@@ -272,36 +272,49 @@ Tensor Mixtral::forward_cached(const Tensor& ids, KVCache* cache) {
 }
 
 Tensor Mixtral::loss(const Tensor& ids, const Tensor& targets) {
-  Tensor l = LanguageModel::loss(ids, targets);
-  if (config_.moe_aux_loss && config_.moe_aux_loss_coef > 0)
-    l = l + aux_loss() * config_.moe_aux_loss_coef;
-  if (config_.moe_z_loss_coef > 0) l = l + z_loss() * config_.moe_z_loss_coef;
-  return l;
+  return with_router_losses(LanguageModel::loss(ids, targets), config_, *model);
+}
+
+Tensor Mixtral::aux_loss() const { return moe_aux_loss(*model, config_.moe_experts); }
+
+Tensor Mixtral::z_loss() const { return moe_z_loss(*model); }
+
+std::vector<ExpertLoad> Mixtral::expert_load() const { return moe_expert_load(*model); }
+
+void Mixtral::set_expert_parallel(parallel::Communicator* group) {
+  models::set_expert_parallel(*model, group);
+}
+
+std::vector<MixtralSparseMoeBlock*> moe_blocks(const engine::nn::Module& model) {
+  std::vector<MixtralSparseMoeBlock*> out;
+  for (const auto& [name, m] : model.named_modules()) {
+    if (auto* b = dynamic_cast<MixtralSparseMoeBlock*>(m.get())) out.push_back(b);
+  }
+  MAMMOTH_CHECK(!out.empty()) << "[Mixtral] the model has no mixture-of-experts block";
+  return out;
 }
 
 namespace {
 
-std::vector<const MixtralSparseMoeBlock*> moe_blocks(const MixtralModel& m) {
-  std::vector<const MixtralSparseMoeBlock*> out;
-  for (size_t l = 0; l < m.layers->size(); ++l) {
-    const MixtralSparseMoeBlock& b = *(*m.layers)[l].block_sparse_moe;
-    MAMMOTH_CHECK(b.router_probs.defined()) << "[Mixtral] router losses need a forward first";
-    out.push_back(&b);
-  }
+// The blocks after a forward (the router state the losses read).
+std::vector<MixtralSparseMoeBlock*> routed_blocks(const engine::nn::Module& model) {
+  std::vector<MixtralSparseMoeBlock*> out = moe_blocks(model);
+  for (const MixtralSparseMoeBlock* b : out)
+    MAMMOTH_CHECK(b->router_probs.defined()) << "[Mixtral] router losses need a forward first";
   return out;
 }
 
 }  // namespace
 
-Tensor Mixtral::aux_loss() const {
+Tensor moe_aux_loss(const engine::nn::Module& model, int64_t experts) {
   // HF's load_balancing_loss_func without an attention mask, over the layers' rows stacked:
   // E * sum_e (fraction of the top-k choices that went to e) * (mean router probability of e),
   // the fraction taken per rank j and summed over j, i.e. counts_e / rows.
-  const int64_t E = config_.moe_experts;
+  const int64_t E = experts;
   std::vector<Tensor> probs;
   std::vector<double> counts(static_cast<size_t>(E), 0.0);
   int64_t rows = 0;
-  for (const MixtralSparseMoeBlock* b : moe_blocks(*model)) {
+  for (const MixtralSparseMoeBlock* b : routed_blocks(model)) {
     probs.push_back(b->router_probs);
     rows += b->router_probs.size(0);
     for (int64_t e : b->selected) counts[e] += 1;
@@ -312,9 +325,9 @@ Tensor Mixtral::aux_loss() const {
   return engine::sum(mean_p * frac) * static_cast<double>(E);
 }
 
-Tensor Mixtral::z_loss() const {
+Tensor moe_z_loss(const engine::nn::Module& model) {
   std::vector<Tensor> logits;
-  for (const MixtralSparseMoeBlock* b : moe_blocks(*model)) logits.push_back(b->router_logits);
+  for (const MixtralSparseMoeBlock* b : routed_blocks(model)) logits.push_back(b->router_logits);
   const Tensor z = engine::concat(logits, 0);  // [rows, E]
   // logsumexp with the (constant) row maximum taken out first.
   const Tensor m = engine::max(z, 1, true).detach();
@@ -322,15 +335,23 @@ Tensor Mixtral::z_loss() const {
   return engine::mean(lse * lse);
 }
 
-std::vector<ExpertLoad> Mixtral::expert_load() const {
+std::vector<ExpertLoad> moe_expert_load(const engine::nn::Module& model) {
   std::vector<ExpertLoad> out;
-  for (const MixtralSparseMoeBlock* b : moe_blocks(*model)) out.push_back(b->load);
+  for (const MixtralSparseMoeBlock* b : routed_blocks(model)) out.push_back(b->load);
   return out;
 }
 
-void Mixtral::set_expert_parallel(parallel::Communicator* group) {
-  for (size_t l = 0; l < model->layers->size(); ++l)
-    (*model->layers)[l].block_sparse_moe->set_expert_group(group);
+Tensor with_router_losses(const Tensor& loss, const ModelConfig& c,
+                          const engine::nn::Module& model) {
+  Tensor l = loss;
+  if (c.moe_aux_loss && c.moe_aux_loss_coef > 0)
+    l = l + moe_aux_loss(model, c.moe_experts) * c.moe_aux_loss_coef;
+  if (c.moe_z_loss_coef > 0) l = l + moe_z_loss(model) * c.moe_z_loss_coef;
+  return l;
+}
+
+void set_expert_parallel(const engine::nn::Module& model, parallel::Communicator* group) {
+  for (MixtralSparseMoeBlock* b : moe_blocks(model)) b->set_expert_group(group);
 }
 
 int64_t Mixtral::expert_of(const std::string& name) {

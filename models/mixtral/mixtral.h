@@ -33,6 +33,14 @@
 // the group. The model keeps all E experts; this rank's forward uses only its own, so the
 // others get no gradient (the training runtime frees their weights).
 //
+// Tensor parallelism (models/policies/mixtral_policy.cc): the decoder layer takes its attention
+// from `Layers` like LLaMA's (heads split over tp); the MoE block stays whole on every tp rank.
+// Its input, after the row-parallel all-reduce, is the same on every tp rank, so each routes
+// identically and computes the same expert outputs and gradients: the experts need no tp sum,
+// and the router losses are one process's. Sequence parallelism would split the tokens those
+// losses average over, and is refused (plan/parallel_plan.cc). Under --ep with --tp every tp
+// rank is an expert rank of its own expert group (dp ranks of one tp coordinate).
+//
 // Parameter names are HF's: "model.layers.0.block_sparse_moe.gate.weight",
 // "model.layers.0.block_sparse_moe.experts.3.w1.weight", the rest as LLaMA's.
 #pragma once
@@ -91,7 +99,9 @@ class MixtralSparseMoeBlock : public engine::nn::Module {
 
 class MixtralDecoderLayer : public engine::nn::Module {
  public:
-  explicit MixtralDecoderLayer(const ModelConfig& c);
+  // `L` builds the attention (one device, or column / row parallel over tp); the MoE block is
+  // whole either way.
+  explicit MixtralDecoderLayer(const ModelConfig& c, const Layers& L = Layers());
   engine::Tensor forward(const engine::Tensor& x, KVCache* cache, int64_t layer) const;
   std::shared_ptr<engine::nn::RMSNorm> input_layernorm, post_attention_layernorm;
   std::shared_ptr<LlamaAttention> self_attn;
@@ -143,5 +153,17 @@ class Mixtral : public LanguageModel {
   engine::Tensor run(const engine::Tensor& ids, KVCache* cache);
   ModelConfig config_;
 };
+
+// What Mixtral and its sharded form (models/policies) share, over the MoE blocks below `model`
+// in layer order. The router losses and loads are those of the last forward.
+std::vector<MixtralSparseMoeBlock*> moe_blocks(const engine::nn::Module& model);
+engine::Tensor moe_aux_loss(const engine::nn::Module& model, int64_t experts);
+engine::Tensor moe_z_loss(const engine::nn::Module& model);
+std::vector<ExpertLoad> moe_expert_load(const engine::nn::Module& model);
+// `loss` (the cross-entropy) plus the router losses `c` asks for (Mixtral::loss's rule).
+engine::Tensor with_router_losses(const engine::Tensor& loss, const ModelConfig& c,
+                                  const engine::nn::Module& model);
+// Every MoE block's expert group (Mixtral::set_expert_parallel); throws when `model` has none.
+void set_expert_parallel(const engine::nn::Module& model, parallel::Communicator* group);
 
 }  // namespace mammoth::models

@@ -339,6 +339,8 @@ std::shared_ptr<ShardedLanguageModel> apply_policy(const Model& model,
       return llama_policy(model, mesh, options);
     case Family::kBert:
       return bert_policy(model, mesh, options);
+    case Family::kMixtral:
+      return mixtral_policy(model, mesh, options);
     case Family::kVit:
       MAMMOTH_THROW() << "[apply_policy] ViT is not a language model: use vit_policy";
     default:

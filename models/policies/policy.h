@@ -275,6 +275,10 @@ std::shared_ptr<ShardedLanguageModel> bert_policy(const Model& model,
 std::shared_ptr<ShardedLanguageModel> llama_policy(const Model& model,
                                                    const parallel::DeviceMesh& mesh,
                                                    const ShardOptions& options);
+// Tensor parallelism inside attention, the experts replicated over tp; no sequence modes.
+std::shared_ptr<ShardedLanguageModel> mixtral_policy(const Model& model,
+                                                     const parallel::DeviceMesh& mesh,
+                                                     const ShardOptions& options);
 // ViT's policy (vit_policy.cc); apply_policy refuses ViT, which is not a language model.
 std::shared_ptr<ShardedVit> vit_policy(const Vit& model, const parallel::DeviceMesh& mesh,
                                        const ShardOptions& options = {});

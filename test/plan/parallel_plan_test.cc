@@ -232,8 +232,10 @@ TEST_CASE("expert parallelism: --ep's rules name what is wrong") {
   const std::vector<std::pair<ParallelPlan, std::string>> cases = {
       {with([](ParallelPlan& p) { p.ep = 0; }), "--ep must be >= 1"},
       {with([](ParallelPlan& p) { p.dp = 3, p.ep = 2; }), "--ep 2 must divide --dp 3"},
-      {with([](ParallelPlan& p) { p.dp = 2, p.ep = 2, p.tp = 2; }), "does not combine with --tp"},
-      {with([](ParallelPlan& p) { p.dp = 2, p.ep = 2, p.pp = 2; }), "does not combine with --tp"},
+      {with([](ParallelPlan& p) { p.dp = 2, p.ep = 2, p.sp = 2, p.sp_mode = "ring"; }),
+       "does not combine with --sp, --sp-mode or --pp"},
+      {with([](ParallelPlan& p) { p.dp = 2, p.ep = 2, p.pp = 2; }),
+       "does not combine with --sp, --sp-mode or --pp"},
       {with([](ParallelPlan& p) { p.dp = 2, p.ep = 2, p.zero = 3; }), "ZeRO 3"},
       {with([](ParallelPlan& p) { p.dp = 2, p.ep = 2, p.offload = "host"; }), "--offload"},
       {with([](ParallelPlan& p) { p.dp = 2, p.ep = 2, p.device = "cuda"; }), "CPU (MPI) only"},
@@ -244,6 +246,9 @@ TEST_CASE("expert parallelism: --ep's rules name what is wrong") {
   }
   const ParallelPlan ep2 = with([](ParallelPlan& p) { p.dp = 4, p.ep = 2, p.zero = 2; });
   CHECK(check(ep2, {.world = 4, .model = &mixtral}) == "");
+  // Under --tp each tp coordinate has its own expert groups (the experts replicated over tp).
+  CHECK(check(with([](ParallelPlan& p) { p.dp = 2, p.ep = 2, p.tp = 2; }),
+              {.world = 4, .model = &mixtral}) == "");
   CHECK_THAT(check(ep2, {.model = &llama}), Catch::Contains("needs a mixture-of-experts model"));
   models::ModelConfig three = mixtral;
   three.moe_experts = 3;
@@ -251,6 +256,25 @@ TEST_CASE("expert parallelism: --ep's rules name what is wrong") {
              Catch::Contains("must divide mixtral-tiny's 3 experts"));
   CHECK(plan_summary(ep2) ==
         "dp4 pp1 tp1 sp1 (tp-sp-dp-pp) ep2 mb8x1 seq 64 zero2 offload none fp32");
+}
+
+TEST_CASE("mixtral runs under tp but not under a sequence split or pipeline stages") {
+  const models::ModelConfig mixtral = models::resolve_config("mixtral-tiny");
+  CHECK(check(with([](ParallelPlan& p) { p.tp = 2; }), {.world = 2, .model = &mixtral}) == "");
+  const std::vector<std::pair<ParallelPlan, std::string>> cases = {
+      {with([](ParallelPlan& p) { p.tp = 2, p.sp_mode = "split_gather"; }),
+       "mixtral (mixture of experts) does not run under sequence parallelism"},
+      {with([](ParallelPlan& p) { p.sp = 2, p.sp_mode = "ulysses"; }),
+       "the router losses average over every token"},
+      {with([](ParallelPlan& p) { p.sp = 2, p.sp_mode = "ring"; }), "--sp-mode ring"},
+      {with([](ParallelPlan& p) { p.pp = 2; }),
+       "mixtral (mixture of experts) does not run under --pp"},
+      {with([](ParallelPlan& p) { p.dp = 2, p.zero = 3; }), "mixtral does not run under ZeRO 3"},
+  };
+  for (const auto& [plan, message] : cases) {
+    INFO(plan_summary(plan) << " | expected: " << message);
+    CHECK_THAT(check(plan, {.model = &mixtral}), Catch::Contains(message));
+  }
 }
 
 TEST_CASE("expert parallelism's exchange volume per step") {
