@@ -84,6 +84,21 @@ int64_t final_norm_head(const ActivationSizes& s) {
   return s.Ns * s.C * s.e + s.N * s.C * s.e + 2 * s.Ns * s.e;
 }
 
+TpParamSplit layer_norm_tp_split(const ModelConfig& c, int tp) {
+  const int64_t d = c.d_model;
+  TpParamSplit s;
+  s.replicated = 2 * 2 * d + 2 * d;  // two LayerNorms, attention-out and MLP-out biases
+  s.largest_block = d * std::max(c.d_ff, 3 * d) / tp;
+  return s;
+}
+
+TpParamSplit encoder_tp_split(const ModelConfig& c, int tp, int64_t Vp, int64_t outside) {
+  TpParamSplit s = layer_norm_tp_split(c, tp);
+  s.tied = Vp * c.d_model / tp;
+  s.embed = outside - c.vocab_size * c.d_model;
+  return s;
+}
+
 FamilyActivations layer_norm_activations(const ActivationSizes& s) {
   FamilyActivations a;
   // GPT-2: ln_1's input, the input c_attn saves (ln_1's output; gathered under split_gather),
@@ -94,6 +109,17 @@ FamilyActivations layer_norm_activations(const ActivationSizes& s) {
   a.block_bwd = mlp_block_bwd(s);
   a.head = final_norm_head(s);
   return a;
+}
+
+FamilyCost layer_norm_cost() {
+  FamilyCost k;
+  k.block_params = [](const ModelConfig& c, bool) { return layer_norm_block_params(c); };
+  k.block_flops = layer_norm_block_flops;
+  k.default_seq_len = [](const ModelConfig& c) { return c.max_seq; };
+  k.activations = [](const ModelConfig&, const ActivationSizes& s) {
+    return layer_norm_activations(s);
+  };
+  return k;
 }
 
 }  // namespace cost

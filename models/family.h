@@ -125,6 +125,14 @@ const FamilySpec* family_for_model_type(const std::string& type);
 // Cost terms families share: the transformer block with LayerNorms and biases (GPT-2, BERT,
 // ViT) and the matmul FLOPs of a block from its projections and MLP.
 namespace cost {
+// A family of such blocks: block_params, block_flops, activations and default_seq_len (max_seq)
+// set; the family adds the parts outside the blocks (and may replace any).
+FamilyCost layer_norm_cost();
+// Their tp split within a block (replicated vectors, largest matrix); the rest is left 0.
+TpParamSplit layer_norm_tp_split(const ModelConfig& c, int tp);
+// An encoder's (BERT, ViT; no pipeline): the word table vocab-parallel, the rest of what is
+// outside the blocks on the first stage.
+TpParamSplit encoder_tp_split(const ModelConfig& c, int tp, int64_t Vp, int64_t outside);
 int64_t layer_norm_block_params(const ModelConfig& c);
 // 2 (proj + mlp) plus the attention scores and weighted sum over the keys a query sees.
 double block_flops(const ModelConfig& c, int64_t T, double proj, double mlp);

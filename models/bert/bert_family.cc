@@ -1,6 +1,5 @@
 // BERT's family spec: BertForMaskedLM's config.json (and the directory's special tokens), its
 // registered sizes and its costs.
-#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -117,8 +116,7 @@ void from_dir(const std::string& dir_name, ModelConfig& c) {
 }
 
 FamilyCost bert_cost() {
-  FamilyCost k;
-  k.block_params = [](const ModelConfig& c, bool) { return cost::layer_norm_block_params(c); };
+  FamilyCost k = cost::layer_norm_cost();
   k.outside_params = [](const ModelConfig& c) {
     const int64_t d = c.d_model, V = c.vocab_size;
     int64_t n = (V + c.max_seq + c.type_vocab_size) * d + 2 * d;  // embeddings + LayerNorm
@@ -130,22 +128,11 @@ FamilyCost bert_cost() {
   k.embedding_params = [](const ModelConfig& c) {
     return (c.vocab_size + c.max_seq + c.type_vocab_size) * c.d_model;
   };
-  k.block_flops = cost::layer_norm_block_flops;
   k.head_flops = [](const ModelConfig& c, int64_t) {
     const int64_t d = c.d_model;
     return 2.0 * d * d + 2.0 * d * c.vocab_size;  // MLM transform + decoder on every token
   };
-  k.default_seq_len = [](const ModelConfig& c) { return c.max_seq; };
-  k.tp_split = [](const ModelConfig& c, int tp, int64_t Vp, int64_t outside) {
-    // Everything outside the blocks, the word table vocab-parallel (no pipeline).
-    const int64_t d = c.d_model;
-    TpParamSplit s;
-    s.replicated = 2 * 2 * d + 2 * d;  // two LayerNorms, attention-out and MLP-out biases
-    s.tied = Vp * d / tp;
-    s.embed = outside - c.vocab_size * d;
-    s.largest_block = d * std::max(c.d_ff, 3 * d) / tp;
-    return s;
-  };
+  k.tp_split = cost::encoder_tp_split;
   k.activations = [](const ModelConfig&, const ActivationSizes& s) {
     FamilyActivations a = cost::layer_norm_activations(s);
     a.embed = (s.Ns * s.C + 2 * s.Ns) * s.e;  // the embeddings' LayerNorm

@@ -1,5 +1,4 @@
 // GPT-2's family spec: GPT2LMHeadModel's config.json, its registered sizes and its costs.
-#include <algorithm>
 #include <memory>
 
 #include "base/error.h"
@@ -86,28 +85,20 @@ void to_hf(const ModelConfig& c, json::Value& v) {
 }
 
 FamilyCost gpt2_cost() {
-  FamilyCost k;
-  k.block_params = [](const ModelConfig& c, bool) { return cost::layer_norm_block_params(c); };
+  FamilyCost k = cost::layer_norm_cost();
   k.outside_params = [](const ModelConfig& c) {
     const int64_t d = c.d_model, V = c.vocab_size;
     return V * d + c.max_seq * d + 2 * d + (c.tie_embeddings ? 0 : V * d);  // wte, wpe, ln_f, head
   };
   k.embedding_params = [](const ModelConfig& c) { return (c.vocab_size + c.max_seq) * c.d_model; };
-  k.block_flops = cost::layer_norm_block_flops;
   k.head_flops = [](const ModelConfig& c, int64_t) { return 2.0 * c.d_model * c.vocab_size; };
-  k.default_seq_len = [](const ModelConfig& c) { return c.max_seq; };
   k.tp_split = [](const ModelConfig& c, int tp, int64_t Vp, int64_t) {
     const int64_t d = c.d_model;
-    TpParamSplit s;
-    s.replicated = 2 * 2 * d + 2 * d;  // two LayerNorms, attention-out and MLP-out biases
+    TpParamSplit s = cost::layer_norm_tp_split(c, tp);
     s.tied = c.tie_embeddings ? Vp * d / tp : 0;
     s.embed = (c.tie_embeddings ? 0 : Vp * d / tp) + c.max_seq * d;
     s.head = 2 * d + (c.tie_embeddings ? 0 : Vp * d / tp);
-    s.largest_block = d * std::max(c.d_ff, 3 * d) / tp;
     return s;
-  };
-  k.activations = [](const ModelConfig&, const ActivationSizes& s) {
-    return cost::layer_norm_activations(s);
   };
   return k;
 }

@@ -43,24 +43,26 @@ double llama_projection_flops(const ModelConfig& c) {
   return d * attn_dim + 2 * d * kv + attn_dim * d;
 }
 
-int64_t llama_outside_params(const ModelConfig& c) {
-  const int64_t d = c.d_model, V = c.vocab_size;
-  return V * d + d + (c.tie_embeddings ? 0 : V * d);  // embed, norm, lm_head
-}
-
-int64_t llama_embedding_params(const ModelConfig& c) { return c.vocab_size * c.d_model; }
-
-double llama_head_flops(const ModelConfig& c, int64_t) { return 2.0 * c.d_model * c.vocab_size; }
-
-TpParamSplit llama_tp_split(const ModelConfig& c, int tp, int64_t Vp, int64_t) {
-  const int64_t d = c.d_model;
-  TpParamSplit s;
-  s.replicated = 2 * d;  // two RMSNorm weights
-  s.tied = c.tie_embeddings ? Vp * d / tp : 0;
-  s.embed = c.tie_embeddings ? 0 : Vp * d / tp;
-  s.head = d + (c.tie_embeddings ? 0 : Vp * d / tp);
-  s.largest_block = d * std::max(c.d_ff, d) / tp;
-  return s;
+FamilyCost llama_decoder_cost() {
+  FamilyCost k;
+  k.outside_params = [](const ModelConfig& c) {
+    const int64_t d = c.d_model, V = c.vocab_size;
+    return V * d + d + (c.tie_embeddings ? 0 : V * d);  // embed, norm, lm_head
+  };
+  k.embedding_params = [](const ModelConfig& c) { return c.vocab_size * c.d_model; };
+  k.head_flops = [](const ModelConfig& c, int64_t) { return 2.0 * c.d_model * c.vocab_size; };
+  k.default_seq_len = [](const ModelConfig& c) { return c.max_seq; };
+  k.tp_split = [](const ModelConfig& c, int tp, int64_t Vp, int64_t) {
+    const int64_t d = c.d_model;
+    TpParamSplit s;
+    s.replicated = 2 * d;  // two RMSNorm weights
+    s.tied = c.tie_embeddings ? Vp * d / tp : 0;
+    s.embed = c.tie_embeddings ? 0 : Vp * d / tp;
+    s.head = d + (c.tie_embeddings ? 0 : Vp * d / tp);
+    s.largest_block = d * std::max(c.d_ff, d) / tp;
+    return s;
+  };
+  return k;
 }
 
 namespace {
@@ -223,22 +225,17 @@ void to_hf(const ModelConfig& c, json::Value& v) {
 }
 
 FamilyCost llama_cost() {
-  FamilyCost k;
+  FamilyCost k = llama_decoder_cost();
   k.block_params = [](const ModelConfig& c, bool) {
     const int64_t kv = c.n_kv_head * c.head_dim();
     return llama_attention_params(c) +
            (c.qkv_bias ? c.n_head * c.head_dim() + 2 * kv : 0)  // Qwen2's q, k, v biases
            + 3 * c.d_model * c.d_ff;                            // gate, up, down
   };
-  k.outside_params = llama_outside_params;
-  k.embedding_params = llama_embedding_params;
   k.block_flops = [](const ModelConfig& c, int64_t T) {
     const double d = c.d_model, f = c.d_ff;
     return cost::block_flops(c, T, llama_projection_flops(c), 3 * d * f);
   };
-  k.head_flops = llama_head_flops;
-  k.default_seq_len = [](const ModelConfig& c) { return c.max_seq; };
-  k.tp_split = llama_tp_split;
   k.activations = [](const ModelConfig&, const ActivationSizes& s) {
     FamilyActivations a;
     // Input and h (the RMSNorms' inputs), the norm outputs the projections save; gate,

@@ -13,13 +13,12 @@ ModelConfig llama_config(const std::string& name, int64_t vocab, int64_t layers,
                          int64_t kv_heads, int64_t d, int64_t ff, int64_t seq, double eps,
                          double rope_base);
 
-// LLaMA's decoder cost outside the MLP: a block's two RMSNorms and q, k, v, o (biases not
-// included), the q, k, v, o FLOPs, and the embedding, final norm and LM head.
+// LLaMA's decoder outside the MLP: a block's two RMSNorms and q, k, v, o (no biases), and the
+// q, k, v, o FLOPs per token.
 int64_t llama_attention_params(const ModelConfig& c);
 double llama_projection_flops(const ModelConfig& c);
-int64_t llama_outside_params(const ModelConfig& c);
-int64_t llama_embedding_params(const ModelConfig& c);
-double llama_head_flops(const ModelConfig& c, int64_t T);
-TpParamSplit llama_tp_split(const ModelConfig& c, int tp, int64_t Vp, int64_t outside);
+// The costs outside the blocks (embedding, final norm, LM head, their tp split); the family
+// sets block_params, block_flops and activations.
+FamilyCost llama_decoder_cost();
 
 }  // namespace mammoth::models

@@ -81,24 +81,19 @@ void to_hf(const ModelConfig& c, json::Value& v) {
 }
 
 FamilyCost mixtral_cost() {
-  FamilyCost k;
+  FamilyCost k = llama_decoder_cost();
   k.block_params = [](const ModelConfig& c, bool active) {
     const int64_t d = c.d_model, f = c.d_ff;
     return llama_attention_params(c)                              // as LLaMA's
            + d * c.moe_experts                                    // router
            + (active ? c.moe_top_k : c.moe_experts) * 3 * d * f;  // w1, w2, w3 per expert
   };
-  k.outside_params = llama_outside_params;
-  k.embedding_params = llama_embedding_params;
   k.block_flops = [](const ModelConfig& c, int64_t T) {
     const double d = c.d_model, f = c.d_ff;
     // The router and the top-k experts each token goes through.
     const double mlp = d * static_cast<double>(c.moe_experts) + c.moe_top_k * 3 * d * f;
     return cost::block_flops(c, T, llama_projection_flops(c), mlp);
   };
-  k.head_flops = llama_head_flops;
-  k.default_seq_len = [](const ModelConfig& c) { return c.max_seq; };
-  k.tp_split = llama_tp_split;
   k.activations = [](const ModelConfig& c, const ActivationSizes& s) {
     FamilyActivations a;
     // As LLaMA's, with the four d_ff-wide tensors for each of the N * k routed rows, plus the

@@ -1,5 +1,4 @@
 // ViT's family spec: ViTForImageClassification's config.json, its registered sizes and costs.
-#include <algorithm>
 #include <memory>
 
 #include "base/error.h"
@@ -48,8 +47,7 @@ void to_hf(const ModelConfig& c, json::Value& v) {
 }
 
 FamilyCost vit_cost() {
-  FamilyCost k;
-  k.block_params = [](const ModelConfig& c, bool) { return cost::layer_norm_block_params(c); };
+  FamilyCost k = cost::layer_norm_cost();
   k.outside_params = [](const ModelConfig& c) {
     const int64_t d = c.d_model;
     int64_t n = d + (c.num_patches() + 1) * d;                  // cls, positions
@@ -58,7 +56,6 @@ FamilyCost vit_cost() {
     return n;
   };
   k.embedding_params = [](const ModelConfig& c) { return (c.num_patches() + 1) * c.d_model; };
-  k.block_flops = cost::layer_norm_block_flops;
   k.head_flops = [](const ModelConfig& c, int64_t T) {
     // Patch projection on every patch token; the classifier once per image, amortised.
     const int64_t d = c.d_model;
@@ -67,19 +64,7 @@ FamilyCost vit_cost() {
            2.0 * d * c.num_labels / T;
   };
   k.default_seq_len = [](const ModelConfig& c) { return c.num_patches() + 1; };
-  k.tp_split = [](const ModelConfig& c, int tp, int64_t Vp, int64_t outside) {
-    // Everything outside the blocks (no pipeline).
-    const int64_t d = c.d_model;
-    TpParamSplit s;
-    s.replicated = 2 * 2 * d + 2 * d;  // two LayerNorms, attention-out and MLP-out biases
-    s.tied = Vp * d / tp;
-    s.embed = outside - c.vocab_size * d;
-    s.largest_block = d * std::max(c.d_ff, 3 * d) / tp;
-    return s;
-  };
-  k.activations = [](const ModelConfig&, const ActivationSizes& s) {
-    return cost::layer_norm_activations(s);
-  };
+  k.tp_split = cost::encoder_tp_split;
   return k;
 }
 
