@@ -17,9 +17,13 @@ std::vector<FamilySpec>& mutable_families() {
 
 bool register_family(FamilySpec spec) {
   std::vector<FamilySpec>& all = mutable_families();
+  const FamilyCost& k = spec.cost;
   MAMMOTH_CHECK(spec.build && spec.from_hf && spec.to_hf && !spec.hf_model_types.empty())
       << "[register_family] " << spec.name
       << ": a family needs build, from_hf, to_hf and its model_types";
+  MAMMOTH_CHECK(k.block_params && k.outside_params && k.embedding_params && k.block_flops &&
+                k.head_flops && k.default_seq_len && k.tp_split && k.activations)
+      << "[register_family] " << spec.name << ": every cost function must be set (FamilyCost)";
   for (const FamilySpec& f : all) {
     MAMMOTH_CHECK(f.family != spec.family && std::string(f.name) != spec.name)
         << "[register_family] " << spec.name << ": tag " << static_cast<int>(spec.family)

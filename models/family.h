@@ -6,9 +6,10 @@
 //
 // A family registers its spec in its own folder with one line (models/gpt2/gpt2_family.cc):
 //
-//   const bool kRegistered = register_family(gpt2_family());
+//   [[maybe_unused]] const bool kRegistered = register_family(gpt2_family());
 //
-// The library is linked whole (models/BUILD.bazel alwayslink), so a registration line is never
+// Families register during static initialisation, before anything looks them up. The library
+// is linked whole (models/BUILD.bazel alwayslink), so a registration line is never
 // dropped by the linker. A tensor/sequence-parallel form registers separately, in
 // models/policies (policy.h: register_policy), which sits above this layer.
 #pragma once
@@ -113,8 +114,8 @@ struct FamilySpec {
   FamilyCost cost;
 };
 
-// Adds a family; throws when its tag, name or a model_type is taken. Returns true, so that a
-// namespace-scope constant can hold the call.
+// Adds a family; throws when its tag, name or a model_type is taken, or a function is missing.
+// Returns true, so that a namespace-scope constant can hold the call.
 bool register_family(FamilySpec spec);
 // Every registered family, in tag order.
 const std::vector<FamilySpec>& families();

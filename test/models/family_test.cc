@@ -156,6 +156,12 @@ TEST_CASE("family: a taken tag, name or model_type is refused") {
   type_taken.name = "toy-other";
   type_taken.hf_model_types = {"gpt2"};
   CHECK_THROWS_WITH(register_family(type_taken), Catch::Contains("model_type 'gpt2'"));
+  FamilySpec no_cost = toy_family();
+  no_cost.family = Family{103};
+  no_cost.name = "toy-no-cost";
+  no_cost.hf_model_types = {"toy3"};
+  no_cost.cost.tp_split = nullptr;
+  CHECK_THROWS_WITH(register_family(no_cost), Catch::Contains("cost function"));
   CHECK_THROWS_WITH(family_spec(Family{102}), Catch::Contains("102"));
 }
 
