@@ -1,31 +1,23 @@
 #include "models/config.h"
 
 #include "base/error.h"
+#include "models/family.h"
 
 namespace mammoth::models {
 
 const char* family_name(Family f) {
-  switch (f) {
-    case Family::kGpt2:
-      return "gpt2";
-    case Family::kLlama:
-      return "llama";
-    case Family::kBert:
-      return "bert";
-    case Family::kVit:
-      return "vit";
-    case Family::kMixtral:
-      return "mixtral";
-  }
+  for (const FamilySpec& s : families())
+    if (s.family == f) return s.name;
   return "?";
 }
 
 Family family_from_name(const std::string& name) {
-  for (Family f : {Family::kGpt2, Family::kLlama, Family::kBert, Family::kVit, Family::kMixtral}) {
-    if (name == family_name(f)) return f;
+  std::string known;
+  for (const FamilySpec& s : families()) {
+    if (name == s.name) return s.family;
+    known += (known.empty() ? "" : ", ") + std::string(s.name);
   }
-  MAMMOTH_THROW() << "[models] unknown model family '" << name
-                  << "' (known: gpt2, llama, bert, vit, mixtral)";
+  MAMMOTH_THROW() << "[models] unknown model family '" << name << "' (known: " << known << ")";
 }
 
 const char* rope_scaling_name(ModelConfig::RopeScaling s) {
@@ -44,12 +36,13 @@ const char* rope_scaling_name(ModelConfig::RopeScaling s) {
 
 void ModelConfig::validate() const {
   const std::string where = "[ModelConfig] " + name + ": ";
+  const FamilySpec& spec = family_spec(family);
   MAMMOTH_CHECK(n_layer > 0) << where << "n_layer must be positive, got " << n_layer;
   MAMMOTH_CHECK(n_head > 0) << where << "n_head must be positive, got " << n_head;
   // An explicit head_dim (LLaMA) frees d_model from being n_head * head_dim.
   MAMMOTH_CHECK(d_model > 0 && (head_size > 0 || d_model % n_head == 0))
       << where << "d_model " << d_model << " must be a positive multiple of n_head " << n_head;
-  MAMMOTH_CHECK(head_size >= 0 && (head_size == 0 || family == Family::kLlama))
+  MAMMOTH_CHECK(head_size >= 0 && (head_size == 0 || spec.llama_variants))
       << where << "an explicit head_dim (" << head_size << ") is supported for llama only";
   MAMMOTH_CHECK(n_kv_head > 0 && n_head % n_kv_head == 0)
       << where << "n_head " << n_head << " must be a multiple of n_kv_head " << n_kv_head;
@@ -58,16 +51,16 @@ void ModelConfig::validate() const {
   MAMMOTH_CHECK(dropout >= 0 && dropout < 1 && attn_dropout >= 0 && attn_dropout < 1)
       << where << "dropout must be in [0, 1), got " << dropout << " / " << attn_dropout;
   MAMMOTH_CHECK(is_floating(dtype)) << where << "dtype must be floating, got " << dtype_name(dtype);
-  if (family != Family::kVit) {
+  if (spec.token_vocabulary) {
     MAMMOTH_CHECK(vocab_size > 0) << where << "vocab_size must be positive, got " << vocab_size;
     MAMMOTH_CHECK(max_seq > 0) << where << "max_seq must be positive, got " << max_seq;
   }
-  MAMMOTH_CHECK(family == Family::kLlama ||
+  MAMMOTH_CHECK(spec.llama_variants ||
                 (llama_variant == LlamaVariant::kLlama && sliding_window == 0 && !qkv_bias))
       << where << "sliding_window and qkv_bias are LLaMA-family fields";
   MAMMOTH_CHECK(sliding_window >= 0)
       << where << "sliding_window must be >= 0 (0: none), got " << sliding_window;
-  if (family == Family::kLlama || family == Family::kMixtral) {
+  if (spec.rotary) {
     MAMMOTH_CHECK(head_dim() % 2 == 0)
         << where << "rotary embeddings need an even head_dim, got " << head_dim();
     MAMMOTH_CHECK(rope_base > 0) << where << "rope_theta must be positive, got " << rope_base;
@@ -92,7 +85,7 @@ void ModelConfig::validate() const {
         << where << family_name(family) << " has no grouped-query attention: n_kv_head "
         << n_kv_head << " != n_head " << n_head;
   }
-  if (family == Family::kMixtral) {
+  if (spec.experts) {
     MAMMOTH_CHECK(moe_experts > 0 && moe_top_k > 0 && moe_top_k <= moe_experts)
         << where << "need 0 < num_experts_per_tok (" << moe_top_k << ") <= num_local_experts ("
         << moe_experts << ")";
@@ -103,17 +96,7 @@ void ModelConfig::validate() const {
     MAMMOTH_CHECK(moe_experts == 0 && moe_top_k == 0 && moe_capacity_factor == 0)
         << where << family_name(family) << " has no experts (mixture-of-experts fields are set)";
   }
-  if (family == Family::kBert) {
-    MAMMOTH_CHECK(type_vocab_size > 0)
-        << where << "type_vocab_size must be positive, got " << type_vocab_size;
-  }
-  if (family == Family::kVit) {
-    MAMMOTH_CHECK(patch_size > 0 && image_size > 0 && image_size % patch_size == 0)
-        << where << "image_size " << image_size << " must be a positive multiple of patch_size "
-        << patch_size;
-    MAMMOTH_CHECK(num_channels > 0)
-        << where << "num_channels must be positive, got " << num_channels;
-  }
+  if (spec.validate) spec.validate(*this, where);
   MAMMOTH_CHECK(num_labels >= 0) << where << "num_labels must be >= 0, got " << num_labels;
 }
 

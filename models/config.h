@@ -13,9 +13,14 @@
 
 namespace mammoth::models {
 
-enum class Family { kGpt2, kLlama, kBert, kVit, kMixtral };
+// A model family's tag. Each family declares the rest in its spec (models/family.h), registered
+// from its own folder; the names here are the tags of the families the tree ships with. A new
+// family names its own tag beside its spec (`constexpr Family kPhi{5};`, any value not taken:
+// the underlying type is fixed, so every int is a valid tag) and register_family refuses a
+// duplicate.
+enum class Family : int { kGpt2, kLlama, kBert, kVit, kMixtral };
 
-// "gpt2", "llama", "bert", "vit", "mixtral" (Hugging Face's model_type values).
+// The registered family's name, its own Hugging Face model_type ("gpt2", "llama", ...).
 const char* family_name(Family f);
 Family family_from_name(const std::string& name);  // throws naming the value
 

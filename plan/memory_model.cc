@@ -1,7 +1,8 @@
 // The memory model: a formula over (config, plan) for the bytes each rank's allocator holds at
 // the step's height. Every term names the code that allocates it; the per-block activation
-// bytes follow the model families' forward code (models/gpt2, models/llama, models/bert and
-// their tensor-parallel forms in models/policies) and what each engine op saves for backward
+// bytes and the tp split of the parameters are each family's (FamilySpec::cost, declared in
+// models/<family>/<family>_family.cc), following its forward code (and its tensor-parallel form
+// in models/policies) and what each engine op saves for backward
 // (engine/ops/*.cc: linear saves its input, layer_norm its input and two row statistics,
 // rms_norm its input and one, the activations their input, mul both operands, attention
 // q, k, v, its output and the log-sum-exp; views, add and rope save nothing).
@@ -29,12 +30,12 @@
 #include "base/dtype.h"
 #include "base/error.h"
 #include "models/analyze.h"
+#include "models/family.h"
 #include "parallel/pipeline/partition.h"
 
 namespace mammoth::plan {
 namespace {
 
-using models::Family;
 using models::ModelConfig;
 
 // Constants of the runtime this model follows (parallel/data_parallel.h, engine/offload).
@@ -71,49 +72,22 @@ ParamSplit split_params(const ModelConfig& c, int tp) {
   one.n_layer = 1;
   const int64_t outside = models::count_parameters(none);
   s.block = models::count_parameters(one) - outside;
-  const int64_t d = c.d_model, f = c.d_ff, V = c.vocab_size;
+  const int64_t d = c.d_model, V = c.vocab_size;
   const int64_t Vp = ceil_div(V, tp) * tp;
-  // Replicated vectors of one block (norm weights and biases, row-parallel biases).
-  int64_t replicated = 0;
-  switch (c.family) {
-    case Family::kLlama:
-    case Family::kMixtral:
-      replicated = 2 * d;  // two RMSNorm weights
-      break;
-    default:
-      replicated = 2 * 2 * d + 2 * d;  // two LayerNorms, attention-out and MLP-out biases
-      break;
-  }
+  const models::FamilySpec& spec = models::family_spec(c.family);
+  const models::TpParamSplit split = spec.cost.tp_split(c, tp, Vp, outside);
   // Grouped-query k/v heads are replicated when there are fewer of them than tp ranks.
   int64_t kv_extra = 0;
-  const bool llama = c.family == Family::kLlama || c.family == Family::kMixtral;
-  if (llama && tp > c.n_kv_head) {
+  if (spec.rotary && tp > c.n_kv_head) {
     const int64_t kv = c.n_kv_head * c.head_dim();
     kv_extra = 2 * d * kv * (tp / c.n_kv_head) / tp;  // each rank holds a whole head's rows
     kv_extra -= 2 * d * kv / tp;
   }
-  s.block_shard = replicated + (s.block - replicated) / tp + kv_extra;
-  switch (c.family) {
-    case Family::kGpt2:
-      s.tied = c.tie_embeddings ? Vp * d / tp : 0;
-      s.embed = (c.tie_embeddings ? 0 : Vp * d / tp) + c.max_seq * d;
-      s.head = 2 * d + (c.tie_embeddings ? 0 : Vp * d / tp);
-      break;
-    case Family::kLlama:
-    case Family::kMixtral:
-      s.tied = c.tie_embeddings ? Vp * d / tp : 0;
-      s.embed = c.tie_embeddings ? 0 : Vp * d / tp;
-      s.head = d + (c.tie_embeddings ? 0 : Vp * d / tp);
-      break;
-    case Family::kBert:
-    case Family::kVit:
-      // Everything outside the blocks, the word table vocab-parallel (no pipeline).
-      s.tied = Vp * d / tp;
-      s.embed = outside - V * d;
-      s.head = 0;
-      break;
-  }
-  s.largest_block = d * std::max(f, llama ? d : 3 * d) / tp;
+  s.block_shard = split.replicated + (s.block - split.replicated) / tp + kv_extra;
+  s.tied = split.tied;
+  s.embed = split.embed;
+  s.head = split.head;
+  s.largest_block = split.largest_block;
   s.largest = std::max({Vp * d / tp, s.largest_block, c.max_seq * d});
   return s;
 }
@@ -155,8 +129,8 @@ Acts activations(const ModelConfig& c, const ParallelPlan& p, int64_t e) {
   const int64_t C = c.d_model, F = c.d_ff;
   const int64_t H = c.n_head / tp;  // local query heads
   const int64_t Hkv = std::max<int64_t>(1, c.n_kv_head / tp);
-  const int64_t Ckv =
-      (c.family == Family::kLlama || c.family == Family::kMixtral ? Hkv : H) * c.head_dim();
+  const models::FamilySpec& spec = models::family_spec(c.family);
+  const int64_t Ckv = (spec.rotary ? Hkv : H) * c.head_dim();
   const int64_t Cl = H * c.head_dim();  // local attention width
   const int64_t Fl = F / tp;
   const int64_t Vl = ceil_div(c.vocab_size, tp);
@@ -176,7 +150,7 @@ Acts activations(const ModelConfig& c, const ParallelPlan& p, int64_t e) {
     // output, freed once the chunks are concatenated), and a few [B, H, c] row vectors. The
     // K/V blocks every step received stay saved (the key-head copies under grouped queries),
     // and so does the query's contiguous copy; the merged heads are the out projection's input.
-    const bool causal = c.family != Family::kBert;
+    const bool causal = spec.causal;
     const int64_t pairs = causal ? 2 * p.sp + 1 : 4 * p.sp;
     const int64_t merges = pairs - 2;
     const int64_t chunk = T / (2 * p.sp);
@@ -186,61 +160,23 @@ Acts activations(const ModelConfig& c, const ParallelPlan& p, int64_t e) {
     attn = 2 * p.sp * N * kv_width * e + N * Cl * e + pairs * B * H * chunk * chunk * e +
            (2 * pairs + 2 * merges - 2) * o_chunk + (2 * pairs + 4 * merges) * row + N * Cl * e;
   }
-  switch (c.family) {
-    case Family::kGpt2:
-    case Family::kBert:
-    case Family::kVit:
-      // GPT-2: ln_1's input, the input c_attn saves (ln_1's output; gathered under
-      // split_gather), h1 (ln_2's input), c_fc's input; c_fc's output (gelu's input) and
-      // gelu's output (c_proj's input). BERT (post-LN) saves the same count: the block input
-      // q/k/v read, two LayerNorm inputs, the intermediate's input and the two d_ff tensors.
-      a.block = (2 * Ns + 2 * N) * C * e + attn + 2 * N * Fl * e + 2 * 2 * Ns * e;
-      break;
-    case Family::kLlama:
-      // Input and h (the RMSNorms' inputs), the norm outputs the projections save; gate,
-      // silu(gate), up (mul's operands) and their product (down's input).
-      a.block = (2 * Ns + 2 * N) * C * e + attn + 4 * N * Fl * e + 2 * Ns * e;
-      break;
-    case Family::kMixtral: {
-      // As LLaMA's, with the four d_ff-wide tensors for each of the N * k routed rows, plus the
-      // gathered rows, the experts' outputs and the router's logits and probabilities (f32).
-      const int64_t rows = N * c.moe_top_k;
-      a.block = (2 * Ns + 2 * N) * C * e + attn + 4 * rows * Fl * e + 2 * Ns * e +
-                2 * rows * C * e + 2 * N * c.moe_experts * 4;
-      break;
-    }
-  }
+  const models::FamilyActivations fam =
+      spec.cost.activations(c, {.N = N, .Ns = Ns, .C = C, .Fl = Fl, .e = e, .attn = attn});
+  a.block = fam.block;
   // engine/nn/checkpoint.h keeps only the block's input.
   a.block_recompute = Ns * C * e;
-  // In a block's backward: the incoming gradient, the MLP's d_ff-wide input gradient from its
-  // second linear and that linear's weight gradient, before the saved tensors it frees.
-  a.block_bwd = Ns * C * e + N * Fl * e + C * Fl * e;
-  // LLaMA: next, mul's backward makes both operands' gradients while down_proj's input
-  // gradient (mul's output gradient) is live and down_proj's saved input is gone.
-  if (c.family == Family::kLlama)
-    a.block_bwd = Ns * C * e + std::max(2 * N * Fl, N * Fl + C * Fl) * e;
+  // In a block's backward: what the family's backward holds beside the saved tensors.
+  a.block_bwd = fam.block_bwd;
   a.boundary = Ns * C * e;
   const bool vocab_parallel = tp > 1 || p.sp_mode != "none";
   // Vocab-parallel embedding (tp): the masked lookup is multiplied by its keep mask, and mul
   // saves the lookup.
-  a.embed = vocab_parallel ? N * C * e : 0;
-  if (c.family == Family::kBert) a.embed += (Ns * C + 2 * Ns) * e;  // embeddings' LayerNorm
-  // Head: the final norm's input and statistics, its output the LM head saves (gathered to all
-  // positions of the group), then the logits. Without tp cross_entropy saves the logits and
-  // writes their gradient over them; the vocab-parallel one saves exp(shifted) and makes the
-  // shifted logits and the exponentials as temporaries.
+  a.embed = (vocab_parallel ? N * C * e : 0) + fam.embed;
+  // Head: what the family's head saves, then the logits. Without tp cross_entropy saves the
+  // logits and writes their gradient over them; the vocab-parallel one saves exp(shifted) and
+  // makes the shifted logits and the exponentials as temporaries.
   const int64_t logits = N * (vocab_parallel ? Vl : c.vocab_size) * e;
-  switch (c.family) {
-    case Family::kBert:
-      // Transform dense's input and output (gelu's input), gelu's output (the LayerNorm's
-      // input), the LayerNorm's output (the decoder's input).
-      a.head = 4 * N * C * e + 2 * N * e;
-      break;
-    default:
-      a.head = Ns * C * e + N * C * e + 2 * Ns * e;
-      break;
-  }
-  a.head += logits + 2 * N * e;  // cross-entropy's per-row loss and lse
+  a.head = fam.head + logits + 2 * N * e;  // + cross-entropy's per-row loss and lse
   a.head_fwd = vocab_parallel ? 2 * logits : 0;
   if (p.pp > 1) {
     // pipeline_loss slices the T + 1 positions' logits to T - 1 (cross_entropy copies the

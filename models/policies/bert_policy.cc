@@ -229,4 +229,8 @@ std::shared_ptr<ShardedLanguageModel> bert_policy(const Model& model,
   return adopt(std::make_shared<TpBert>(model.config(), mesh, options), model);
 }
 
+namespace {
+[[maybe_unused]] const bool kRegistered = register_policy(Family::kBert, bert_policy);
+}  // namespace
+
 }  // namespace mammoth::models

@@ -120,4 +120,8 @@ std::shared_ptr<ShardedLanguageModel> gpt2_policy(const Model& model,
   return adopt(std::make_shared<TpGpt2>(model.config(), mesh, options), model);
 }
 
+namespace {
+[[maybe_unused]] const bool kRegistered = register_policy(Family::kGpt2, gpt2_policy);
+}  // namespace
+
 }  // namespace mammoth::models

@@ -168,4 +168,8 @@ std::shared_ptr<ShardedLanguageModel> llama_policy(const Model& model,
   return adopt(std::make_shared<TpLlama>(model.config(), mesh, options), model);
 }
 
+namespace {
+[[maybe_unused]] const bool kRegistered = register_policy(Family::kLlama, llama_policy);
+}  // namespace
+
 }  // namespace mammoth::models

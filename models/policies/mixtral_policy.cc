@@ -127,4 +127,8 @@ std::shared_ptr<ShardedLanguageModel> mixtral_policy(const Model& model,
   return adopt(std::make_shared<TpMixtral>(model.config(), mesh, options), model);
 }
 
+namespace {
+[[maybe_unused]] const bool kRegistered = register_policy(Family::kMixtral, mixtral_policy);
+}  // namespace
+
 }  // namespace mammoth::models

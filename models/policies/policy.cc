@@ -1,9 +1,11 @@
 #include "models/policies/policy.h"
 
+#include <map>
 #include <set>
 
 #include "engine/autograd.h"
 #include "engine/ops.h"
+#include "models/family.h"
 #include "models/registry.h"
 #include "parallel/tensor_parallel/mappings.h"
 
@@ -329,24 +331,33 @@ Tensor ShardedLanguageModel::gather_logits(const Tensor& logits, const SeqPlan& 
   return full.slice(1, 0, T);
 }
 
+namespace {
+
+std::map<Family, PolicyFn>& policies() {
+  static std::map<Family, PolicyFn> p;
+  return p;
+}
+
+}  // namespace
+
+bool register_policy(Family family, PolicyFn policy) {
+  MAMMOTH_CHECK(policy != nullptr && policies().emplace(family, policy).second)
+      << "[register_policy] family '" << family_name(family)
+      << "' has a tensor-parallel policy already (or none was given)";
+  return true;
+}
+
 std::shared_ptr<ShardedLanguageModel> apply_policy(const Model& model,
                                                    const parallel::DeviceMesh& mesh,
                                                    const ShardOptions& options) {
-  switch (model.config().family) {
-    case Family::kGpt2:
-      return gpt2_policy(model, mesh, options);
-    case Family::kLlama:
-      return llama_policy(model, mesh, options);
-    case Family::kBert:
-      return bert_policy(model, mesh, options);
-    case Family::kMixtral:
-      return mixtral_policy(model, mesh, options);
-    case Family::kVit:
-      MAMMOTH_THROW() << "[apply_policy] ViT is not a language model: use vit_policy";
-    default:
-      MAMMOTH_THROW() << "[apply_policy] no sharding policy for family '"
-                      << family_name(model.config().family) << "' yet";
-  }
+  const Family family = model.config().family;
+  MAMMOTH_CHECK(family_spec(family).language_model)
+      << "[apply_policy] " << family_name(family)
+      << " is not a language model: use its family's own policy (vit_policy for vit)";
+  auto it = policies().find(family);
+  MAMMOTH_CHECK(it != policies().end())
+      << "[apply_policy] no sharding policy for family '" << family_name(family) << "' yet";
+  return it->second(model, mesh, options);
 }
 
 }  // namespace mammoth::models

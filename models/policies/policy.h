@@ -265,6 +265,16 @@ std::shared_ptr<ShardedLanguageModel> apply_policy(const Model& model,
                                                    const parallel::DeviceMesh& mesh,
                                                    const ShardOptions& options = {});
 
+// A language-model family's tensor/sequence-parallel form, as apply_policy calls it.
+using PolicyFn = std::shared_ptr<ShardedLanguageModel> (*)(const Model& model,
+                                                           const parallel::DeviceMesh& mesh,
+                                                           const ShardOptions& options);
+// Makes `policy` apply_policy's form of `family`; throws when the family has one already.
+// Returns true, so that each family's policy file registers itself with one namespace-scope
+// line (this library is linked whole, models/policies/BUILD.bazel):
+//   [[maybe_unused]] const bool kRegistered = register_policy(Family::kGpt2, gpt2_policy);
+bool register_policy(Family family, PolicyFn policy);
+
 // Family policies (one file each).
 std::shared_ptr<ShardedLanguageModel> gpt2_policy(const Model& model,
                                                   const parallel::DeviceMesh& mesh,
