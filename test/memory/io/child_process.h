@@ -13,13 +13,16 @@ namespace mammoth::memory::io::testing {
 
 // Runs `fn` in a forked child and returns the string it returned. An exception in the child
 // comes back as "EXCEPTION: <what>", a child that dies as "CHILD DIED: status <n>". The child
-// leaves with _exit, skipping atexit hooks and the parent's static destructors.
-inline std::string run_in_child(const std::function<std::string()>& fn) {
+// leaves with _exit, skipping atexit hooks and the parent's static destructors; one that hangs
+// is killed by SIGALRM after `limit_s` (status 14), so the test fails naming it instead of
+// running into Bazel's timeout.
+inline std::string run_in_child(const std::function<std::string()>& fn, unsigned limit_s = 30) {
   int fds[2];
   if (::pipe(fds) != 0) return "PIPE FAILED";
   const pid_t pid = ::fork();
   if (pid < 0) return "FORK FAILED";
   if (pid == 0) {
+    ::alarm(limit_s);
     ::close(fds[0]);
     std::string out;
     try {
