@@ -1,4 +1,5 @@
 // Mixtral's family spec: LLaMA's decoder with a mixture of experts for the MLP.
+#include <algorithm>
 #include <memory>
 
 #include "base/error.h"
@@ -94,12 +95,23 @@ FamilyCost mixtral_cost() {
     const double mlp = d * static_cast<double>(c.moe_experts) + c.moe_top_k * 3 * d * f;
     return cost::block_flops(c, T, llama_projection_flops(c), mlp);
   };
+  // Under tp the attention splits as LLaMA's and the experts and router stay whole on every
+  // rank (models/policies/mixtral_policy.cc).
+  const auto llama_split = k.tp_split;
+  k.tp_split = [llama_split](const ModelConfig& c, int tp, int64_t Vp, int64_t outside) {
+    TpParamSplit s = llama_split(c, tp, Vp, outside);
+    const int64_t d = c.d_model, f = c.d_ff;
+    s.replicated += d * c.moe_experts + c.moe_experts * 3 * d * f;
+    s.largest_block = std::max(s.largest_block, d * f);
+    return s;
+  };
   k.activations = [](const ModelConfig& c, const ActivationSizes& s) {
     FamilyActivations a;
-    // As LLaMA's, with the four d_ff-wide tensors for each of the N * k routed rows, plus the
-    // gathered rows, the experts' outputs and the router's logits and probabilities (f32).
+    // As LLaMA's, with the four d_ff-wide tensors for each of the N * k routed rows (whole
+    // under tp: the experts are not split), plus the gathered rows, the experts' outputs and
+    // the router's logits and probabilities (f32).
     const int64_t rows = s.N * c.moe_top_k;
-    a.block = (2 * s.Ns + 2 * s.N) * s.C * s.e + s.attn + 4 * rows * s.Fl * s.e + 2 * s.Ns * s.e +
+    a.block = (2 * s.Ns + 2 * s.N) * s.C * s.e + s.attn + 4 * rows * c.d_ff * s.e + 2 * s.Ns * s.e +
               2 * rows * s.C * s.e + 2 * s.N * c.moe_experts * 4;
     a.block_bwd = cost::mlp_block_bwd(s);
     a.head = cost::final_norm_head(s);

@@ -127,6 +127,10 @@ cell llama_sp2_ring_seq64 2 "${l[@]}" --micro-batch 4 --seq-len 64 --sp 2 --sp-m
 cell gpt2_pp2_1f1b 2 "${g[@]}" --micro-batch 2 --grad-accum 4 --pp 2 --pp-schedule 1f1b
 cell gpt2_pp2_gpipe 2 "${g[@]}" --micro-batch 2 --grad-accum 4 --pp 2 --pp-schedule gpipe
 cell llama_pp2_1f1b_recompute 2 "${l[@]}" --micro-batch 1 --grad-accum 4 --pp 2 "${ac[@]}"
+cell bert_pp2_1f1b 2 "${b[@]}" --micro-batch 2 --grad-accum 4 --pp 2
+# Mixture of experts: the attention splits over tp, the experts stay whole on every rank.
+cell mixtral_mb2 1 --model mixtral-tiny --micro-batch 2
+cell mixtral_tp2 2 --model mixtral-tiny --micro-batch 2 --tp 2
 
 # Four processes: wider dp, dp x tp, dp x pp, pp 4, tp 4, pp x tp.
 cell gpt2_dp4_zero1 4 "${g[@]}" --micro-batch 2 --zero 1
