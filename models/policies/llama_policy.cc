@@ -83,12 +83,8 @@ class TpLlama : public ShardedDecoder {
                                                                             SpMode::kSplitGather}));
     }
     for (int64_t l = 0; l < c.n_layer; ++l) {
-      if (!(*model->layers)[l].self_attn->kv_replicated()) continue;
-      const std::string p = "model.layers." + std::to_string(l) + ".self_attn.";
-      for (const char* kv : {"k_proj.", "v_proj."}) {
-        set_replicated_heads(p + kv + "weight", c.n_kv_head, c.head_dim());
-        if (c.qkv_bias) set_replicated_heads(p + kv + "bias", c.n_kv_head, c.head_dim());
-      }
+      if ((*model->layers)[l].self_attn->kv_replicated())
+        set_replicated_kv_heads("model.layers." + std::to_string(l) + ".self_attn.", c);
     }
     set_layer_specs();
   }

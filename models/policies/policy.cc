@@ -112,6 +112,13 @@ void ShardLayout::set_replicated_heads(const std::string& name, int64_t heads, i
   replicated_[name] = {heads, head_rows};
 }
 
+void ShardLayout::set_replicated_kv_heads(const std::string& prefix, const ModelConfig& c) {
+  for (const char* kv : {"k_proj.", "v_proj."}) {
+    set_replicated_heads(prefix + kv + "weight", c.n_kv_head, c.head_dim());
+    if (c.qkv_bias) set_replicated_heads(prefix + kv + "bias", c.n_kv_head, c.head_dim());
+  }
+}
+
 void ShardLayout::set_layer_specs() {
   for (const auto& [name, m] : self_.named_modules()) {
     auto set = [&](const std::string& param, const parallel::ShardSpec& s) {

@@ -114,6 +114,9 @@ class ShardLayout {
   // `name` holds `heads` heads of `head_rows` rows each along dim 0, fewer heads than tp ranks
   // (tp % heads == 0): rank r holds a copy of head r / (tp / heads) (GQA's KV projections).
   void set_replicated_heads(const std::string& name, int64_t heads, int64_t head_rows);
+  // The same for a LLaMA-style attention at `prefix` ("model.layers.3.self_attn."): its k_proj
+  // and v_proj weights, and their biases when the config has them (Qwen2).
+  void set_replicated_kv_heads(const std::string& prefix, const ModelConfig& c);
   // The specs of every parallel layer below `self`, by its parameters' names: a column-parallel
   // linear's weight and bias (split by output rows), a row-parallel linear's weight (split by
   // input columns; its bias is whole), a vocab-parallel embedding's table. Parameters already
