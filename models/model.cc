@@ -63,18 +63,16 @@ Tensor LanguageModel::forward_cached(const Tensor&, KVCache*) {
 }
 
 namespace {
-[[noreturn]] void no_pipeline(const LanguageModel& m) {
+[[noreturn]] void no_pipeline(const Model& m) {
   MAMMOTH_THROW() << "[pipeline] model family " << family_name(m.config().family)
-                  << " has no pipeline stages yet (GPT-2 has; see LanguageModel::pipeline_*)";
+                  << " has no pipeline stages yet (GPT-2 has; see Model::pipeline_*)";
 }
 }  // namespace
 
-Tensor LanguageModel::pipeline_embed(const Tensor&) { no_pipeline(*this); }
-Tensor LanguageModel::pipeline_block(int64_t, const Tensor&, const Tensor&) { no_pipeline(*this); }
-Tensor LanguageModel::pipeline_loss(const Tensor&, const Tensor&) { no_pipeline(*this); }
-LanguageModel::PipelinePart LanguageModel::pipeline_part(const std::string&) const {
-  no_pipeline(*this);
-}
+Tensor Model::pipeline_embed(const Tensor&) { no_pipeline(*this); }
+Tensor Model::pipeline_block(int64_t, const Tensor&, const Tensor&) { no_pipeline(*this); }
+Tensor Model::pipeline_loss(const Tensor&, const Tensor&) { no_pipeline(*this); }
+Model::PipelinePart Model::pipeline_part(const std::string&) const { no_pipeline(*this); }
 
 namespace {
 // Keys and values are activations: f32 when the weights are stored in 16 bits (the ops widen

@@ -56,6 +56,27 @@ class Model : public engine::nn::Module {
     return is_training() && (recompute_blocks_ < 0 || layer < recompute_blocks_);
   }
 
+  // Pipeline stages (models/pipeline/pipeline.h): the forward cut into embedding, blocks and
+  // head, and which part uses each parameter. A family that implements these trains under
+  // --pp; the defaults throw naming the family. A stage receives one tensor per micro-batch:
+  // next-token windows [B, T + 1] for causal LMs, and a family's own packing otherwise (BERT's
+  // masked LM, ViT's pixels and labels).
+  virtual bool supports_pipeline() const { return false; }
+  // The micro-batch -> the first block's input.
+  virtual engine::Tensor pipeline_embed(const engine::Tensor& ids);
+  // Block l on x; ids is the micro-batch (for position-dependent layouts).
+  virtual engine::Tensor pipeline_block(int64_t l, const engine::Tensor& x,
+                                        const engine::Tensor& ids);
+  // The last block's output -> the loss (causal LMs: logits[:, :-1] against ids[:, 1:]).
+  virtual engine::Tensor pipeline_loss(const engine::Tensor& x, const engine::Tensor& ids);
+  // Which parts use parameter `name`: the embedding, the head (both for tied embeddings),
+  // or block `block` (>= 0).
+  struct PipelinePart {
+    bool embed = false, head = false;
+    int64_t block = -1;
+  };
+  virtual PipelinePart pipeline_part(const std::string& name) const;
+
  protected:
   int64_t recompute_blocks_ = 0;
 };
@@ -150,25 +171,6 @@ class LanguageModel : public Model {
   // The key/value heads this model's caches hold: config().n_kv_head, or a tensor-parallel
   // rank's share of them.
   virtual int64_t kv_cache_heads() const { return config().n_kv_head; }
-
-  // Pipeline stages (models/pipeline/pipeline.h): the forward cut into embedding, blocks and
-  // head, and which part uses each parameter. A family that implements these trains under
-  // --pp; the defaults throw naming the family.
-  virtual bool supports_pipeline() const { return false; }
-  // ids [B, T] -> the first block's input.
-  virtual engine::Tensor pipeline_embed(const engine::Tensor& ids);
-  // Block l on x; ids is the micro-batch (for position-dependent layouts).
-  virtual engine::Tensor pipeline_block(int64_t l, const engine::Tensor& x,
-                                        const engine::Tensor& ids);
-  // The last block's output -> the mean next-token loss (logits[:, :-1] against ids[:, 1:]).
-  virtual engine::Tensor pipeline_loss(const engine::Tensor& x, const engine::Tensor& ids);
-  // Which parts use parameter `name`: the embedding, the head (both for tied embeddings),
-  // or block `block` (>= 0).
-  struct PipelinePart {
-    bool embed = false, head = false;
-    int64_t block = -1;
-  };
-  virtual PipelinePart pipeline_part(const std::string& name) const;
 };
 
 }  // namespace mammoth::models

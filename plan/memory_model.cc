@@ -92,7 +92,7 @@ ParamSplit split_params(const ModelConfig& c, int tp) {
   return s;
 }
 
-// The stage cut `mammoth train` uses (models/pipeline LanguageModelPipeline::balanced: block
+// The stage cut `mammoth train` uses (models/pipeline ModelPipeline::balanced: block
 // FLOPs with the head on the last stage, at the pipeline's seq_len + 1 positions).
 parallel::pipeline::Partition stage_cut(const ModelConfig& c, const ParallelPlan& p) {
   if (!p.stage_cut.empty()) return p.stage_cut;

@@ -111,7 +111,7 @@ struct TrainingRuntime::Parts {
   const engine::nn::Module* shard_module = nullptr;
   std::unique_ptr<models::TpLora> tp_lora;  // LoRA's pieces on `sharded`
   std::unique_ptr<PolicyShards> policy_shards;
-  std::unique_ptr<models::LanguageModelPipeline> pipeline;
+  std::unique_ptr<models::ModelPipeline> pipeline;
   engine::nn::NamedTensors stage_lora;  // LoRA under pp: this rank's stages' adapters
   std::unique_ptr<parallel::DataParallel> dp;
   // Expert parallelism: the expert group and the expert-data-parallel group (split from dp),
@@ -193,45 +193,16 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
   // Pipeline parallelism: this rank runs its stages of the schedule over the step's
   // gradient-accumulation micro-batches, and updates only its stages' parameters.
   if (plan_.pp > 1) {
-    namespace pl = parallel::pipeline;
     std::shared_ptr<models::LanguageModel> staged =
         p.sharded ? std::shared_ptr<models::LanguageModel>(p.sharded) : model_;
-    const pl::Schedule schedule =
-        pl::make_schedule(pl::schedule_kind_from_name(plan_.pp_schedule),
-                          {.stages = plan_.pp,
-                           .micro_batches = static_cast<int>(plan_.grad_accum),
-                           .virtual_stages = plan_.virtual_stages});
-    // A stage carries each window as one row of seq_len + 1 tokens. Balanced by FLOPs by
-    // default: the LM head alone costs several blocks.
-    pl::Partition partition(plan_.stage_cut.begin(), plan_.stage_cut.end());
-    if (partition.empty() && pl::partition_is_balanced(plan_.pp_partition)) {
-      partition = models::LanguageModelPipeline::balanced(cfg, plan_.seq_len + 1,
-                                                          schedule.num_virtual_stages());
-    }
-    p.pipeline = std::make_unique<models::LanguageModelPipeline>(
-        staged, schedule, mesh_->group(parallel::Axis::kPp), partition);
-    // The plan from here on says where the stages were cut (the memory model reads it).
-    plan_.stage_cut = p.pipeline->partition();
-    if (lead()) {
-      std::string cuts;
-      for (size_t s = 0; s + 1 < p.pipeline->partition().size(); ++s) {
-        cuts += (s ? ", " : "") + std::to_string(p.pipeline->partition()[s]) + "-" +
-                std::to_string(p.pipeline->partition()[s + 1] - 1);
-      }
-      std::fprintf(stderr, "[train] pipeline stages (%s): layers %s\n",
-                   plan_.stage_cut.empty() ? plan_.pp_partition.c_str() : "stage_cut",
-                   cuts.c_str());
-    }
-    models::LanguageModelPipeline* pipeline = p.pipeline.get();
-    o.pipeline_step = [pipeline](const std::vector<engine::Tensor>& batches, double scale) {
-      return pipeline->step(batches, scale);
-    };
-    o.optimizer_params = &p.pipeline->parameters();
+    // A decoder's stage carries each window as one row of seq_len + 1 tokens.
+    build_pipeline(staged, plan_.seq_len + 1, o);
     if (trained_params_) {
       // The adapters of this rank's stages' layers (the pipeline's rule for its parameters).
+      const parallel::pipeline::Schedule& schedule = p.pipeline->runtime().schedule();
       const int rank = mesh_->coord(parallel::Axis::kPp);
       for (const auto& [name, t] : *trained_params_) {
-        const models::LanguageModel::PipelinePart part = staged->pipeline_part(name);
+        const models::Model::PipelinePart part = staged->pipeline_part(name);
         for (int c = 0; c < schedule.virtual_stages; ++c) {
           const size_t s = static_cast<size_t>(schedule.virtual_stage(rank, c));
           const bool head = static_cast<int>(s) == schedule.num_virtual_stages() - 1;
@@ -247,19 +218,13 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
           << "; target layers of every block";
       o.optimizer_params = &p.stage_lora;
     }
-    if (o.eval_every > 0 && lead()) {
-      std::fprintf(stderr,
-                   "[train] --pp: periodic evaluation is off (stages hold only their "
-                   "own parameters' updates)\n");
-    }
-    o.eval_every = 0;
   }
 
   if (mesh_) {
     set_world_fields(o);
     if (p.pipeline) {
       // The tied wte lives on the first and the last stage; the first writes it.
-      models::LanguageModelPipeline* pipeline = p.pipeline.get();
+      models::ModelPipeline* pipeline = p.pipeline.get();
       o.writes_parameter = [pipeline](const std::string& name) {
         return pipeline->counts_in_norm(name);
       };
@@ -378,6 +343,47 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
   }
 }
 
+void TrainingRuntime::build_pipeline(std::shared_ptr<models::Model> staged, int64_t positions,
+                                     engine::train::TrainOptions& o) {
+  namespace pl = parallel::pipeline;
+  Parts& p = *parts_;
+  const pl::Schedule schedule =
+      pl::make_schedule(pl::schedule_kind_from_name(plan_.pp_schedule),
+                        {.stages = plan_.pp,
+                         .micro_batches = static_cast<int>(plan_.grad_accum),
+                         .virtual_stages = plan_.virtual_stages});
+  // Balanced by FLOPs by default: the LM head alone costs several blocks.
+  const std::string how = plan_.stage_cut.empty() ? plan_.pp_partition : "stage_cut";
+  pl::Partition partition(plan_.stage_cut.begin(), plan_.stage_cut.end());
+  if (partition.empty() && pl::partition_is_balanced(plan_.pp_partition)) {
+    partition =
+        models::ModelPipeline::balanced(staged->config(), positions, schedule.num_virtual_stages());
+  }
+  p.pipeline = std::make_unique<models::ModelPipeline>(
+      staged, schedule, mesh_->group(parallel::Axis::kPp), partition);
+  // The plan from here on says where the stages were cut (the memory model reads it).
+  plan_.stage_cut = p.pipeline->partition();
+  if (lead()) {
+    std::string cuts;
+    for (size_t s = 0; s + 1 < p.pipeline->partition().size(); ++s) {
+      cuts += (s ? ", " : "") + std::to_string(p.pipeline->partition()[s]) + "-" +
+              std::to_string(p.pipeline->partition()[s + 1] - 1);
+    }
+    std::fprintf(stderr, "[train] pipeline stages (%s): layers %s\n", how.c_str(), cuts.c_str());
+  }
+  models::ModelPipeline* pipeline = p.pipeline.get();
+  o.pipeline_step = [pipeline](const std::vector<engine::Tensor>& batches, double scale) {
+    return pipeline->step(batches, scale);
+  };
+  o.optimizer_params = &p.pipeline->parameters();
+  if (o.eval_every > 0 && lead()) {
+    std::fprintf(stderr,
+                 "[train] --pp: periodic evaluation is off (stages hold only their "
+                 "own parameters' updates)\n");
+  }
+  o.eval_every = 0;
+}
+
 void TrainingRuntime::wire_shards(const models::ShardLayout& shards,
                                   const engine::nn::Module& module, const models::Model& full,
                                   engine::train::TrainOptions& o,
@@ -481,8 +487,12 @@ void TrainingRuntime::assemble_classifier(std::shared_ptr<models::Model> model,
       << "[train] BERT classification under --sp-mode " << plan_.sp_mode
       << ": the padding mask has no Ulysses / ring form; use --tp (with or without --sp-mode "
          "split_gather)";
-  MAMMOTH_CHECK(plan_.pp == 1) << "[train] classification (" << family
-                               << ") with --pp is not supported; use --dp";
+  const bool vit = model->config().family == models::Family::kVit;
+  MAMMOTH_CHECK(plan_.pp == 1 || vit)
+      << "[train] classification (" << family << ") with --pp is not supported; use --dp";
+  MAMMOTH_CHECK(plan_.pp == 1 || !sharded)
+      << "[train] ViT classification with --pp and --tp / --sp: its sharded form has no "
+         "pipeline stages yet; use --pp with --dp";
   MAMMOTH_CHECK(!plan_.offloaded())
       << "[train] classification (" << family
       << ") with --offload / --device-mem / --host-mem is not supported";
@@ -532,10 +542,17 @@ void TrainingRuntime::assemble_classifier(std::shared_ptr<models::Model> model,
     engine::train::move_to_device(form.named_parameters(), device_);
     wire_shards(*layout, form, *classifier_, o, whole_trained);
   }
+  if (plan_.pp > 1) {
+    // ViT's stages: a micro-batch is its pixels and labels in one row (Vit::pipeline_embed).
+    build_pipeline(classifier_, classifier_->config().num_patches() + 1, o);
+    o.pipeline_pack = models::Vit::pack_pipeline_batch;
+  }
   set_world_fields(o);
   if (plan_.dp > 1) {
     p.dp = std::make_unique<parallel::DataParallel>(
-        trained_params_ ? *trained_params_ : trained_classifier().named_parameters(),
+        p.pipeline        ? *o.optimizer_params
+        : trained_params_ ? *trained_params_
+                          : trained_classifier().named_parameters(),
         mesh_->group(parallel::Axis::kDp),
         parallel::DataParallelOptions{.zero_stage = plan_.zero, .bucket_mb = plan_.bucket_mb});
     p.dp->broadcast_parameters();

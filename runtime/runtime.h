@@ -93,6 +93,11 @@ class TrainingRuntime {
   void wire_shards(const models::ShardLayout& shards, const engine::nn::Module& module,
                    const models::Model& full, engine::train::TrainOptions& options,
                    const engine::nn::NamedTensors* trained);
+  // Pipeline stages of `staged` (the model or its sharded form) under the plan's schedule and
+  // cut (balanced at `positions` per row by default): pipeline_step, optimizer_params, and
+  // evaluation off.
+  void build_pipeline(std::shared_ptr<models::Model> staged, int64_t positions,
+                      engine::train::TrainOptions& options);
   // options.grad_norm when the model is split over tp, sp or pp (each part counted once).
   void set_grad_norm(engine::train::TrainOptions& options);
   plan::ParallelPlan plan_;

@@ -237,9 +237,10 @@ int run_classification(runtime::TrainingRuntime& rt, const engine::train::Device
 
   // Each checkpoint carries the classifier as a transformers directory (hf/: config.json with
   // the class names, and model.safetensors; BERT as BertForSequenceClassification).
-  // Under tp / sp the sharded form trains and `model` keeps its first weights.
+  // Under tp / sp the sharded form trains and `model` keeps its first weights; under pp each
+  // rank updates only its stages' part of it.
   models::Model& learner = rt.trained_classifier();
-  const bool whole = &learner == model.get();
+  const bool whole = &learner == model.get() && rt.plan().pp == 1;
   if (rt.plan().zero < 3 && whole) {
     o.after_checkpoint = [&model, &classes](const std::string& dir) {
       models::save_pretrained(*model, dir + "/hf", {.labels = classes});
@@ -248,7 +249,9 @@ int run_classification(runtime::TrainingRuntime& rt, const engine::train::Device
     std::fprintf(stderr,
                  "[train] %s: checkpoints carry no hf/ directory (each rank holds a shard of "
                  "the parameters); `mammoth ckpt export` writes one\n",
-                 whole ? "--zero 3" : "--tp / --sp");
+                 whole              ? "--zero 3"
+                 : rt.plan().pp > 1 ? "--pp"
+                                    : "--tp / --sp");
   }
   engine::train::LossFn loss_fn;
   if (auto* sharded = dynamic_cast<models::ShardedVit*>(&learner)) {

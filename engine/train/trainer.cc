@@ -208,8 +208,9 @@ class ExampleBatches final : public BatchSource {
         own_val_(val != nullptr) {
     MAMMOTH_CHECK(o.objective == "classify")
         << "[train] labelled examples train the classify objective, not '" << o.objective << "'";
-    MAMMOTH_CHECK(!o.pipeline_step && o.loss_parts == nullptr)
-        << "[train] classification has no pipeline form and no loss mask";
+    MAMMOTH_CHECK((!o.pipeline_step || o.pipeline_pack) && o.loss_parts == nullptr)
+        << "[train] classification has no loss mask, and a pipeline form only with its packing "
+           "(TrainOptions::pipeline_pack)";
     MAMMOTH_CHECK(sampler_.num_train_windows() > 0)
         << "[train] " << data.describe() << ": no training examples after holding out "
         << o.val_fraction << " for validation";
@@ -688,7 +689,8 @@ TrainLoop::Step TrainLoop::step(int64_t step) {
       if (o_.pipeline_step) {
         // Next-token: the window as one row of seq_len + 1 tokens, the input plus its last
         // target. Masked LM: the masked ids, then their targets (LanguageModel::pipeline_*).
-        pipeline_batches.push_back(o_.objective == "masked_lm"
+        pipeline_batches.push_back(o_.pipeline_pack ? o_.pipeline_pack(in, tg)
+                                   : o_.objective == "masked_lm"
                                        ? concat({in, tg}, 1)
                                        : concat({in, tg.slice(1, o_.seq_len - 1, o_.seq_len)}, 1));
         continue;

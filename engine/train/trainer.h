@@ -111,13 +111,16 @@ struct TrainOptions {
   // logging rank after the step (a mixture of experts' expert load: models/mixtral).
   std::function<json::Value()> step_metrics;
   int64_t predicted_peak_mem_bytes = 0;
-  // Pipeline parallelism: runs forward and backward of all of a step's micro-batches (ids
-  // [micro_batch, seq_len + 1] each: input and next-token targets in one window) and returns the
-  // step's mean loss; the optimizer then updates `optimizer_params` (this rank's stages).
-  // With dp as well, dp's runtime is built over `optimizer_params` and reduces the gradients
-  // after the pipeline step.
+  // Pipeline parallelism: runs forward and backward of all of a step's micro-batches and
+  // returns the step's mean loss; the optimizer then updates `optimizer_params` (this rank's
+  // stages). A micro-batch is one tensor: pipeline_pack(input, target) when set (a classifier's
+  // packing, models::Vit::pack_pipeline_batch), else ids [micro_batch, seq_len + 1] (input and
+  // next-token targets in one window) or, for the masked LM, [micro_batch, 2 seq_len] (ids,
+  // then targets). With dp as well, dp's runtime is built over `optimizer_params` and reduces
+  // the gradients after the pipeline step.
   // `loss_scale` multiplies the loss before backward (fp16); the returned loss is unscaled.
   std::function<double(const std::vector<Tensor>& micro_batches, double loss_scale)> pipeline_step;
+  std::function<Tensor(const Tensor& input, const Tensor& target)> pipeline_pack;
   const nn::NamedTensors* optimizer_params = nullptr;
   // What trains when it is not the model's parameters, not owned: LoRA adapters
   // (models/lora.h), the model's own parameters then frozen. The optimizer, dp and checkpoints

@@ -14,8 +14,8 @@ namespace mammoth::models {
 using engine::Tensor;
 using parallel::pipeline::StageChunk;
 
-parallel::pipeline::Partition LanguageModelPipeline::balanced(const ModelConfig& config,
-                                                              int64_t seq_len, int stages) {
+parallel::pipeline::Partition ModelPipeline::balanced(const ModelConfig& config, int64_t seq_len,
+                                                      int stages) {
   const ModelAnalysis a = analyze(config, seq_len);
   const std::vector<double> blocks(static_cast<size_t>(config.n_layer),
                                    a.block_flops_per_token_forward);
@@ -23,9 +23,8 @@ parallel::pipeline::Partition LanguageModelPipeline::balanced(const ModelConfig&
                                                 stages);
 }
 
-LanguageModelPipeline::LanguageModelPipeline(std::shared_ptr<LanguageModel> model,
-                                             const Schedule& schedule, Communicator& pp,
-                                             parallel::pipeline::Partition partition)
+ModelPipeline::ModelPipeline(std::shared_ptr<Model> model, const Schedule& schedule,
+                             Communicator& pp, parallel::pipeline::Partition partition)
     : model_(std::move(model)), pp_(pp), partition_(std::move(partition)) {
   MAMMOTH_CHECK(model_ != nullptr) << "[pipeline] model is null";
   MAMMOTH_CHECK(model_->supports_pipeline())
@@ -53,7 +52,7 @@ LanguageModelPipeline::LanguageModelPipeline(std::shared_ptr<LanguageModel> mode
     const bool head = s == S - 1, embed = s == 0;
     StageChunk chunk;
     for (const auto& [name, t] : all) {
-      const LanguageModel::PipelinePart part = model_->pipeline_part(name);
+      const Model::PipelinePart part = model_->pipeline_part(name);
       if ((part.embed && embed) || (part.head && head) ||
           (part.block >= first && part.block < last)) {
         chunk.params.emplace_back(name, t);
@@ -78,7 +77,7 @@ LanguageModelPipeline::LanguageModelPipeline(std::shared_ptr<LanguageModel> mode
   }
   params_ = std::move(unique);
   for (const auto& [name, t] : all) {
-    const LanguageModel::PipelinePart part = model_->pipeline_part(name);
+    const Model::PipelinePart part = model_->pipeline_part(name);
     if (part.embed && part.head) tied_params_.emplace_back(name, t);
   }
   const bool first_rank = rank == 0;
@@ -89,9 +88,9 @@ LanguageModelPipeline::LanguageModelPipeline(std::shared_ptr<LanguageModel> mode
   stage_ = std::make_unique<PipelineStage>(schedule, std::move(chunks), pp);
 }
 
-LanguageModelPipeline::~LanguageModelPipeline() = default;
+ModelPipeline::~ModelPipeline() = default;
 
-double LanguageModelPipeline::step(const std::vector<Tensor>& micro_batches, double loss_scale) {
+double ModelPipeline::step(const std::vector<Tensor>& micro_batches, double loss_scale) {
   MAMMOTH_CHECK(loss_scale > 0) << "[pipeline] loss scale must be > 0, got " << loss_scale;
   const int M = stage_->schedule().micro_batches;
   MAMMOTH_CHECK(static_cast<int>(micro_batches.size()) == M)
@@ -114,7 +113,7 @@ double LanguageModelPipeline::step(const std::vector<Tensor>& micro_batches, dou
   return l.item();
 }
 
-bool LanguageModelPipeline::counts_in_norm(const std::string& name) const {
+bool ModelPipeline::counts_in_norm(const std::string& name) const {
   if (!last_stage_) return true;
   for (const auto& np : tied_params_) {
     if (np.first == name) return false;
@@ -122,7 +121,7 @@ bool LanguageModelPipeline::counts_in_norm(const std::string& name) const {
   return true;
 }
 
-double LanguageModelPipeline::local_grad_sq_sum() const {
+double ModelPipeline::local_grad_sq_sum() const {
   engine::nn::NamedTensors counted;
   for (const auto& np : params_) {
     if (counts_in_norm(np.first)) counted.push_back(np);
@@ -130,7 +129,7 @@ double LanguageModelPipeline::local_grad_sq_sum() const {
   return engine::optim::grad_sq_sum(counted);
 }
 
-double LanguageModelPipeline::grad_norm(double local_sq_sum) {
+double ModelPipeline::grad_norm(double local_sq_sum) {
   Tensor s = Tensor::from_vector({local_sq_sum}, {1}, DType::kF64);
   pp_.all_reduce(s, parallel::ReduceOp::kSum);
   return std::sqrt(s.item());

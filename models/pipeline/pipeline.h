@@ -1,8 +1,9 @@
-// A language model cut into pipeline stages for parallel/pipeline's runtime (the model side of
-// pipeline parallelism: the parallel layer knows nothing of models).
+// A model cut into pipeline stages for parallel/pipeline's runtime (the model side of pipeline
+// parallelism: the parallel layer knows nothing of models).
 //
-// Any LanguageModel with pipeline stages (LanguageModel::supports_pipeline: its forward as
-// pipeline_embed -> pipeline_block(l) -> pipeline_loss, and pipeline_part for its parameters)
+// Any Model with pipeline stages (Model::supports_pipeline: its forward as pipeline_embed ->
+// pipeline_block(l) -> pipeline_loss, and pipeline_part for its parameters; language models
+// and ViT's classifier)
 // is cut into schedule.num_virtual_stages() chunks of consecutive blocks (`partition`: by count
 // when empty; balanced() evens out the head's cost): the embedding before the first, the head
 // after the last. That includes a model's tensor/sequence-parallel form (models/policies): each
@@ -34,13 +35,14 @@ using parallel::Communicator;
 using parallel::pipeline::PipelineStage;
 using parallel::pipeline::Schedule;
 
-class LanguageModelPipeline {
+class ModelPipeline {
  public:
-  LanguageModelPipeline(std::shared_ptr<LanguageModel> model, const Schedule& schedule,
-                        Communicator& pp, parallel::pipeline::Partition partition = {});
-  ~LanguageModelPipeline();
+  ModelPipeline(std::shared_ptr<Model> model, const Schedule& schedule, Communicator& pp,
+                parallel::pipeline::Partition partition = {});
+  ~ModelPipeline();
 
-  // ids i64 [b, T] per micro-batch, schedule.micro_batches of them, the same on every rank.
+  // One tensor per micro-batch (Model::pipeline_embed's), schedule.micro_batches of them, the
+  // same on every rank.
   // Runs forward and backward of each (loss of each scaled by 1/m, as gradient accumulation
   // does, and by `loss_scale` for fp16's loss scaling) and sums the tied gradients. Returns the
   // step's loss (mean over micro-batches, unscaled) on every rank.
@@ -64,7 +66,7 @@ class LanguageModelPipeline {
                                                 int stages);
 
  private:
-  std::shared_ptr<LanguageModel> model_;
+  std::shared_ptr<Model> model_;
   Communicator& pp_;
   parallel::pipeline::Partition partition_;
   std::unique_ptr<Communicator> tied_;  // first and last stage (null elsewhere, or pp == 1)

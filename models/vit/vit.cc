@@ -171,6 +171,54 @@ Tensor Vit::loss(const Tensor& pixels, const Tensor& labels) {
   return engine::cross_entropy(forward(pixels), labels);
 }
 
+Tensor Vit::pack_pipeline_batch(const Tensor& pixels, const Tensor& labels) {
+  MAMMOTH_CHECK(pixels.dim() == 4 && labels.dim() == 1 && labels.size(0) == pixels.size(0))
+      << "[Vit::pack_pipeline_batch] pixels [B, C, H, W] and labels [B], got "
+      << engine::shape_str(pixels.shape()) << " and " << engine::shape_str(labels.shape());
+  const int64_t B = pixels.size(0);
+  return engine::concat({engine::cast(pixels, DType::kF32).reshape({B, -1}),
+                         engine::cast(labels, DType::kF32).reshape({B, 1})},
+                        1);
+}
+
+namespace {
+// The pixels [B, C, H, W] and labels i64 [B] of a packed micro-batch.
+std::pair<Tensor, Tensor> unpack(const Tensor& batch, const ModelConfig& c) {
+  const int64_t pixels = c.num_channels * c.image_size * c.image_size;
+  MAMMOTH_CHECK(batch.dim() == 2 && batch.dtype() == DType::kF32 && batch.size(1) == pixels + 1)
+      << "[Vit::pipeline] a micro-batch is f32 [B, " << pixels + 1
+      << "] (pixels, then the label), got " << engine::shape_str(batch.shape());
+  const int64_t B = batch.size(0);
+  return {batch.slice(1, 0, pixels).reshape({B, c.num_channels, c.image_size, c.image_size}),
+          engine::cast(batch.slice(1, pixels, pixels + 1).reshape({B}), DType::kI64)};
+}
+}  // namespace
+
+Tensor Vit::pipeline_embed(const Tensor& batch) {
+  return vit->embeddings->forward(unpack(batch, config_).first);
+}
+
+Tensor Vit::pipeline_block(int64_t l, const Tensor& x, const Tensor&) {
+  return (*vit->encoder->layer)[static_cast<size_t>(l)].forward(x, SeqContext{});
+}
+
+Tensor Vit::pipeline_loss(const Tensor& x, const Tensor& batch) {
+  const Tensor logits = classifier->forward(vit->layernorm->forward(x).select(1, 0));
+  return engine::cross_entropy(logits, unpack(batch, config_).second);
+}
+
+Model::PipelinePart Vit::pipeline_part(const std::string& name) const {
+  const std::string layers = "vit.encoder.layer.";
+  if (name.rfind(layers, 0) == 0) {
+    const size_t at = layers.size();
+    return {.block = std::stoll(name.substr(at, name.find('.', at) - at))};
+  }
+  if (name.rfind("vit.embeddings.", 0) == 0) return {.embed = true};
+  if (name.rfind("vit.layernorm.", 0) == 0 || name.rfind("classifier.", 0) == 0)
+    return {.head = true};
+  MAMMOTH_THROW() << "[Vit::pipeline_part] parameter '" << name << "' belongs to no part";
+}
+
 HfLayout Vit::hf_layout() const {
   HfLayout layout = Model::hf_layout();
   for (HfParam& p : layout.params) {

@@ -124,6 +124,19 @@ class Vit : public Model {
   const ModelConfig& config() const override { return config_; }
   HfLayout hf_layout() const override;
 
+  // Pipeline stages: a micro-batch is f32 [B, C*H*W + 1], each image's pixels flattened and
+  // then its label (exact in f32 below 2^24), since a stage receives one tensor per micro-batch
+  // (pack_pipeline_batch). The embeddings go with the first stage, the final LayerNorm and the
+  // classifier with the last.
+  static engine::Tensor pack_pipeline_batch(const engine::Tensor& pixels,
+                                            const engine::Tensor& labels);
+  bool supports_pipeline() const override { return true; }
+  engine::Tensor pipeline_embed(const engine::Tensor& batch) override;
+  engine::Tensor pipeline_block(int64_t l, const engine::Tensor& x,
+                                const engine::Tensor& batch) override;
+  engine::Tensor pipeline_loss(const engine::Tensor& x, const engine::Tensor& batch) override;
+  PipelinePart pipeline_part(const std::string& name) const override;
+
   std::shared_ptr<VitModel> vit;
   std::shared_ptr<engine::nn::Linear> classifier;
 

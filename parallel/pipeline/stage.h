@@ -22,7 +22,7 @@
 //
 //   auto model = std::dynamic_pointer_cast<models::Gpt2>(models::build_model(cfg, seed));
 //   auto sched = make_schedule(ScheduleKind::k1F1B, {.stages = pp.size(), .micro_batches = 4});
-//   LanguageModelPipeline pipe(model, sched, pp);
+//   ModelPipeline pipe(model, sched, pp);
 //   AdamW opt(pipe.parameters(), adamw);
 //   double loss = pipe.step(micro_batches);   // forward + backward of every micro-batch
 //   opt.step(clip_factor(pipe.grad_norm(), 1.0));

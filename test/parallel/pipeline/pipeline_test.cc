@@ -110,7 +110,7 @@ Run reference() {
 Run pipeline(parallel::Communicator& pp, const pl::Schedule& schedule,
              pl::Partition partition = {}) {
   auto model = make_model(8);
-  models::LanguageModelPipeline pipe(model, schedule, pp, std::move(partition));
+  models::ModelPipeline pipe(model, schedule, pp, std::move(partition));
   engine::optim::AdamW opt(pipe.parameters(), adamw());
   Run r;
   for (int64_t s = 0; s < kSteps; ++s) {
@@ -214,7 +214,7 @@ TEST_CASE("1F1B holds p - r micro-batches of activations, GPipe all of them") {
   for (pl::ScheduleKind kind : {pl::ScheduleKind::kGPipe, pl::ScheduleKind::k1F1B}) {
     auto model = make_model(kSeq);
     const pl::Schedule schedule = pl::make_schedule(kind, {.stages = p, .micro_batches = kM});
-    models::LanguageModelPipeline pipe(model, schedule, *world);
+    models::ModelPipeline pipe(model, schedule, *world);
     std::vector<Tensor> batches;
     for (int m = 0; m < kM; ++m) batches.push_back(micro_batch(0, m, kRows, kSeq));
     // A first step allocates the gradients; the second measures activations on top of them.
@@ -253,7 +253,7 @@ TEST_CASE("pp 2 x dp 2 with ZeRO 0/1/2 matches the single-process run", "[.][hyb
       // Each replica streams its half of the step's micro-batches through its pipeline.
       const pl::Schedule schedule =
           pl::make_schedule(pl::ScheduleKind::k1F1B, {.stages = 2, .micro_batches = kMicro / 2});
-      models::LanguageModelPipeline pipe(model, schedule, mesh.group(parallel::Axis::kPp));
+      models::ModelPipeline pipe(model, schedule, mesh.group(parallel::Axis::kPp));
       parallel::DataParallel dp(pipe.parameters(), dp_group,
                                 {.zero_stage = stage, .bucket_mb = 0.05});
       dp.broadcast_parameters();
@@ -306,7 +306,7 @@ TEST_CASE("pp 2 x tp 2 matches the single-process run", "[.][hybrid_tp]") {
       auto sharded = models::apply_policy(*model, mesh, {.sp_mode = mode});
       const pl::Schedule schedule =
           pl::make_schedule(pl::ScheduleKind::k1F1B, {.stages = 2, .micro_batches = kMicro});
-      models::LanguageModelPipeline pipe(sharded, schedule, mesh.group(parallel::Axis::kPp));
+      models::ModelPipeline pipe(sharded, schedule, mesh.group(parallel::Axis::kPp));
       engine::optim::AdamW opt(pipe.parameters(), adamw());
       Run run;
       for (int64_t s = 0; s < kSteps; ++s) {
