@@ -1,8 +1,10 @@
 // What a model family declares, once, next to its model: its name and Hugging Face model_types,
 // how to build it, its part of config.json (read and write), its registered configs, what its
 // configs use (validate() refuses the fields it does not), and its costs (parameters, FLOPs,
-// activation bytes) for analyze and the planner's memory model. The generic code (registry,
-// analyze, plan/memory_model, config validation) looks the spec up by ModelConfig::family.
+// activation bytes) for analyze and the planner's memory model, and how it trains (objective,
+// pipeline form, LoRA targets, the time model's block shape, what its classifier and its plan
+// rules allow). The generic code (registry, analyze, config validation, plan/, runtime/, the
+// tools) looks the spec up by ModelConfig::family and never compares the tag with a family's.
 //
 // A family registers its spec in its own folder with one line (models/gpt2/gpt2_family.cc):
 //
@@ -138,9 +140,9 @@ struct FamilySpec {
   // Router losses over every token of every layer (mixture of experts): no sequence split,
   // pipeline stages or recomputed blocks, and the step logs the experts' load and the losses.
   bool router_losses = false;
-  // Classification (`classifier`) under --tp / --sp: whether the policies give the classifier
-  // a sharded form, and whether its batches carry a padding mask (which Ulysses and ring
-  // attention do not take), and whether its blocks recompute (--recompute-blocks).
+  // Classification (`classifier`, runtime/): the policies give the classifier a tp/sp form;
+  // its batches carry a padding mask, which Ulysses and ring attention do not take; its blocks
+  // recompute under --recompute-blocks.
   bool classifier_sharded = false;
   bool classifier_padding_mask = false;
   bool classifier_recompute = false;
