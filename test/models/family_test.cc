@@ -184,6 +184,13 @@ TEST_CASE("family: the plan and the time model read the spec, not the tag") {
   CHECK(plan::check(p, {.world = 2, .model = &c}) ==
         "--pp: model family toy has no pipeline stages; use --pp 1");
   CHECK(plan::check(p, {.world = 2, .model = &g}).empty());
+  // Messages name the family by its title.
+  p.pp = 1;
+  p.tp = 2;
+  g.tie_embeddings = false;
+  CHECK(plan::check(p, {.world = 2, .model = &g}) ==
+        "--tp 2: GPT-2 with an untied LM head has no tensor-parallel form yet (its policy shards "
+        "the tied embedding as the head)");
 }
 
 }  // namespace
