@@ -1,8 +1,10 @@
 // What a model family declares, once, next to its model: its name and Hugging Face model_types,
 // how to build it, its part of config.json (read and write), its registered configs, what its
 // configs use (validate() refuses the fields it does not), and its costs (parameters, FLOPs,
-// activation bytes) for analyze and the planner's memory model. The generic code (registry,
-// analyze, plan/memory_model, config validation) looks the spec up by ModelConfig::family.
+// activation bytes) for analyze and the planner's memory model, and how it trains (objective,
+// pipeline form, LoRA targets, the time model's block shape, what its classifier and its plan
+// rules allow). The generic code (registry, analyze, config validation, plan/, runtime/, the
+// tools) looks the spec up by ModelConfig::family and never compares the tag with a family's.
 //
 // A family registers its spec in its own folder with one line (models/gpt2/gpt2_family.cc):
 //
@@ -77,6 +79,39 @@ struct FamilyCost {
   std::function<FamilyActivations(const ModelConfig&, const ActivationSizes&)> activations;
 };
 
+// What `mammoth train` / `eval` optimise for a family's model without --task / --images.
+enum class Objective {
+  kCausalLm,         // next-token prediction
+  kMaskedLm,         // masked positions predicted (eval: masked-LM loss)
+  kImageClassifier,  // no language-model objective: trains with --images only
+};
+
+// How a plan's pipeline stages (--pp) cut the family's model.
+enum class PipelineForm {
+  kNone,           // no stages: --pp is refused
+  kNextToken,      // stages carry each window as one row of seq_len + 1 tokens
+  kOneDeviceOnly,  // stages of the one-device blocks, without --tp / --sp
+};
+
+// Engine calls one transformer block makes per micro-batch, counted in the model code (the
+// families' blocks and models/layers.cc): ops recorded in the autograd graph forward (each has
+// one backward), linear layers (one GEMM each forward, two backward), and parameter tensors
+// (the optimizer's calls). plan/time_model charges a calibrated machine's overheads on them.
+// The defaults are the LayerNorm block's (GPT-2): layer norm; c_attn; split; q, k, v: reshape,
+// permute; attention; merge (permute, reshape); c_proj; add; layer norm; c_fc; gelu; c_proj;
+// add.
+struct BlockCalls {
+  double ops = 19, linears = 4, param_tensors = 12, outside_tensors = 4;
+};
+
+// The block's shape as plan/time_model sees it: its calls, and which linears a calibrated GEMM
+// rate is looked up for (in the order the block calls them).
+struct TimeShape {
+  BlockCalls calls;
+  bool separate_qkv = false;  // q, k and v projections apart (else one fused q|k|v linear)
+  bool gated_mlp = false;     // SwiGLU: gate, up, down, three d_ff-wide activations (else two)
+};
+
 struct FamilySpec {
   Family family = Family::kGpt2;  // the tag configs carry (unique among the families)
   const char* name = "";          // family_name(): the family's own HF model_type
@@ -94,6 +129,24 @@ struct FamilySpec {
   // keep), and the parameter prefix a classifier's export leaves out (the MLM head).
   std::string classifier_architecture;
   std::string classifier_drops_prefix;
+  // How messages name the family ("GPT-2"; the HF model_type is `name`).
+  const char* title = "";
+  Objective objective = Objective::kCausalLm;
+  PipelineForm pipeline = PipelineForm::kNone;
+  // PEFT's default LoRA targets for its model_type (empty: LoRA is refused for the family).
+  std::string lora_targets;
+  // Its tensor-parallel form shards the tied embedding as the LM head: untied, it has none.
+  bool tp_needs_tied_head = false;
+  // Router losses over every token of every layer (mixture of experts): no sequence split,
+  // pipeline stages or recomputed blocks, and the step logs the experts' load and the losses.
+  bool router_losses = false;
+  // Classification (`classifier`, runtime/): the policies give the classifier a tp/sp form;
+  // its batches carry a padding mask, which Ulysses and ring attention do not take; its blocks
+  // recompute under --recompute-blocks.
+  bool classifier_sharded = false;
+  bool classifier_padding_mask = false;
+  bool classifier_recompute = false;
+  TimeShape time_shape;
 
   // A model of `config` (not yet initialised).
   std::function<std::shared_ptr<Model>(const ModelConfig&)> build;

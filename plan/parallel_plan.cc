@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "base/error.h"
+#include "models/family.h"
 
 namespace mammoth::plan {
 namespace {
@@ -273,7 +274,7 @@ class Checker {
 
   std::string experts(const models::ModelConfig& m) const {
     if (p_.ep == 1) return "";
-    if (m.family != models::Family::kMixtral)
+    if (!models::family_spec(m.family).experts)
       return say("--ep ", p_.ep, " needs a mixture-of-experts model (family mixtral); ", m.name,
                  " is ", models::family_name(m.family));
     if (m.moe_experts % p_.ep != 0)
@@ -283,40 +284,40 @@ class Checker {
   }
 
   std::string model(const models::ModelConfig& m) const {
-    const std::string family = models::family_name(m.family);
-    const bool decoder = m.family == models::Family::kGpt2 || m.family == models::Family::kLlama;
-    if (m.family == models::Family::kVit)
-      return say("model family vit has no language-model objective for `mammoth train`");
-    if (m.family == models::Family::kMixtral) {
+    const models::FamilySpec& spec = models::family_spec(m.family);
+    const std::string family = spec.name;
+    if (spec.objective == models::Objective::kImageClassifier)
+      return say("model family ", family, " has no language-model objective for `mammoth train`");
+    if (spec.router_losses) {
       // Tensor parallelism splits the attention and keeps the experts whole (models/mixtral);
       // the experts have no sequence-split, staged, chunked or recomputed form.
       if (p_.sp > 1 || p_.sp_mode != "none")
-        return say(
-            "model family mixtral (mixture of experts) does not run under sequence "
-            "parallelism (--sp ",
-            p_.sp, ", --sp-mode ", p_.sp_mode,
-            "): the router losses average over every token of a sequence; use --tp "
-            "without --sp-mode");
+        return say("model family ", family,
+                   " (mixture of experts) does not run under sequence parallelism (--sp ", p_.sp,
+                   ", --sp-mode ", p_.sp_mode,
+                   "): the router losses average over every token of a sequence; use --tp "
+                   "without --sp-mode");
       if (p_.pp > 1)
-        return say(
-            "model family mixtral (mixture of experts) does not run under --pp (the "
-            "router losses span every layer); use --dp, --tp and --ep");
+        return say("model family ", family,
+                   " (mixture of experts) does not run under --pp (the router losses span every "
+                   "layer); use --dp, --tp and --ep");
       if (p_.zero > 2 || p_.offloaded())
-        return say("model family mixtral does not run under ZeRO 3 (--zero ", p_.zero,
+        return say("model family ", family, " does not run under ZeRO 3 (--zero ", p_.zero,
                    ") or offload yet; use --zero 0-2 without --offload/--device-mem/--host-mem");
       if (p_.recompute_blocks != 0)
-        return say(
-            "model family mixtral does not support activation checkpointing "
-            "(--recompute-blocks) yet: the recomputed router would lose the router losses' graph");
+        return say("model family ", family,
+                   " does not support activation checkpointing (--recompute-blocks) yet: the "
+                   "recomputed router would lose the router losses' graph");
     }
-    const bool bert = m.family == models::Family::kBert;
+    const bool next_token = spec.pipeline == models::PipelineForm::kNextToken;
     if (p_.pp > 1) {
-      if (!decoder && !bert)
+      if (spec.pipeline == models::PipelineForm::kNone)
         return say("--pp: model family ", family, " has no pipeline stages; use --pp 1");
-      if (bert && (p_.tp > 1 || p_.sp > 1 || p_.sp_mode != "none"))
-        return say(
-            "--pp with --tp / --sp: BERT's tensor-parallel form has no pipeline stages "
-            "yet (its one-device blocks have); use --pp with --dp");
+      if (spec.pipeline == models::PipelineForm::kOneDeviceOnly &&
+          (p_.tp > 1 || p_.sp > 1 || p_.sp_mode != "none"))
+        return say("--pp with --tp / --sp: ", spec.title,
+                   "'s tensor-parallel form has no pipeline stages yet (its one-device blocks "
+                   "have); use --pp with --dp");
       const int64_t stages = static_cast<int64_t>(p_.pp) * p_.virtual_stages;
       if (m.n_layer < stages)
         return say("--pp ", p_.pp, " x --virtual-stages ", p_.virtual_stages, " = ", stages,
@@ -330,7 +331,7 @@ class Checker {
                  " blocks");
     // A decoder's pipeline stage carries each window as one row of seq_len + 1 tokens; a split
     // sequence is padded to a multiple of its parts (twice as many chunks for ring's zigzag).
-    int64_t positions = p_.seq_len + (p_.pp > 1 && !bert ? 1 : 0);
+    int64_t positions = p_.seq_len + (p_.pp > 1 && next_token ? 1 : 0);
     const int parts = p_.sp_mode == "split_gather"                        ? p_.tp
                       : (p_.sp_mode == "ulysses" || p_.sp_mode == "ring") ? p_.sp
                                                                           : 1;
@@ -344,16 +345,16 @@ class Checker {
       if (m.n_head % p_.tp != 0)
         return say("--tp ", p_.tp, " does not divide ", m.name, "'s ", m.n_head,
                    " attention heads");
-      // Mixtral's experts are whole on every tp rank: their width is not split.
-      if (m.d_ff % p_.tp != 0 && m.family != models::Family::kMixtral)
+      // Experts are whole on every tp rank (models/mixtral): their width is not split.
+      if (m.d_ff % p_.tp != 0 && !spec.experts)
         return say("--tp ", p_.tp, " does not divide ", m.name, "'s MLP width ", m.d_ff);
       if (m.n_kv_head % p_.tp != 0 && p_.tp % m.n_kv_head != 0)
         return say("--tp ", p_.tp, ": ", m.name, "'s ", m.n_kv_head,
                    " key/value heads neither divide by it nor divide it (replicated heads)");
-      if (m.family == models::Family::kGpt2 && !m.tie_embeddings)
-        return say("--tp ", p_.tp,
-                   ": GPT-2 with an untied LM head has no tensor-parallel form yet (its policy "
-                   "shards the tied embedding as the head)");
+      if (spec.tp_needs_tied_head && !m.tie_embeddings)
+        return say("--tp ", p_.tp, ": ", spec.title,
+                   " with an untied LM head has no tensor-parallel form yet (its policy shards "
+                   "the tied embedding as the head)");
     }
     if (p_.sp_mode == "ulysses" && (m.n_head / p_.tp) % p_.sp != 0)
       return say("--sp-mode ulysses: ", m.n_head / p_.tp,

@@ -9,6 +9,7 @@
 
 #include "base/dtype.h"
 #include "base/error.h"
+#include "models/family.h"
 #include "parallel/pipeline/partition.h"
 #include "parallel/pipeline/schedule.h"
 
@@ -95,26 +96,6 @@ const std::pair<const char*, double TimeBreakdown::*> kParts[] = {
     {"optimizer", &TimeBreakdown::optimizer},
 };
 
-// Engine calls one transformer block makes per micro-batch, counted in the model code
-// (models/gpt2, models/llama, models/bert and models/layers.cc): ops recorded in the autograd
-// graph forward (each has one backward), linear layers (one GEMM each forward, two backward),
-// and parameter tensors (the optimizer's calls).
-struct BlockCalls {
-  double ops, linears, param_tensors, outside_tensors;
-};
-
-BlockCalls block_calls(models::Family family) {
-  switch (family) {
-    case models::Family::kLlama:
-      // rms norm; q, k, v: linear, view, permute (+ rope on q and k); attention; merge
-      // (permute, reshape); o; add; rms norm; gate, silu, up, mul, down; add.
-      return {23, 7, 9, 3};
-    default:
-      // layer norm; c_attn; split; q, k, v: reshape, permute; attention; merge (permute,
-      // reshape); c_proj; add; layer norm; c_fc; gelu; c_proj; add.
-      return {19, 4, 12, 4};
-  }
-}
 // Ring attention on a calibrated machine (parallel/sequence_parallel ring_attention) calls no
 // fused kernel: the sequence is cut into 2 sp chunks of c positions, a rank holds two, and each
 // pair of a local query chunk and an arriving key chunk that is not wholly masked (causal:
@@ -236,6 +217,8 @@ TimePrediction TimeModel::evaluate(const ParallelPlan& plan, bool bound_only) {
   const models::ModelAnalysis& a = analysis(plan.seq_len);
   const Cluster& c = cluster_;
   const models::ModelConfig& cfg = config_;
+  const models::FamilySpec& family = models::family_spec(cfg.family);
+  const models::TimeShape& shape = family.time_shape;
   const double peak_raw = c.peak_for(plan.amp);
   const double peak = peak_raw * c.matmul_efficiency;
   const double hbm = c.device_memory_bandwidth;
@@ -261,8 +244,8 @@ TimePrediction TimeModel::evaluate(const ParallelPlan& plan, bool bound_only) {
   // Memory-bound traffic (Korthikanti et al. 2022, eq. 1, in 16-bit units of s b h): 10 units
   // replicated over tp without a sequence split, 24 split (of which 16 the MLP's inner
   // activations, scaled here by the family's MLP width: SwiGLU keeps three d_ff tensors).
-  const double mlp_inner = 16.0 * static_cast<double>(cfg.d_ff) / (4 * h) *
-                           (cfg.family == models::Family::kLlama ? 1.5 : 1.0);
+  const double mlp_inner =
+      16.0 * static_cast<double>(cfg.d_ff) / (4 * h) * (shape.gated_mlp ? 1.5 : 1.0);
   const double sbh = tokens * h * elem / 2;
   double saved = sbh * (10.0 / (split_gather ? tp : 1) + (8.0 + mlp_inner) / tp);
   if (!options_.flash_attention)
@@ -274,7 +257,7 @@ TimePrediction TimeModel::evaluate(const ParallelPlan& plan, bool bound_only) {
   // Per-call costs (calibrated machines; 0 for published clusters): every engine op of the
   // block once forward and once backward, every linear layer's GEMM once forward and twice
   // backward (input and weight gradient). Not divided by tp or sp: a shard makes the same calls.
-  const BlockCalls calls = block_calls(cfg.family);
+  const models::BlockCalls& calls = shape.calls;
   const double op = c.op_overhead, gemm = c.gemm_call_overhead;
   Piece block;
   if (!c.gemm.calibrated()) {
@@ -288,19 +271,20 @@ TimePrediction TimeModel::evaluate(const ParallelPlan& plan, bool bound_only) {
     // (out x in x T).
     const double t = tokens / seq_div, ff = static_cast<double>(cfg.d_ff);
     std::vector<std::pair<double, double>> linears;  // (in, out) on this rank
-    if (cfg.family == models::Family::kLlama) {
-      linears = {{h, attn_dim / tp}, {h, kv_dim / tp}, {h, kv_dim / tp}, {attn_dim / tp, h},
-                 {h, ff / tp},       {h, ff / tp},     {ff / tp, h}};
-    } else {
-      linears = {{h, (attn_dim + 2 * kv_dim) / tp}, {attn_dim / tp, h}, {h, ff / tp}, {ff / tp, h}};
-    }
+    if (shape.separate_qkv)
+      linears = {{h, attn_dim / tp}, {h, kv_dim / tp}, {h, kv_dim / tp}};
+    else
+      linears = {{h, (attn_dim + 2 * kv_dim) / tp}};
+    linears.push_back({attn_dim / tp, h});
+    if (shape.gated_mlp)
+      linears.insert(linears.end(), {{h, ff / tp}, {h, ff / tp}, {ff / tp, h}});
+    else
+      linears.insert(linears.end(), {{h, ff / tp}, {ff / tp, h}});
     const double attn = c.attention_time(attn_core, static_cast<double>(cfg.head_dim()), plan.amp);
     RingCost core{attn, 2 * attn};
     if (plan.sp_mode == "ring" && sp > 1) {
-      const bool causal =
-          cfg.family == models::Family::kGpt2 || cfg.family == models::Family::kLlama;
       core = ring_attention_cost(c, b * static_cast<double>(cfg.n_head) / tp, s, sp,
-                                 static_cast<double>(cfg.head_dim()), causal, plan.amp);
+                                 static_cast<double>(cfg.head_dim()), family.causal, plan.amp);
     }
     block.f_compute = core.forward + mem_f + calls.ops * op;
     block.b_compute = core.backward + 2 * mem_f + calls.ops * op;

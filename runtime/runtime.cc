@@ -12,6 +12,7 @@
 #include "engine/optim/optim.h"
 #include "engine/train/device.h"
 #include "memory/allocator.h"
+#include "models/family.h"
 #include "models/mixtral/mixtral.h"
 #include "models/pipeline/pipeline.h"
 #include "models/policies/lora_tp.h"
@@ -244,7 +245,7 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
     // (models/mixtral), so under --tp each tp rank is an expert rank of its own group; the
     // sharded form's parameters are what trains then. plan::validate admitted only a mixture
     // of experts under dp and tp here.
-    MAMMOTH_CHECK(cfg.family == models::Family::kMixtral && !trained_params_)
+    MAMMOTH_CHECK(models::family_spec(cfg.family).experts && !trained_params_)
         << "[train] --ep needs a mixtral model without adapters";
     parallel::Communicator& dp = mesh_->group(parallel::Axis::kDp);
     const int d = mesh_->coord(parallel::Axis::kDp);
@@ -472,19 +473,19 @@ void TrainingRuntime::set_world_fields(engine::train::TrainOptions& o) const {
 void TrainingRuntime::assemble_classifier(std::shared_ptr<models::Model> model,
                                           engine::train::TrainOptions& o) {
   MAMMOTH_CHECK(model_ == nullptr && classifier_ == nullptr) << "[runtime] assemble() runs once";
-  const std::string family = models::family_name(model->config().family);
+  const models::FamilySpec& spec = models::family_spec(model->config().family);
+  const std::string family = spec.name;
   const models::SpMode sp_mode = models::sp_mode_from_name(plan_.sp_mode);
   const bool sharded = plan_.tp * plan_.sp > 1 || sp_mode != models::SpMode::kNone;
   // The tp/sp forms are the policies' (ViT: every sp mode; BERT: tp, with or without
   // split_gather: Ulysses and ring attention take no attention mask); the pipeline stages and
   // chunked memory carry language models only.
-  MAMMOTH_CHECK(!sharded || model->config().family == models::Family::kVit ||
-                model->config().family == models::Family::kBert)
+  MAMMOTH_CHECK(!sharded || spec.classifier_sharded)
       << "[train] classification (" << family << ") with tensor or sequence parallelism (--tp, "
       << "--sp, --sp-mode) is not supported; use --dp";
-  MAMMOTH_CHECK(model->config().family != models::Family::kBert ||
+  MAMMOTH_CHECK(!spec.classifier_padding_mask ||
                 (sp_mode != models::SpMode::kUlysses && sp_mode != models::SpMode::kRing))
-      << "[train] BERT classification under --sp-mode " << plan_.sp_mode
+      << "[train] " << spec.title << " classification under --sp-mode " << plan_.sp_mode
       << ": the padding mask has no Ulysses / ring form; use --tp (with or without --sp-mode "
          "split_gather)";
   const bool vit = model->config().family == models::Family::kVit;
@@ -496,7 +497,7 @@ void TrainingRuntime::assemble_classifier(std::shared_ptr<models::Model> model,
   MAMMOTH_CHECK(!plan_.offloaded())
       << "[train] classification (" << family
       << ") with --offload / --device-mem / --host-mem is not supported";
-  MAMMOTH_CHECK(plan_.recompute_blocks == 0 || model->config().family == models::Family::kBert)
+  MAMMOTH_CHECK(plan_.recompute_blocks == 0 || spec.classifier_recompute)
       << "[train] --recompute-blocks / --activation-checkpointing: " << family
       << " does not recompute its blocks";
   MAMMOTH_CHECK(plan_.recompute_blocks <= model->config().n_layer)

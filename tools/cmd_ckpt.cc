@@ -32,6 +32,7 @@
 #include "base/error.h"
 #include "base/json.h"
 #include "engine/train/checkpoint.h"
+#include "models/family.h"
 #include "models/lora.h"
 #include "models/registry.h"
 #include "tools/command.h"
@@ -239,16 +240,18 @@ int export_hf(const std::string& dir, const std::string& out) {
          "adapter/ directory)";
   const models::ModelConfig cfg = model_config(state, dir);
   auto model = models::build_model(cfg);
-  // A classifier's checkpoint (train --images / --task classify) names its classes; BERT's
-  // masked-LM head is not trained there, not saved, and not exported.
+  // A classifier's checkpoint (train --images / --task classify) names its classes; what the
+  // family's classifier drops (BERT's masked-LM head) is not trained there, not saved, and not
+  // exported.
   std::vector<std::string> labels;
   if (const json::Value* l = config ? config->find("labels") : nullptr) {
     for (size_t i = 0; i < l->size(); ++i) labels.push_back((*l)[i].as_string());
   }
+  const std::string& dropped = models::family_spec(cfg.family).classifier_drops_prefix;
   std::vector<train::CheckpointPiece> pieces;
   for (const auto& [name, p] : model->named_parameters()) {
-    const bool mlm_head = cfg.family == models::Family::kBert && name.rfind("cls.", 0) == 0;
-    if (!(mlm_head && !labels.empty())) pieces.push_back({name, 0, p});
+    const bool drop = !dropped.empty() && name.rfind(dropped, 0) == 0;
+    if (!(drop && !labels.empty())) pieces.push_back({name, 0, p});
   }
   const json::Value loaded = train::load_checkpoint_pieces(dir, pieces);
   const double shard_mb = absl::GetFlag(FLAGS_max_shard_mb);

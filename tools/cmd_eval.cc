@@ -29,6 +29,7 @@
 #include "engine/data/tokenizer.h"
 #include "engine/ops.h"
 #include "engine/train/device.h"
+#include "models/family.h"
 #include "models/layers.h"
 #include "models/lora.h"
 #include "models/registry.h"
@@ -289,7 +290,8 @@ int run_eval(const std::vector<std::string>& args) {
     n_seq = std::min(n_seq, absl::GetFlag(FLAGS_max_sequences));
   MAMMOTH_CHECK(n_seq > 0) << "[eval] " << source << " holds " << data.size
                            << " tokens, fewer than one sequence of " << T;
-  if (c.family == models::Family::kBert) return eval_masked_lm(*model, data, T, n_seq);
+  if (models::family_spec(c.family).objective == models::Objective::kMaskedLm)
+    return eval_masked_lm(*model, data, T, n_seq);
   engine::NoGradGuard ng;
   double total = 0;
   std::vector<int32_t> buf;

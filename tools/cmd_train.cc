@@ -33,6 +33,7 @@
 #include "engine/train/trainer.h"
 #include "memory/allocator.h"
 #include "models/analyze.h"
+#include "models/family.h"
 #include "models/lora.h"
 #include "models/mixtral/mixtral.h"
 #include "models/registry.h"
@@ -370,11 +371,16 @@ std::shared_ptr<models::LoraAdapters> make_lora(models::LanguageModel& model) {
                               "--lora-rank R (> 0)";
     return nullptr;
   }
-  // PEFT's CAUSAL_LM adapters, checked against peft for these two families.
-  const models::Family family = model.config().family;
-  MAMMOTH_CHECK(family == models::Family::kGpt2 || family == models::Family::kLlama)
-      << "[train] LoRA is supported for the causal LMs (GPT-2, LLaMA), not "
-      << models::family_name(family);
+  // PEFT's CAUSAL_LM adapters, checked against peft for the families that name their default
+  // targets.
+  const models::FamilySpec& family = models::family_spec(model.config().family);
+  if (family.lora_targets.empty()) {
+    std::string with;
+    for (const models::FamilySpec& f : models::families())
+      if (!f.lora_targets.empty()) with += (with.empty() ? "" : ", ") + std::string(f.title);
+    MAMMOTH_THROW() << "[train] LoRA is supported for the causal LMs (" << with << "), not "
+                    << family.name;
+  }
   if (!adapter.empty()) {
     MAMMOTH_CHECK(!shaped) << "[train] --adapter " << adapter
                            << " brings its own LoRA shape (adapter_config.json); drop --lora-*";
@@ -387,8 +393,8 @@ std::shared_ptr<models::LoraAdapters> make_lora(models::LanguageModel& model) {
   o.seed = static_cast<uint64_t>(absl::GetFlag(FLAGS_seed));
   std::string targets = absl::GetFlag(FLAGS_lora_targets);
   if (targets.empty()) {
-    // PEFT's defaults for these model types (its TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES).
-    targets = family == models::Family::kGpt2 ? "c_attn" : "q_proj,v_proj";
+    // PEFT's default for the model type (its TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES).
+    targets = family.lora_targets;
   }
   o.targets = models::parse_lora_targets(targets);
   return models::apply_lora(model, o);
@@ -576,7 +582,8 @@ int run_train(const std::vector<std::string>& args) {
 
   models::ModelOptions mo;
   if (vocab > 0) mo.vocab_size = vocab;
-  const bool masked_lm = models::resolve_config(model_name).family == models::Family::kBert;
+  const bool masked_lm = models::family_spec(models::resolve_config(model_name).family).objective ==
+                         models::Objective::kMaskedLm;
   MAMMOTH_CHECK(!(instructions && masked_lm))
       << "[train] instruction data trains causal models (gpt2, llama), not " << model_name;
   if (vocab > 0 && masked_lm) {
@@ -718,7 +725,7 @@ int run_train(const std::vector<std::string>& args) {
   o.report_peak_memory = [report = &peak_report](int64_t peak) { report->first_step = peak; };
   // The last forward's expert load per layer and its router losses (models/mixtral).
   // Read from what trains: under --tp its sharded form ran the forward.
-  if (cfg.family == models::Family::kMixtral) {
+  if (models::family_spec(cfg.family).router_losses) {
     const models::LanguageModel* moe = &rt.trained();
     const int64_t experts = cfg.moe_experts;
     o.step_metrics = [moe, experts] {

@@ -18,6 +18,7 @@
 #include "engine/data/wordpiece.h"
 #include "engine/ops.h"
 #include "models/bert/bert.h"
+#include "models/family.h"
 #include "models/policies/policy.h"
 #include "models/registry.h"
 #include "models/vit/vit.h"
@@ -97,9 +98,11 @@ bool classification_requested() {
   const bool images = !absl::GetFlag(FLAGS_images).empty();
   if (images || task == "classify") return true;
   refuse_flags({"train_file", "val_file"}, "needs --task classify");
-  MAMMOTH_CHECK(models::resolve_config(absl::GetFlag(FLAGS_model)).family != models::Family::kVit)
-      << "[train] --model " << absl::GetFlag(FLAGS_model)
-      << " is a ViT: it trains image classification, give --images DIR|FILE.shard";
+  const models::FamilySpec& spec =
+      models::family_spec(models::resolve_config(absl::GetFlag(FLAGS_model)).family);
+  MAMMOTH_CHECK(spec.objective != models::Objective::kImageClassifier)
+      << "[train] --model " << absl::GetFlag(FLAGS_model) << " is a " << spec.title
+      << ": it trains image classification, give --images DIR|FILE.shard";
   return false;
 }
 
@@ -133,7 +136,7 @@ int run_classification(runtime::TrainingRuntime& rt, const engine::train::Device
     MAMMOTH_CHECK(absl::GetFlag(FLAGS_task).empty())
         << "[train] --images trains ViT image classification; --task classify is BERT's "
            "(--train-file)";
-    MAMMOTH_CHECK(base.family == models::Family::kVit)
+    MAMMOTH_CHECK(models::family_spec(base.family).objective == models::Objective::kImageClassifier)
         << "[train] --images trains ViT image classification; --model " << model_name << " is a "
         << models::family_name(base.family) << " model";
     refuse_flags({"seq_len", "tokenizer", "train_file", "val_file"},
@@ -150,7 +153,9 @@ int run_classification(runtime::TrainingRuntime& rt, const engine::train::Device
     train_examples = &*image_data;
     classes = image_data->classes();
   } else {
-    MAMMOTH_CHECK(base.family == models::Family::kBert)
+    // A classifier of tokens: its family's own objective is a language model's.
+    MAMMOTH_CHECK(models::family_spec(base.family).classifier &&
+                  models::family_spec(base.family).language_model)
         << "[train] --task classify trains BERT sequence classification; --model " << model_name
         << " is a " << models::family_name(base.family) << " model";
     refuse_flags({"images"}, "is ViT's; --task classify reads --train-file");

@@ -153,6 +153,12 @@ FamilySpec bert_family() {
   f.classifier = true;
   f.classifier_architecture = "BertForSequenceClassification";
   f.classifier_drops_prefix = "cls.";  // the masked-LM head
+  f.title = "BERT";
+  f.objective = Objective::kMaskedLm;
+  f.pipeline = PipelineForm::kOneDeviceOnly;
+  f.classifier_sharded = true;
+  f.classifier_padding_mask = true;
+  f.classifier_recompute = true;
   f.build = [](const ModelConfig& c) { return std::make_shared<Bert>(c); };
   f.from_hf = from_hf;
   f.to_hf = to_hf;

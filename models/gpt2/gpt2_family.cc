@@ -108,6 +108,10 @@ FamilySpec gpt2_family() {
   f.family = Family::kGpt2;
   f.name = "gpt2";
   f.hf_model_types = {"gpt2"};
+  f.title = "GPT-2";
+  f.pipeline = PipelineForm::kNextToken;
+  f.lora_targets = "c_attn";  // PEFT's default for gpt2
+  f.tp_needs_tied_head = true;
   f.build = [](const ModelConfig& c) { return std::make_shared<Gpt2>(c); };
   f.from_hf = from_hf;
   f.to_hf = to_hf;

@@ -257,6 +257,14 @@ FamilySpec llama_family() {
   f.hf_model_types = {"llama", "mistral", "qwen2"};
   f.rotary = true;
   f.llama_variants = true;
+  f.title = "LLaMA";
+  f.pipeline = PipelineForm::kNextToken;
+  f.lora_targets = "q_proj,v_proj";  // PEFT's default for llama
+  // rms norm; q, k, v: linear, view, permute (+ rope on q and k); attention; merge (permute,
+  // reshape); o; add; rms norm; gate, silu, up, mul, down; add.
+  f.time_shape.calls = {23, 7, 9, 3};
+  f.time_shape.separate_qkv = true;
+  f.time_shape.gated_mlp = true;
   f.build = [](const ModelConfig& c) { return std::make_shared<Llama>(c); };
   f.from_hf = from_hf;
   f.to_hf = to_hf;

@@ -127,6 +127,8 @@ FamilySpec mixtral_family() {
   f.hf_model_types = {"mixtral"};
   f.rotary = true;
   f.experts = true;
+  f.title = "Mixtral";
+  f.router_losses = true;
   f.build = [](const ModelConfig& c) { return std::make_shared<Mixtral>(c); };
   f.from_hf = from_hf;
   f.to_hf = to_hf;

@@ -76,6 +76,9 @@ FamilySpec vit_family() {
   f.language_model = false;
   f.token_vocabulary = false;
   f.classifier = true;
+  f.title = "ViT";
+  f.objective = Objective::kImageClassifier;
+  f.classifier_sharded = true;
   f.build = [](const ModelConfig& c) { return std::make_shared<Vit>(c); };
   f.from_hf = from_hf;
   f.to_hf = to_hf;

@@ -9,7 +9,10 @@
 #include "models/analyze.h"
 #include "models/gpt2/gpt2.h"
 #include "models/registry.h"
+#include "plan/cluster.h"
 #include "plan/memory_model.h"
+#include "plan/parallel_plan.h"
+#include "plan/time_model.h"
 
 namespace mammoth::models {
 namespace {
@@ -163,6 +166,31 @@ TEST_CASE("family: a taken tag, name or model_type is refused") {
   no_cost.cost.tp_split = nullptr;
   CHECK_THROWS_WITH(register_family(no_cost), Catch::Contains("cost function"));
   CHECK_THROWS_WITH(family_spec(Family{102}), Catch::Contains("102"));
+}
+
+TEST_CASE("family: the plan and the time model read the spec, not the tag") {
+  const ModelConfig c = resolve_config("toy-tiny");
+  ModelConfig g = c;
+  g.family = Family::kGpt2;
+  plan::ParallelPlan p;
+  p.micro_batch = 2;
+  p.seq_len = 8;
+  // The spec's defaults: GPT-2's block shape in the time model, no pipeline form.
+  const plan::Cluster cluster = plan::load_cluster("dgx_a100_80gb");
+  CHECK(json::dump(plan::predict_time(c, p, cluster).to_json()) ==
+        json::dump(plan::predict_time(g, p, cluster).to_json()));
+  CHECK(plan::check(p, {.model = &c}).empty());
+  p.pp = 2;
+  CHECK(plan::check(p, {.world = 2, .model = &c}) ==
+        "--pp: model family toy has no pipeline stages; use --pp 1");
+  CHECK(plan::check(p, {.world = 2, .model = &g}).empty());
+  // Messages name the family by its title.
+  p.pp = 1;
+  p.tp = 2;
+  g.tie_embeddings = false;
+  CHECK(plan::check(p, {.world = 2, .model = &g}) ==
+        "--tp 2: GPT-2 with an untied LM head has no tensor-parallel form yet (its policy shards "
+        "the tied embedding as the head)");
 }
 
 }  // namespace
