@@ -73,6 +73,7 @@ Tensor Model::pipeline_embed(const Tensor&) { no_pipeline(*this); }
 Tensor Model::pipeline_block(int64_t, const Tensor&, const Tensor&) { no_pipeline(*this); }
 Tensor Model::pipeline_loss(const Tensor&, const Tensor&) { no_pipeline(*this); }
 Model::PipelinePart Model::pipeline_part(const std::string&) const { no_pipeline(*this); }
+Tensor Model::pipeline_batch(const Tensor&, const Tensor&) const { no_pipeline(*this); }
 
 namespace {
 // Keys and values are activations: f32 when the weights are stored in 16 bits (the ops widen

@@ -76,6 +76,10 @@ class Model : public engine::nn::Module {
     int64_t block = -1;
   };
   virtual PipelinePart pipeline_part(const std::string& name) const;
+  // A classifier's micro-batch as the one tensor its stages receive, from the trainer's input
+  // and target (FamilySpec::classifier_pipeline); the default throws naming the family.
+  virtual engine::Tensor pipeline_batch(const engine::Tensor& input,
+                                        const engine::Tensor& target) const;
 
  protected:
   int64_t recompute_blocks_ = 0;

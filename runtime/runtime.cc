@@ -488,12 +488,12 @@ void TrainingRuntime::assemble_classifier(std::shared_ptr<models::Model> model,
       << "[train] " << spec.title << " classification under --sp-mode " << plan_.sp_mode
       << ": the padding mask has no Ulysses / ring form; use --tp (with or without --sp-mode "
          "split_gather)";
-  const bool vit = model->config().family == models::Family::kVit;
-  MAMMOTH_CHECK(plan_.pp == 1 || vit)
+  MAMMOTH_CHECK(plan_.pp == 1 || spec.classifier_pipeline)
       << "[train] classification (" << family << ") with --pp is not supported; use --dp";
   MAMMOTH_CHECK(plan_.pp == 1 || !sharded)
-      << "[train] ViT classification with --pp and --tp / --sp: its sharded form has no "
-         "pipeline stages yet; use --pp with --dp";
+      << "[train] " << spec.title
+      << " classification with --pp and --tp / --sp: its sharded "
+         "form has no pipeline stages yet; use --pp with --dp";
   MAMMOTH_CHECK(!plan_.offloaded())
       << "[train] classification (" << family
       << ") with --offload / --device-mem / --host-mem is not supported";
@@ -544,9 +544,13 @@ void TrainingRuntime::assemble_classifier(std::shared_ptr<models::Model> model,
     wire_shards(*layout, form, *classifier_, o, whole_trained);
   }
   if (plan_.pp > 1) {
-    // ViT's stages: a micro-batch is its pixels and labels in one row (Vit::pipeline_embed).
-    build_pipeline(classifier_, classifier_->config().num_patches() + 1, o);
-    o.pipeline_pack = models::Vit::pack_pipeline_batch;
+    // One-device stages; the model packs each micro-batch into the one tensor they receive.
+    const models::ModelConfig& c = classifier_->config();
+    build_pipeline(classifier_, spec.cost.default_seq_len(c), o);
+    models::Model* m = classifier_.get();
+    o.pipeline_pack = [m](const engine::Tensor& in, const engine::Tensor& tg) {
+      return m->pipeline_batch(in, tg);
+    };
   }
   set_world_fields(o);
   if (plan_.dp > 1) {

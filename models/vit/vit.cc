@@ -171,9 +171,9 @@ Tensor Vit::loss(const Tensor& pixels, const Tensor& labels) {
   return engine::cross_entropy(forward(pixels), labels);
 }
 
-Tensor Vit::pack_pipeline_batch(const Tensor& pixels, const Tensor& labels) {
+Tensor Vit::pipeline_batch(const Tensor& pixels, const Tensor& labels) const {
   MAMMOTH_CHECK(pixels.dim() == 4 && labels.dim() == 1 && labels.size(0) == pixels.size(0))
-      << "[Vit::pack_pipeline_batch] pixels [B, C, H, W] and labels [B], got "
+      << "[Vit::pipeline_batch] pixels [B, C, H, W] and labels [B], got "
       << engine::shape_str(pixels.shape()) << " and " << engine::shape_str(labels.shape());
   const int64_t B = pixels.size(0);
   return engine::concat({engine::cast(pixels, DType::kF32).reshape({B, -1}),

@@ -126,10 +126,10 @@ class Vit : public Model {
 
   // Pipeline stages: a micro-batch is f32 [B, C*H*W + 1], each image's pixels flattened and
   // then its label (exact in f32 below 2^24), since a stage receives one tensor per micro-batch
-  // (pack_pipeline_batch). The embeddings go with the first stage, the final LayerNorm and the
+  // (pipeline_batch). The embeddings go with the first stage, the final LayerNorm and the
   // classifier with the last.
-  static engine::Tensor pack_pipeline_batch(const engine::Tensor& pixels,
-                                            const engine::Tensor& labels);
+  engine::Tensor pipeline_batch(const engine::Tensor& pixels,
+                                const engine::Tensor& labels) const override;
   bool supports_pipeline() const override { return true; }
   engine::Tensor pipeline_embed(const engine::Tensor& batch) override;
   engine::Tensor pipeline_block(int64_t l, const engine::Tensor& x,

@@ -79,6 +79,7 @@ FamilySpec vit_family() {
   f.title = "ViT";
   f.objective = Objective::kImageClassifier;
   f.classifier_sharded = true;
+  f.classifier_pipeline = true;
   f.build = [](const ModelConfig& c) { return std::make_shared<Vit>(c); };
   f.from_hf = from_hf;
   f.to_hf = to_hf;
