@@ -114,7 +114,7 @@ struct TrainOptions {
   // Pipeline parallelism: runs forward and backward of all of a step's micro-batches and
   // returns the step's mean loss; the optimizer then updates `optimizer_params` (this rank's
   // stages). A micro-batch is one tensor: pipeline_pack(input, target) when set (a classifier's
-  // packing, models::Vit::pack_pipeline_batch), else ids [micro_batch, seq_len + 1] (input and
+  // packing, models::Model::pipeline_batch), else ids [micro_batch, seq_len + 1] (input and
   // next-token targets in one window) or, for the masked LM, [micro_batch, 2 seq_len] (ids,
   // then targets). With dp as well, dp's runtime is built over `optimizer_params` and reduces
   // the gradients after the pipeline step.
