@@ -52,6 +52,22 @@ assert worst < 1e-5, worst
 PY
 }
 
+# close_tail ONE RESUMED FIRST LAST: RESUMED holds steps FIRST..LAST, each loss within 1e-5
+# (relative) of ONE's at that step (a checkpoint of another layout resumed on one process).
+close_tail() {
+  python3 - "$@" <<'PY'
+import json, os, sys
+one = {r["step"]: r["loss"] for r in map(json.loads, open(sys.argv[1]))}
+res = {r["step"]: r["loss"] for r in map(json.loads, open(sys.argv[2]))}
+first, last = int(sys.argv[3]), int(sys.argv[4])
+assert sorted(res) == list(range(first, last + 1)), sorted(res)
+worst = max(abs(res[s] - one[s]) / one[s] for s in res)
+print(f"{os.path.basename(sys.argv[2])}: steps {first}..{last}, largest relative loss "
+      f"difference {worst:.3g} from {os.path.basename(sys.argv[1])}")
+assert worst < 1e-5, worst
+PY
+}
+
 # refused PATTERN ARGS...: `mammoth train --steps 1 ARGS` fails and its error says PATTERN.
 refused() {
   local pattern="$1"

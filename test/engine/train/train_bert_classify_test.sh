@@ -156,15 +156,7 @@ resume_at "$work/ck_tp2" 4
 "$mammoth" train "${one[@]}" "${ev[@]}" --save-dir "$work/ck_tp2_resume" --resume \
   --metrics "$work/tp2_on_one.jsonl" 2>"$work/tp2_on_one.log" ||
   { cat "$work/tp2_on_one.log"; fail "a tp 2 checkpoint did not resume on one process"; }
-python3 - "$work/one_ev.jsonl" "$work/tp2_on_one.jsonl" <<'PY'
-import json, sys
-one = {r["step"]: r["loss"] for r in map(json.loads, open(sys.argv[1]))}
-res = {r["step"]: r["loss"] for r in map(json.loads, open(sys.argv[2]))}
-assert sorted(res) == list(range(5, 9)), sorted(res)
-worst = max(abs(res[s] - one[s]) / one[s] for s in res)
-print(f"tp 2 checkpoint resumed on one process: largest relative loss difference {worst:.3g}")
-assert worst < 1e-5, worst
-PY
+close_tail "$work/one_ev.jsonl" "$work/tp2_on_one.jsonl" 5 8
 # Ulysses and ring attention take no padding mask: refused by name.
 if bash "$mpirun" -np 2 "$mammoth" train "${one[@]}" --sp 2 --sp-mode ring >"$work/ring.log" \
   2>&1; then fail "accepted BERT classification with --sp-mode ring"; fi
