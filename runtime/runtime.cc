@@ -35,23 +35,17 @@ class PolicyShards final : public engine::train::ModelShardRuntime {
  public:
   // With `lora`, what trains (and is checkpointed) is its adapters, not the frozen model.
   // `sharded`: the sharded form's layout (a ShardedLanguageModel or ShardedVit) and `module`,
-  // the same object as the module whose parameters it holds. `trained`: the names checkpoints
-  // hold (null: every parameter of `full`).
+  // the same object as the module whose parameters it holds. `trained`: the part of `full`
+  // that trains and is checkpointed (null: all of it).
   PolicyShards(const models::ShardLayout& sharded, const engine::nn::Module& module,
                const models::Model& full, const parallel::DeviceMesh& mesh, models::TpLora* lora,
                const engine::nn::NamedTensors* trained)
-      : sharded_(sharded), lora_(lora), mesh_(mesh) {
-    if (lora) {
-      full_ = lora->single_process_parameters();
-    } else {
-      std::set<std::string> names;
-      if (trained) {
-        for (const auto& [name, t] : *trained) names.insert(name);
-      }
-      for (const auto& [name, t] : full.named_parameters()) {
-        if (!trained || names.count(name)) full_.emplace_back(name, t);
-      }
-    }
+      : sharded_(sharded),
+        lora_(lora),
+        full_(lora      ? lora->single_process_parameters()
+              : trained ? *trained
+                        : full.named_parameters()),
+        mesh_(mesh) {
     for (const auto& [name, t] : lora ? lora->parameters() : module.named_parameters())
       local_shape_[name] = t.shape();
     for (const auto& [name, t] : full_) full_shape_[name] = t.shape();
@@ -221,16 +215,7 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
     }
   }
 
-  if (mesh_) {
-    set_world_fields(o);
-    if (p.pipeline) {
-      // The tied wte lives on the first and the last stage; the first writes it.
-      models::ModelPipeline* pipeline = p.pipeline.get();
-      o.writes_parameter = [pipeline](const std::string& name) {
-        return pipeline->counts_in_norm(name);
-      };
-    }
-  }
+  if (mesh_) set_world_fields(o);
 
   // Chunked memory. Under dp the offload runtime does the data parallelism itself, over its
   // chunks (engine/offload/offload.h): parallel::DataParallel would move the same parameters
@@ -377,6 +362,10 @@ void TrainingRuntime::build_pipeline(std::shared_ptr<models::Model> staged, int6
     return pipeline->step(batches, scale);
   };
   o.optimizer_params = &p.pipeline->parameters();
+  // A tied table (wte) lives on the first and the last stage; the first writes it.
+  o.writes_parameter = [pipeline](const std::string& name) {
+    return pipeline->counts_in_norm(name);
+  };
   if (o.eval_every > 0 && lead()) {
     std::fprintf(stderr,
                  "[train] --pp: periodic evaluation is off (stages hold only their "
@@ -478,8 +467,9 @@ void TrainingRuntime::assemble_classifier(std::shared_ptr<models::Model> model,
   const models::SpMode sp_mode = models::sp_mode_from_name(plan_.sp_mode);
   const bool sharded = plan_.tp * plan_.sp > 1 || sp_mode != models::SpMode::kNone;
   // The tp/sp forms are the policies' (ViT: every sp mode; BERT: tp, with or without
-  // split_gather: Ulysses and ring attention take no attention mask); the pipeline stages and
-  // chunked memory carry language models only.
+  // split_gather: Ulysses and ring attention take no attention mask); pipeline stages only of
+  // the one-device classifier whose spec says so; the chunked memory carries language models
+  // only.
   MAMMOTH_CHECK(!sharded || spec.classifier_sharded)
       << "[train] classification (" << family << ") with tensor or sequence parallelism (--tp, "
       << "--sp, --sp-mode) is not supported; use --dp";
@@ -516,12 +506,14 @@ void TrainingRuntime::assemble_classifier(std::shared_ptr<models::Model> model,
   if (sharded) {
     const engine::nn::NamedTensors* whole_trained = trained_params_;
     const models::ShardLayout* layout = nullptr;
+    // A language model's form through its family's registered policy (BERT's has classify);
+    // ViT, no language model, has its own.
     if (const auto* vit = dynamic_cast<const models::Vit*>(classifier_.get())) {
       auto form = models::vit_policy(*vit, *mesh_, {.sp_mode = sp_mode});
       layout = form.get();
       p.sharded_classifier = form;
     } else {
-      auto form = models::bert_policy(*classifier_, *mesh_, {.sp_mode = sp_mode});
+      auto form = models::apply_policy(*classifier_, *mesh_, {.sp_mode = sp_mode});
       layout = form.get();
       p.sharded_classifier = form;
     }
