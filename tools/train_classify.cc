@@ -258,29 +258,20 @@ int run_classification(runtime::TrainingRuntime& rt, const engine::train::Device
                  : rt.plan().pp > 1 ? "--pp"
                                     : "--tp / --sp");
   }
-  engine::train::LossFn loss_fn;
-  if (auto* sharded = dynamic_cast<models::ShardedVit*>(&learner)) {
-    loss_fn = [sharded](const engine::Tensor& in, const engine::Tensor& tg) {
-      return sharded->loss(in, tg);
-    };
-    o.eval_fn = [sharded](const engine::Tensor& in, const engine::Tensor& tg) {
-      return loss_and_correct(sharded->forward(in), tg);
-    };
-  } else if (images) {
+  // The class logits of a batch, from the form that trains; loss and accuracy follow from them.
+  std::function<engine::Tensor(const engine::Tensor&)> logits;
+  if (images) {
     auto vit = std::dynamic_pointer_cast<models::Vit>(model);
     MAMMOTH_CHECK(vit != nullptr) << "[train] " << model_name << " did not build a ViT";
-    loss_fn = [vit](const engine::Tensor& in, const engine::Tensor& tg) {
-      return vit->loss(in, tg);
-    };
-    o.eval_fn = [vit](const engine::Tensor& in, const engine::Tensor& tg) {
-      return loss_and_correct(vit->forward(in), tg);
-    };
+    if (auto* sharded = dynamic_cast<models::ShardedVit*>(&learner)) {
+      logits = [sharded](const engine::Tensor& pixels) { return sharded->forward(pixels); };
+    } else {
+      logits = [vit](const engine::Tensor& pixels) { return vit->forward(pixels); };
+    }
   } else {
     auto bert = std::dynamic_pointer_cast<models::Bert>(model);
     MAMMOTH_CHECK(bert != nullptr) << "[train] " << model_name << " did not build a BERT";
-    auto* sharded = dynamic_cast<models::ShardedSequenceClassifier*>(&learner);
-    std::function<engine::Tensor(const engine::Tensor&)> logits;
-    if (sharded) {
+    if (auto* sharded = dynamic_cast<models::ShardedSequenceClassifier*>(&learner)) {
       logits = [sharded, pad](const engine::Tensor& ids) {
         return sharded->classify(ids, attention_mask(ids, pad));
       };
@@ -289,13 +280,14 @@ int run_classification(runtime::TrainingRuntime& rt, const engine::train::Device
         return bert->classify(bert->encode(ids, engine::Tensor(), attention_mask(ids, pad)));
       };
     }
-    loss_fn = [logits](const engine::Tensor& in, const engine::Tensor& tg) {
-      return engine::cross_entropy(logits(in), tg);
-    };
-    o.eval_fn = [logits](const engine::Tensor& in, const engine::Tensor& tg) {
-      return loss_and_correct(logits(in), tg);
-    };
   }
+  const engine::train::LossFn loss_fn = [logits](const engine::Tensor& in,
+                                                 const engine::Tensor& tg) {
+    return engine::cross_entropy(logits(in), tg);
+  };
+  o.eval_fn = [logits](const engine::Tensor& in, const engine::Tensor& tg) {
+    return loss_and_correct(logits(in), tg);
+  };
   const engine::train::TrainResult r =
       engine::train::train(learner, loss_fn, *train_examples, val_examples, o, config);
   if (lead && !r.losses.empty()) {
