@@ -138,20 +138,8 @@ class TpBert : public ShardedLanguageModel, public ShardedSequenceClassifier {
            "(with or without split_gather)";
     const SeqPlan plan = checked_plan(ids);
     const bool sg = options_.sp_mode == SpMode::kSplitGather;
-    const int64_t B = ids.size(0), T = ids.size(1), padded = plan.layout->padded();
-    SeqContext seq = encoder_context(plan, B, ids.device());
-    if (attention_mask.defined()) {
-      MAMMOTH_CHECK(attention_mask.shape() == ids.shape())
-          << "[TpBert::classify] attention_mask " << engine::shape_str(attention_mask.shape())
-          << " must match ids " << engine::shape_str(ids.shape());
-      // The given mask over the first T keys; the padding to `padded` (split_gather) is masked.
-      const std::vector<double> given = engine::cast(attention_mask, DType::kF64).to_vector();
-      std::vector<double> keep(static_cast<size_t>(B * padded), 0.0);
-      for (int64_t b = 0; b < B; ++b) {
-        for (int64_t t = 0; t < T; ++t) keep[b * padded + t] = given[b * T + t] != 0 ? 1.0 : 0.0;
-      }
-      seq.key_mask = Tensor::from_vector(keep, {B, padded}, DType::kBool).to(ids.device());
-    }
+    // The given mask joins split_gather's padding in the key mask.
+    const SeqContext seq = encoder_context(plan, ids.size(0), ids.device(), attention_mask);
     Tensor x = encode(ids, plan, seq);
     // The [CLS] row (position 0): local row `at` on the rank of the sequence group holding it.
     int64_t at = -1;

@@ -270,17 +270,30 @@ ShardLayout::SeqPlan ShardLayout::plan_sequence(int64_t T) const {
   return plan;
 }
 
-SeqContext ShardLayout::encoder_context(const SeqPlan& plan, int64_t batch, Device device) const {
+SeqContext ShardLayout::encoder_context(const SeqPlan& plan, int64_t batch, Device device,
+                                        const Tensor& attention_mask) const {
   SeqContext seq{
       .mode = options_.sp_mode, .layout = plan.layout, .sp = &mesh_.group(parallel::Axis::kSp)};
   const int64_t length = plan.layout->length(), padded = plan.layout->padded();
-  if (options_.sp_mode == SpMode::kSplitGather && padded > length) {
-    std::vector<double> keep(static_cast<size_t>(batch * padded));
-    for (size_t i = 0; i < keep.size(); ++i) {
-      keep[i] = static_cast<int64_t>(i) % padded < length ? 1.0 : 0.0;
+  const bool pads = options_.sp_mode == SpMode::kSplitGather && padded > length;
+  if (!pads && !attention_mask.defined()) return seq;
+  MAMMOTH_CHECK(!attention_mask.defined() || !sequence_on_sp())
+      << "[encoder] an attention mask has no Ulysses / ring form; use tp (with or without "
+         "split_gather)";
+  MAMMOTH_CHECK(!attention_mask.defined() ||
+                attention_mask.shape() == engine::Shape({batch, length}))
+      << "[encoder] attention_mask " << engine::shape_str(attention_mask.shape()) << " must be ["
+      << batch << ", " << length << "]";
+  const std::vector<double> given = attention_mask.defined()
+                                        ? engine::cast(attention_mask, DType::kF64).to_vector()
+                                        : std::vector<double>();
+  std::vector<double> keep(static_cast<size_t>(batch * padded), 0.0);
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t t = 0; t < length; ++t) {
+      keep[b * padded + t] = given.empty() || given[b * length + t] != 0 ? 1.0 : 0.0;
     }
-    seq.key_mask = Tensor::from_vector(keep, {batch, padded}, DType::kBool).to(device);
   }
+  seq.key_mask = Tensor::from_vector(keep, {batch, padded}, DType::kBool).to(device);
   return seq;
 }
 

@@ -140,9 +140,11 @@ class ShardLayout {
   // a group of one (sp, whose size is then 1).
   parallel::Communicator& sequence_group() const;
   // The SeqContext of a bidirectional encoder's blocks (BERT, ViT) for `batch` sequences laid
-  // out by `plan`: under split_gather with padding, a key mask [batch, padded] hiding the padded
-  // positions on `device` (ulysses and ring attention mask them from the layout themselves).
-  SeqContext encoder_context(const SeqPlan& plan, int64_t batch, Device device) const;
+  // out by `plan`: a key mask [batch, padded] on `device` hiding split_gather's padded positions
+  // and, when `attention_mask` [batch, T] is given, the positions it holds 0 at (ulysses and
+  // ring attention mask the layout's padding themselves, and take no attention mask).
+  SeqContext encoder_context(const SeqPlan& plan, int64_t batch, Device device,
+                             const engine::Tensor& attention_mask = engine::Tensor()) const;
 
   const parallel::DeviceMesh& mesh_;
   ShardOptions options_;
