@@ -1062,6 +1062,12 @@ class Renderer {
           if (!ns.is(Value::Kind::kDict) || !ns.is_namespace)
             fail("'{% set " + n.text + "." + n.attr + " %}' needs a namespace(), got " +
                  kind_name(ns));
+          // Values share their lists and dicts, so a namespace stored inside itself would own
+          // itself and never be freed.
+          if (holds(v, ns.dict.get()))
+            fail("'{% set " + n.text + "." + n.attr +
+                 " %}' would store the namespace inside "
+                 "itself");
           bool found = false;
           for (auto& [k, m] : *ns.dict) {
             if (k == n.attr) {
@@ -1077,6 +1083,19 @@ class Renderer {
   }
 
  private:
+  // Whether `v` is, or holds somewhere in its lists and dicts, the dict `target`.
+  static bool holds(const Value& v, const Dict* target) {
+    if (v.is(Value::Kind::kDict)) {
+      if (v.dict.get() == target) return true;
+      for (const auto& [k, m] : *v.dict)
+        if (holds(m, target)) return true;
+    } else if (v.is(Value::Kind::kList)) {
+      for (const Value& e : *v.list)
+        if (holds(e, target)) return true;
+    }
+    return false;
+  }
+
   Value lookup(const std::string& name) const {
     for (auto s = scopes_.rbegin(); s != scopes_.rend(); ++s) {
       auto it = s->find(name);

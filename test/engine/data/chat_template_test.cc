@@ -100,6 +100,10 @@ TEST_CASE("chat_template bounds what a template may build, and refuses integer o
       // Each lookup of a long string copies it.
       {"{% set s = 'x' * 16000000 %}{% for i in range(1000) %}{% if s %}{% endif %}{% endfor %}",
        "rendering takes more than 2^19 steps"},
+      // A namespace inside itself (directly or through a list) would never be freed.
+      {"{% set ns = namespace(n=0) %}{% set ns.n = ns %}", "store the namespace inside itself"},
+      {"{% set ns = namespace(n=0) %}{% set ns.n = [1, ns] %}",
+       "store the namespace inside itself"},
       {"{{ 9223372036854775807 + 1 }}", "integer overflow in '+'"},
       {"{{ 3037000500 * 3037000500 }}", "integer overflow in '*'"},
       {"{{ 2 ** 63 }}", "integer overflow in '**'"},
