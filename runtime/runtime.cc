@@ -107,7 +107,7 @@ struct TrainingRuntime::Parts {
   std::unique_ptr<models::TpLora> tp_lora;  // LoRA's pieces on `sharded`
   std::unique_ptr<PolicyShards> policy_shards;
   std::unique_ptr<models::ModelPipeline> pipeline;
-  engine::nn::NamedTensors stage_lora;  // LoRA under pp: this rank's stages' adapters
+  engine::nn::NamedTensors stage_trained;  // pp with trained_params: this rank's stages' share
   std::unique_ptr<parallel::DataParallel> dp;
   // Expert parallelism: the expert group and the expert-data-parallel group (split from dp),
   // and the runtime that reduces over both.
@@ -193,25 +193,10 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
     // A decoder's stage carries each window as one row of seq_len + 1 tokens.
     build_pipeline(staged, plan_.seq_len + 1, o);
     if (trained_params_) {
-      // The adapters of this rank's stages' layers (the pipeline's rule for its parameters).
-      const parallel::pipeline::Schedule& schedule = p.pipeline->runtime().schedule();
-      const int rank = mesh_->coord(parallel::Axis::kPp);
-      for (const auto& [name, t] : *trained_params_) {
-        const models::Model::PipelinePart part = staged->pipeline_part(name);
-        for (int c = 0; c < schedule.virtual_stages; ++c) {
-          const size_t s = static_cast<size_t>(schedule.virtual_stage(rank, c));
-          const bool head = static_cast<int>(s) == schedule.num_virtual_stages() - 1;
-          if ((part.embed && s == 0) || (part.head && head) ||
-              (part.block >= plan_.stage_cut[s] && part.block < plan_.stage_cut[s + 1])) {
-            p.stage_lora.emplace_back(name, t);
-            break;
-          }
-        }
-      }
-      MAMMOTH_CHECK(!p.stage_lora.empty())
-          << "[train] LoRA with --pp: no --lora-targets layer is on pipeline stage " << rank
-          << "; target layers of every block";
-      o.optimizer_params = &p.stage_lora;
+      keep_trained_stage_params(o);
+      MAMMOTH_CHECK(!p.stage_trained.empty())
+          << "[train] LoRA with --pp: no --lora-targets layer is on pipeline stage "
+          << mesh_->coord(parallel::Axis::kPp) << "; target layers of every block";
     }
   }
 
@@ -374,6 +359,29 @@ void TrainingRuntime::build_pipeline(std::shared_ptr<models::Model> staged, int6
   o.eval_every = 0;
 }
 
+void TrainingRuntime::keep_trained_stage_params(engine::train::TrainOptions& o) {
+  // The pipeline's rule for its parameters, applied to the names that train (LoRA adapters
+  // live outside the model's parameters; a classifier trains without BERT's masked-LM head).
+  Parts& p = *parts_;
+  const parallel::pipeline::Schedule& schedule = p.pipeline->runtime().schedule();
+  const models::Model& staged = p.pipeline->model();
+  const int rank = mesh_->coord(parallel::Axis::kPp);
+  p.stage_trained.clear();
+  for (const auto& [name, t] : *trained_params_) {
+    const models::Model::PipelinePart part = staged.pipeline_part(name);
+    for (int c = 0; c < schedule.virtual_stages; ++c) {
+      const size_t s = static_cast<size_t>(schedule.virtual_stage(rank, c));
+      const bool head = static_cast<int>(s) == schedule.num_virtual_stages() - 1;
+      if ((part.embed && s == 0) || (part.head && head) ||
+          (part.block >= plan_.stage_cut[s] && part.block < plan_.stage_cut[s + 1])) {
+        p.stage_trained.emplace_back(name, t);
+        break;
+      }
+    }
+  }
+  o.optimizer_params = &p.stage_trained;
+}
+
 void TrainingRuntime::wire_shards(const models::ShardLayout& shards,
                                   const engine::nn::Module& module, const models::Model& full,
                                   engine::train::TrainOptions& o,
@@ -419,8 +427,8 @@ void TrainingRuntime::set_grad_norm(engine::train::TrainOptions& o) {
       } else {
         engine::nn::NamedTensors counted;
         for (const auto& [name, t] :
-             parts->pipeline
-                 ? (parts->stage_lora.empty() ? parts->pipeline->parameters() : parts->stage_lora)
+             parts->pipeline  ? (parts->stage_trained.empty() ? parts->pipeline->parameters()
+                                                              : parts->stage_trained)
              : parts->tp_lora ? parts->tp_lora->parameters()
                               : parts->shard_module->named_parameters()) {
           if (counts(name)) counted.emplace_back(name, t);
@@ -543,6 +551,7 @@ void TrainingRuntime::assemble_classifier(std::shared_ptr<models::Model> model,
     o.pipeline_pack = [m](const engine::Tensor& in, const engine::Tensor& tg) {
       return m->pipeline_batch(in, tg);
     };
+    if (trained_params_) keep_trained_stage_params(o);
   }
   set_world_fields(o);
   if (plan_.dp > 1) {
@@ -587,7 +596,7 @@ TrainingRuntime::Memory TrainingRuntime::memory() const {
   int64_t n = 0;
   if (p.pipeline || trained_params_) {
     for (const auto& [name, t] :
-         p.pipeline ? (p.stage_lora.empty() ? p.pipeline->parameters() : p.stage_lora)
+         p.pipeline ? (p.stage_trained.empty() ? p.pipeline->parameters() : p.stage_trained)
                     : *trained_params_)
       n += t.numel();
   } else {

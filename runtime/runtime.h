@@ -98,6 +98,9 @@ class TrainingRuntime {
   // evaluation off.
   void build_pipeline(std::shared_ptr<models::Model> staged, int64_t positions,
                       engine::train::TrainOptions& options);
+  // optimizer_params: this rank's stages' parameters among trained_params_ (LoRA adapters, a
+  // classifier's trained names).
+  void keep_trained_stage_params(engine::train::TrainOptions& options);
   // options.grad_norm when the model is split over tp, sp or pp (each part counted once).
   void set_grad_norm(engine::train::TrainOptions& options);
   plan::ParallelPlan plan_;

@@ -188,6 +188,11 @@ int run_classification(runtime::TrainingRuntime& rt, const engine::train::Device
     train_examples = &*text_data;
     classes = text_data->classes();
     pad = text_data->pad_id();
+    // Pipeline stages rebuild the attention mask from the config's pad id (Bert::pipeline_batch).
+    MAMMOTH_CHECK(rt.plan().pp == 1 || pad == base.special_tokens.pad)
+        << "[train] --pp: the rows' padding id " << pad << " ("
+        << (wordpiece ? wordpiece->describe() : std::string("rows of ids")) << ") is not "
+        << model_name << "'s pad_token_id " << base.special_tokens.pad;
     if (lead)
       std::fprintf(
           stderr, "[train] tokens: %s; %lld row(s) truncated to --seq-len %lld\n",

@@ -170,31 +170,62 @@ Tensor Bert::classify(const Tensor& hidden) const {
 Tensor Bert::forward(const Tensor& ids) { return mlm_logits(encode(ids, Tensor(), Tensor())); }
 
 namespace {
-// The masked ids and the targets of a pipeline micro-batch [B, 2T].
-std::pair<Tensor, Tensor> split_mlm_batch(const Tensor& batch) {
-  MAMMOTH_CHECK(batch.dim() == 2 && batch.dtype() == DType::kI64 && batch.size(1) % 2 == 0)
-      << "[Bert::pipeline] a micro-batch is i64 [B, 2T] (ids, then targets), got "
+// A pipeline micro-batch: the masked LM's [B, 2T] (masked ids, then their targets) or
+// classification's [B, 2T + 1] (ids, attention mask with 1 = token, then the label); the
+// width's parity tells the two apart.
+struct BertMicroBatch {
+  Tensor ids;
+  Tensor targets;  // [B, T] (-100 = not masked), or the labels [B]
+  Tensor mask;     // bool [B, T] for classification; undefined for the masked LM
+};
+
+BertMicroBatch split_batch(const Tensor& batch) {
+  MAMMOTH_CHECK(batch.dim() == 2 && batch.dtype() == DType::kI64 && batch.size(1) >= 2)
+      << "[Bert::pipeline] a micro-batch is i64 [B, 2T] (masked LM: ids, then targets) or "
+         "[B, 2T + 1] (classification: ids, attention mask, label), got "
       << engine::shape_str(batch.shape());
   const int64_t T = batch.size(1) / 2;
-  return {batch.slice(1, 0, T).contiguous(), batch.slice(1, T, 2 * T).contiguous()};
+  if (batch.size(1) % 2 == 0)
+    return {batch.slice(1, 0, T).contiguous(), batch.slice(1, T, 2 * T).contiguous(), Tensor()};
+  return {batch.slice(1, 0, T).contiguous(),
+          batch.slice(1, 2 * T, 2 * T + 1).reshape({batch.size(0)}).contiguous(),
+          engine::cast(batch.slice(1, T, 2 * T).contiguous(), DType::kBool)};
 }
 }  // namespace
 
+Tensor Bert::pipeline_batch(const Tensor& ids, const Tensor& labels) const {
+  MAMMOTH_CHECK(ids.dim() == 2 && ids.dtype() == DType::kI64 && labels.dim() == 1 &&
+                labels.size(0) == ids.size(0))
+      << "[Bert::pipeline_batch] ids i64 [B, T] and labels [B], got "
+      << engine::shape_str(ids.shape()) << " and " << engine::shape_str(labels.shape());
+  // The attention mask as classify() is given it: padding is the config's pad id.
+  const int64_t pad = config_.special_tokens.pad;
+  std::vector<int64_t> mask = ids.to(Device::cpu()).to_int_vector();
+  for (int64_t& v : mask) v = pad < 0 || v != pad;
+  return engine::concat({ids, Tensor::from_ints(mask, ids.shape()).to(ids.device()),
+                         engine::cast(labels, DType::kI64).reshape({ids.size(0), 1})},
+                        1);
+}
+
 Tensor Bert::pipeline_embed(const Tensor& batch) {
-  const Tensor ids = split_mlm_batch(batch).first;
+  const Tensor ids = split_batch(batch).ids;
   MAMMOTH_CHECK(ids.size(1) <= config_.max_seq) << "[Bert::pipeline_embed] " << ids.size(1)
                                                 << " positions exceed max_seq " << config_.max_seq;
   return bert->embeddings->forward(ids, Tensor::zeros(ids.shape(), DType::kI64, ids.device()));
 }
 
-Tensor Bert::pipeline_block(int64_t l, const Tensor& x, const Tensor&) {
+Tensor Bert::pipeline_block(int64_t l, const Tensor& x, const Tensor& batch) {
   const BertLayer& layer = (*bert->encoder->layer)[static_cast<size_t>(l)];
+  SeqContext seq;  // the whole sequence, padding masked as keys (classification)
+  seq.key_mask = split_batch(batch).mask;
   return run_block(
-      recomputes(l), [&layer](const Tensor& in) { return layer.forward(in, SeqContext{}); }, x);
+      recomputes(l), [&layer, seq](const Tensor& in) { return layer.forward(in, seq); }, x);
 }
 
 Tensor Bert::pipeline_loss(const Tensor& x, const Tensor& batch) {
-  return engine::cross_entropy(mlm_logits(x), split_mlm_batch(batch).second);
+  const BertMicroBatch mb = split_batch(batch);
+  if (mb.mask.defined()) return engine::cross_entropy(classify(x), mb.targets);
+  return engine::cross_entropy(mlm_logits(x), mb.targets);
 }
 
 LanguageModel::PipelinePart Bert::pipeline_part(const std::string& name) const {

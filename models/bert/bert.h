@@ -134,11 +134,14 @@ class Bert : public LanguageModel {
   engine::Tensor pooled(const engine::Tensor& hidden) const;      // [B, C]
   engine::Tensor classify(const engine::Tensor& hidden) const;    // [B, num_labels]
 
-  // Pipeline stages of the masked LM: a micro-batch is [B, 2T], the masked ids [B, T] then
-  // their targets [B, T] (-100 = not masked), since a stage receives one tensor per micro-batch.
-  // The word embeddings are also the MLM decoder (embedding and head); the pooler and the
-  // classifier, which the MLM loss does not use, go with the head.
+  // Pipeline stages, since a stage receives one tensor per micro-batch: the masked LM's is
+  // [B, 2T], the masked ids [B, T] then their targets [B, T] (-100 = not masked);
+  // classification's is [B, 2T + 1] (pipeline_batch): the ids, the attention mask (padding is
+  // the config's pad id, 0) and the label. The word embeddings are also the MLM decoder
+  // (embedding and head); the pooler and the classifier go with the head.
   bool supports_pipeline() const override { return true; }
+  engine::Tensor pipeline_batch(const engine::Tensor& ids,
+                                const engine::Tensor& labels) const override;
   engine::Tensor pipeline_embed(const engine::Tensor& batch) override;
   engine::Tensor pipeline_block(int64_t l, const engine::Tensor& x,
                                 const engine::Tensor& batch) override;

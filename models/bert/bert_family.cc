@@ -159,6 +159,7 @@ FamilySpec bert_family() {
   f.classifier_sharded = true;
   f.classifier_padding_mask = true;
   f.classifier_recompute = true;
+  f.classifier_pipeline = true;
   f.build = [](const ModelConfig& c) { return std::make_shared<Bert>(c); };
   f.from_hf = from_hf;
   f.to_hf = to_hf;

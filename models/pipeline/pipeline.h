@@ -59,6 +59,7 @@ class ModelPipeline {
   // This rank's parameters, under the full model's names (for the optimizer).
   const engine::nn::NamedTensors& parameters() const { return params_; }
   PipelineStage& runtime() { return *stage_; }
+  const Model& model() const { return *model_; }
   const parallel::pipeline::Partition& partition() const { return partition_; }
   // The cut into `stages` virtual stages that minimises the largest stage's training FLOPs
   // (models/analyze: per block, and the LM head on the last stage) at `seq_len` positions.

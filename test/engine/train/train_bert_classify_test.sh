@@ -5,8 +5,9 @@
 # BertTokenizer's on the same vocabulary; a run resumed from its step-20 checkpoint gives the
 # uninterrupted run's losses bitwise; a checkpoint's hf/ directory loads in transformers'
 # BertForSequenceClassification with the same validation loss; dp 2, tp 2 and tp 2 split_gather
-# match one process, a tp checkpoint resumes on one process, ring is refused; rows
-# given as ids (TSV, integer labels) train too; bad columns, labels and ids are refused by name.
+# match one process, so does pp 2, tp and pp checkpoints resume on one process, ring and pp x tp
+# are refused; rows given as ids (TSV, integer labels) train too; bad columns, labels and ids are
+# refused by name.
 set -euo pipefail
 mammoth="$1"
 mpirun="$2"
@@ -157,6 +158,23 @@ resume_at "$work/ck_tp2" 4
   --metrics "$work/tp2_on_one.jsonl" 2>"$work/tp2_on_one.log" ||
   { cat "$work/tp2_on_one.log"; fail "a tp 2 checkpoint did not resume on one process"; }
 close_tail "$work/one_ev.jsonl" "$work/tp2_on_one.jsonl" 5 8
+# pp 2: BERT's stages (a micro-batch row holds the ids, their attention mask and the label);
+# the curve is one process's, a pp 2 checkpoint resumes on one process, pp x tp is refused.
+bash "$mpirun" -np 2 "$mammoth" train "${one[@]}" --pp 2 --save-every 4 --save-dir "$work/ck_pp2" \
+  --metrics "$work/pp2.jsonl" 2>"$work/pp2.log" || { cat "$work/pp2.log"; fail "pp 2 failed"; }
+grep -q "pipeline stages (balanced): layers 0-0, 1-1" "$work/pp2.log" ||
+  { cat "$work/pp2.log"; fail "not two pipeline stages"; }
+same_curve "$work/dp1.jsonl" "$work/pp2.jsonl" 8
+resume_at "$work/ck_pp2" 4
+"$mammoth" train "${one[@]}" --save-dir "$work/ck_pp2_resume" --resume \
+  --metrics "$work/pp2_on_one.jsonl" 2>"$work/pp2_on_one.log" ||
+  { cat "$work/pp2_on_one.log"; fail "a pp 2 checkpoint did not resume on one process"; }
+close_tail "$work/dp1.jsonl" "$work/pp2_on_one.jsonl" 5 8
+if bash "$mpirun" -np 4 "$mammoth" train "${one[@]}" --pp 2 --tp 2 >"$work/pptp.log" 2>&1; then
+  fail "accepted --pp 2 --tp 2"
+fi
+grep -q "BERT classification with --pp and --tp / --sp" "$work/pptp.log" ||
+  { cat "$work/pptp.log"; fail "--pp 2 --tp 2 not refused by name"; }
 # Ulysses and ring attention take no padding mask: refused by name.
 if bash "$mpirun" -np 2 "$mammoth" train "${one[@]}" --sp 2 --sp-mode ring >"$work/ring.log" \
   2>&1; then fail "accepted BERT classification with --sp-mode ring"; fi
