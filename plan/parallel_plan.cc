@@ -256,11 +256,11 @@ class Checker {
       return say("--ep ", p_.ep, " must divide --dp ", p_.dp,
                  " (expert parallelism splits the data-parallel ranks into groups of ep)");
     // Under --tp every tp coordinate has its own expert groups of dp ranks (the experts are
-    // replicated over tp); the sequence split and pipeline stages are refused for mixtral.
-    if (p_.sp > 1 || p_.sp_mode != "none" || p_.pp > 1)
-      return say("--ep ", p_.ep, " does not combine with --sp, --sp-mode or --pp (got --sp ", p_.sp,
-                 " --sp-mode ", p_.sp_mode, " --pp ", p_.pp,
-                 "); use --dp with --ep, and --tp if needed");
+    // replicated over tp), and under --pp each stage's; the sequence split is refused for
+    // mixtral.
+    if (p_.sp > 1 || p_.sp_mode != "none")
+      return say("--ep ", p_.ep, " does not combine with --sp or --sp-mode (got --sp ", p_.sp,
+                 " --sp-mode ", p_.sp_mode, "); use --dp with --ep, and --tp or --pp if needed");
     if (p_.zero > 2)
       return say("--ep ", p_.ep, " with ZeRO ", p_.zero,
                  " is not supported (gathered expert parameters are not implemented); use "
@@ -297,10 +297,14 @@ class Checker {
                    ", --sp-mode ", p_.sp_mode,
                    "): the router losses average over every token of a sequence; use --tp "
                    "without --sp-mode");
-      if (p_.pp > 1)
-        return say("model family ", family,
-                   " (mixture of experts) does not run under --pp (the router losses span every "
-                   "layer); use --dp, --tp and --ep");
+      // Its stages carry the router sums with the hidden states, in their f32 / f64.
+      if (p_.pp > 1 && p_.tp > 1)
+        return say("--pp with --tp: ", spec.title,
+                   "'s tensor-parallel form has no pipeline stages yet (its one-device blocks "
+                   "have); use --pp with --dp and --ep");
+      if (p_.pp > 1 && p_.amp != "fp32")
+        return say("--pp with --amp ", p_.amp, ": ", spec.title,
+                   "'s stages carry the router sums with the hidden states, in f32 or f64 only");
       if (p_.zero > 2 || p_.offloaded())
         return say("model family ", family, " does not run under ZeRO 3 (--zero ", p_.zero,
                    ") or offload yet; use --zero 0-2 without --offload/--device-mem/--host-mem");

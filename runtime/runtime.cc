@@ -213,8 +213,8 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
     // Expert groups of ep consecutive dp ranks (parallel/expert_parallel.h). The dp group is
     // that of this rank's tp coordinate and the experts are whole on every tp rank
     // (models/mixtral), so under --tp each tp rank is an expert rank of its own group; the
-    // sharded form's parameters are what trains then. plan::validate admitted only a mixture
-    // of experts under dp and tp here.
+    // sharded form's parameters are what trains then; under pp each stage's expert groups
+    // exchange its layers' tokens. plan::validate admitted only a mixture of experts here.
     MAMMOTH_CHECK(models::family_spec(cfg.family).experts && !trained_params_)
         << "[train] --ep needs a mixtral model without adapters";
     parallel::Communicator& dp = mesh_->group(parallel::Axis::kDp);
@@ -223,15 +223,23 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
     p.expert_dp_group = dp.split(d % plan_.ep, d, "expert_dp");
     models::set_expert_parallel(*trained_, p.ep_group.get());
     const int64_t local = cfg.moe_experts / plan_.ep, first = (d % plan_.ep) * local;
+    // Under pp, of this rank's stages only (each stage's replicas reduce their stage's).
+    std::set<const void*> staged;
+    if (p.pipeline) {
+      for (const auto& np : *o.optimizer_params) staged.insert(np.second.impl());
+    }
     engine::nn::NamedTensors shared, experts, others;
     for (const auto& [name, t] : trained_->named_parameters()) {
       const int64_t e = models::Mixtral::expert_of(name);
-      if (e < 0)
-        shared.emplace_back(name, t);
-      else if (e >= first && e < first + local)
-        experts.emplace_back(name, t);
-      else
+      const bool here = !p.pipeline || staged.count(t.impl()) > 0;
+      if (e >= 0 && (e < first || e >= first + local))
         others.emplace_back(name, t);
+      else if (!here)
+        continue;
+      else if (e < 0)
+        shared.emplace_back(name, t);
+      else
+        experts.emplace_back(name, t);
     }
     // This rank holds its share of the experts only: the others' weights are freed (their
     // shapes stay, for the checkpoint index), and a kernel that reaches one says whose it is.

@@ -724,23 +724,25 @@ int run_train(const std::vector<std::string>& args) {
   PeakMemoryReport peak_report{rt.rank(), o.predicted_peak_mem_bytes, 0, device.device};
   o.report_peak_memory = [report = &peak_report](int64_t peak) { report->first_step = peak; };
   // The last forward's expert load per layer and its router losses (models/mixtral).
-  // Read from what trains: under --tp its sharded form ran the forward.
+  // Read from what trains: under --tp its sharded form ran the forward; under --pp each stage
+  // its own layers, gathered over the stages (every rank calls step_metrics).
   if (models::family_spec(cfg.family).router_losses) {
     const models::LanguageModel* moe = &rt.trained();
-    const int64_t experts = cfg.moe_experts;
-    o.step_metrics = [moe, experts] {
+    parallel::Communicator* stages =
+        rt.plan().pp > 1 ? &rt.mesh()->group(parallel::Axis::kPp) : nullptr;
+    o.step_metrics = [moe, stages] {
+      const models::RouterReport report = models::router_report(*moe, stages);
       json::Value layers = json::Value::array();
-      for (const models::ExpertLoad& l : models::moe_expert_load(*moe)) {
+      for (const models::ExpertLoad& l : report.load) {
         json::Value tokens = json::Value::array();
         for (int64_t t : l.tokens) tokens.push_back(json::Value(t));
         layers.push_back(
             json::Value::object().set("tokens", std::move(tokens)).set("dropped", l.dropped));
       }
-      engine::NoGradGuard ng;
       return json::Value::object()
           .set("moe_load", std::move(layers))
-          .set("moe_aux_loss", models::moe_aux_loss(*moe, experts).item())
-          .set("moe_z_loss", models::moe_z_loss(*moe).item());
+          .set("moe_aux_loss", report.aux_loss)
+          .set("moe_z_loss", report.z_loss);
     };
   }
   if (cluster) {

@@ -844,7 +844,10 @@ TrainResult TrainLoop::run() {
         elapsed / static_cast<double>(step - start_step) * static_cast<double>(o_.steps - step);
     // The chunk tiers are only written to the metrics file.
     if (offload_ && lead_ && !o_.metrics_path.empty()) r.offload = offload_->metrics();
-    if (o_.step_metrics && lead_ && !o_.metrics_path.empty()) r.extra = o_.step_metrics();
+    if (o_.step_metrics && !o_.metrics_path.empty()) {
+      json::Value extra = o_.step_metrics();  // on every rank: it may be collective
+      if (lead_) r.extra = std::move(extra);
+    }
     sink.record(r);
     if (o_.save_every > 0 && step % o_.save_every == 0 && step < o_.steps) save(step);
     // Every rank must stop at the same step (saving is collective): agree on the signal.

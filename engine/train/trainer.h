@@ -107,8 +107,9 @@ struct TrainOptions {
   // The planner's predictions for this run (plan/): recorded in every metrics line beside the
   // measured step time ("step_s") and the allocator's peak; 0: no prediction.
   double predicted_step_s = 0;
-  // Model-specific figures for the metrics line of each step (keys merged into it), called on the
-  // logging rank after the step (a mixture of experts' expert load: models/mixtral).
+  // Model-specific figures for the metrics line of each step (keys merged into it), called on
+  // every rank after the step when metrics are written (so it may be collective), the logging
+  // rank's kept (a mixture of experts' expert load: models/mixtral).
   std::function<json::Value()> step_metrics;
   int64_t predicted_peak_mem_bytes = 0;
   // Pipeline parallelism: runs forward and backward of all of a step's micro-batches and

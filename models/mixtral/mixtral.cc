@@ -275,26 +275,56 @@ Tensor Mixtral::loss(const Tensor& ids, const Tensor& targets) {
   return with_router_losses(LanguageModel::loss(ids, targets), config_, *model);
 }
 
-Tensor Mixtral::aux_loss() const { return moe_aux_loss(*model, config_.moe_experts); }
+Tensor Mixtral::aux_loss() const { return moe_aux_loss(router_sums(*model)); }
 
-Tensor Mixtral::z_loss() const { return moe_z_loss(*model); }
+Tensor Mixtral::z_loss() const { return moe_z_loss(router_sums(*model)); }
 
-std::vector<ExpertLoad> Mixtral::expert_load() const { return moe_expert_load(*model); }
+std::vector<ExpertLoad> Mixtral::expert_load() const { return router_report(*model, nullptr).load; }
 
 void Mixtral::set_expert_parallel(parallel::Communicator* group) {
   models::set_expert_parallel(*model, group);
 }
 
-std::vector<MixtralSparseMoeBlock*> moe_blocks(const engine::nn::Module& model) {
-  std::vector<MixtralSparseMoeBlock*> out;
-  for (const auto& [name, m] : model.named_modules()) {
-    if (auto* b = dynamic_cast<MixtralSparseMoeBlock*>(m.get())) out.push_back(b);
-  }
-  MAMMOTH_CHECK(!out.empty()) << "[Mixtral] the model has no mixture-of-experts block";
-  return out;
+namespace {
+
+// A stage's activation (Mixtral::pipeline_*): hidden states and router sums in one row.
+Tensor pack_stage(const Tensor& x, const RouterSums& s, int64_t E) {
+  const DType dt = x.dtype();
+  MAMMOTH_CHECK(dt == DType::kF32 || dt == DType::kF64)
+      << "[Mixtral::pipeline] the hidden states between stages are " << dtype_name(dt)
+      << "; the router sums travel with them in f32 or f64 only (no --amp under --pp)";
+  MAMMOTH_CHECK(dt == DType::kF64 || static_cast<double>(s.rows) * static_cast<double>(E) < 16e6)
+      << "[Mixtral::pipeline] " << s.rows << " router rows: the choice counts would not be exact "
+      << "in f32 between stages";
+  const Device dev = x.device();
+  std::vector<double> counts = s.choices;
+  counts.resize(static_cast<size_t>(E), 0.0);
+  counts.push_back(static_cast<double>(s.rows));
+  return engine::concat(
+      {x.reshape({-1}), s.probs.defined() ? engine::cast(s.probs, dt) : Tensor::zeros({E}, dt, dev),
+       s.lse_sq.defined() ? engine::cast(s.lse_sq, dt) : Tensor::zeros({1}, dt, dev),
+       Tensor::from_vector(counts, {E + 1}, dt).to(dev)},
+      0);
 }
 
-namespace {
+// The hidden states [B, T, C] and the router sums of a stage's activation.
+std::pair<Tensor, RouterSums> unpack_stage(const Tensor& packed, const Tensor& ids,
+                                           const ModelConfig& c) {
+  const int64_t B = ids.size(0), T = ids.size(1) - 1, C = c.d_model, E = c.moe_experts;
+  const int64_t n = B * T * C;
+  MAMMOTH_CHECK(packed.dim() == 1 && packed.size(0) == n + 2 * E + 2)
+      << "[Mixtral::pipeline] a stage's activation is one row of " << n + 2 * E + 2
+      << " values (hidden states [" << B << ", " << T << ", " << C << "] and router sums), got "
+      << engine::shape_str(packed.shape());
+  RouterSums s;
+  s.probs = packed.slice(0, n, n + E);
+  s.lse_sq = packed.slice(0, n + E, n + E + 1);
+  const std::vector<double> counts =
+      packed.slice(0, n + E + 1, n + 2 * E + 2).detach().to(Device::cpu()).to_vector();
+  s.choices.assign(counts.begin(), counts.end() - 1);
+  s.rows = static_cast<int64_t>(counts.back());
+  return {packed.slice(0, 0, n).reshape({B, T, C}), std::move(s)};
+}
 
 // The blocks after a forward (the router state the losses read).
 std::vector<MixtralSparseMoeBlock*> routed_blocks(const engine::nn::Module& model) {
@@ -306,48 +336,152 @@ std::vector<MixtralSparseMoeBlock*> routed_blocks(const engine::nn::Module& mode
 
 }  // namespace
 
-Tensor moe_aux_loss(const engine::nn::Module& model, int64_t experts) {
-  // HF's load_balancing_loss_func without an attention mask, over the layers' rows stacked:
-  // E * sum_e (fraction of the top-k choices that went to e) * (mean router probability of e),
-  // the fraction taken per rank j and summed over j, i.e. counts_e / rows.
-  const int64_t E = experts;
-  std::vector<Tensor> probs;
-  std::vector<double> counts(static_cast<size_t>(E), 0.0);
-  int64_t rows = 0;
-  for (const MixtralSparseMoeBlock* b : routed_blocks(model)) {
-    probs.push_back(b->router_probs);
-    rows += b->router_probs.size(0);
-    for (int64_t e : b->selected) counts[e] += 1;
-  }
-  const Tensor mean_p = engine::mean(engine::concat(probs, 0), {0});  // [E]
-  for (double& c : counts) c /= static_cast<double>(rows);
-  const Tensor frac = Tensor::from_vector(counts, {E}, mean_p.dtype()).to(mean_p.device());
-  return engine::sum(mean_p * frac) * static_cast<double>(E);
+Tensor Mixtral::pipeline_embed(const Tensor& ids) {
+  // The window's inputs only: routing its last token, which predicts nothing, would count it
+  // in the router losses and the capacity as one process does not.
+  const int64_t T = ids.size(1) - 1;
+  MAMMOTH_CHECK(T >= 1 && T <= config_.position_limit())
+      << "[Mixtral::pipeline_embed] a window of " << ids.size(1) << " tokens: " << T
+      << " positions, max_seq " << config_.max_seq;
+  return pack_stage(model->embed_tokens->forward(ids.slice(1, 0, T)), RouterSums{},
+                    config_.moe_experts);
 }
 
-Tensor moe_z_loss(const engine::nn::Module& model) {
-  std::vector<Tensor> logits;
-  for (const MixtralSparseMoeBlock* b : routed_blocks(model)) logits.push_back(b->router_logits);
-  const Tensor z = engine::concat(logits, 0);  // [rows, E]
+Tensor Mixtral::pipeline_block(int64_t l, const Tensor& x, const Tensor& ids) {
+  MAMMOTH_CHECK(!is_training() || recompute_blocks_ == 0)
+      << "[Mixtral] activation checkpointing (--recompute-blocks) is not supported for mixtral yet";
+  auto [h, sums] = unpack_stage(x, ids, config_);
+  const MixtralDecoderLayer& layer = (*model->layers)[static_cast<size_t>(l)];
+  h = layer.forward(h, nullptr, l);
+  // This micro-batch's router state, read before another micro-batch's forward replaces it.
+  sums.add(*layer.block_sparse_moe);
+  return pack_stage(h, sums, config_.moe_experts);
+}
+
+Tensor Mixtral::pipeline_loss(const Tensor& x, const Tensor& ids) {
+  const auto [h, sums] = unpack_stage(x, ids, config_);
+  const int64_t T = ids.size(1);
+  const Tensor n = model->norm->forward(h);
+  const Tensor logits =
+      lm_head ? lm_head->forward(n) : engine::linear(n, model->embed_tokens->weight);
+  return with_router_losses(engine::cross_entropy(logits, ids.slice(1, 1, T)), config_, sums);
+}
+
+LanguageModel::PipelinePart Mixtral::pipeline_part(const std::string& name) const {
+  return llama_pipeline_part(name, config_.tie_embeddings);
+}
+
+std::vector<MixtralSparseMoeBlock*> moe_blocks(const engine::nn::Module& model) {
+  std::vector<MixtralSparseMoeBlock*> out;
+  for (const auto& [name, m] : model.named_modules()) {
+    if (auto* b = dynamic_cast<MixtralSparseMoeBlock*>(m.get())) out.push_back(b);
+  }
+  MAMMOTH_CHECK(!out.empty()) << "[Mixtral] the model has no mixture-of-experts block";
+  return out;
+}
+
+void RouterSums::add(const MixtralSparseMoeBlock& b) {
+  MAMMOTH_CHECK(b.router_probs.defined()) << "[Mixtral] router losses need a forward first";
+  const Tensor p = engine::sum(b.router_probs, {0});  // [E]
+  probs = probs.defined() ? probs + p : p;
   // logsumexp with the (constant) row maximum taken out first.
+  const Tensor z = b.router_logits;
   const Tensor m = engine::max(z, 1, true).detach();
   const Tensor lse = engine::log(engine::sum(engine::exp(z - m), {1}, true)) + m;
-  return engine::mean(lse * lse);
+  const Tensor sq = engine::sum(lse * lse).reshape({1});
+  lse_sq = lse_sq.defined() ? lse_sq + sq : sq;
+  choices.resize(static_cast<size_t>(p.size(0)), 0.0);
+  for (int64_t e : b.selected) choices[static_cast<size_t>(e)] += 1;
+  rows += b.router_probs.size(0);
 }
 
-std::vector<ExpertLoad> moe_expert_load(const engine::nn::Module& model) {
-  std::vector<ExpertLoad> out;
-  for (const MixtralSparseMoeBlock* b : routed_blocks(model)) out.push_back(b->load);
-  return out;
+RouterSums router_sums(const engine::nn::Module& model) {
+  RouterSums s;
+  for (const MixtralSparseMoeBlock* b : routed_blocks(model)) s.add(*b);
+  return s;
+}
+
+Tensor moe_aux_loss(const RouterSums& s) {
+  // HF's load_balancing_loss_func without an attention mask, over the layers' rows stacked:
+  // E * sum_e (fraction of the top-k choices that went to e) * (mean router probability of e),
+  // the fraction taken per rank j and summed over j, i.e. choices_e / rows.
+  MAMMOTH_CHECK(s.rows > 0) << "[Mixtral] router losses need a forward first";
+  const int64_t E = s.probs.size(0);
+  const double rows = static_cast<double>(s.rows);
+  std::vector<double> frac = s.choices;
+  for (double& c : frac) c /= rows;
+  const Tensor f = Tensor::from_vector(frac, {E}, s.probs.dtype()).to(s.probs.device());
+  return engine::sum(s.probs / rows * f) * static_cast<double>(E);
+}
+
+Tensor moe_z_loss(const RouterSums& s) {
+  MAMMOTH_CHECK(s.rows > 0) << "[Mixtral] router losses need a forward first";
+  return engine::sum(s.lse_sq) / static_cast<double>(s.rows);
+}
+
+Tensor with_router_losses(const Tensor& loss, const ModelConfig& c, const RouterSums& s) {
+  Tensor l = loss;
+  if (c.moe_aux_loss && c.moe_aux_loss_coef > 0) l = l + moe_aux_loss(s) * c.moe_aux_loss_coef;
+  if (c.moe_z_loss_coef > 0) l = l + moe_z_loss(s) * c.moe_z_loss_coef;
+  return l;
 }
 
 Tensor with_router_losses(const Tensor& loss, const ModelConfig& c,
                           const engine::nn::Module& model) {
-  Tensor l = loss;
-  if (c.moe_aux_loss && c.moe_aux_loss_coef > 0)
-    l = l + moe_aux_loss(model, c.moe_experts) * c.moe_aux_loss_coef;
-  if (c.moe_z_loss_coef > 0) l = l + moe_z_loss(model) * c.moe_z_loss_coef;
-  return l;
+  if ((!c.moe_aux_loss || c.moe_aux_loss_coef <= 0) && c.moe_z_loss_coef <= 0) return loss;
+  return with_router_losses(loss, c, router_sums(model));
+}
+
+RouterReport router_report(const engine::nn::Module& model, parallel::Communicator* stages) {
+  const std::vector<MixtralSparseMoeBlock*> blocks = moe_blocks(model);
+  const int64_t L = static_cast<int64_t>(blocks.size());
+  int64_t E = 0;
+  RouterSums sums;
+  std::vector<double>
+      v;  // per layer: tokens per expert, dropped; then probs, lse_sq, choices, rows
+  for (const MixtralSparseMoeBlock* b : blocks) E = std::max<int64_t>(E, b->experts->size());
+  v.assign(static_cast<size_t>(L * (E + 1) + 2 * E + 2), 0.0);
+  for (int64_t l = 0; l < L; ++l) {
+    const MixtralSparseMoeBlock& b = *blocks[static_cast<size_t>(l)];
+    // Under pipeline stages the other stages' blocks never ran here.
+    if (!b.router_probs.defined()) {
+      MAMMOTH_CHECK(stages != nullptr) << "[Mixtral] router losses need a forward first";
+      continue;
+    }
+    for (int64_t e = 0; e < E; ++e) v[l * (E + 1) + e] = static_cast<double>(b.load.tokens[e]);
+    v[l * (E + 1) + E] = static_cast<double>(b.load.dropped);
+    sums.add(b);
+  }
+  double* tail = v.data() + L * (E + 1);
+  if (sums.rows > 0) {
+    const std::vector<double> p = sums.probs.detach().to(Device::cpu()).to_vector();
+    std::copy(p.begin(), p.end(), tail);
+    tail[E] = sums.lse_sq.detach().to(Device::cpu()).to_vector()[0];
+    std::copy(sums.choices.begin(), sums.choices.end(), tail + E + 1);
+    tail[2 * E + 1] = static_cast<double>(sums.rows);
+  }
+  if (stages != nullptr && stages->size() > 1) {
+    Tensor t = Tensor::from_vector(v, {static_cast<int64_t>(v.size())}, DType::kF64);
+    stages->all_reduce(t, parallel::ReduceOp::kSum);
+    v = t.to_vector();
+    tail = v.data() + L * (E + 1);
+  }
+  RouterReport r;
+  for (int64_t l = 0; l < L; ++l) {
+    ExpertLoad load;
+    for (int64_t e = 0; e < E; ++e) load.tokens.push_back(static_cast<int64_t>(v[l * (E + 1) + e]));
+    load.dropped = static_cast<int64_t>(v[l * (E + 1) + E]);
+    r.load.push_back(std::move(load));
+  }
+  RouterSums all;
+  all.probs = Tensor::from_vector(std::vector<double>(tail, tail + E), {E}, DType::kF64);
+  all.lse_sq = Tensor::from_vector({tail[E]}, {1}, DType::kF64);
+  all.choices.assign(tail + E + 1, tail + 2 * E + 1);
+  all.rows = static_cast<int64_t>(tail[2 * E + 1]);
+  engine::NoGradGuard ng;
+  r.aux_loss = moe_aux_loss(all).item();
+  r.z_loss = moe_z_loss(all).item();
+  return r;
 }
 
 void set_expert_parallel(const engine::nn::Module& model, parallel::Communicator* group) {

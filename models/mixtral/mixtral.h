@@ -139,6 +139,17 @@ class Mixtral : public LanguageModel {
   engine::Tensor z_loss() const;
   // Per layer, the last forward's expert load.
   std::vector<ExpertLoad> expert_load() const;
+
+  // Pipeline stages: next-token windows [B, T + 1] as LLaMA's, the first T positions embedded
+  // and routed; between stages the activation is one row [B * T * C + 2E + 2], the hidden
+  // states then the router sums so far (probs, lse_sq, choices, rows), so the last stage adds
+  // the router losses over every layer.
+  bool supports_pipeline() const override { return true; }
+  engine::Tensor pipeline_embed(const engine::Tensor& ids) override;
+  engine::Tensor pipeline_block(int64_t l, const engine::Tensor& x,
+                                const engine::Tensor& ids) override;
+  engine::Tensor pipeline_loss(const engine::Tensor& x, const engine::Tensor& ids) override;
+  PipelinePart pipeline_part(const std::string& name) const override;
   // Expert parallelism over `group` (see the top of this file); the experts must divide by its
   // size. nullptr: every expert here.
   void set_expert_parallel(parallel::Communicator* group);
@@ -154,15 +165,38 @@ class Mixtral : public LanguageModel {
   ModelConfig config_;
 };
 
+// What the router losses read of a forward, summed over every layer's rows: one process adds
+// the MoE blocks in layer order; pipeline stages carry the sums with the hidden states, so the
+// last stage computes the losses of all layers and their gradients flow back to each router.
+struct RouterSums {
+  engine::Tensor probs;         // [E]: router probabilities summed over rows (with their graph)
+  engine::Tensor lse_sq;        // [1]: logsumexp(router logits)^2 summed over rows (with graph)
+  std::vector<double> choices;  // [E]: the top-k choices that went to each expert
+  int64_t rows = 0;
+  // Adds `block`'s last forward.
+  void add(const MixtralSparseMoeBlock& block);
+};
+// HF's load-balancing loss (unscaled) and the z-loss of the sums.
+engine::Tensor moe_aux_loss(const RouterSums& sums);
+engine::Tensor moe_z_loss(const RouterSums& sums);
+// `loss` (the cross-entropy) plus the router losses `c` asks for (Mixtral::loss's rule).
+engine::Tensor with_router_losses(const engine::Tensor& loss, const ModelConfig& c,
+                                  const RouterSums& sums);
+
 // What Mixtral and its sharded form (models/policies) share, over the MoE blocks below `model`
 // in layer order. The router losses and loads are those of the last forward.
 std::vector<MixtralSparseMoeBlock*> moe_blocks(const engine::nn::Module& model);
-engine::Tensor moe_aux_loss(const engine::nn::Module& model, int64_t experts);
-engine::Tensor moe_z_loss(const engine::nn::Module& model);
-std::vector<ExpertLoad> moe_expert_load(const engine::nn::Module& model);
-// `loss` (the cross-entropy) plus the router losses `c` asks for (Mixtral::loss's rule).
+RouterSums router_sums(const engine::nn::Module& model);
 engine::Tensor with_router_losses(const engine::Tensor& loss, const ModelConfig& c,
                                   const engine::nn::Module& model);
+// The last forward's expert load per layer and router losses, for the metrics line. Under
+// pipeline stages (`stages` non-null: collective over it) each stage ran its own layers' blocks
+// and the figures are gathered over the stages.
+struct RouterReport {
+  std::vector<ExpertLoad> load;  // per layer
+  double aux_loss = 0, z_loss = 0;
+};
+RouterReport router_report(const engine::nn::Module& model, parallel::Communicator* stages);
 // Every MoE block's expert group (Mixtral::set_expert_parallel); throws when `model` has none.
 void set_expert_parallel(const engine::nn::Module& model, parallel::Communicator* group);
 

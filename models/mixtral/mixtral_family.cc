@@ -129,6 +129,7 @@ FamilySpec mixtral_family() {
   f.experts = true;
   f.title = "Mixtral";
   f.router_losses = true;
+  f.pipeline = PipelineForm::kNextToken;  // one-device stages only (plan/parallel_plan.cc)
   f.build = [](const ModelConfig& c) { return std::make_shared<Mixtral>(c); };
   f.from_hf = from_hf;
   f.to_hf = to_hf;

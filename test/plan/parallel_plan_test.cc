@@ -233,9 +233,7 @@ TEST_CASE("expert parallelism: --ep's rules name what is wrong") {
       {with([](ParallelPlan& p) { p.ep = 0; }), "--ep must be >= 1"},
       {with([](ParallelPlan& p) { p.dp = 3, p.ep = 2; }), "--ep 2 must divide --dp 3"},
       {with([](ParallelPlan& p) { p.dp = 2, p.ep = 2, p.sp = 2, p.sp_mode = "ring"; }),
-       "does not combine with --sp, --sp-mode or --pp"},
-      {with([](ParallelPlan& p) { p.dp = 2, p.ep = 2, p.pp = 2; }),
-       "does not combine with --sp, --sp-mode or --pp"},
+       "does not combine with --sp or --sp-mode"},
       {with([](ParallelPlan& p) { p.dp = 2, p.ep = 2, p.zero = 3; }), "ZeRO 3"},
       {with([](ParallelPlan& p) { p.dp = 2, p.ep = 2, p.offload = "host"; }), "--offload"},
       {with([](ParallelPlan& p) { p.dp = 2, p.ep = 2, p.device = "cuda"; }), "CPU (MPI) only"},
@@ -258,17 +256,22 @@ TEST_CASE("expert parallelism: --ep's rules name what is wrong") {
         "dp4 pp1 tp1 sp1 (tp-sp-dp-pp) ep2 mb8x1 seq 64 zero2 offload none fp32");
 }
 
-TEST_CASE("mixtral runs under tp but not under a sequence split or pipeline stages") {
+TEST_CASE("mixtral runs under tp, pp and ep x pp, not under a sequence split or pp x tp") {
   const models::ModelConfig mixtral = models::resolve_config("mixtral-tiny");
   CHECK(check(with([](ParallelPlan& p) { p.tp = 2; }), {.world = 2, .model = &mixtral}) == "");
+  CHECK(check(with([](ParallelPlan& p) { p.pp = 2; }), {.world = 2, .model = &mixtral}) == "");
+  CHECK(check(with([](ParallelPlan& p) { p.dp = 2, p.ep = 2, p.pp = 2, p.zero = 2; }),
+              {.world = 4, .model = &mixtral}) == "");
   const std::vector<std::pair<ParallelPlan, std::string>> cases = {
       {with([](ParallelPlan& p) { p.tp = 2, p.sp_mode = "split_gather"; }),
        "mixtral (mixture of experts) does not run under sequence parallelism"},
       {with([](ParallelPlan& p) { p.sp = 2, p.sp_mode = "ulysses"; }),
        "the router losses average over every token"},
       {with([](ParallelPlan& p) { p.sp = 2, p.sp_mode = "ring"; }), "--sp-mode ring"},
-      {with([](ParallelPlan& p) { p.pp = 2; }),
-       "mixtral (mixture of experts) does not run under --pp"},
+      {with([](ParallelPlan& p) { p.pp = 2, p.tp = 2; }),
+       "Mixtral's tensor-parallel form has no pipeline stages yet"},
+      {with([](ParallelPlan& p) { p.pp = 2, p.amp = "bf16"; }),
+       "Mixtral's stages carry the router sums with the hidden states"},
       {with([](ParallelPlan& p) { p.dp = 2, p.zero = 3; }), "mixtral does not run under ZeRO 3"},
   };
   for (const auto& [plan, message] : cases) {

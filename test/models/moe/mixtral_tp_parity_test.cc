@@ -83,7 +83,7 @@ struct Mixtral : LanguageFamily {
     }
     // 2 layers x (gate + 4 experts x 3 projections).
     REQUIRE(checked == cfg.n_layer * (1 + 3 * cfg.moe_experts));
-    const double aux = models::moe_aux_loss(sharded, cfg.moe_experts).item();
+    const double aux = models::moe_aux_loss(models::router_sums(sharded)).item();
     const Tensor every =
         parallel::comm_ops::all_gather(Tensor::from_vector({aux}, {1}, DType::kF64), tp, 0);
     for (int r = 0; r < size; ++r) REQUIRE(every.to_vector()[r] == aux);

@@ -47,5 +47,4 @@ PYEOF
 # Refused by name: the router losses average over every token of a sequence.
 refuse 2 "mixtral (mixture of experts) does not run under sequence parallelism" \
   --model mixtral-tiny --tp 2 --sp-mode split_gather
-refuse 2 "mixtral (mixture of experts) does not run under --pp" --model mixtral-tiny --pp 2
 echo PASS
