@@ -368,24 +368,12 @@ void TrainingRuntime::build_pipeline(std::shared_ptr<models::Model> staged, int6
 }
 
 void TrainingRuntime::keep_trained_stage_params(engine::train::TrainOptions& o) {
-  // The pipeline's rule for its parameters, applied to the names that train (LoRA adapters
-  // live outside the model's parameters; a classifier trains without BERT's masked-LM head).
+  // LoRA adapters live outside the model's parameters and a classifier trains without BERT's
+  // masked-LM head, so the names that train are filtered by the pipeline's own rule.
   Parts& p = *parts_;
-  const parallel::pipeline::Schedule& schedule = p.pipeline->runtime().schedule();
-  const models::Model& staged = p.pipeline->model();
-  const int rank = mesh_->coord(parallel::Axis::kPp);
   p.stage_trained.clear();
   for (const auto& [name, t] : *trained_params_) {
-    const models::Model::PipelinePart part = staged.pipeline_part(name);
-    for (int c = 0; c < schedule.virtual_stages; ++c) {
-      const size_t s = static_cast<size_t>(schedule.virtual_stage(rank, c));
-      const bool head = static_cast<int>(s) == schedule.num_virtual_stages() - 1;
-      if ((part.embed && s == 0) || (part.head && head) ||
-          (part.block >= plan_.stage_cut[s] && part.block < plan_.stage_cut[s + 1])) {
-        p.stage_trained.emplace_back(name, t);
-        break;
-      }
-    }
+    if (p.pipeline->holds(name)) p.stage_trained.emplace_back(name, t);
   }
   o.optimizer_params = &p.stage_trained;
 }

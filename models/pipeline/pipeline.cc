@@ -50,13 +50,11 @@ ModelPipeline::ModelPipeline(std::shared_ptr<Model> model, const Schedule& sched
     const int64_t first = partition_[static_cast<size_t>(s)];
     const int64_t last = partition_[static_cast<size_t>(s) + 1];
     const bool head = s == S - 1, embed = s == 0;
+    const ChunkRange range{first, last, embed, head};
+    ranges_.push_back(range);
     StageChunk chunk;
     for (const auto& [name, t] : all) {
-      const Model::PipelinePart part = model_->pipeline_part(name);
-      if ((part.embed && embed) || (part.head && head) ||
-          (part.block >= first && part.block < last)) {
-        chunk.params.emplace_back(name, t);
-      }
+      if (range.has(model_->pipeline_part(name))) chunk.params.emplace_back(name, t);
     }
     for (const auto& np : chunk.params) params_.push_back(np);
     chunk.forward = [this, first, last, embed, head, M](const Tensor& input, int mb) {
@@ -89,6 +87,12 @@ ModelPipeline::ModelPipeline(std::shared_ptr<Model> model, const Schedule& sched
 }
 
 ModelPipeline::~ModelPipeline() = default;
+
+bool ModelPipeline::holds(const std::string& name) const {
+  const Model::PipelinePart part = model_->pipeline_part(name);
+  return std::any_of(ranges_.begin(), ranges_.end(),
+                     [&](const ChunkRange& r) { return r.has(part); });
+}
 
 double ModelPipeline::step(const std::vector<Tensor>& micro_batches, double loss_scale) {
   MAMMOTH_CHECK(loss_scale > 0) << "[pipeline] loss scale must be > 0, got " << loss_scale;

@@ -58,6 +58,9 @@ class ModelPipeline {
   double local_grad_sq_sum() const;
   // This rank's parameters, under the full model's names (for the optimizer).
   const engine::nn::NamedTensors& parameters() const { return params_; }
+  // Whether this rank's chunks use parameter `name` (of the model's names; it need not be one
+  // of its parameters: adapters train under the names of the layers they wrap).
+  bool holds(const std::string& name) const;
   PipelineStage& runtime() { return *stage_; }
   const Model& model() const { return *model_; }
   const parallel::pipeline::Partition& partition() const { return partition_; }
@@ -72,6 +75,15 @@ class ModelPipeline {
   parallel::pipeline::Partition partition_;
   std::unique_ptr<Communicator> tied_;  // first and last stage (null elsewhere, or pp == 1)
   std::unique_ptr<PipelineStage> stage_;
+  struct ChunkRange {
+    int64_t first, last;  // blocks [first, last)
+    bool embed, head;
+    bool has(const Model::PipelinePart& part) const {
+      return (part.embed && embed) || (part.head && head) ||
+             (part.block >= first && part.block < last);
+    }
+  };
+  std::vector<ChunkRange> ranges_;  // this rank's chunks
   engine::nn::NamedTensors params_;
   engine::nn::NamedTensors tied_params_;  // used by the embedding and the head
   bool last_stage_ = false;
