@@ -43,6 +43,7 @@ class Checker {
     if (const std::string e = memory(); !e.empty()) return e;
     if (const std::string e = device(); !e.empty()) return e;
     if (const std::string e = experts(); !e.empty()) return e;
+    if (const std::string e = adapters(); !e.empty()) return e;
     if (c_.model != nullptr) {
       if (const std::string e = model(*c_.model); !e.empty()) return e;
       if (const std::string e = experts(*c_.model); !e.empty()) return e;
@@ -272,6 +273,17 @@ class Checker {
     return "";
   }
 
+  // LoRA: its optimizer states are small, and the expert exchange moves whole experts.
+  std::string adapters() const {
+    if (!c_.adapters) return "";
+    if (p_.offloaded())
+      return say(
+          "LoRA with --offload/--device-mem/--host-mem is not supported (its optimizer "
+          "states are small)");
+    if (p_.ep > 1) return say("--ep ", p_.ep, " does not combine with LoRA adapters");
+    return "";
+  }
+
   std::string experts(const models::ModelConfig& m) const {
     if (p_.ep == 1) return "";
     if (!models::family_spec(m.family).experts)
@@ -283,11 +295,44 @@ class Checker {
     return "";
   }
 
+  // A classifier's forms (FamilySpec::classifier_*): the policies' tp/sp form (ViT: every sp
+  // mode; BERT: tp, with or without split_gather, as Ulysses and ring attention take no padding
+  // mask); pipeline stages only of the one-device classifier; no chunked memory.
+  std::string classifier(const models::FamilySpec& spec) const {
+    const std::string family = spec.name;
+    if (!spec.classifier) return say("model family ", family, " has no classification head");
+    const bool sharded = p_.tp * p_.sp > 1 || p_.sp_mode != "none";
+    if (sharded && !spec.classifier_sharded)
+      return say("classification (", family,
+                 ") with tensor or sequence parallelism (--tp, --sp, --sp-mode) is not "
+                 "supported; use --dp");
+    if (spec.classifier_padding_mask && (p_.sp_mode == "ulysses" || p_.sp_mode == "ring"))
+      return say(spec.title, " classification under --sp-mode ", p_.sp_mode,
+                 ": the padding mask has no Ulysses / ring form; use --tp (with or without "
+                 "--sp-mode split_gather)");
+    if (p_.pp > 1 && !spec.classifier_pipeline)
+      return say("classification (", family, ") with --pp is not supported; use --dp");
+    if (p_.pp > 1 && sharded)
+      return say(spec.title,
+                 " classification with --pp and --tp / --sp: its sharded form has no pipeline "
+                 "stages yet; use --pp with --dp");
+    if (p_.offloaded())
+      return say("classification (", family,
+                 ") with --offload / --device-mem / --host-mem is not supported");
+    if (p_.recompute_blocks != 0 && !spec.classifier_recompute)
+      return say("--recompute-blocks / --activation-checkpointing: ", family,
+                 " does not recompute its blocks");
+    return "";
+  }
+
   std::string model(const models::ModelConfig& m) const {
     const models::FamilySpec& spec = models::family_spec(m.family);
     const std::string family = spec.name;
-    if (spec.objective == models::Objective::kImageClassifier)
+    if (c_.task == Task::kClassifier) {
+      if (const std::string e = classifier(spec); !e.empty()) return e;
+    } else if (spec.objective == models::Objective::kImageClassifier) {
       return say("model family ", family, " has no language-model objective for `mammoth train`");
+    }
     if (spec.router_losses) {
       // Tensor parallelism splits the attention and keeps the experts whole (models/mixtral);
       // the experts have no sequence-split, staged, chunked or recomputed form.
@@ -315,7 +360,8 @@ class Checker {
     }
     const bool next_token = spec.pipeline == models::PipelineForm::kNextToken;
     if (p_.pp > 1) {
-      if (spec.pipeline == models::PipelineForm::kNone)
+      // A classifier's stages are FamilySpec::classifier_pipeline's (classifier() above).
+      if (spec.pipeline == models::PipelineForm::kNone && c_.task != Task::kClassifier)
         return say("--pp: model family ", family, " has no pipeline stages; use --pp 1");
       if (spec.pipeline == models::PipelineForm::kOneDeviceOnly &&
           (p_.tp > 1 || p_.sp > 1 || p_.sp_mode != "none"))
@@ -341,7 +387,7 @@ class Checker {
                                                                           : 1;
     const int64_t chunks = p_.sp_mode == "ring" ? 2 * parts : parts;
     positions = (positions + chunks - 1) / chunks * chunks;
-    if (positions > m.max_seq)
+    if (spec.token_vocabulary && positions > m.max_seq)
       return say("--seq-len ", p_.seq_len, (p_.pp > 1 ? " (+1 with --pp)" : ""),
                  (chunks > 1 ? " padded to a multiple of " + std::to_string(chunks) : ""), " = ",
                  positions, " exceeds the model's ", m.max_seq, " positions");

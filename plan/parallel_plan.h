@@ -94,10 +94,16 @@ struct ParallelPlan {
 };
 
 // What validate() checks a plan against; a field left at its default is not checked.
+// What a run trains: a language model (causal or masked) or a classifier (a classification
+// head: BERT's sequence classification, ViT's images).
+enum class Task { kLanguageModel, kClassifier };
+
 struct PlanContext {
   int world = 0;                               // processes launched (0: any)
   const models::ModelConfig* model = nullptr;  // null: model rules not checked
   bool run = false;  // about to run here: what only a run needs (an NVMe directory) is checked
+  Task task = Task::kLanguageModel;  // checked with `model`
+  bool adapters = false;             // LoRA adapters train beside the frozen model
 };
 
 // The first rule the plan breaks, as the message users see ("" when it is valid).

@@ -145,7 +145,7 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
                                engine::train::TrainOptions& o) {
   MAMMOTH_CHECK(model_ == nullptr) << "[runtime] assemble() runs once";
   const models::ModelConfig& cfg = model->config();
-  plan::validate(plan_, {.model = &cfg});
+  plan::validate(plan_, {.model = &cfg, .adapters = o.trained_params != nullptr});
   model_ = std::move(model);
   trained_ = model_.get();
   // LoRA (o.trained_params: adapters beside a frozen model) trains under dp, ZeRO, tp and sp
@@ -154,8 +154,6 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
     trained_params_ = o.trained_params;
     MAMMOTH_CHECK((plan_.tp == 1 && plan_.sp == 1 && plan_.sp_mode == "none") || lora_ != nullptr)
         << "[runtime] LoRA under tp/sp needs the adapters (set_lora) before assemble()";
-    MAMMOTH_CHECK(!plan_.offloaded())
-        << "[train] LoRA with --offload is not supported (its optimizer states are small)";
   }
   model_->set_recompute_blocks(plan_.recompute_blocks);
   Parts& p = *parts_;
@@ -215,8 +213,6 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
     // (models/mixtral), so under --tp each tp rank is an expert rank of its own group; the
     // sharded form's parameters are what trains then; under pp each stage's expert groups
     // exchange its layers' tokens. plan::validate admitted only a mixture of experts here.
-    MAMMOTH_CHECK(models::family_spec(cfg.family).experts && !trained_params_)
-        << "[train] --ep needs a mixtral model without adapters";
     parallel::Communicator& dp = mesh_->group(parallel::Axis::kDp);
     const int d = mesh_->coord(parallel::Axis::kDp);
     p.ep_group = dp.split(d / plan_.ep, d, "ep");
@@ -468,35 +464,9 @@ void TrainingRuntime::assemble_classifier(std::shared_ptr<models::Model> model,
   MAMMOTH_CHECK(model_ == nullptr && classifier_ == nullptr) << "[runtime] assemble() runs once";
   const models::FamilySpec& spec = models::family_spec(model->config().family);
   const std::string family = spec.name;
+  plan::validate(plan_, {.model = &model->config(), .task = plan::Task::kClassifier});
   const models::SpMode sp_mode = models::sp_mode_from_name(plan_.sp_mode);
   const bool sharded = plan_.tp * plan_.sp > 1 || sp_mode != models::SpMode::kNone;
-  // The tp/sp forms are the policies' (ViT: every sp mode; BERT: tp, with or without
-  // split_gather: Ulysses and ring attention take no attention mask); pipeline stages only of
-  // the one-device classifier whose spec says so; the chunked memory carries language models
-  // only.
-  MAMMOTH_CHECK(!sharded || spec.classifier_sharded)
-      << "[train] classification (" << family << ") with tensor or sequence parallelism (--tp, "
-      << "--sp, --sp-mode) is not supported; use --dp";
-  MAMMOTH_CHECK(!spec.classifier_padding_mask ||
-                (sp_mode != models::SpMode::kUlysses && sp_mode != models::SpMode::kRing))
-      << "[train] " << spec.title << " classification under --sp-mode " << plan_.sp_mode
-      << ": the padding mask has no Ulysses / ring form; use --tp (with or without --sp-mode "
-         "split_gather)";
-  MAMMOTH_CHECK(plan_.pp == 1 || spec.classifier_pipeline)
-      << "[train] classification (" << family << ") with --pp is not supported; use --dp";
-  MAMMOTH_CHECK(plan_.pp == 1 || !sharded)
-      << "[train] " << spec.title
-      << " classification with --pp and --tp / --sp: its sharded "
-         "form has no pipeline stages yet; use --pp with --dp";
-  MAMMOTH_CHECK(!plan_.offloaded())
-      << "[train] classification (" << family
-      << ") with --offload / --device-mem / --host-mem is not supported";
-  MAMMOTH_CHECK(plan_.recompute_blocks == 0 || spec.classifier_recompute)
-      << "[train] --recompute-blocks / --activation-checkpointing: " << family
-      << " does not recompute its blocks";
-  MAMMOTH_CHECK(plan_.recompute_blocks <= model->config().n_layer)
-      << "[train] recompute_blocks " << plan_.recompute_blocks << " exceeds the model's "
-      << model->config().n_layer << " blocks";
   classifier_ = std::move(model);
   classifier_->set_recompute_blocks(plan_.recompute_blocks);
   trained_params_ = o.trained_params;

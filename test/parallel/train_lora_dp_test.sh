@@ -32,7 +32,7 @@ for refused in "--offload host"; do
     echo "LoRA with $refused was accepted"
     exit 1
   fi
-  grep -q "\[train\] LoRA .* is not supported" "$work/err" || { cat "$work/err"; exit 1; }
+  grep -q "\[plan\] LoRA .* is not supported" "$work/err" || { cat "$work/err"; exit 1; }
 done
 
 PYTHONPATH="$(dirname "$0")/../testing" "${MAMMOTH_PYTHON:-/usr/bin/python3}" - "$work" <<'PY'

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <tuple>
 
 #include "base/error.h"
 #include "models/registry.h"
@@ -277,6 +278,44 @@ TEST_CASE("mixtral runs under tp, pp and ep x pp, not under a sequence split or 
   for (const auto& [plan, message] : cases) {
     INFO(plan_summary(plan) << " | expected: " << message);
     CHECK_THAT(check(plan, {.model = &mixtral}), Catch::Contains(message));
+  }
+}
+
+TEST_CASE("classifiers and LoRA adapters: their rules live in the plan's check") {
+  const models::ModelConfig bert = models::resolve_config("bert-tiny");
+  const models::ModelConfig vit = models::resolve_config("vit-tiny");
+  const models::ModelConfig gpt2 = models::resolve_config("gpt2-tiny");
+  const PlanContext bert_classify{.model = &bert, .task = Task::kClassifier};
+  const PlanContext vit_classify{.model = &vit, .task = Task::kClassifier};
+  // What runs: BERT under tp (with split_gather) and pp with dp; ViT under every sp mode.
+  CHECK(check(with([](ParallelPlan& p) { p.tp = 2, p.sp_mode = "split_gather"; }), bert_classify) ==
+        "");
+  CHECK(check(with([](ParallelPlan& p) { p.pp = 2, p.dp = 2; }), bert_classify) == "");
+  CHECK(check(with([](ParallelPlan& p) { p.sp = 2, p.sp_mode = "ring"; }), vit_classify) == "");
+  CHECK(check(with([](ParallelPlan& p) { p.pp = 2; }), vit_classify) == "");
+  CHECK(check(with([](ParallelPlan& p) { p.sp = 2, p.sp_mode = "ulysses"; }), vit_classify) == "");
+  const std::vector<std::tuple<ParallelPlan, PlanContext, std::string>> cases = {
+      {with([](ParallelPlan& p) { p.sp = 2, p.sp_mode = "ring"; }), bert_classify,
+       "BERT classification under --sp-mode ring: the padding mask has no Ulysses / ring form"},
+      {with([](ParallelPlan& p) { p.pp = 2, p.tp = 2; }), bert_classify,
+       "its sharded form has no pipeline stages yet"},
+      {with([](ParallelPlan& p) { p.offload = "host"; }), bert_classify,
+       "classification (bert) with --offload"},
+      {with([](ParallelPlan& p) { p.pp = 2, p.pp_schedule = "gpipe"; }),
+       {.model = &gpt2, .task = Task::kClassifier},
+       "model family gpt2 has no classification head"},
+      // A ViT trains only as a classifier.
+      {ParallelPlan{}, {.model = &vit}, "has no language-model objective"},
+      {with([](ParallelPlan& p) { p.offload = "host"; }),
+       {.model = &gpt2, .adapters = true},
+       "LoRA with --offload"},
+      {with([](ParallelPlan& p) { p.dp = 2, p.ep = 2; }),
+       {.model = &gpt2, .adapters = true},
+       "--ep 2 does not combine with LoRA adapters"},
+  };
+  for (const auto& [plan, context, message] : cases) {
+    INFO(plan_summary(plan) << " | expected: " << message);
+    CHECK_THAT(check(plan, context), Catch::Contains(message));
   }
 }
 
