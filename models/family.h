@@ -140,12 +140,10 @@ struct FamilySpec {
   // Router losses over every token of every layer (mixture of experts): no sequence split,
   // pipeline stages or recomputed blocks, and the step logs the experts' load and the losses.
   bool router_losses = false;
-  // Classification (`classifier`, runtime/): the policies give the classifier a tp/sp form;
-  // its batches carry a padding mask, which Ulysses and ring attention do not take; its blocks
-  // recompute under --recompute-blocks; it has one-device pipeline stages, a micro-batch packed
-  // by Model::pipeline_batch.
+  // Classification (`classifier`, runtime/): the policies give the classifier a tp/sp form
+  // (every sp mode); its blocks recompute under --recompute-blocks; it has one-device pipeline
+  // stages, a micro-batch packed by Model::pipeline_batch.
   bool classifier_sharded = false;
-  bool classifier_padding_mask = false;
   bool classifier_recompute = false;
   bool classifier_pipeline = false;
   TimeShape time_shape;

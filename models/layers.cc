@@ -72,7 +72,7 @@ Tensor Layers::attention(const Tensor& q, const Tensor& k, const Tensor& v,
         << "[layers] " << sp_mode_name(seq.mode) << " attention without its sp group and layout";
     MAMMOTH_CHECK(!options.key_mask.defined())
         << "[layers] a key mask under " << sp_mode_name(seq.mode)
-        << " (its layout masks the padding itself)";
+        << " comes in SeqContext::key_mask, over the whole padded sequence";
     MAMMOTH_CHECK(dropout == 0.0 || !training)
         << "[layers] attention dropout " << dropout << " under " << sp_mode_name(seq.mode)
         << " is not supported (Ulysses and ring attention have no dropout); train with "
@@ -80,7 +80,7 @@ Tensor Layers::attention(const Tensor& q, const Tensor& k, const Tensor& v,
     const auto run =
         seq.mode == SpMode::kUlysses ? parallel::ulysses_attention : parallel::ring_attention;
     return run(q.contiguous(), k.contiguous(), v.contiguous(), *seq.sp, *seq.layout, options.causal,
-               options.scale, options.window);
+               options.scale, options.window, seq.key_mask);
   }
   if (seq.key_mask.defined()) options.key_mask = seq.key_mask;
   return attend(q, k, v, options, dropout, training);

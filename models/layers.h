@@ -69,7 +69,8 @@ struct SeqContext {
   parallel::Communicator* sp = nullptr;                    // ulysses / ring
   // Global positions of the rows this rank holds, in order (>= T: padding); rotary families.
   std::shared_ptr<const std::vector<int64_t>> positions;
-  // split_gather with padding (encoders): bool [B, padded], true = a real position.
+  // Encoders' padding mask under split_gather (with the layout's padding), Ulysses and ring:
+  // bool [B, padded] over global positions, true = a real position.
   engine::Tensor key_mask;
 };
 
@@ -98,8 +99,8 @@ class Layers {
   std::shared_ptr<engine::nn::Linear> row(int64_t in, int64_t out, bool bias, DType dtype,
                                           const LinearOptions& options = {}) const;
   // Scaled dot-product attention over this rank's heads, q [B, Hq, T, D], k and v [B, Hk, T, D]:
-  // local (attend, with seq.key_mask), or Ulysses / ring over seq.sp. Attention dropout and an
-  // explicit key mask under Ulysses / ring are refused by name.
+  // local (attend, with seq.key_mask), or Ulysses / ring over seq.sp (with seq.key_mask).
+  // Attention dropout and a key mask in `options` under Ulysses / ring are refused by name.
   engine::Tensor attention(const engine::Tensor& q, const engine::Tensor& k,
                            const engine::Tensor& v, engine::AttentionOptions options,
                            double dropout, bool training, const SeqContext& seq) const;

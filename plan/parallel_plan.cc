@@ -295,9 +295,8 @@ class Checker {
     return "";
   }
 
-  // A classifier's forms (FamilySpec::classifier_*): the policies' tp/sp form (ViT: every sp
-  // mode; BERT: tp, with or without split_gather, as Ulysses and ring attention take no padding
-  // mask); pipeline stages only of the one-device classifier; no chunked memory.
+  // A classifier's forms (FamilySpec::classifier_*): the policies' tp/sp form (every sp mode);
+  // pipeline stages only of the one-device classifier; no chunked memory.
   std::string classifier(const models::FamilySpec& spec) const {
     const std::string family = spec.name;
     if (!spec.classifier) return say("model family ", family, " has no classification head");
@@ -306,10 +305,6 @@ class Checker {
       return say("classification (", family,
                  ") with tensor or sequence parallelism (--tp, --sp, --sp-mode) is not "
                  "supported; use --dp");
-    if (spec.classifier_padding_mask && (p_.sp_mode == "ulysses" || p_.sp_mode == "ring"))
-      return say(spec.title, " classification under --sp-mode ", p_.sp_mode,
-                 ": the padding mask has no Ulysses / ring form; use --tp (with or without "
-                 "--sp-mode split_gather)");
     if (p_.pp > 1 && !spec.classifier_pipeline)
       return say("classification (", family, ") with --pp is not supported; use --dp");
     if (p_.pp > 1 && sharded)

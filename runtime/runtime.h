@@ -58,9 +58,9 @@ class TrainingRuntime {
 
   // A classifier (ViT, BERT's sequence-classification head) instead of a language model: it
   // trains whole (options.trained_params: the part of it that trains; null: all), under dp
-  // and ZeRO; also under tp and sp (its policy's form, trained_classifier(): ViT in every sp
-  // mode, BERT with or without split_gather). pp, offload, BERT under Ulysses / ring and
-  // recompute for a family without it are refused here by name.
+  // and ZeRO; also under tp and sp (its policy's form, trained_classifier(), in every sp
+  // mode) and pp (one-device stages). plan::check refuses the rest by name (pp x tp / sp,
+  // offload, recompute for a family without it).
   // Fills the same layout fields as assemble(). Call once, instead of assemble().
   void assemble_classifier(std::shared_ptr<models::Model> model,
                            engine::train::TrainOptions& options);

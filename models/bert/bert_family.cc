@@ -157,7 +157,6 @@ FamilySpec bert_family() {
   f.objective = Objective::kMaskedLm;
   f.pipeline = PipelineForm::kOneDeviceOnly;
   f.classifier_sharded = true;
-  f.classifier_padding_mask = true;
   f.classifier_recompute = true;
   f.classifier_pipeline = true;
   f.build = [](const ModelConfig& c) { return std::make_shared<Bert>(c); };

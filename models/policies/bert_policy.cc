@@ -18,9 +18,10 @@
 // Attention is bidirectional: padded positions (sequences that do not divide) are keys nobody
 // attends to (a key mask under split_gather; ulysses_attention and ring_attention mask them
 // themselves). The sharded form has the masked LM (forward(ids), loss(ids, targets)) and
-// sequence classification (classify(ids, attention_mask): the mask joins the padding key mask;
-// the [CLS] row is on one rank of the sequence group under split_gather, which classifies as
-// ShardedVit does, see vit_policy.cc). Token type 0 everywhere, as Bert::forward.
+// sequence classification (classify(ids, attention_mask): the mask, over the whole sequence,
+// is the key mask of every sp mode; the [CLS] row is on one rank of the sequence group under
+// split_gather, Ulysses and ring, which classifies as ShardedVit does, see vit_policy.cc).
+// Token type 0 everywhere, as Bert::forward.
 #include <memory>
 #include <vector>
 
@@ -133,12 +134,8 @@ class TpBert : public ShardedLanguageModel, public ShardedSequenceClassifier {
   Tensor classify(const Tensor& ids, const Tensor& attention_mask) override {
     MAMMOTH_CHECK(classifier_ != nullptr)
         << "[TpBert::classify] the model has no classification head (num_labels = 0)";
-    MAMMOTH_CHECK(!sequence_on_sp())
-        << "[TpBert::classify] an attention mask has no Ulysses / ring form; classify under tp "
-           "(with or without split_gather)";
     const SeqPlan plan = checked_plan(ids);
-    const bool sg = options_.sp_mode == SpMode::kSplitGather;
-    // The given mask joins split_gather's padding in the key mask.
+    // The given mask joins the layout's padding in the key mask (every sp mode).
     const SeqContext seq = encoder_context(plan, ids.size(0), ids.device(), attention_mask);
     Tensor x = encode(ids, plan, seq);
     // The [CLS] row (position 0): local row `at` on the rank of the sequence group holding it.
@@ -149,8 +146,11 @@ class TpBert : public ShardedLanguageModel, public ShardedSequenceClassifier {
     const int64_t row = at >= 0 ? at : 0;
     Tensor logits = classifier_->forward(
         dropout_->forward(bert->pooler->forward(x.slice(1, row, row + 1))));  // [B, labels]
-    if (!sg) return logits;  // every tp rank holds every position
-    return parallel::reduce_from_group(logits * (at >= 0 ? 1.0 : 0.0), sequence_group());
+    // Without a sequence split every rank holds position 0; with one, its holder's logits are
+    // summed over the group so every rank has them (as ShardedVit does).
+    parallel::Communicator& group = sequence_group();
+    if (group.size() == 1) return logits;
+    return parallel::reduce_from_group(logits * (at >= 0 ? 1.0 : 0.0), group);
   }
 
   std::shared_ptr<TpBertModel> bert;

@@ -275,11 +275,9 @@ SeqContext ShardLayout::encoder_context(const SeqPlan& plan, int64_t batch, Devi
   SeqContext seq{
       .mode = options_.sp_mode, .layout = plan.layout, .sp = &mesh_.group(parallel::Axis::kSp)};
   const int64_t length = plan.layout->length(), padded = plan.layout->padded();
+  // Ulysses and ring hide the layout's padding themselves; split_gather attends locally.
   const bool pads = options_.sp_mode == SpMode::kSplitGather && padded > length;
   if (!pads && !attention_mask.defined()) return seq;
-  MAMMOTH_CHECK(!attention_mask.defined() || !sequence_on_sp())
-      << "[encoder] an attention mask has no Ulysses / ring form; use tp (with or without "
-         "split_gather)";
   MAMMOTH_CHECK(!attention_mask.defined() ||
                 attention_mask.shape() == engine::Shape({batch, length}))
       << "[encoder] attention_mask " << engine::shape_str(attention_mask.shape()) << " must be ["

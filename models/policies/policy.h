@@ -141,8 +141,8 @@ class ShardLayout {
   parallel::Communicator& sequence_group() const;
   // The SeqContext of a bidirectional encoder's blocks (BERT, ViT) for `batch` sequences laid
   // out by `plan`: a key mask [batch, padded] on `device` hiding split_gather's padded positions
-  // and, when `attention_mask` [batch, T] is given, the positions it holds 0 at (ulysses and
-  // ring attention mask the layout's padding themselves, and take no attention mask).
+  // and, when `attention_mask` [batch, T] is given, the positions it holds 0 at, in every sp
+  // mode (ulysses and ring attention hide the layout's padding themselves).
   SeqContext encoder_context(const SeqPlan& plan, int64_t batch, Device device,
                              const engine::Tensor& attention_mask = engine::Tensor()) const;
 

@@ -97,6 +97,23 @@ Partial attend_block(const Tensor& q, const Tensor& k, const Tensor& v, const Te
   return {engine::matmul(e, v) / l, engine::log(l) + m};
 }
 
+// key_mask (see the header) as B * padded values, 1 = attend, with the layout's padding
+// hidden; every key attended when it is undefined.
+std::vector<double> keys_kept(const Tensor& key_mask, const SequenceLayout& layout, int64_t B) {
+  const int64_t P = layout.padded();
+  std::vector<double> keep(static_cast<size_t>(B * P), 1.0);
+  if (key_mask.defined()) {
+    MAMMOTH_CHECK(key_mask.dtype() == DType::kBool && key_mask.shape() == engine::Shape({B, P}))
+        << "[sequence_parallel] key_mask must be bool [" << B << ", " << P << "], got "
+        << dtype_name(key_mask.dtype()) << " " << engine::shape_str(key_mask.shape());
+    keep = engine::cast(key_mask, DType::kF64).to_vector();
+  }
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = layout.length(); t < P; ++t) keep[b * P + t] = 0.0;
+  }
+  return keep;
+}
+
 Partial merge(const Partial& a, const Partial& b) {
   if (!a.o.defined()) return b;
   Tensor mx;
@@ -112,7 +129,8 @@ Partial merge(const Partial& a, const Partial& b) {
 }  // namespace
 
 Tensor ulysses_attention(const Tensor& q, const Tensor& k, const Tensor& v, Communicator& group,
-                         const SequenceLayout& layout, bool causal, double scale, int64_t window) {
+                         const SequenceLayout& layout, bool causal, double scale, int64_t window,
+                         const Tensor& key_mask) {
   const int p = group.size();
   MAMMOTH_CHECK(layout.split() == SeqSplit::kContiguous && layout.parts() == p)
       << "[ulysses_attention] needs a contiguous layout over the group's " << p << " ranks";
@@ -132,28 +150,33 @@ Tensor ulysses_attention(const Tensor& q, const Tensor& k, const Tensor& v, Comm
   opt.causal = causal;
   opt.scale = scale;
   opt.window = window;  // every position is present after the all-to-all
-  if (!causal && layout.padded() > layout.length()) {
-    // Causal attention never looks at the trailing padding; full attention must be told.
-    std::vector<double> keep(static_cast<size_t>(q.size(0) * layout.padded()));
-    for (size_t i = 0; i < keep.size(); ++i) {
-      keep[i] = static_cast<int64_t>(i) % layout.padded() < layout.length() ? 1.0 : 0.0;
-    }
-    opt.key_mask = Tensor::from_vector(keep, {q.size(0), layout.padded()}, DType::kBool);
+  // Causal attention never looks at the trailing padding; full attention must be told.
+  if (key_mask.defined() || (!causal && layout.padded() > layout.length())) {
+    opt.key_mask = Tensor::from_vector(keys_kept(key_mask, layout, q.size(0)),
+                                       {q.size(0), layout.padded()}, DType::kBool)
+                       .to(q.device());
   }
   Tensor y = engine::attention(qa, ka, va, opt);  // [B, H/p, T, D]
   return all_to_all_group(y, group, 2, 1);        // back to [B, H, T/p, D]
 }
 
 Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, Communicator& group,
-                      const SequenceLayout& layout, bool causal, double scale, int64_t window) {
+                      const SequenceLayout& layout, bool causal, double scale, int64_t window,
+                      const Tensor& key_mask) {
   MAMMOTH_CHECK(window >= 0 && (window == 0 || causal))
       << "[ring_attention] a sliding window (" << window << ") needs causal attention";
   const int p = group.size(), r = group.rank();
   MAMMOTH_CHECK(layout.parts() == p && q.size(2) == layout.local_length())
       << "[ring_attention] q " << engine::shape_str(q.shape()) << " does not hold a local part of "
       << layout.local_length() << " positions over " << p << " ranks";
-  const int64_t H = q.size(1), D = q.size(3), c = layout.chunk_size(), T = layout.length();
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(3), c = layout.chunk_size(),
+                T = layout.length(), P = layout.padded();
   if (scale == 0.0) scale = 1.0 / std::sqrt(static_cast<double>(D));
+  // With a padding mask each block's mask is per sequence: [B, 1, c, c] instead of [c, c].
+  const bool per_sequence = key_mask.defined();
+  const std::vector<double> kept =
+      per_sequence ? keys_kept(key_mask, layout, B) : std::vector<double>();
+  const int64_t rows = per_sequence ? B : 1;
   const std::vector<int64_t> mine = layout.chunks(r);
   std::vector<Tensor> qc;
   for (size_t i = 0; i < mine.size(); ++i) {
@@ -177,16 +200,25 @@ Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, Communi
         // wholly slid out: the chunk's last key is at or before its first query - window
         if (window > 0 && (kj + 1) * c - 1 <= qi * c - window) continue;
         bool any = false;
-        std::vector<double> hide(static_cast<size_t>(c * c));
-        for (int64_t a = 0; a < c; ++a) {
-          for (int64_t b = 0; b < c; ++b) {
-            const int64_t qp = qi * c + a, kp = kj * c + b;
-            const bool h = kp >= T || (causal && kp > qp) || (window > 0 && kp <= qp - window);
-            hide[a * c + b] = h ? 1.0 : 0.0;
-            any = any || h;
+        std::vector<double> hide(static_cast<size_t>(rows * c * c));
+        for (int64_t n = 0; n < rows; ++n) {
+          for (int64_t a = 0; a < c; ++a) {
+            for (int64_t b = 0; b < c; ++b) {
+              const int64_t qp = qi * c + a, kp = kj * c + b;
+              const bool h = kp >= T || (causal && kp > qp) || (window > 0 && kp <= qp - window) ||
+                             (per_sequence && kept[n * P + kp] == 0.0);
+              hide[(n * c + a) * c + b] = h ? 1.0 : 0.0;
+              any = any || h;
+            }
           }
         }
-        Tensor mask = any ? Tensor::from_vector(hide, {c, c}, DType::kBool) : Tensor();
+        Tensor mask;
+        if (any) {
+          mask = Tensor::from_vector(hide,
+                                     per_sequence ? engine::Shape{B, 1, c, c} : engine::Shape{c, c},
+                                     DType::kBool)
+                     .to(q.device());
+        }
         const int64_t j0 = static_cast<int64_t>(j) * c;
         acc[i] = merge(acc[i], attend_block(qc[i], ke.slice(2, j0, j0 + c), ve.slice(2, j0, j0 + c),
                                             mask, scale));

@@ -58,13 +58,19 @@ engine::Tensor shard_sequence(const engine::Tensor& x, int64_t dim, const Sequen
 engine::Tensor gather_sequence(const engine::Tensor& x, int64_t dim, const SequenceLayout& layout,
                                Communicator& group);
 
+// Both attentions take an optional padding mask, `key_mask`: bool [B, layout.padded()] over
+// global positions (the whole sequence, the same on every rank), true = attend to that key;
+// the layout's own padding is hidden whatever it says. An encoder's batch of sequences of
+// different lengths passes its attention mask this way.
+//
 // Ulysses: q [B, H, T/p, D], k and v [B, Hk, T/p, D] sharded along the sequence (contiguous
 // layout) -> all-to-all to [B, H/p, T, D] (heads sharded), full attention, all-to-all back.
 // H must divide by p; kv heads that do not divide are replicated to H first (GQA).
 engine::Tensor ulysses_attention(const engine::Tensor& q, const engine::Tensor& k,
                                  const engine::Tensor& v, Communicator& group,
                                  const SequenceLayout& layout, bool causal, double scale = 0.0,
-                                 int64_t window = 0);
+                                 int64_t window = 0,
+                                 const engine::Tensor& key_mask = engine::Tensor());
 
 // Ring attention: q, k, v [B, H(k), T_local, D] in `layout` (zigzag or contiguous). Each of
 // p steps attends to the K/V block currently held and passes it to the next rank
@@ -77,6 +83,7 @@ engine::Tensor ulysses_attention(const engine::Tensor& q, const engine::Tensor& 
 engine::Tensor ring_attention(const engine::Tensor& q, const engine::Tensor& k,
                               const engine::Tensor& v, Communicator& group,
                               const SequenceLayout& layout, bool causal, double scale = 0.0,
-                              int64_t window = 0);
+                              int64_t window = 0,
+                              const engine::Tensor& key_mask = engine::Tensor());
 
 }  // namespace mammoth::parallel

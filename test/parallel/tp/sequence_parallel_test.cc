@@ -35,7 +35,7 @@ Qkv make(int64_t B, int64_t H, int64_t Hk, int64_t T, int64_t D) {
 // Attention from matmul/softmax (the engine's fused attention is the forward reference too,
 // but its backward is only accurate to ~1e-7 in f64, too loose to see a wrong merge).
 Tensor plain_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                       int64_t window = 0) {
+                       int64_t window = 0, const Tensor& hidden_keys = Tensor()) {
   const int64_t H = q.size(1), Hk = k.size(1), T = q.size(2), D = q.size(3), B = q.size(0);
   Tensor kk = k.unsqueeze(2).expand({B, Hk, H / Hk, T, D}).reshape({B, H, T, D});
   Tensor vv = v.unsqueeze(2).expand({B, Hk, H / Hk, T, D}).reshape({B, H, T, D});
@@ -47,6 +47,7 @@ Tensor plain_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool c
         future[i * T + j] = j > i || (window > 0 && j <= i - window) ? 1.0 : 0.0;
     s = engine::masked_fill(s, Tensor::from_vector(future, {T, T}, DType::kBool), -1e30);
   }
+  if (hidden_keys.defined()) s = engine::masked_fill(s, hidden_keys.reshape({B, 1, 1, T}), -1e30);
   return engine::matmul(engine::softmax(s, -1), vv);
 }
 
@@ -56,34 +57,52 @@ double diff(const Tensor& a, const Tensor& b) {
 }
 
 using AttnFn = Tensor (*)(const Tensor&, const Tensor&, const Tensor&, parallel::Communicator&,
-                          const parallel::SequenceLayout&, bool, double, int64_t);
+                          const parallel::SequenceLayout&, bool, double, int64_t, const Tensor&);
 
 // fused_reference: compare with engine::attention (what Ulysses runs per head group) instead
-// of the matmul/softmax composition.
+// of the matmul/softmax composition. padding_mask: each sequence of the batch of 2 ends early
+// (at T - 1 and T / 2) and hides one more key in its middle, given as the key mask.
 void check(AttnFn fn, parallel::SeqSplit split, int64_t H, int64_t Hk, int64_t T, bool causal,
-           bool fused_reference = false, int64_t window = 0) {
+           bool fused_reference = false, int64_t window = 0, bool padding_mask = false) {
   auto& w = world();
   const int r = w.rank();
-  CAPTURE(H, Hk, T, causal, window, w.size());
+  CAPTURE(H, Hk, T, causal, window, padding_mask, w.size());
   const Qkv d = make(2, H, Hk, T, 4);
+  parallel::SequenceLayout layout(T, w.size(), split);
+  Tensor hidden, kept, key_mask;  // [2, T] true = hidden, the same true = attend; [2, padded]
+  if (padding_mask) {
+    std::vector<double> h(static_cast<size_t>(2 * T), 0.0), keep(2 * layout.padded(), 0.0);
+    for (int64_t b = 0; b < 2; ++b) {
+      const int64_t end = b == 0 ? T - 1 : T / 2;
+      for (int64_t t = 0; t < T; ++t) {
+        const bool hide = t >= end || t == end / 2;
+        h[b * T + t] = hide ? 1.0 : 0.0;
+        keep[b * layout.padded() + t] = hide ? 0.0 : 1.0;
+      }
+    }
+    hidden = Tensor::from_vector(h, {2, T}, DType::kBool);
+    for (double& x : h) x = 1.0 - x;
+    kept = Tensor::from_vector(h, {2, T}, DType::kBool);
+    key_mask = Tensor::from_vector(keep, {2, layout.padded()}, DType::kBool);
+  }
   // Reference: the whole sequence in one process.
   Tensor q = d.q.clone().requires_grad_(), k = d.k.clone().requires_grad_(),
          v = d.v.clone().requires_grad_();
   engine::AttentionOptions opt;
   opt.causal = causal;
   opt.window = window;
-  REQUIRE(diff(plain_attention(d.q, d.k, d.v, causal, window),
+  opt.key_mask = kept;
+  REQUIRE(diff(plain_attention(d.q, d.k, d.v, causal, window, hidden),
                engine::attention(d.q, d.k, d.v, opt)) < 1e-10);
-  Tensor ref =
-      fused_reference ? engine::attention(q, k, v, opt) : plain_attention(q, k, v, causal, window);
+  Tensor ref = fused_reference ? engine::attention(q, k, v, opt)
+                               : plain_attention(q, k, v, causal, window, hidden);
   engine::sum(ref * d.g).backward();
   // Sharded: each rank takes its positions (zero padding beyond T).
-  parallel::SequenceLayout layout(T, w.size(), split);
   Tensor ql = parallel::shard_sequence(d.q, 2, layout, r).contiguous().requires_grad_();
   Tensor kl = parallel::shard_sequence(d.k, 2, layout, r).contiguous().requires_grad_();
   Tensor vl = parallel::shard_sequence(d.v, 2, layout, r).contiguous().requires_grad_();
   Tensor gl = parallel::shard_sequence(d.g, 2, layout, r);
-  Tensor out = fn(ql, kl, vl, w, layout, causal, 0.0, window);
+  Tensor out = fn(ql, kl, vl, w, layout, causal, 0.0, window, key_mask);
   engine::sum(out * gl).backward();
   // Outputs at real positions match; gathering them gives the whole reference.
   REQUIRE(diff(parallel::gather_sequence(out, 2, layout, w), ref) < 1e-10);
@@ -139,6 +158,21 @@ TEST_CASE("Ulysses attention equals full attention") {
       check(parallel::ulysses_attention, parallel::SeqSplit::kContiguous, 4, 4, T, causal, true);
       check(parallel::ulysses_attention, parallel::SeqSplit::kContiguous, 4, 1, T, causal,
             true);  // GQA
+    }
+  }
+}
+
+TEST_CASE("ring and Ulysses attention with a padding mask equal full masked attention") {
+  // Lengths that divide and that pad; bidirectional (an encoder's batch) and causal.
+  for (int64_t T : {8, 13}) {
+    for (bool causal : {false, true}) {
+      check(parallel::ring_attention, parallel::SeqSplit::kZigzag, 4, 2, T, causal, false, 0, true);
+      check(parallel::ring_attention, parallel::SeqSplit::kContiguous, 4, 4, T, causal, false, 0,
+            true);
+      if (4 % world().size() == 0) {
+        check(parallel::ulysses_attention, parallel::SeqSplit::kContiguous, 4, 4, T, causal, true,
+              0, true);
+      }
     }
   }
 }
