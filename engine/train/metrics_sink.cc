@@ -47,6 +47,7 @@ void MetricsSink::record(const StepRecord& r) {
     if (!r.applied) m.set("skipped", json::Value(true));
     m.set("tokens_per_s", json::Value(r.tokens_per_s));
     m.set("step_s", json::Value(r.step_s));
+    m.set("cpu_s", json::Value(r.cpu_s));
     if (r.predicted_step_s > 0) m.set("predicted_step_s", json::Value(r.predicted_step_s));
     if (r.mfu > 0) m.set("mfu", json::Value(r.mfu));
     m.set("peak_mem_bytes", json::Value(r.peak_mem_bytes));

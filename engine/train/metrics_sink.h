@@ -25,7 +25,10 @@ struct StepRecord {
   int64_t skipped_steps = 0;
   bool applied = true;  // false: an fp16 step skipped for inf/NaN gradients
   double tokens_per_s = 0;
-  double step_s = 0;            // wall time of the step
+  double step_s = 0;  // wall time of the step
+  // CPU time this process used in the step (all its threads): below step_s x threads the
+  // process lost its cores to other jobs, or waited without spinning.
+  double cpu_s = 0;
   double predicted_step_s = 0;  // the planner's prediction (0: none)
   double mfu = 0;               // 0: not reported
   int64_t peak_mem_bytes = 0;

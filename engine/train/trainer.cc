@@ -10,6 +10,7 @@
 #include <optional>
 #include <tuple>
 
+#include "base/cpu_time.h"
 #include "base/fault.h"
 #include "base/signal_note.h"
 #include "engine/amp/amp.h"
@@ -793,6 +794,7 @@ TrainResult TrainLoop::run() {
   while (step < o_.steps) {
     if (o_.on_step) o_.on_step(step, true);
     const auto t0 = std::chrono::steady_clock::now();
+    const double cpu0 = process_cpu_seconds();
     memory::allocator_for(o_.device).reset_peak();
     Step s;
     {
@@ -810,6 +812,7 @@ TrainResult TrainLoop::run() {
     result.losses.push_back(s.loss);
     const auto now = std::chrono::steady_clock::now();
     const double dt = std::chrono::duration<double>(now - t0).count();
+    const double cpu_dt = process_cpu_seconds() - cpu0;
     const double elapsed = std::chrono::duration<double>(now - t_start).count();
     double val_loss = NAN, val_accuracy = NAN;
     if (can_eval_ && o_.eval_every > 0 && (step % o_.eval_every == 0 || step == o_.steps)) {
@@ -833,6 +836,7 @@ TrainResult TrainLoop::run() {
     r.applied = s.applied;
     r.tokens_per_s = tokens_per_step / dt;
     r.step_s = dt;
+    r.cpu_s = cpu_dt;
     r.predicted_step_s = o_.predicted_step_s;
     r.predicted_peak_mem_bytes = o_.predicted_peak_mem_bytes;
     if (o_.flops_per_token > 0 && o_.peak_flops > 0)

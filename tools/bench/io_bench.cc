@@ -2,7 +2,6 @@
 #include "tools/bench/io_bench.h"
 
 #include <stdio.h>
-#include <sys/resource.h>
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -16,6 +15,7 @@
 #include <optional>
 #include <thread>
 
+#include "base/cpu_time.h"
 #include "base/crc32c.h"
 #include "base/error.h"
 #include "base/json.h"
@@ -64,14 +64,6 @@ struct Row {
   // for its number. Ours counts every thread of this process.
   double ours_cpu = 0, ours_wall = 0, anchor_cpu = 0, anchor_wall = 0;
 };
-
-// User + system CPU seconds of this process so far.
-double process_cpu_seconds() {
-  rusage u{};
-  ::getrusage(RUSAGE_SELF, &u);
-  auto sec = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec * 1e-6; };
-  return sec(u.ru_utime) + sec(u.ru_stime);
-}
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();

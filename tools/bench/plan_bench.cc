@@ -1,6 +1,5 @@
 #include "tools/bench/plan_bench.h"
 
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -33,7 +32,7 @@ namespace fs = std::filesystem;
 
 struct Options {
   bool quick = false;
-  int steps = 8;
+  int steps = 20;            // the median of steps 2..N: fewer leave the run-to-run spread ~20%
   std::string stat = "cpu";  // cpu | min | median: what the measured step time is
   std::vector<int> worlds = {1, 2};
   std::vector<std::string> models = {"gpt2-tiny", "llama-tiny"};
@@ -187,7 +186,7 @@ struct Row {
   double predicted = 0;
   double measured = 0;  // 0: the run failed
   double wall_min = 0, wall_median = 0;
-  double share = 1;  // CPU time the run's processes got / (ranks x its wall time)
+  double share = 1;  // median over steps of rank 0's CPU time / wall time
   double speed = 1;  // the core's speed probe just before the run / at calibration
   std::string error;
   plan::TimePrediction time;
@@ -228,18 +227,14 @@ double spearman(const std::vector<double>& a, const std::vector<double>& b) {
   return saa > 0 && sbb > 0 ? sab / std::sqrt(saa * sbb) : 0;
 }
 
-double cpu_seconds_of_children() {
-  rusage u{};
-  getrusage(RUSAGE_CHILDREN, &u);
-  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
-         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
-}
-
 // Runs one plan through `mammoth train` and fills the row's step times from the steps after the
-// first; false with the log's tail in `error` when the run fails. The CPU time of the run's
-// processes (reaped through mpirun) over its ranks x wall time is the share of the cores it
-// got: on a machine shared with other jobs, median step x share is the step time the plan would
-// take on cores of its own, which is what calibration's CPU-clock figures predict.
+// first; false with the log's tail in `error` when the run fails. Each step's CPU time over its
+// wall time (rank 0's metrics: `cpu_s`, one thread per rank) is the share of its core the rank
+// got while it trained: on a machine shared with other jobs, median step x median share is the
+// step time the plan would take on cores of its own, which is what calibration's CPU-clock
+// figures predict. A rank that waits for a peer spins (parallel/comm), so waiting counts as
+// its own time and a quiet machine's share is ~1: the measured step is then the wall step.
+// (The whole run's CPU over its wall time would count mpirun's start-up, when ranks sleep.)
 bool measure(const Options& o, const std::string& exe, const std::string& dir, int index, Row& row,
              std::string& error) {
   const std::string base = dir + "/plan" + std::to_string(index);
@@ -251,12 +246,8 @@ bool measure(const Options& o, const std::string& exe, const std::string& dir, i
          " --threads 1 --warmup 1 --eval-every 0 --log-every 1000 --metrics " + base + ".jsonl > " +
          base + ".log 2>&1";
   fs::remove(base + ".jsonl");
-  const double cpu0 = cpu_seconds_of_children();
-  const auto t0 = std::chrono::steady_clock::now();
   const int rc = std::system(cmd.c_str());
-  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const double cpu = cpu_seconds_of_children() - cpu0;
-  std::vector<double> steps;
+  std::vector<double> steps, shares;
   std::ifstream in(base + ".jsonl");
   const double tokens = static_cast<double>(row.plan.global_batch() * row.plan.seq_len);
   for (std::string line; std::getline(in, line);) {
@@ -265,7 +256,9 @@ bool measure(const Options& o, const std::string& exe, const std::string& dir, i
     const json::Value* t = v.find("tokens_per_s");
     const json::Value* s = v.find("step");
     if (t == nullptr || s == nullptr || s->as_int() <= 1) continue;
-    steps.push_back(tokens / t->as_double());
+    const double step = tokens / t->as_double();
+    steps.push_back(step);
+    if (const json::Value* c = v.find("cpu_s")) shares.push_back(c->as_double() / step);
   }
   if (rc != 0 || steps.empty()) {
     std::ifstream log(base + ".log");
@@ -276,7 +269,7 @@ bool measure(const Options& o, const std::string& exe, const std::string& dir, i
   }
   row.wall_min = *std::min_element(steps.begin(), steps.end());
   row.wall_median = median(steps);
-  row.share = std::clamp(cpu / (row.world * wall), 0.05, 1.0);
+  row.share = shares.empty() ? 1.0 : std::clamp(median(shares), 0.05, 1.0);
   row.measured = o.stat == "min"      ? row.wall_min
                  : o.stat == "median" ? row.wall_median
                                       : row.wall_median * row.share;

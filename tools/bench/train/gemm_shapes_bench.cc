@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "base/cpu_time.h"
 #include "base/thread_pool.h"
 #include "engine/amp/amp.h"
 #include "engine/autograd.h"
@@ -28,12 +29,6 @@ struct Shape3 {
   int count;  // per step
 };
 
-double cpu_ms() {
-  timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
-}
-
 // C[M,N] = op(A) op(B) with A stored [M,K] (or [K,M] when ta) and B stored [K,N] (or [N,K]).
 // Median wall ms; `cpu` gets the median process CPU ms (all threads), which load from other
 // processes inflates much less than wall time.
@@ -47,9 +42,9 @@ double time_one(const Shape3& s, int reps, double* cpu) {
   std::vector<double> t, tc;
   for (int r = 0; r < reps; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
-    const double c0 = cpu_ms();
+    const double c0 = process_cpu_seconds() * 1e3;
     c = mammoth::engine::matmul(a, b);
-    tc.push_back(cpu_ms() - c0);
+    tc.push_back(process_cpu_seconds() * 1e3 - c0);
     t.push_back(
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }

@@ -15,6 +15,7 @@
 #include <memory>
 #include <sstream>
 
+#include "base/cpu_time.h"
 #include "base/error.h"
 #include "base/json.h"
 #include "base/thread_pool.h"
@@ -164,12 +165,6 @@ struct Measured {
   double loss = 0;
 };
 
-double process_cpu_ms() {
-  timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) * 1e-6;
-}
-
 Measured bench_ours(models::LanguageModel& model, const Options& o,
                     engine::amp::Precision precision,
                     const std::function<void()>& after_backward = {}) {
@@ -205,9 +200,9 @@ Measured bench_ours(models::LanguageModel& model, const Options& o,
   std::vector<double> times, cpu;
   for (int i = 0; i < o.steps; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
-    const double c0 = process_cpu_ms();
+    const double c0 = process_cpu_seconds() * 1e3;
     step();
-    cpu.push_back(process_cpu_ms() - c0);
+    cpu.push_back(process_cpu_seconds() * 1e3 - c0);
     times.push_back(
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
