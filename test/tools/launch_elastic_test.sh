@@ -44,7 +44,7 @@ echo step_00000004 >"$work/b/latest"
   { cat "$work/b.log"; fail "the hand resume failed"; }
 "$py" - "$work/a.jsonl" "$work/b.jsonl" <<'PY'
 import json, sys
-timing = {"tokens_per_s", "step_s", "peak_mem_bytes", "predicted_peak_mem_bytes"}
+timing = {"tokens_per_s", "step_s", "cpu_s", "peak_mem_bytes", "predicted_peak_mem_bytes"}
 def rows(path):
     return [{k: v for k, v in json.loads(l).items() if k not in timing} for l in open(path)]
 a, b = rows(sys.argv[1]), rows(sys.argv[2])
