@@ -21,6 +21,8 @@ DataParallel::DataParallel(const engine::nn::NamedTensors& params, Communicator&
       << "[data_parallel] --zero must be 0, 1, 2 or 3, got " << options.zero_stage;
   MAMMOTH_CHECK(options.bucket_mb > 0)
       << "[data_parallel] --bucket-mb must be > 0, got " << options.bucket_mb;
+  MAMMOTH_CHECK(options.resident_buckets >= 1)
+      << "[data_parallel] resident_buckets must be >= 1, got " << options.resident_buckets;
   const int n = dp.size();
   DType dtype = params_.empty() ? DType::kF32 : params_[0].second.dtype();
   int64_t bucket_bytes = static_cast<int64_t>(options.bucket_mb * 1024 * 1024);
@@ -212,7 +214,7 @@ void DataParallel::broadcast_parameters() {
   unpin_all(/*refresh_shards=*/true);
 }
 
-// ---- ZeRO-3: full buckets gathered on use, at most kResidentBuckets kept ----
+// ---- ZeRO-3: full buckets gathered on use, at most options_.resident_buckets kept ----
 
 void DataParallel::make_resident(size_t b) {
   Bucket& bk = buckets_[b];
@@ -236,7 +238,7 @@ void DataParallel::make_resident(size_t b) {
       if (i != b && (victim == buckets_.size() || buckets_[i].last_use < buckets_[victim].last_use))
         victim = i;
     }
-    if (resident <= kResidentBuckets || victim == buckets_.size()) break;
+    if (resident <= options_.resident_buckets || victim == buckets_.size()) break;
     release(victim);
   }
 }
@@ -449,7 +451,7 @@ DataParallel::MemoryReport DataParallel::memory(int states) const {
   int64_t largest = 0;
   for (const Bucket& b : buckets_) largest = std::max(largest, b.padded);
   m.params = (options_.zero_stage == 3
-                  ? shard + std::min<int64_t>(kResidentBuckets, num_buckets()) * largest
+                  ? shard + std::min<int64_t>(options_.resident_buckets, num_buckets()) * largest
                   : full) *
              elem;
   m.grads = (options_.zero_stage >= 2 ? shard : full) * elem;

@@ -19,8 +19,11 @@
 //            buckets not yet complete.
 //   stage 3: as stage 2, and the parameters live as shards too: a bucket's full buffer is
 //            all-gathered when a kernel first touches it (the Storage residency hook, called
-//            by every kernel launch) and at most kResidentBuckets stay gathered (least
-//            recently used evicted; all dropped after the optimizer step).
+//            by every kernel launch) and at most options.resident_buckets stay gathered
+//            (least recently used evicted; all dropped after the optimizer step). Every rank
+//            of the group must make the same launches in the same order (the gathers are
+//            collective): a launch reads all its weights even when it has no rows for one
+//            (models/mixtral's grouped GEMMs over experts that got no tokens).
 //
 // Under stages 2 and 3 a bucket is at most 1/kMinShardedBuckets of the model (below
 // `bucket_mb` for small models): the buckets in flight and gathered are the part of a rank's
@@ -61,6 +64,12 @@ struct DataParallelOptions {
   std::string shard_nvme_dir;
   int64_t shard_device_mem = 0;
   int64_t shard_host_mem = 0;
+  // Stage 3: full buckets kept gathered at once (least recently used evicted beyond them). At
+  // least the most distinct buckets one kernel reads: a launch makes every input resident
+  // before it takes their addresses, so a bucket evicted by a later input of the same launch
+  // would be read freed. A weight and a bias: 2; a grouped GEMM over L experts' weights
+  // (models/mixtral): L.
+  int resident_buckets = 2;
 };
 
 // One event of a synchronised backward (DataParallel::trace()).
@@ -107,9 +116,6 @@ class DataParallel final : public engine::train::DataParallelRuntime {
   // After the optimizer step: all-gathers the updated shards (stages 1, 2); stage 3 drops the
   // stale full buckets.
   void after_step() override;
-  // Full buckets stage 3 keeps gathered at once (a kernel reads at most two parameter buckets: a
-  // weight and a bias).
-  static constexpr int kResidentBuckets = 2;
   // Stages 2, 3: full-size gradient buffers alive at once (reductions in flight).
   static constexpr int kMaxInFlight = 2;
   // Stages 2, 3: the fewest buckets a model is cut into (when it has that many parameters).

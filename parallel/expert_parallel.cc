@@ -12,9 +12,10 @@ using engine::Tensor;
 ExpertDataParallel::ExpertDataParallel(const engine::nn::NamedTensors& shared,
                                        const engine::nn::NamedTensors& experts, Communicator& dp,
                                        Communicator& expert_dp, Communicator& ep,
-                                       const DataParallelOptions& options)
+                                       const DataParallelOptions& options,
+                                       const DataParallelOptions& expert_options)
     : shared_(std::make_unique<DataParallel>(shared, dp, options)),
-      experts_(std::make_unique<DataParallel>(experts, expert_dp, options)),
+      experts_(std::make_unique<DataParallel>(experts, expert_dp, expert_options)),
       ep_(ep) {
   MAMMOTH_CHECK(dp.size() == ep.size() * expert_dp.size())
       << "[expert_parallel] dp " << dp.size() << " must be ep " << ep.size() << " x expert-dp "

@@ -35,10 +35,13 @@ namespace mammoth::parallel {
 class ExpertDataParallel final : public engine::train::DataParallelRuntime {
  public:
   // shared: what every dp rank holds; experts: this rank's experts. `ep` is this rank's expert
-  // group (for the gradient norm) and `expert_dp` the ranks holding the same experts.
+  // group (for the gradient norm) and `expert_dp` the ranks holding the same experts. The
+  // experts' options may keep more buckets gathered under ZeRO-3 (one grouped GEMM reads every
+  // local expert's weight: DataParallelOptions::resident_buckets).
   ExpertDataParallel(const engine::nn::NamedTensors& shared,
                      const engine::nn::NamedTensors& experts, Communicator& dp,
-                     Communicator& expert_dp, Communicator& ep, const DataParallelOptions& options);
+                     Communicator& expert_dp, Communicator& ep, const DataParallelOptions& options,
+                     const DataParallelOptions& expert_options);
 
   // Shared parameters from dp rank 0, experts from expert-dp rank 0.
   void broadcast_parameters();

@@ -40,7 +40,7 @@ using models::ModelConfig;
 
 // Constants of the runtime this model follows (parallel/data_parallel.h, engine/offload).
 constexpr int kMaxInFlight = 2;         // ZeRO-2/3 full-size gradient buckets posted at once
-constexpr int kResidentBuckets = 2;     // ZeRO-3 gathered buckets kept
+constexpr int kResidentBuckets = 2;     // ZeRO-3 gathered buckets kept (DataParallelOptions)
 constexpr int kMinShardedBuckets = 16;  // ZeRO-2/3 buckets are at most 1/16 of the model
 constexpr int kOffloadCommBuffers = 4;  // host buffers averaging / broadcasting offload chunks
 // Small tensors a step keeps beside the counted ones (loss scalars, masks, index vectors,
@@ -386,7 +386,10 @@ MemoryPrediction predict_memory(const ModelConfig& c, const ParallelPlan& p) {
       if (p.zero == 3) {
         // kResidentBuckets stay gathered; at the ends of the model (where the peak is) one of
         // them holds the vocabulary table or head, a bucket of its own as it passes the size.
-        const int64_t gathered = std::min<int64_t>(n_buckets, kResidentBuckets);
+        // (A grouped GEMM over a mixture's experts keeps every one of its weights gathered.)
+        const int64_t resident =
+            std::max<int64_t>(kResidentBuckets, c.moe_experts / std::max(1, p.ep));
+        const int64_t gathered = std::min<int64_t>(n_buckets, resident);
         dp_gathered = (first || last ? std::max(bucket_typical, ps.largest) : bucket_typical) +
                       (gathered - 1) * bucket_typical;
       }

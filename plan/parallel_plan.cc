@@ -262,10 +262,6 @@ class Checker {
     if (p_.sp > 1 || p_.sp_mode != "none")
       return say("--ep ", p_.ep, " does not combine with --sp or --sp-mode (got --sp ", p_.sp,
                  " --sp-mode ", p_.sp_mode, "); use --dp with --ep, and --tp or --pp if needed");
-    if (p_.zero > 2)
-      return say("--ep ", p_.ep, " with ZeRO ", p_.zero,
-                 " is not supported (gathered expert parameters are not implemented); use "
-                 "--zero 0, 1 or 2");
     if (p_.offloaded())
       return say("--ep ", p_.ep, " does not combine with --offload/--device-mem/--host-mem");
     if (p_.device != "cpu")
@@ -345,9 +341,10 @@ class Checker {
       if (p_.pp > 1 && p_.amp != "fp32")
         return say("--pp with --amp ", p_.amp, ": ", spec.title,
                    "'s stages carry the router sums with the hidden states, in f32 or f64 only");
-      if (p_.zero > 2 || p_.offloaded())
-        return say("model family ", family, " does not run under ZeRO 3 (--zero ", p_.zero,
-                   ") or offload yet; use --zero 0-2 without --offload/--device-mem/--host-mem");
+      if (p_.offloaded())
+        return say("model family ", family,
+                   " does not run under offload yet; use --zero 0-3 without "
+                   "--offload/--device-mem/--host-mem/--offload-params");
       if (p_.recompute_blocks != 0)
         return say("model family ", family,
                    " does not support activation checkpointing (--recompute-blocks) yet: the "

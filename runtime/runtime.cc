@@ -252,9 +252,13 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
                         << " of this rank's expert group, not here";
       };
     }
+    const parallel::DataParallelOptions options{.zero_stage = plan_.zero,
+                                                .bucket_mb = plan_.bucket_mb};
+    parallel::DataParallelOptions expert_options = options;
+    expert_options.resident_buckets =
+        std::max<int>(options.resident_buckets, static_cast<int>(local));
     p.ep_dp = std::make_unique<parallel::ExpertDataParallel>(
-        shared, experts, dp, *p.expert_dp_group, *p.ep_group,
-        parallel::DataParallelOptions{.zero_stage = plan_.zero, .bucket_mb = plan_.bucket_mb});
+        shared, experts, dp, *p.expert_dp_group, *p.ep_group, options, expert_options);
     p.ep_dp->broadcast_parameters();
     o.dp = p.ep_dp.get();
   } else if (mesh_ && plan_.dp > 1 && !chunked) {
@@ -269,7 +273,9 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
             .bucket_mb = plan_.bucket_mb,
             .shard_nvme_dir = plan_.zero3_shards_on_nvme() ? plan_.nvme_dir : std::string(),
             .shard_device_mem = plan_.device_mem,
-            .shard_host_mem = plan_.host_mem});
+            .shard_host_mem = plan_.host_mem,
+            // A mixture of experts' grouped GEMM reads all its experts' weights at once.
+            .resident_buckets = std::max<int>(2, static_cast<int>(cfg.moe_experts))});
     p.dp->broadcast_parameters();
     o.dp = p.dp.get();
     if (const memory::chunks::ChunkManager* shards = p.dp->shard_chunks()) {

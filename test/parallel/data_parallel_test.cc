@@ -316,8 +316,8 @@ TEST_CASE("ZeRO shards optimizer states and gradients") {
       CHECK(mem.params >= full);
       CHECK(mem.params <= full + dp.num_buckets() * n * 4);  // padding only
     } else {
-      // Shards plus at most kResidentBuckets gathered buckets.
-      REQUIRE(dp.num_buckets() > 2 * parallel::DataParallel::kResidentBuckets);
+      // Shards plus at most resident_buckets gathered buckets.
+      REQUIRE(dp.num_buckets() > 2 * parallel::DataParallelOptions{}.resident_buckets);
       CHECK(mem.params < full);
     }
     if (stage == 0) CHECK(mem.optimizer == 2 * mem.params);

@@ -7,7 +7,8 @@
 #      over the stages into the metrics line;
 #   2. --dp 2 --ep 2 --pp 2 --zero 2 on 4 ranks against --grad-accum 4, and its step-2
 #      checkpoint resumed by one process;
-#   3. the same layout with routers crafted (by transformers) so that expert 3 gets no tokens;
+#   3. the same layout with routers crafted (by transformers) so that expert 3 gets no tokens,
+#      at ZeRO 2 and ZeRO 3;
 #   4. --pp with --tp, and --pp with --amp bf16, refused by name.
 set -euo pipefail
 # shellcheck source=test/models/moe/moe_train_lib.sh
@@ -34,8 +35,11 @@ layout=(--dp 2 --ep 2 --pp 2 --zero 2 --grad-accum 2)
 run_pair ep2_pp2 mixtral-tiny 4 4 "${layout[@]}" --save-dir "$work/ep2_pp2.ck" --save-every 2
 expect_layout ep2_pp2 "dp2 pp2 .* ep2"
 run_pair no_expert3 "$work/no_expert3" 4 4 "${layout[@]}"
-no_eval="pp2 ep2_pp2 no_expert3"
-compare_runs 1e-6 "{'no_expert3': [3]}" pp2 ep2_pp2 no_expert3
+# ZeRO 3 over each stage's replicas, the experts gathered per grouped GEMM by their holders.
+run_pair no_expert3_zero3 "$work/no_expert3" 4 4 --dp 2 --ep 2 --pp 2 --zero 3 --grad-accum 2
+no_eval="pp2 ep2_pp2 no_expert3 no_expert3_zero3"
+compare_runs 1e-6 "{'no_expert3': [3], 'no_expert3_zero3': [3]}" pp2 ep2_pp2 no_expert3 \
+  no_expert3_zero3
 resume_one ep2_pp2 4 1e-6
 
 refuse 4 "Mixtral's tensor-parallel form has no pipeline stages yet" --model mixtral-tiny \
