@@ -5,12 +5,31 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "base/error.h"
 
 namespace mammoth::engine::train {
+
+namespace {
+
+// The numbers of a step's extra metrics as TensorBoard scalars, one tag per number: "train/"
+// then the path of object keys and array indices ("train/moe_load/0/tokens/3").
+void add_extra_scalars(const json::Value& v, const std::string& tag,
+                       std::vector<std::pair<std::string, float>>& out) {
+  if (v.is_number()) {
+    out.emplace_back(tag, static_cast<float>(v.as_double()));
+  } else if (v.is_object()) {
+    for (const json::Value& m : v) add_extra_scalars(m, tag + "/" + m.key(), out);
+  } else if (v.is_array()) {
+    for (size_t i = 0; i < v.size(); ++i)
+      add_extra_scalars(v[i], tag + "/" + std::to_string(i), out);
+  }
+}
+
+}  // namespace
 
 std::string format_duration(double seconds) {
   const int64_t s = static_cast<int64_t>(std::max(0.0, seconds));
@@ -81,6 +100,7 @@ void MetricsSink::record(const StepRecord& r) {
     if (evaluated) scalars.emplace_back("val/loss", static_cast<float>(r.val_loss));
     if (!std::isnan(r.val_accuracy))
       scalars.emplace_back("val/accuracy", static_cast<float>(r.val_accuracy));
+    if (r.extra.is_object()) add_extra_scalars(r.extra, "train", scalars);
     tensorboard_->add_scalars(r.step, scalars);
     tensorboard_->flush();
   }

@@ -75,7 +75,43 @@ def main():
             assert at_step[0].wall_time > 1.6e9
             found += 1
     assert sum("val_loss" in m for m in lines) == 2  # steps 3 and 6
-    print(f"PASS: {found} scalars over {len(lines)} steps, tags {sorted(scalars)}")
+    print(f"{found} scalars over {len(lines)} steps, tags {sorted(scalars)}")
+
+    # A mixture of experts' step metrics (expert load per layer, router losses): every number
+    # of them is a scalar at its step, tagged by its path in the metrics line.
+    tb, metrics = os.path.join(tmp, "tb_moe"), os.path.join(tmp, "moe.jsonl")
+    subprocess.run([mammoth, "train", "--model", "mixtral-tiny", "--data", data, "--steps", "3",
+                    "--micro-batch", "2", "--seq-len", "16", "--eval-every", "0", "--threads", "1",
+                    "--tensorboard", tb, "--metrics", metrics], check=True)
+    lines = [json.loads(l) for l in open(metrics)]
+    assert len(lines) == 3, lines
+    acc = event_accumulator.EventAccumulator(tb, size_guidance={event_accumulator.SCALARS: 0})
+    acc.Reload()
+    scalars = set(acc.Tags()["scalars"])
+
+    def leaves(v, tag):
+        if isinstance(v, dict):
+            for k, x in v.items():
+                yield from leaves(x, f"{tag}/{k}")
+        elif isinstance(v, list):
+            for i, x in enumerate(v):
+                yield from leaves(x, f"{tag}/{i}")
+        else:
+            yield tag, v
+
+    moe = 0
+    for m in lines:
+        extra = {k: m[k] for k in ("moe_load", "moe_aux_loss", "moe_z_loss")}
+        assert len(extra["moe_load"]) == 2 and len(extra["moe_load"][0]["tokens"]) == 4, extra
+        for tag, value in leaves(extra, "train"):
+            assert tag in scalars, f"{tag} missing; have {sorted(scalars)}"
+            at_step = [e for e in acc.Scalars(tag) if e.step == m["step"]]
+            assert len(at_step) == 1, f"{tag} at step {m['step']}: {at_step}"
+            assert at_step[0].value == float(np.float32(value)), (tag, at_step[0].value, value)
+            moe += 1
+    # 2 layers x (4 experts' tokens + dropped) + the two router losses, each step.
+    assert moe == 3 * (2 * 5 + 2), moe
+    print(f"PASS: and {moe} mixture-of-experts scalars over 3 steps, e.g. train/moe_load/0/tokens/3")
 
 
 if __name__ == "__main__":
