@@ -333,11 +333,8 @@ class Checker {
                    ", --sp-mode ", p_.sp_mode,
                    "): the router losses average over every token of a sequence; use --tp "
                    "without --sp-mode");
-      // Its stages carry the router sums with the hidden states, in their f32 / f64.
-      if (p_.pp > 1 && p_.tp > 1)
-        return say("--pp with --tp: ", spec.title,
-                   "'s tensor-parallel form has no pipeline stages yet (its one-device blocks "
-                   "have); use --pp with --dp and --ep");
+      // Its stages (one-device and tensor-parallel) carry the router sums with the hidden
+      // states, in their f32 / f64.
       if (p_.pp > 1 && p_.amp != "fp32")
         return say("--pp with --amp ", p_.amp, ": ", spec.title,
                    "'s stages carry the router sums with the hidden states, in f32 or f64 only");

@@ -285,9 +285,6 @@ void Mixtral::set_expert_parallel(parallel::Communicator* group) {
   models::set_expert_parallel(*model, group);
 }
 
-namespace {
-
-// A stage's activation (Mixtral::pipeline_*): hidden states and router sums in one row.
 Tensor pack_stage(const Tensor& x, const RouterSums& s, int64_t E) {
   const DType dt = x.dtype();
   MAMMOTH_CHECK(dt == DType::kF32 || dt == DType::kF64)
@@ -307,7 +304,6 @@ Tensor pack_stage(const Tensor& x, const RouterSums& s, int64_t E) {
       0);
 }
 
-// The hidden states [B, T, C] and the router sums of a stage's activation.
 std::pair<Tensor, RouterSums> unpack_stage(const Tensor& packed, const Tensor& ids,
                                            const ModelConfig& c) {
   const int64_t B = ids.size(0), T = ids.size(1) - 1, C = c.d_model, E = c.moe_experts;
@@ -325,6 +321,8 @@ std::pair<Tensor, RouterSums> unpack_stage(const Tensor& packed, const Tensor& i
   s.rows = static_cast<int64_t>(counts.back());
   return {packed.slice(0, 0, n).reshape({B, T, C}), std::move(s)};
 }
+
+namespace {
 
 // The blocks after a forward (the router state the losses read).
 std::vector<MixtralSparseMoeBlock*> routed_blocks(const engine::nn::Module& model) {

@@ -47,6 +47,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/nn/module.h"
@@ -182,6 +183,13 @@ engine::Tensor moe_z_loss(const RouterSums& sums);
 // `loss` (the cross-entropy) plus the router losses `c` asks for (Mixtral::loss's rule).
 engine::Tensor with_router_losses(const engine::Tensor& loss, const ModelConfig& c,
                                   const RouterSums& sums);
+
+// A pipeline stage's activation (Mixtral's and its sharded form's pipeline_*): the hidden
+// states [B, T, C] and the router sums in one row of B*T*C + 2E + 2 values (f32 or f64), for a
+// window `ids` [B, T + 1] whose first T positions are routed.
+engine::Tensor pack_stage(const engine::Tensor& x, const RouterSums& sums, int64_t experts);
+std::pair<engine::Tensor, RouterSums> unpack_stage(const engine::Tensor& packed,
+                                                   const engine::Tensor& ids, const ModelConfig& c);
 
 // What Mixtral and its sharded form (models/policies) share, over the MoE blocks below `model`
 // in layer order. The router losses and loads are those of the last forward.

@@ -8,7 +8,8 @@
 //
 // and the sharded top is LLaMA's: a vocab-parallel embedding and head (or, tied, the embedding
 // table) whose logits stay split into the vocab-parallel cross-entropy, replicated RMSNorms.
-// The loss adds the router losses of this forward, which every tp rank computes alike.
+// The loss adds the router losses of this forward, which every tp rank computes alike; its
+// pipeline stages carry the router sums with the hidden states, as Mixtral's do.
 //
 // Sequence parallelism (split_gather, ulysses, ring) is not a form of this model: each rank
 // would route only its positions, and the router losses average over all of them.
@@ -77,27 +78,44 @@ class TpMixtral : public ShardedDecoder {
     set_layer_specs();
   }
 
+  Tensor forward(const Tensor& ids) override {
+    const int64_t T = ids.size(1);
+    return gather_logits(local_logits(decode(ids)), plan_sequence(T), T, config_.vocab_size);
+  }
   Tensor loss(const Tensor& ids, const Tensor& targets) override {
-    return with_router_losses(ShardedDecoder::loss(ids, targets), config_, *model);
+    const Tensor logits = local_logits(decode(ids));
+    return with_router_losses(loss_from_local(logits, logit_rows(plan_sequence(ids.size(1))), ids,
+                                              targets, vocab_start(), config_.vocab_size),
+                              config_, *model);
   }
-  // Pipeline stages are refused for mixtral (plan/parallel_plan.cc): the router losses span
-  // every layer.
-  bool supports_pipeline() const override { return false; }
 
+  // Pipeline stages as the one-device Mixtral's: a window ids [B, T + 1] routes its first T
+  // positions, and each stage's activation carries the router sums of the layers so far
+  // (pack_stage), so the last stage adds every layer's router losses. Every tp rank routes
+  // alike (the MoE input is replicated), so the sums are the same on all of them.
   Tensor pipeline_embed(const Tensor& ids) override {
-    MAMMOTH_CHECK(ids.dim() == 2 && ids.dtype() == DType::kI64)
-        << "[TpMixtral::forward] ids must be i64 [B, T], got " << engine::shape_str(ids.shape());
-    MAMMOTH_CHECK(ids.size(1) <= config_.max_seq)
-        << "[TpMixtral::forward] " << ids.size(1) << " positions exceed max_seq "
-        << config_.max_seq;
-    // A recomputed block would route again under no grad and lose the router losses' graph.
-    MAMMOTH_CHECK(!is_training() || recompute_blocks_ == 0)
-        << "[Mixtral] activation checkpointing (--recompute-blocks) is not supported for mixtral "
-           "yet";
-    return model->embed_tokens->forward(ids);
+    const int64_t T = ids.size(1) - 1;
+    MAMMOTH_CHECK(T >= 1) << "[TpMixtral::pipeline_embed] a window of " << ids.size(1)
+                          << " tokens has no positions to predict";
+    return pack_stage(embed(ids.slice(1, 0, T)), RouterSums{}, config_.moe_experts);
   }
-  Tensor pipeline_block(int64_t l, const Tensor& x, const Tensor&) override {
-    return (*model->layers)[static_cast<size_t>(l)].forward(x, nullptr, l);
+  Tensor pipeline_block(int64_t l, const Tensor& x, const Tensor& ids) override {
+    auto [h, sums] = unpack_stage(x, ids, config_);
+    const MixtralDecoderLayer& layer = (*model->layers)[static_cast<size_t>(l)];
+    h = layer.forward(h, nullptr, l);
+    sums.add(*layer.block_sparse_moe);  // this micro-batch's, before another replaces it
+    return pack_stage(h, sums, config_.moe_experts);
+  }
+  PipelinePart pipeline_part(const std::string& name) const override {
+    return llama_pipeline_part(name, config_.tie_embeddings);
+  }
+  Tensor pipeline_loss(const Tensor& x, const Tensor& ids) override {
+    const auto [h, sums] = unpack_stage(x, ids, config_);
+    const int64_t T = ids.size(1) - 1;
+    const Tensor loss =
+        loss_from_local(local_logits(h), logit_rows(plan_sequence(T)), ids.slice(1, 0, T),
+                        ids.slice(1, 1, T + 1), vocab_start(), config_.vocab_size);
+    return with_router_losses(loss, config_, sums);
   }
 
   std::shared_ptr<TpMixtralModel> model;
@@ -111,6 +129,26 @@ class TpMixtral : public ShardedDecoder {
                           model->embed_tokens->weight);
   }
   int64_t vocab_start() const override { return model->embed_tokens->vocab_start(); }
+
+  Tensor embed(const Tensor& ids) const {
+    MAMMOTH_CHECK(ids.dim() == 2 && ids.dtype() == DType::kI64)
+        << "[TpMixtral::forward] ids must be i64 [B, T], got " << engine::shape_str(ids.shape());
+    MAMMOTH_CHECK(ids.size(1) <= config_.max_seq)
+        << "[TpMixtral::forward] " << ids.size(1) << " positions exceed max_seq "
+        << config_.max_seq;
+    // A recomputed block would route again under no grad and lose the router losses' graph.
+    MAMMOTH_CHECK(!is_training() || recompute_blocks_ == 0)
+        << "[Mixtral] activation checkpointing (--recompute-blocks) is not supported for mixtral "
+           "yet";
+    return model->embed_tokens->forward(ids);
+  }
+  // The last decoder layer's output [B, T, C] for ids [B, T].
+  Tensor decode(const Tensor& ids) const {
+    Tensor x = embed(ids);
+    for (int64_t l = 0; l < config_.n_layer; ++l)
+      x = (*model->layers)[static_cast<size_t>(l)].forward(x, nullptr, l);
+    return x;
+  }
 };
 
 }  // namespace

@@ -259,10 +259,12 @@ TEST_CASE("expert parallelism: --ep's rules name what is wrong") {
         "dp4 pp1 tp1 sp1 (tp-sp-dp-pp) ep2 mb8x1 seq 64 zero2 offload none fp32");
 }
 
-TEST_CASE("mixtral runs under tp, pp and ep x pp, not under a sequence split or pp x tp") {
+TEST_CASE("mixtral runs under tp, pp, pp x tp and ep x pp, not under a sequence split") {
   const models::ModelConfig mixtral = models::resolve_config("mixtral-tiny");
   CHECK(check(with([](ParallelPlan& p) { p.tp = 2; }), {.world = 2, .model = &mixtral}) == "");
   CHECK(check(with([](ParallelPlan& p) { p.pp = 2; }), {.world = 2, .model = &mixtral}) == "");
+  CHECK(check(with([](ParallelPlan& p) { p.pp = 2, p.tp = 2; }), {.world = 4, .model = &mixtral}) ==
+        "");
   CHECK(check(with([](ParallelPlan& p) { p.dp = 2, p.ep = 2, p.pp = 2, p.zero = 2; }),
               {.world = 4, .model = &mixtral}) == "");
   CHECK(check(with([](ParallelPlan& p) { p.dp = 2, p.zero = 3; }),
@@ -273,8 +275,6 @@ TEST_CASE("mixtral runs under tp, pp and ep x pp, not under a sequence split or 
       {with([](ParallelPlan& p) { p.sp = 2, p.sp_mode = "ulysses"; }),
        "the router losses average over every token"},
       {with([](ParallelPlan& p) { p.sp = 2, p.sp_mode = "ring"; }), "--sp-mode ring"},
-      {with([](ParallelPlan& p) { p.pp = 2, p.tp = 2; }),
-       "Mixtral's tensor-parallel form has no pipeline stages yet"},
       {with([](ParallelPlan& p) { p.pp = 2, p.amp = "bf16"; }),
        "Mixtral's stages carry the router sums with the hidden states"},
       {with([](ParallelPlan& p) { p.dp = 2, p.offload = "host"; }),

@@ -9,7 +9,9 @@
 #      checkpoint resumed by one process;
 #   3. the same layout with routers crafted (by transformers) so that expert 3 gets no tokens,
 #      at ZeRO 2 and ZeRO 3;
-#   4. --pp with --tp, and --pp with --amp bf16, refused by name.
+#   4. --pp 2 --tp 2 (the tensor-parallel form's stages) against one process, and every axis at
+#      once: --dp 2 --ep 2 --pp 2 --tp 2 --zero 3 on 8 ranks against --grad-accum 4;
+#   5. --pp with --amp bf16 refused by name.
 set -euo pipefail
 # shellcheck source=test/models/moe/moe_train_lib.sh
 source "${BASH_SOURCE[0]%/*}/moe_train_lib.sh" "$1" "$2" mixtral_pp
@@ -37,13 +39,17 @@ expect_layout ep2_pp2 "dp2 pp2 .* ep2"
 run_pair no_expert3 "$work/no_expert3" 4 4 "${layout[@]}"
 # ZeRO 3 over each stage's replicas, the experts gathered per grouped GEMM by their holders.
 run_pair no_expert3_zero3 "$work/no_expert3" 4 4 --dp 2 --ep 2 --pp 2 --zero 3 --grad-accum 2
-no_eval="pp2 ep2_pp2 no_expert3 no_expert3_zero3"
+# pp 2 x tp 2: the tensor-parallel form's stages carry the router sums too.
+run_pair pp2_tp2 mixtral-tiny 4 2 --pp 2 --tp 2 --grad-accum 2
+expect_layout pp2_tp2 "dp1 pp2 tp2"
+# Every axis in one mesh: dp 2 x ep 2 x pp 2 x tp 2 at ZeRO 3 on 8 ranks.
+run_pair all_axes mixtral-tiny 8 4 --dp 2 --ep 2 --pp 2 --tp 2 --zero 3 --grad-accum 2
+expect_layout all_axes "dp2 pp2 tp2 .* ep2"
+no_eval="pp2 ep2_pp2 no_expert3 no_expert3_zero3 pp2_tp2 all_axes"
 compare_runs 1e-6 "{'no_expert3': [3], 'no_expert3_zero3': [3]}" pp2 ep2_pp2 no_expert3 \
-  no_expert3_zero3
+  no_expert3_zero3 pp2_tp2 all_axes
 resume_one ep2_pp2 4 1e-6
 
-refuse 4 "Mixtral's tensor-parallel form has no pipeline stages yet" --model mixtral-tiny \
-  --pp 2 --tp 2
 refuse 2 "Mixtral's stages carry the router sums with the hidden states" --model mixtral-tiny \
   --pp 2 --amp bf16
 echo PASS
