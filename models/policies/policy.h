@@ -244,10 +244,10 @@ class ShardedVit : public Model, public ShardLayout {
   virtual engine::Tensor loss(const engine::Tensor& pixels, const engine::Tensor& labels) = 0;
 };
 
-// BERT's sequence classification in its tensor-parallel form (tp, and split_gather over it):
-// BertForSequenceClassification's logits [B, num_labels], the same on every rank, from ids
-// i64 [B, T] and attention_mask [B, T] (nonzero: a real token; undefined: every token). Ulysses
-// and ring attention take no attention mask, so those modes are refused.
+// BERT's sequence classification in its tensor/sequence-parallel form (tp, split_gather over
+// it, Ulysses and ring over sp): BertForSequenceClassification's logits [B, num_labels], the
+// same on every rank, from ids i64 [B, T] and attention_mask [B, T] (nonzero: a real token;
+// undefined: every token), which is the key mask in every mode.
 class ShardedSequenceClassifier {
  public:
   virtual ~ShardedSequenceClassifier() = default;
