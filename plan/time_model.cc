@@ -43,7 +43,10 @@ int axis_size(const ParallelPlan& p, const std::string& axis) {
 // Ranks of one group of `axis` are `stride` apart, stride = the product of the axes that vary
 // faster (parallel/mesh.h). The group stays on NVLink when it fits in an aligned span of a node;
 // otherwise its ring crosses nodes and each GPU's inter-node link bounds it.
-const Link& group_link(const ParallelPlan& p, const std::string& axis, const Cluster& c) {
+// `size` > 0: a group of that many consecutive ranks of the axis (an expert group of ep dp
+// ranks) instead of the whole axis.
+const Link& group_link(const ParallelPlan& p, const std::string& axis, const Cluster& c,
+                       int size = 0) {
   int64_t stride = 1;
   std::stringstream order(p.order);
   std::string a;
@@ -51,7 +54,7 @@ const Link& group_link(const ParallelPlan& p, const std::string& axis, const Clu
     if (a == axis) break;
     stride *= axis_size(p, a);
   }
-  const int64_t span = stride * axis_size(p, axis);
+  const int64_t span = stride * (size > 0 ? size : axis_size(p, axis));
   return span <= c.devices_per_node && c.devices_per_node % span == 0 ? c.intra_node : c.inter_node;
 }
 
@@ -320,6 +323,18 @@ TimePrediction TimeModel::evaluate(const ParallelPlan& plan, bool bound_only) {
       block.b_comm += std::max(0.0, 2 * ring - 2 * attn_core / peak);
     }
   }
+  // Expert parallelism: per MoE block and micro-batch the routed rows (b s k of d_model) go to
+  // their experts' ranks and come back, forward and again backward (4 all_to_all_v, what
+  // expert_exchange_bytes_per_step counts, there in the model's dtype: the CPU runtime's
+  // autocast keeps activations f32), after an all_to_all of the row counts (latency); the
+  // runtime waits for each, so none is hidden.
+  const bool ep = plan.ep > 1 && cfg.moe_experts > 0;
+  if (ep) {
+    const Link& l = group_link(plan, "dp", c, plan.ep);
+    const double rows = tokens * static_cast<double>(cfg.moe_top_k) * h * elem;
+    block.f_comm += 2 * all_to_all(rows, plan.ep, l) + (plan.ep - 1.0) * l.latency;
+    block.b_comm += 2 * all_to_all(rows, plan.ep, l);
+  }
   // Recompute: the block's forward (and its collectives) again at the start of its backward.
   block.b_compute += rc * block.f_compute;
   block.b_comm += rc * block.f_comm;
@@ -387,6 +402,11 @@ TimePrediction TimeModel::evaluate(const ParallelPlan& plan, bool bound_only) {
   no_blocks.n_layer = 0;
   const double outside = static_cast<double>(models::count_parameters(no_blocks));
   const double block_params = (static_cast<double>(params_all) - outside) / L;
+  // A MoE block's experts (SwiGLU, no biases): under --ep a rank holds 1/ep of them, reduced
+  // over the ep-th of dp that holds the same ones.
+  const double expert_params =
+      3.0 * static_cast<double>(cfg.moe_experts) * h * static_cast<double>(cfg.d_ff);
+  const double held_expert_params = ep ? expert_params / plan.ep : expert_params;
   const double embed_params = static_cast<double>(a.embedding_params);
   // The last stage holds the head (and, tied, a copy of the embedding it shares) and final norm.
   const double last_params =
@@ -398,14 +418,16 @@ TimePrediction TimeModel::evaluate(const ParallelPlan& plan, bool bound_only) {
 
   struct Rank {
     Piece piece;
-    double params = 0;  // this rank's parameters (tp shard), before ZeRO
+    double params = 0;   // this rank's parameters (tp shard), before ZeRO
+    double experts = 0;  // of which its experts' (whole on every tp rank)
   };
   std::vector<Rank> ranks(static_cast<size_t>(pp));
   for (int st = 0; st < stages; ++st) {
     Rank& r = ranks[static_cast<size_t>(st % pp)];
     const double layers = static_cast<double>(cut[st + 1] - cut[st]);
     r.piece = add(r.piece, scaled(block, layers));
-    r.params += layers * block_params / tp;
+    r.params += layers * ((block_params - expert_params) / tp + held_expert_params);
+    r.experts += layers * held_expert_params;
     if (st == 0) r.params += embed_params / tp;
     if (st == stages - 1) {
       r.piece = add(r.piece, head);
@@ -415,12 +437,18 @@ TimePrediction TimeModel::evaluate(const ParallelPlan& plan, bool bound_only) {
   // ZeRO-3 gathers each micro-batch's parameters before its forward and again before its
   // backward, prefetched behind the compute: only the excess shows.
   double f = 0, bw = 0, w = 0, comm_tp = 0, comm_pp = 0, zero3 = 0, compute = 0;
-  double stage0_params = ranks[0].params, max_params = 0, stage0_back = 0;
+  double stage0_params = ranks[0].params, max_params = 0, max_local = 0, stage0_back = 0;
+  // The optimizer's share of a rank: sharded by ZeRO >= 1 (and by chunk ownership under offload
+  // with dp) over dp, its experts over dp / ep.
+  const bool sharded_states = plan.zero >= 1 || plan.offloaded();
+  const double shared_div = sharded_states ? dp : 1;
+  const double expert_div = sharded_states ? (ep ? dp / plan.ep : dp) : 1;
   for (const Rank& r : ranks) {
     const Piece& x = r.piece;
     double z_f = 0, z_b = 0;
     if (plan.zero == 3 && dp > 1) {
-      const double ag = all_gather(r.params * param_elem, dp, dp_link);
+      const double ag = all_gather((r.params - r.experts) * param_elem, dp, dp_link) +
+                        all_gather(r.experts * param_elem, ep ? dp / plan.ep : dp, dp_link);
       z_f = c.overlaps_communication ? std::max(0.0, ag - x.f_compute) : ag;
       z_b = c.overlaps_communication ? std::max(0.0, ag - x.b_compute - x.w_compute) : ag;
     }
@@ -438,6 +466,7 @@ TimePrediction TimeModel::evaluate(const ParallelPlan& plan, bool bound_only) {
       compute = x.f_compute + x.b_compute + x.w_compute;
     }
     max_params = std::max(max_params, r.params);
+    max_local = std::max(max_local, (r.params - r.experts) / shared_div + r.experts / expert_div);
   }
   stage0_back = ranks[0].piece.b_compute + ranks[0].piece.w_compute;
   const double span = makespan(plan.pp_schedule, pp, m, plan.virtual_stages, f, bw, w);
@@ -451,15 +480,19 @@ TimePrediction TimeModel::evaluate(const ParallelPlan& plan, bool bound_only) {
 
   // Gradients: summed over the sequence split (ulysses / ring replicate every parameter over
   // sp), then over dp. Stage 0 finishes the step last, so its reduction is what shows.
+  // Under --ep the shared parameters reduce over dp and the experts over dp / ep.
   double dp_time = 0;
   const double grads = stage0_params * grad_elem;
   if (sp > 1 && seq_on_sp) dp_time += all_reduce(grads, sp, group_link(plan, "sp", c));
-  if (dp > 1) {
+  const double stage0_experts = ranks[0].experts;
+  for (const auto& [count, n] : {std::pair{stage0_params - (ep ? stage0_experts : 0.0), dp},
+                                 std::pair{ep ? stage0_experts : 0.0, ep ? dp / plan.ep : 1}}) {
+    if (n <= 1 || count <= 0) continue;
     if (plan.zero == 0 || plan.offloaded()) {
-      dp_time += all_reduce(grads, dp, dp_link);
+      dp_time += all_reduce(count * grad_elem, n, dp_link);
     } else {
-      dp_time += reduce_scatter(grads, dp, dp_link);
-      if (plan.zero < 3) dp_time += all_gather(stage0_params * param_elem, dp, dp_link);
+      dp_time += reduce_scatter(count * grad_elem, n, dp_link);
+      if (plan.zero < 3) dp_time += all_gather(count * param_elem, n, dp_link);
     }
   }
   // Buckets are reduced as they fill during the backward, so the last bucket's share of the
@@ -471,9 +504,8 @@ TimePrediction TimeModel::evaluate(const ParallelPlan& plan, bool bound_only) {
                                      ? std::max(last_bucket, dp_time - stage0_back)
                                      : dp_time);
 
-  // The optimizer walks the largest rank's parameters (sharded by ZeRO >= 1, and by chunk
-  // ownership under offload with dp).
-  const double local = max_params / (plan.zero >= 1 || plan.offloaded() ? dp : 1);
+  // The optimizer walks the largest rank's share of the parameters.
+  const double local = max_local;
   constexpr double kAdamBytes = 32;  // read master, grad, m, v; write master, m, v, 16-bit copy
   if (plan.offload == "host" || plan.offload == "nvme") {
     const double cpu = local * kAdamBytes / (c.host_memory_bandwidth / c.devices_per_node);

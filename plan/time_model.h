@@ -17,6 +17,10 @@
 //                passes K and V sp - 1 times behind the attention compute. Ring algorithms,
 //                alpha-beta per link level: a group inside a node uses NVLink, else the
 //                per-GPU inter-node link. Not overlapped with compute (the runtime does not).
+//   ep           expert parallelism (--ep): each MoE block's token exchanges, 4 all_to_all_v
+//                per micro-batch over the expert group, not overlapped (counted with tp/sp's
+//                collectives); a rank holds 1/ep of the experts, whose gradients reduce over
+//                dp / ep, and its optimizer walks that share.
 //   pipeline     the schedule simulator (parallel/pipeline/schedule.h) fed with the
 //                bottleneck rank's forward, input-gradient and weight-gradient costs per
 //                micro-batch (stage cut as the plan says), point-to-point activation sends
@@ -71,7 +75,7 @@ struct TimeOptions {
 
 struct TimeBreakdown {   // seconds per step; the parts add up to the step time
   double compute = 0;    // GEMMs and memory-bound operations, recompute included
-  double tp_comm = 0;    // exposed tp / sp collectives
+  double tp_comm = 0;    // exposed tp / sp collectives and ep token exchanges
   double pp_comm = 0;    // pipeline point-to-point sends on the critical path
   double pp_bubble = 0;  // idle time of the bottleneck rank in the schedule
   double dp_comm = 0;    // exposed dp / ZeRO collectives

@@ -89,6 +89,36 @@ TEST_CASE("a tp group beyond a node pays the inter-node link", "[plan][time]") {
   CHECK(across.parts.tp_comm > 8 * in_node.parts.tp_comm);
 }
 
+TEST_CASE("expert parallelism pays its token exchanges and holds 1/ep of the experts",
+          "[plan][time]") {
+  const models::ModelConfig config = models::resolve_config("mixtral-8x7b");
+  const Cluster cluster = load_cluster("dgx_a100_80gb");
+  TimeModel model(config, cluster);
+  ParallelPlan one = layout(8, 1, 1, 1, 4, 4096);
+  one.device = "cpu";  // --ep runs on the CPU backend; the model costs it on the cluster
+  one.amp = "fp32";    // the rows travel in the activations' dtype, which is then the model's
+  REQUIRE(check(one, {.model = &config}).empty());
+  ParallelPlan ep = one;
+  ep.ep = 4;
+  REQUIRE(check(ep, {.model = &config}).empty());
+  const TimePrediction a = model.predict(one), b = model.predict(ep);
+  // The exchanges' bytes are expert_exchange_bytes_per_step's, at the NVLink rate (4 consecutive
+  // dp ranks of one 8-GPU node); each exchange also waits one latency per peer, and the row
+  // counts' all_to_all one more per block forward.
+  const Link& l = cluster.intra_node;
+  const double L = static_cast<double>(config.n_layer), m = 4, peers = 3;
+  const double expected =
+      static_cast<double>(expert_exchange_bytes_per_step(ep, config)) / l.bandwidth +
+      m * L * (4 + 1) * peers * l.latency;
+  CHECK(b.parts.tp_comm - a.parts.tp_comm == Approx(expected).epsilon(1e-9));
+  CHECK(a.parts.tp_comm == 0);
+  // The same compute; the optimizer walks a quarter of the experts (ZeRO 0: no other sharding),
+  // and the experts' gradients reduce over 2 ranks instead of 8.
+  CHECK(b.parts.compute == Approx(a.parts.compute));
+  CHECK(b.parts.optimizer < 0.5 * a.parts.optimizer);
+  CHECK(b.parts.dp_comm < a.parts.dp_comm);
+}
+
 TEST_CASE("repeated blocks share one cost", "[plan][time]") {
   models::ModelConfig a = testing::megatron_gpt(24, 4096, 32);
   models::ModelConfig b = a;
