@@ -68,6 +68,26 @@ assert worst < 1e-5, worst
 PY
 }
 
+# zero_stages STEPS EVERY ARGS...: one process trained ARGS into $work/dp1.jsonl (its global
+# batch as two micro-batches); dp 2 with one micro-batch per rank at ZeRO 1, 2 and 3 gives the
+# same curve over STEPS steps, and the ZeRO-3 run's step-EVERY checkpoint (each rank writes its
+# shards) resumes on one process.
+zero_stages() {
+  local steps="$1" every="$2" z
+  shift 2
+  for z in 1 2 3; do
+    bash "$mpirun" -np 2 "$mammoth" train "$@" --grad-accum 1 --zero "$z" --save-every "$every" \
+      --save-dir "$work/ck_zero$z" --metrics "$work/zero$z.jsonl" 2>"$work/zero$z.log" ||
+      { cat "$work/zero$z.log"; fail "dp 2 --zero $z failed"; }
+    same_curve "$work/dp1.jsonl" "$work/zero$z.jsonl" "$steps"
+  done
+  resume_at "$work/ck_zero3" "$every"
+  "$mammoth" train "$@" --save-dir "$work/ck_zero3_resume" --resume \
+    --metrics "$work/zero3_on_one.jsonl" 2>"$work/zero3_on_one.log" ||
+    { cat "$work/zero3_on_one.log"; fail "a ZeRO-3 checkpoint did not resume on one process"; }
+  close_tail "$work/dp1.jsonl" "$work/zero3_on_one.jsonl" $((every + 1)) "$steps"
+}
+
 # refused PATTERN ARGS...: `mammoth train --steps 1 ARGS` fails and its error says PATTERN.
 refused() {
   local pattern="$1"

@@ -134,19 +134,8 @@ one=(--model bert-tiny --task classify --train-file "$work/train.jsonl" --tokeni
 bash "$mpirun" -np 2 "$mammoth" train "${one[@]}" --grad-accum 1 --metrics "$work/dp2.jsonl" \
   2>"$work/dp2.log" || { cat "$work/dp2.log"; fail "dp 2 failed"; }
 same_curve "$work/dp1.jsonl" "$work/dp2.jsonl" 8
-# ZeRO 1, 2 and 3 over the same dp 2: one process's curve; a ZeRO-3 checkpoint (each rank
-# writes its shards) resumes on one process.
-for z in 1 2 3; do
-  bash "$mpirun" -np 2 "$mammoth" train "${one[@]}" --grad-accum 1 --zero "$z" --save-every 4 \
-    --save-dir "$work/ck_zero$z" --metrics "$work/zero$z.jsonl" 2>"$work/zero$z.log" ||
-    { cat "$work/zero$z.log"; fail "dp 2 --zero $z failed"; }
-  same_curve "$work/dp1.jsonl" "$work/zero$z.jsonl" 8
-done
-resume_at "$work/ck_zero3" 4
-"$mammoth" train "${one[@]}" --save-dir "$work/ck_zero3_resume" --resume \
-  --metrics "$work/zero3_on_one.jsonl" 2>"$work/zero3_on_one.log" ||
-  { cat "$work/zero3_on_one.log"; fail "a ZeRO-3 checkpoint did not resume on one process"; }
-close_tail "$work/dp1.jsonl" "$work/zero3_on_one.jsonl" 5 8
+# ZeRO 1, 2 and 3 over the same dp 2, and a ZeRO-3 checkpoint resumed on one process.
+zero_stages 8 4 "${one[@]}"
 # tp 2, with and without split_gather, and sp 2 under Ulysses and ring (padded rows masked as
 # keys in each): the curve and the validation accuracy are one process's; a tp 2 checkpoint
 # resumes on one process.

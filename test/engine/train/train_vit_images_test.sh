@@ -89,19 +89,8 @@ one=(--model vit-tiny --images "$work/images" --steps 10 --micro-batch 8 --grad-
 bash "$mpirun" -np 2 "$mammoth" train "${one[@]}" --micro-batch 8 --grad-accum 1 \
   --metrics "$work/dp2.jsonl" 2>"$work/dp2.log" || { cat "$work/dp2.log"; fail "dp 2 failed"; }
 same_curve "$work/dp1.jsonl" "$work/dp2.jsonl" 10
-# ZeRO 1, 2 and 3 over the same dp 2: one process's curve; a ZeRO-3 checkpoint (each rank
-# writes its shards) resumes on one process.
-for z in 1 2 3; do
-  bash "$mpirun" -np 2 "$mammoth" train "${one[@]}" --micro-batch 8 --grad-accum 1 --zero "$z" \
-    --save-every 5 --save-dir "$work/ck_zero$z" --metrics "$work/zero$z.jsonl" \
-    2>"$work/zero$z.log" || { cat "$work/zero$z.log"; fail "dp 2 --zero $z failed"; }
-  same_curve "$work/dp1.jsonl" "$work/zero$z.jsonl" 10
-done
-resume_at "$work/ck_zero3" 5
-"$mammoth" train "${one[@]}" --save-dir "$work/ck_zero3_resume" --resume \
-  --metrics "$work/zero3_on_one.jsonl" 2>"$work/zero3_on_one.log" ||
-  { cat "$work/zero3_on_one.log"; fail "a ZeRO-3 checkpoint did not resume on one process"; }
-close_tail "$work/dp1.jsonl" "$work/zero3_on_one.jsonl" 6 10
+# ZeRO 1, 2 and 3 over the same dp 2, and a ZeRO-3 checkpoint resumed on one process.
+zero_stages 10 5 "${one[@]}"
 
 # tp 2, sp 2 (Ulysses, ring) and tp 2 with split_gather: ViT's policy form trains; the curve and
 # the validation accuracy are one process's. A tp 2 checkpoint resumes under tp 2 bitwise and
