@@ -469,7 +469,6 @@ void TrainingRuntime::assemble_classifier(std::shared_ptr<models::Model> model,
                                           engine::train::TrainOptions& o) {
   MAMMOTH_CHECK(model_ == nullptr && classifier_ == nullptr) << "[runtime] assemble() runs once";
   const models::FamilySpec& spec = models::family_spec(model->config().family);
-  const std::string family = spec.name;
   plan::validate(plan_, {.model = &model->config(), .task = plan::Task::kClassifier});
   const models::SpMode sp_mode = models::sp_mode_from_name(plan_.sp_mode);
   const bool sharded = plan_.tp * plan_.sp > 1 || sp_mode != models::SpMode::kNone;
