@@ -42,9 +42,9 @@ double time_one(const Shape3& s, int reps, double* cpu) {
   std::vector<double> t, tc;
   for (int r = 0; r < reps; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
-    const double c0 = process_cpu_seconds() * 1e3;
+    const double c0 = mammoth::process_cpu_seconds() * 1e3;
     c = mammoth::engine::matmul(a, b);
-    tc.push_back(process_cpu_seconds() * 1e3 - c0);
+    tc.push_back(mammoth::process_cpu_seconds() * 1e3 - c0);
     t.push_back(
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
