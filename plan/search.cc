@@ -28,7 +28,7 @@ std::vector<int64_t> divisors(int64_t n) {
 // The fixed order of the tie-break after time and memory: smaller degrees and simpler choices
 // first, so that of two plans predicted equal the one with less machinery wins.
 auto tie_key(const ParallelPlan& p) {
-  return std::make_tuple(p.tp, p.sp, p.pp, p.sp_mode, p.pp_schedule, p.virtual_stages,
+  return std::make_tuple(p.tp, p.sp, p.pp, p.ep, p.sp_mode, p.pp_schedule, p.virtual_stages,
                          -p.micro_batch, p.zero, p.offload, p.recompute_blocks);
 }
 
@@ -237,40 +237,51 @@ SearchResult search(const models::ModelConfig& config, const Cluster& cluster,
         }
       }
     }
+    // Expert parallelism (a mixture of experts): groups of ep dp ranks that split the experts.
+    // Its exchanges only add to the compute bound, so the core's bound holds for every ep.
+    std::vector<int> eps = {1};
+    if (config.moe_experts > 0) {
+      for (int64_t d : divisors(core.plan.dp)) {
+        if (d > 1 && config.moe_experts % d == 0) eps.push_back(static_cast<int>(d));
+      }
+    }
     for (const auto& [schedule, v] : schedules) {
       for (int zero : o.zero_stages) {
         if (zero > 0 && core.plan.dp == 1) continue;
         for (const std::string& offload : o.offloads) {
-          ParallelPlan p = core.plan;
-          p.pp_schedule = schedule;
-          p.virtual_stages = v;
-          p.zero = zero;
-          p.offload = offload;
-          ++result.candidates;
-          if (refused(p)) {
-            ++result.invalid;
-            continue;
-          }
-          std::string note = p.device == "cpu" ? "" : check(p, context);
-          if (o.runnable_only && !note.empty()) {
-            ++result.invalid;
-            continue;
-          }
-          RankedPlan r;
-          if (o.check_memory) {
-            r.memory = predict_memory(config, p);
-            if (!memory_misfit(r.memory, cluster, o.count_model_copy).empty()) {
-              ++result.over_memory;
+          for (int ep : eps) {
+            ParallelPlan p = core.plan;
+            p.pp_schedule = schedule;
+            p.virtual_stages = v;
+            p.zero = zero;
+            p.offload = offload;
+            p.ep = ep;
+            ++result.candidates;
+            if (refused(p)) {
+              ++result.invalid;
               continue;
             }
+            std::string note = p.device == "cpu" ? "" : check(p, context);
+            if (o.runnable_only && !note.empty()) {
+              ++result.invalid;
+              continue;
+            }
+            RankedPlan r;
+            if (o.check_memory) {
+              r.memory = predict_memory(config, p);
+              if (!memory_misfit(r.memory, cluster, o.count_model_copy).empty()) {
+                ++result.over_memory;
+                continue;
+              }
+            }
+            r.time = model.predict(p);
+            ++result.evaluated;
+            if (top.size() == k && !better(r, top.back())) continue;
+            r.plan = std::move(p);
+            r.note = std::move(note);
+            top.insert(std::upper_bound(top.begin(), top.end(), r, better), std::move(r));
+            if (top.size() > k) top.pop_back();
           }
-          r.time = model.predict(p);
-          ++result.evaluated;
-          if (top.size() == k && !better(r, top.back())) continue;
-          r.plan = std::move(p);
-          r.note = std::move(note);
-          top.insert(std::upper_bound(top.begin(), top.end(), r, better), std::move(r));
-          if (top.size() > k) top.pop_back();
         }
       }
     }

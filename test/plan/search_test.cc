@@ -74,6 +74,54 @@ TEST_CASE("branch-and-bound finds the brute-force top plans on small meshes", "[
   }
 }
 
+TEST_CASE("a mixture of experts is searched with expert parallelism too", "[plan][search]") {
+  const models::ModelConfig config = models::resolve_config("mixtral-8x7b");
+  const Cluster cluster = load_cluster("dgx_a100_80gb");
+  SearchOptions o;
+  o.world = 32;
+  o.global_batch = 64;
+  o.seq_len = 2048;
+  o.top_k = 5;
+  o.count_model_copy = false;  // what the plans need, not today's runtime's single-model copy
+  o.amp = "fp32";              // Mixtral's pipeline stages carry the router sums in f32
+  const SearchResult bb = search(config, cluster, o);
+  o.branch_and_bound = false;
+  const SearchResult brute = search(config, cluster, o);
+  REQUIRE(!bb.plans.empty());
+  same_top(bb, brute);
+  // No expert-parallel variant of the best plan is faster: the search weighed them.
+  const RankedPlan& best = bb.plans[0];
+  TimeModel model(config, cluster, o.time);
+  int variants = 0;
+  for (int ep = 1; ep <= best.plan.dp; ++ep) {
+    if (best.plan.dp % ep != 0 || config.moe_experts % ep != 0 || ep == best.plan.ep) continue;
+    ParallelPlan p = best.plan;
+    p.ep = ep;
+    INFO(plan_summary(best.plan) << " vs ep " << ep);
+    CHECK(model.predict(p).step_time >= best.time.step_time);
+    ++variants;
+  }
+  CHECK(variants >= 1);
+  // Every plan brute force evaluated, ranked: expert-parallel ones among them, each ep dividing
+  // its dp and the experts.
+  o.top_k = 1 << 20;
+  const SearchResult all = search(config, cluster, o);
+  REQUIRE(static_cast<int64_t>(all.plans.size()) == all.evaluated);
+  int expert_parallel = 0;
+  for (const RankedPlan& r : all.plans) {
+    if (r.plan.ep == 1) continue;
+    CHECK(r.plan.dp % r.plan.ep == 0);
+    CHECK(config.moe_experts % r.plan.ep == 0);
+    ++expert_parallel;
+  }
+  std::printf(
+      "mixtral-8x7b on 32 x dgx_a100_80gb: best %s (%.4g s), %d ep variants slower; %d of %zu "
+      "plans expert-parallel\n",
+      plan_summary(best.plan).c_str(), best.time.step_time, variants, expert_parallel,
+      all.plans.size());
+  CHECK(expert_parallel > 0);
+}
+
 TEST_CASE("two searches give identical output", "[plan][search]") {
   const models::ModelConfig config = models::resolve_config("llama-13b");
   const Cluster cluster = load_cluster("h100_cluster");
