@@ -563,6 +563,7 @@ class ExprParser {
       : fail_{line}, tokens_(lex(text, fail_)), line_(line) {}
 
   ExprP expression(bool with_condition = true) {
+    const Nested nested(*this);
     ExprP e = or_expr();
     if (with_condition && is_name("if")) {
       ++at_;
@@ -626,6 +627,7 @@ class ExprParser {
   ExprP not_expr() {
     if (is_name("not")) {
       ++at_;
+      const Nested nested(*this);
       return make(Expr::Kind::kNot, "", {not_expr()});
     }
     return compare();
@@ -672,10 +674,12 @@ class ExprParser {
   ExprP unary() {
     if (is_op("-")) {
       ++at_;
+      const Nested nested(*this);
       return filters(make(Expr::Kind::kNeg, "", {unary()}));
     }
     if (is_op("+")) {
       ++at_;
+      const Nested nested(*this);
       return unary();
     }
     return filters(postfix(primary()));
@@ -839,6 +843,19 @@ class ExprParser {
   }
 
   Fail fail_;
+  // The parser recurses once per nesting level (brackets, parentheses, unary operators) and
+  // the interpreter once per level of the tree it builds: a template nested deeper than any
+  // real one is refused before either runs out of stack.
+  static constexpr int kMaxNesting = 100;
+  struct Nested {
+    explicit Nested(ExprParser& p) : p(p) {
+      if (++p.depth_ > kMaxNesting)
+        p.fail_("expression nested deeper than " + std::to_string(kMaxNesting) + " levels");
+    }
+    ~Nested() { --p.depth_; }
+    ExprParser& p;
+  };
+  int depth_ = 0;
   std::vector<Token> tokens_;
   size_t at_ = 0;
   int line_;

@@ -113,6 +113,20 @@ TEST_CASE("chat_template bounds what a template may build, and refuses integer o
     CAPTURE(source);
     CHECK_THROWS_WITH(render(source), Catch::Contains(message));
   }
+  // Nesting deep enough to overflow the stack of a recursive parser (the fuzzer found 1200
+  // brackets under AddressSanitizer) is refused; 100 levels still render.
+  for (const char* open : {"[", "(", "-", "not "}) {
+    std::string deep = "{{ ";
+    for (int i = 0; i < 2000; ++i) deep += open;
+    deep += "1 }}";
+    CAPTURE(open);
+    CHECK_THROWS_WITH(render(deep), Catch::Contains("nested deeper than 100 levels"));
+  }
+  std::string ok = "{{ ";
+  for (int i = 0; i < 90; ++i) ok += "[";
+  ok += "1";
+  for (int i = 0; i < 90; ++i) ok += "]";
+  CHECK(render(ok + "[0] | length }}") == "1");
   CHECK(render("[{{ '' * 10 ** 12 }}]") == "[]");
   CHECK(render("{{ 2 ** 62 }}|{{ -7 % 3 }}|{{ 7 % -3 }}|{{ -7 // 2 }}") ==
         "4611686018427387904|2|-2|-4");  // Python's values
