@@ -557,6 +557,12 @@ struct Expr {
   int line = 0;
 };
 
+// The parsers recurse once per nesting level (brackets, parentheses, unary operators in an
+// expression; if / for statements in a body) and the interpreter once per level of the trees
+// they build: a template nested deeper than any real one is refused before either runs out of
+// stack.
+constexpr int kMaxNesting = 100;
+
 class ExprParser {
  public:
   ExprParser(const std::string& text, int line)
@@ -843,10 +849,6 @@ class ExprParser {
   }
 
   Fail fail_;
-  // The parser recurses once per nesting level (brackets, parentheses, unary operators) and
-  // the interpreter once per level of the tree it builds: a template nested deeper than any
-  // real one is refused before either runs out of stack.
-  static constexpr int kMaxNesting = 100;
   struct Nested {
     explicit Nested(ExprParser& p) : p(p) {
       if (++p.depth_ > kMaxNesting)
@@ -963,7 +965,19 @@ class TemplateParser {
     return e;
   }
 
+  // Counts the if / for statements open around the one being parsed.
+  struct Nested {
+    Nested(TemplateParser& p, int line) : p(p) {
+      if (++p.depth_ > kMaxNesting) {
+        Fail{line}("statements nested deeper than " + std::to_string(kMaxNesting) + " levels");
+      }
+    }
+    ~Nested() { --p.depth_; }
+    TemplateParser& p;
+  };
+
   Node if_node(ExprParser& e, int line) {
+    const Nested nested(*this, line);
     Node n{.kind = Node::Kind::kIf, .line = line};
     ExprP cond = e.expression();
     e.expect_end("the if condition");
@@ -987,6 +1001,7 @@ class TemplateParser {
   }
 
   Node for_node(ExprParser& e, int line) {
+    const Nested nested(*this, line);
     Node n{.kind = Node::Kind::kFor, .line = line};
     n.targets.push_back(e.name());
     while (e.is_op(",")) {
@@ -1014,6 +1029,7 @@ class TemplateParser {
 
   std::vector<Piece> pieces_;
   size_t at_ = 0;
+  int depth_ = 0;
 };
 
 }  // namespace

@@ -127,6 +127,20 @@ TEST_CASE("chat_template bounds what a template may build, and refuses integer o
   ok += "1";
   for (int i = 0; i < 90; ++i) ok += "]";
   CHECK(render(ok + "[0] | length }}") == "1");
+  // The same for statements: thousands of if / for blocks inside each other are refused by the
+  // body parser, 90 still render.
+  for (const auto& [open, close] : {std::pair{"{% if true %}", "{% endif %}"},
+                                    std::pair{"{% for x in [1] %}", "{% endfor %}"}}) {
+    CAPTURE(open);
+    std::string deep_body, body_ok;
+    for (int i = 0; i < 5000; ++i) deep_body += open;
+    CHECK_THROWS_WITH(render(deep_body + "x"),
+                      Catch::Contains("statements nested deeper than 100"));
+    for (int i = 0; i < 90; ++i) body_ok += open;
+    body_ok += "x";
+    for (int i = 0; i < 90; ++i) body_ok += close;
+    CHECK(render(body_ok) == "x");
+  }
   CHECK(render("[{{ '' * 10 ** 12 }}]") == "[]");
   CHECK(render("{{ 2 ** 62 }}|{{ -7 % 3 }}|{{ 7 % -3 }}|{{ -7 // 2 }}") ==
         "4611686018427387904|2|-2|-4");  // Python's values
