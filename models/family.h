@@ -64,6 +64,11 @@ struct FamilyActivations {
 struct FamilyCost {
   // Parameters of one block; `active`: those one token computes with (MoE: top-k experts).
   std::function<int64_t(const ModelConfig&, bool active)> block_params;
+  // Of one block's parameters, its experts' (what --ep splits over the expert group; whole on
+  // every tp rank). Families without experts keep the default.
+  std::function<int64_t(const ModelConfig&)> expert_params = [](const ModelConfig&) {
+    return int64_t{0};
+  };
   // Parameters outside the blocks (tied tables once).
   std::function<int64_t(const ModelConfig&)> outside_params;
   // Of all parameters, the lookup tables (token, position, token type; no FLOPs).

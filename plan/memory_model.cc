@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <sstream>
+#include <vector>
 
 #include "base/dtype.h"
 #include "base/error.h"
@@ -40,7 +41,6 @@ using models::ModelConfig;
 
 // Constants of the runtime this model follows (parallel/data_parallel.h, engine/offload).
 constexpr int kMaxInFlight = 2;         // ZeRO-2/3 full-size gradient buckets posted at once
-constexpr int kResidentBuckets = 2;     // ZeRO-3 gathered buckets kept (DataParallelOptions)
 constexpr int kMinShardedBuckets = 16;  // ZeRO-2/3 buckets are at most 1/16 of the model
 constexpr int kOffloadCommBuffers = 4;  // host buffers averaging / broadcasting offload chunks
 // Small tensors a step keeps beside the counted ones (loss scalars, masks, index vectors,
@@ -324,7 +324,14 @@ MemoryPrediction predict_memory(const ModelConfig& c, const ParallelPlan& p) {
   const int v = std::max(1, p.virtual_stages);
   // The trained form on one tp rank, whole (every stage): `mammoth train` builds the whole
   // model on every pipeline rank and trains its stages' parameters only.
-  const int64_t trained_all = c.n_layer * ps.block_shard + ps.embed + ps.head + ps.tied;
+  // Under --ep a rank holds 1/ep of every block's experts (runtime/runtime.cc frees the other
+  // expert ranks' weights in all blocks) and reduces them in a DataParallel of their own over
+  // the dp / ep ranks that hold the same ones (parallel/expert_parallel.h).
+  const bool ep = p.ep > 1 && c.moe_experts > 0;
+  const int64_t expert_block = ep ? models::family_spec(c.family).cost.expert_params(c) : 0;
+  const int64_t freed_block = ep ? expert_block - expert_block / p.ep : 0;
+  const int64_t trained_all =
+      c.n_layer * (ps.block_shard - freed_block) + ps.embed + ps.head + ps.tied;
 
   MemoryPrediction out;
   for (int s = 0; s < p.pp; ++s) {
@@ -343,8 +350,9 @@ MemoryPrediction predict_memory(const ModelConfig& c, const ParallelPlan& p) {
       first = first || vs == 0;
       last = last || vs == p.pp * v - 1;
     }
-    const int64_t stage_params = blocks * ps.block_shard + (first ? ps.embed : 0) +
+    const int64_t stage_params = blocks * (ps.block_shard - freed_block) + (first ? ps.embed : 0) +
                                  (last ? ps.head : 0) + (first || last ? ps.tied : 0);
+    const int64_t stage_experts = ep ? blocks * (expert_block - freed_block) : 0;
 
     // ---- parameters, gradients, optimizer, buffers: persistent and transient ----
     // Under tp/sp `mammoth train` keeps the single-process model (the policy's checkpoint map
@@ -353,18 +361,6 @@ MemoryPrediction predict_memory(const ModelConfig& c, const ParallelPlan& p) {
     // stages' parameters: the other stages' are held too.
     m.model_copy = ((model_parallel ? P : 0) + trained_all - stage_params) * e;
     const bool dp_on = p.dp > 1 && !offload;
-    // DataParallel buckets (parallel/data_parallel.cc): filled in reverse registration order,
-    // closed when they reach bucket_mb (ZeRO-2/3: at most 1/16 of the stage's bytes), each
-    // padded to a multiple of dp.
-    int64_t bucket = static_cast<int64_t>(p.bucket_mb * 1048576.0) / e;
-    if (p.zero >= 2) bucket = std::min(bucket, stage_params / kMinShardedBuckets);
-    bucket = std::max<int64_t>(bucket, 1);
-    // A bucket closes on the parameter that crosses the size: up to one parameter more.
-    // Buckets close on the parameter that reaches the size: a block matrix or more.
-    const int64_t bucket_typical = std::min(stage_params, std::max(bucket, ps.largest_block));
-    const int64_t n_buckets = std::max<int64_t>(1, ceil_div(stage_params, bucket));
-    const int64_t padded = stage_params + n_buckets * (p.dp - 1);
-    const int64_t shard = ceil_div(padded, p.dp);
 
     int64_t params = stage_params;
     int64_t opt = stage_params * opt_bytes_per / e;  // in elements of e
@@ -374,24 +370,54 @@ MemoryPrediction predict_memory(const ModelConfig& c, const ParallelPlan& p) {
     int64_t grad_unit_max = stage_params;
     // ZeRO-2/3 full-size buckets at the peak: gradient buffers in flight, gathered parameters.
     int64_t dp_in_flight = 0, dp_gathered = 0;
+    int64_t shard = stage_params;  // ZeRO: the first (shared) DataParallel's shard
     if (dp_on) {
-      params = p.zero == 3 ? shard : padded;
-      opt = (p.zero >= 1 ? shard : padded) * opt_bytes_per / e;
-      grad_persist = p.zero >= 2 ? shard : padded;
-      // Parameters' own gradients wait for their bucket to launch (all of them with one
-      // bucket): the bucket being filled is one bucket's worth.
-      if (p.zero >= 2 || n_buckets > 1) grad_unit_max = bucket_typical;
-      // ZeRO-2/3: each launch allocates the bucket's full-size buffer, at most kMaxInFlight.
-      if (p.zero >= 2) dp_in_flight = kMaxInFlight * bucket_typical;
-      if (p.zero == 3) {
-        // kResidentBuckets stay gathered; at the ends of the model (where the peak is) one of
-        // them holds the vocabulary table or head, a bucket of its own as it passes the size.
-        // (A grouped GEMM over a mixture's experts keeps every one of its weights gathered.)
-        const int64_t resident =
-            std::max<int64_t>(kResidentBuckets, c.moe_experts / std::max(1, p.ep));
-        const int64_t gathered = std::min<int64_t>(n_buckets, resident);
-        dp_gathered = (first || last ? std::max(bucket_typical, ps.largest) : bucket_typical) +
-                      (gathered - 1) * bucket_typical;
+      params = opt = grad_persist = grad_unit_max = 0;
+      // One DataParallel per group of parameters: the stage's, or under --ep the shared ones
+      // over dp and this rank's experts over dp / ep, each keeping its own buckets gathered.
+      struct Reduced {
+        int64_t n;
+        int ranks;
+        int resident;  // ZeRO-3 buckets kept gathered
+      };
+      std::vector<Reduced> groups;
+      if (ep) {
+        groups.push_back({stage_params - stage_experts, p.dp, 2});
+        groups.push_back({stage_experts, p.dp / p.ep, zero3_resident_buckets(p, c)});
+      } else {
+        groups.push_back({stage_params, p.dp, zero3_resident_buckets(p, c)});
+      }
+      for (size_t g = 0; g < groups.size(); ++g) {
+        const auto [n, ranks, resident] = groups[g];
+        // DataParallel buckets (parallel/data_parallel.cc): filled in reverse registration
+        // order, closed when they reach bucket_mb (ZeRO-2/3: at most 1/16 of the group's
+        // bytes), each padded to a multiple of the group's ranks. A bucket closes on the
+        // parameter that reaches the size: a block matrix or more.
+        int64_t bucket = static_cast<int64_t>(p.bucket_mb * 1048576.0) / e;
+        if (p.zero >= 2) bucket = std::min(bucket, n / kMinShardedBuckets);
+        bucket = std::max<int64_t>(bucket, 1);
+        const int64_t bucket_typical = std::min(n, std::max(bucket, ps.largest_block));
+        const int64_t n_buckets = std::max<int64_t>(1, ceil_div(n, bucket));
+        const int64_t padded = n + n_buckets * (ranks - 1);
+        const int64_t own = ceil_div(padded, ranks);
+        if (g == 0) shard = own;
+        params += p.zero == 3 ? own : padded;
+        opt += (p.zero >= 1 ? own : padded) * opt_bytes_per / e;
+        grad_persist += p.zero >= 2 ? own : padded;
+        // Parameters' own gradients wait for their bucket to launch (all of them with one
+        // bucket): the bucket being filled is one bucket's worth.
+        grad_unit_max += p.zero >= 2 || n_buckets > 1 ? bucket_typical : n;
+        // ZeRO-2/3: each launch allocates the bucket's full-size buffer, at most kMaxInFlight.
+        if (p.zero >= 2) dp_in_flight += kMaxInFlight * bucket_typical;
+        if (p.zero == 3) {
+          // `resident` buckets stay gathered; at the ends of the model (where the peak is) one
+          // of the first group's holds the vocabulary table or head, a bucket of its own as it
+          // passes the size.
+          const int64_t gathered = std::min<int64_t>(n_buckets, resident);
+          const bool ends = g == 0 && (first || last);
+          dp_gathered += (ends ? std::max(bucket_typical, ps.largest) : bucket_typical) +
+                         (gathered - 1) * bucket_typical;
+        }
       }
     }
     if (offload) {

@@ -543,6 +543,14 @@ int64_t expert_exchange_bytes_per_step(const ParallelPlan& p, const models::Mode
   return 4 * bytes * m.n_layer * p.grad_accum;
 }
 
+int64_t local_experts(const ParallelPlan& p, const models::ModelConfig& m) {
+  return p.ep > 1 ? m.moe_experts / p.ep : m.moe_experts;
+}
+
+int zero3_resident_buckets(const ParallelPlan& p, const models::ModelConfig& m) {
+  return static_cast<int>(std::max<int64_t>(2, local_experts(p, m)));
+}
+
 std::string plan_summary(const ParallelPlan& p) {
   std::ostringstream s;
   s << "dp" << p.dp << " pp" << p.pp << " tp" << p.tp << " sp" << p.sp << " (" << p.order << ")";

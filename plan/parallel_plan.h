@@ -125,6 +125,14 @@ void save_plan(const ParallelPlan& plan, const std::string& path);
 // bytes are the same on average. 0 when ep == 1 or the model has no experts.
 int64_t expert_exchange_bytes_per_step(const ParallelPlan& plan, const models::ModelConfig& model);
 
+// The experts one rank holds: all of the model's, or 1/ep of them under --ep (0 without).
+int64_t local_experts(const ParallelPlan& plan, const models::ModelConfig& model);
+
+// ZeRO-3 buckets a rank keeps gathered (parallel::DataParallelOptions::resident_buckets): two,
+// or the rank's experts where there are more, since one grouped GEMM reads every local
+// expert's weight at once and a launch makes all its inputs resident before it starts.
+int zero3_resident_buckets(const ParallelPlan& plan, const models::ModelConfig& model);
+
 // One line: "dp2 pp1 tp2 sp1 (tp-sp-dp-pp) mb4x2 zero1 offload none recompute 0 fp32" (and
 // " ep2" after the mesh under expert parallelism).
 std::string plan_summary(const ParallelPlan& plan);

@@ -200,20 +200,31 @@ SearchResult search(const models::ModelConfig& config, const Cluster& cluster,
       ++result.cores_refused;
       continue;
     }
-    // Memory: the core's plan with the deepest sharding and offload the rules allow holds
-    // the least (1F1B with one chunk keeps the fewest micro-batches in flight); when even that
-    // exceeds the device, every plan under the core does.
+    // Expert parallelism (a mixture of experts): groups of ep dp ranks that split the experts.
+    // Its exchanges only add to the compute bound, so the core's bound holds for every ep.
+    std::vector<int> eps = {1};
+    if (config.moe_experts > 0) {
+      for (int64_t d : divisors(core.plan.dp)) {
+        if (d > 1 && config.moe_experts % d == 0) eps.push_back(static_cast<int>(d));
+      }
+    }
+    // Memory: the core's plan with the deepest sharding, offload and expert split the rules
+    // allow holds the least (1F1B with one chunk keeps the fewest micro-batches in flight);
+    // when even that exceeds the device, every plan under the core does.
     if (o.branch_and_bound && o.check_memory) {
       int64_t least = -1;
       for (int zero : o.zero_stages) {
         for (const std::string& offload : o.offloads) {
-          ParallelPlan p = core.plan;
-          p.zero = zero;
-          p.offload = offload;
-          if ((zero > 0 && p.dp == 1) || refused(p)) continue;
-          const MemoryPrediction m = predict_memory(config, p);
-          const int64_t peak = o.count_model_copy ? m.device_peak() : m.planned_peak();
-          least = least < 0 ? peak : std::min(least, peak);
+          for (int ep : eps) {
+            ParallelPlan p = core.plan;
+            p.zero = zero;
+            p.offload = offload;
+            p.ep = ep;
+            if ((zero > 0 && p.dp == 1) || refused(p)) continue;
+            const MemoryPrediction m = predict_memory(config, p);
+            const int64_t peak = o.count_model_copy ? m.device_peak() : m.planned_peak();
+            least = least < 0 ? peak : std::min(least, peak);
+          }
         }
       }
       if (least > cluster.device_memory) {
@@ -235,14 +246,6 @@ SearchResult search(const models::ModelConfig& config, const Cluster& cluster,
           if (core.plan.grad_accum % core.plan.pp != 0) break;  // Megatron's interleaving rule
           schedules.push_back({s, v});
         }
-      }
-    }
-    // Expert parallelism (a mixture of experts): groups of ep dp ranks that split the experts.
-    // Its exchanges only add to the compute bound, so the core's bound holds for every ep.
-    std::vector<int> eps = {1};
-    if (config.moe_experts > 0) {
-      for (int64_t d : divisors(core.plan.dp)) {
-        if (d > 1 && config.moe_experts % d == 0) eps.push_back(static_cast<int>(d));
       }
     }
     for (const auto& [schedule, v] : schedules) {
@@ -307,6 +310,7 @@ std::string explain_difference(const RankedPlan& a, const RankedPlan& b, int b_r
   diff("pp", p.pp, q.pp);
   diff("tp", p.tp, q.tp);
   diff("sp", p.sp, q.sp);
+  diff("ep", p.ep, q.ep);
   diff("sp-mode", p.sp_mode, q.sp_mode);
   diff("schedule", p.pp_schedule, q.pp_schedule);
   diff("virtual-stages", p.virtual_stages, q.virtual_stages);

@@ -402,10 +402,10 @@ TimePrediction TimeModel::evaluate(const ParallelPlan& plan, bool bound_only) {
   no_blocks.n_layer = 0;
   const double outside = static_cast<double>(models::count_parameters(no_blocks));
   const double block_params = (static_cast<double>(params_all) - outside) / L;
-  // A MoE block's experts (SwiGLU, no biases): under --ep a rank holds 1/ep of them, reduced
-  // over the ep-th of dp that holds the same ones.
+  // A MoE block's experts: under --ep a rank holds 1/ep of them, reduced over the ep-th of dp
+  // that holds the same ones.
   const double expert_params =
-      3.0 * static_cast<double>(cfg.moe_experts) * h * static_cast<double>(cfg.d_ff);
+      static_cast<double>(models::family_spec(cfg.family).cost.expert_params(cfg));
   const double held_expert_params = ep ? expert_params / plan.ep : expert_params;
   const double embed_params = static_cast<double>(a.embedding_params);
   // The last stage holds the head (and, tied, a copy of the embedding it shares) and final norm.

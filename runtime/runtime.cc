@@ -218,7 +218,7 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
     p.ep_group = dp.split(d / plan_.ep, d, "ep");
     p.expert_dp_group = dp.split(d % plan_.ep, d, "expert_dp");
     models::set_expert_parallel(*trained_, p.ep_group.get());
-    const int64_t local = cfg.moe_experts / plan_.ep, first = (d % plan_.ep) * local;
+    const int64_t local = plan::local_experts(plan_, cfg), first = (d % plan_.ep) * local;
     // Under pp, of this rank's stages only (each stage's replicas reduce their stage's).
     std::set<const void*> staged;
     if (p.pipeline) {
@@ -255,8 +255,7 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
     const parallel::DataParallelOptions options{.zero_stage = plan_.zero,
                                                 .bucket_mb = plan_.bucket_mb};
     parallel::DataParallelOptions expert_options = options;
-    expert_options.resident_buckets =
-        std::max<int>(options.resident_buckets, static_cast<int>(local));
+    expert_options.resident_buckets = plan::zero3_resident_buckets(plan_, cfg);
     p.ep_dp = std::make_unique<parallel::ExpertDataParallel>(
         shared, experts, dp, *p.expert_dp_group, *p.ep_group, options, expert_options);
     p.ep_dp->broadcast_parameters();
@@ -274,8 +273,7 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
             .shard_nvme_dir = plan_.zero3_shards_on_nvme() ? plan_.nvme_dir : std::string(),
             .shard_device_mem = plan_.device_mem,
             .shard_host_mem = plan_.host_mem,
-            // A mixture of experts' grouped GEMM reads all its experts' weights at once.
-            .resident_buckets = std::max<int>(2, static_cast<int>(cfg.moe_experts))});
+            .resident_buckets = plan::zero3_resident_buckets(plan_, cfg)});
     p.dp->broadcast_parameters();
     o.dp = p.dp.get();
     if (const memory::chunks::ChunkManager* shards = p.dp->shard_chunks()) {

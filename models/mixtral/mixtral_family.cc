@@ -89,6 +89,7 @@ FamilyCost mixtral_cost() {
            + d * c.moe_experts                                    // router
            + (active ? c.moe_top_k : c.moe_experts) * 3 * d * f;  // w1, w2, w3 per expert
   };
+  k.expert_params = [](const ModelConfig& c) { return c.moe_experts * 3 * c.d_model * c.d_ff; };
   k.block_flops = [](const ModelConfig& c, int64_t T) {
     const double d = c.d_model, f = c.d_ff;
     // The router and the top-k experts each token goes through.
@@ -101,7 +102,7 @@ FamilyCost mixtral_cost() {
   k.tp_split = [llama_split](const ModelConfig& c, int tp, int64_t Vp, int64_t outside) {
     TpParamSplit s = llama_split(c, tp, Vp, outside);
     const int64_t d = c.d_model, f = c.d_ff;
-    s.replicated += d * c.moe_experts + c.moe_experts * 3 * d * f;
+    s.replicated += d * c.moe_experts + c.moe_experts * 3 * d * f;  // router, experts
     s.largest_block = std::max(s.largest_block, d * f);
     return s;
   };

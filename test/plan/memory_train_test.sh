@@ -145,6 +145,13 @@ cell gpt2_pp2_tp2 4 "${g[@]}" --micro-batch 2 --grad-accum 2 --pp 2 --tp 2
 cell llama_dp2_tp2_zero2 4 "${l[@]}" --micro-batch 2 --tp 2 --zero 2
 cell bert_dp4_zero0_mb1 4 "${b[@]}" --micro-batch 1 --zero 0
 cell gpt2_dp4_offload_host 4 "${g[@]}" --micro-batch 1 --offload host --chunk-mb 1
+# Experts under ZeRO, with and without --ep: a rank holds 1/ep of them and reduces them over
+# dp / ep; ZeRO-3 keeps every local expert's bucket gathered.
+cell mixtral_dp2_zero3 2 --model mixtral-tiny --micro-batch 2 --zero 3
+cell mixtral_dp4_ep2_zero1 4 --model mixtral-tiny --micro-batch 2 --ep 2 --zero 1
+cell mixtral_dp4_ep2_zero2 4 --model mixtral-tiny --micro-batch 2 --ep 2 --zero 2
+cell mixtral_dp4_ep2_zero3 4 --model mixtral-tiny --micro-batch 2 --ep 2 --zero 3
+cell mixtral_dp4_ep4_zero2 4 --model mixtral-tiny --micro-batch 2 --ep 4 --zero 2
 
 if [[ -n "$(cat "$summary")" ]]; then
   echo "memory model: $cells cells, $failed failed, worst |error| ${worst}% (tolerance ${tolerance}%)"

@@ -10,6 +10,7 @@
 #include "base/json.h"
 #include "models/registry.h"
 #include "plan/cluster.h"
+#include "plan/memory_model.h"
 #include "test/plan/published_models.h"
 
 namespace mammoth::plan {
@@ -89,19 +90,26 @@ TEST_CASE("a mixture of experts is searched with expert parallelism too", "[plan
   const SearchResult brute = search(config, cluster, o);
   REQUIRE(!bb.plans.empty());
   same_top(bb, brute);
-  // No expert-parallel variant of the best plan is faster: the search weighed them.
+  // The experts' split is what lets the best plan fit: a rank holds 1/ep of them. Its variants
+  // at other ep are slower or do not fit the GPU: the search weighed both.
   const RankedPlan& best = bb.plans[0];
+  CHECK(best.plan.ep > 1);
   TimeModel model(config, cluster, o.time);
-  int variants = 0;
+  int variants = 0, over_memory = 0;
   for (int ep = 1; ep <= best.plan.dp; ++ep) {
     if (best.plan.dp % ep != 0 || config.moe_experts % ep != 0 || ep == best.plan.ep) continue;
     ParallelPlan p = best.plan;
     p.ep = ep;
     INFO(plan_summary(best.plan) << " vs ep " << ep);
+    if (!memory_misfit(predict_memory(config, p), cluster, o.count_model_copy).empty()) {
+      CHECK(predict_memory(config, p).planned_peak() > best.memory.planned_peak());
+      ++over_memory;
+      continue;
+    }
     CHECK(model.predict(p).step_time >= best.time.step_time);
     ++variants;
   }
-  CHECK(variants >= 1);
+  CHECK(variants + over_memory >= 1);
   // Every plan brute force evaluated, ranked: expert-parallel ones among them, each ep dividing
   // its dp and the experts.
   o.top_k = 1 << 20;
@@ -115,9 +123,9 @@ TEST_CASE("a mixture of experts is searched with expert parallelism too", "[plan
     ++expert_parallel;
   }
   std::printf(
-      "mixtral-8x7b on 32 x dgx_a100_80gb: best %s (%.4g s), %d ep variants slower; %d of %zu "
-      "plans expert-parallel\n",
-      plan_summary(best.plan).c_str(), best.time.step_time, variants, expert_parallel,
+      "mixtral-8x7b on 32 x dgx_a100_80gb: best %s (%.4g s), %d ep variants slower, %d over "
+      "memory; %d of %zu plans expert-parallel\n",
+      plan_summary(best.plan).c_str(), best.time.step_time, variants, over_memory, expert_parallel,
       all.plans.size());
   CHECK(expert_parallel > 0);
 }
