@@ -25,6 +25,9 @@ RUNS=""
 BUILD_ONLY=0
 SECONDS_SET=0
 JOBS=${FUZZ_BUILD_JOBS:-2}
+# Seconds one input may take before libFuzzer calls it a hang. A run beside other work at a
+# lower priority may be starved that long; raise it there (a real hang still exceeds it).
+UNIT_TIMEOUT=${FUZZ_UNIT_TIMEOUT:-10}
 TARGETS=()
 
 usage() {
@@ -125,7 +128,7 @@ for t in "${TARGETS[@]}"; do
   artifacts="$OUT/artifacts/$t/"
   log="$OUT/$t.log"
   mkdir -p "$corpus" "$artifacts"
-  args=(-max_len="${MAX_LEN[$t]}" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
+  args=(-max_len="${MAX_LEN[$t]}" -timeout="$UNIT_TIMEOUT" -rss_limit_mb=2048 -print_final_stats=1
         -artifact_prefix="$artifacts")
   # --runs alone: run to N executions; with --seconds too: whichever limit comes first.
   [[ -n "$RUNS" ]] && args+=(-runs="$RUNS")
