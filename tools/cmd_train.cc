@@ -47,6 +47,7 @@
 #include "plan/time_model.h"
 #include "runtime/runtime.h"
 #include "tools/command.h"
+#include "tools/default_corpus.h"
 #include "tools/masked_lm.h"
 #include "tools/plan_flags.h"
 #include "tools/train_classify.h"
@@ -113,7 +114,7 @@ ABSL_FLAG(bool, detect_anomaly, false,
 ABSL_FLAG(bool, log_grad_norms, false,
           "each --log-every step, every module's gradient norm in the --metrics line "
           "(\"grad_norms\"); one process or plain dp");
-ABSL_FLAG(int, vocab_size, 1024,
+ABSL_FLAG(int, vocab_size, mammoth::tools::kDefaultCorpusVocab,
           "BPE vocabulary trained for the embedded corpus (train) or the inputs (data)");
 ABSL_FLAG(double, peak_gflops, 0, "machine peak GFLOP/s for MFU (0: not reported)");
 ABSL_FLAG(std::string, profile, "",
@@ -214,31 +215,6 @@ class ScratchDir {
   std::string path_;
 };
 
-std::string cache_dir() {
-  const char* home = std::getenv("HOME");
-  return std::string(home && *home ? home : "/tmp") + "/.cache/mammoth";
-}
-
-// Tokenizes the embedded corpus once per vocabulary size and reuses the shards afterwards.
-data::BuildShardsResult default_data(int vocab_size) {
-  const std::string dir = cache_dir() + "/default-corpus-v1-bpe" + std::to_string(vocab_size);
-  const std::string train = dir + "/train_000000.bin", val = dir + "/val_000000.bin";
-  data::BuildShardsResult r;
-  if (std::filesystem::exists(train) && std::filesystem::exists(val)) {
-    r.train_shards = {train};
-    r.val_shards = {val};
-    // Training stops early when the corpus runs out of pairs to merge: read the real size.
-    r.vocab_size = data::BpeTokenizer::load(dir + "/vocab.json", dir + "/merges.txt").vocab_size();
-    return r;
-  }
-  std::fprintf(stderr, "[train] tokenizing the embedded corpus into %s (once)\n", dir.c_str());
-  data::BuildShardsOptions o;
-  o.out_dir = dir;
-  o.vocab_size = vocab_size;
-  o.val_fraction = 0.05;
-  return data::build_shards(o);
-}
-
 // The machine the planner predicts for: --cluster FILE|NAME, or under --plan auto without it,
 // this machine calibrated now (plan/calibrate.h, the quick variant: a few seconds; collective
 // under mpirun, so every rank takes part; rank 0's figures are the ones used). None otherwise.
@@ -267,7 +243,15 @@ plan::ParallelPlan auto_plan(const parallel::ProcessInfo& proc, const plan::Clus
       << "[train] --plan auto needs --global-batch B (sequences per step over all ranks)";
   std::string text;
   if (proc.rank == 0) {
-    const models::ModelConfig config = models::resolve_config(absl::GetFlag(FLAGS_model));
+    models::ModelConfig config = models::resolve_config(absl::GetFlag(FLAGS_model));
+    // A registered model on the embedded corpus takes the corpus BPE's vocabulary (run_train),
+    // which sizes its embedding and head: plan for that model.
+    if (absl::GetFlag(FLAGS_data).empty() &&
+        !std::filesystem::is_directory(absl::GetFlag(FLAGS_model))) {
+      config.vocab_size = corpus_model_vocab(
+          models::family_spec(config.family).objective == models::Objective::kMaskedLm,
+          default_corpus(absl::GetFlag(FLAGS_vocab_size)).vocab_size);
+    }
     plan::SearchOptions so;
     so.world = proc.world_size;
     so.global_batch = global_batch;
@@ -568,7 +552,7 @@ int run_train(const std::vector<std::string>& args) {
   } else if (data_spec.empty()) {
     // Rank 0 tokenizes the corpus into the cache once; the others then read it.
     if (mesh && !lead) mesh->world().barrier();
-    const data::BuildShardsResult r = default_data(absl::GetFlag(FLAGS_vocab_size));
+    const data::BuildShardsResult r = default_corpus(absl::GetFlag(FLAGS_vocab_size));
     if (mesh && lead) mesh->world().barrier();
     train_data = data::TokenDataset::open(r.train_shards);
     val_data = data::TokenDataset::open(r.val_shards);
@@ -587,9 +571,8 @@ int run_train(const std::vector<std::string>& args) {
   MAMMOTH_CHECK(!(instructions && masked_lm))
       << "[train] instruction data trains causal models (gpt2, llama), not " << model_name;
   if (vocab > 0 && masked_lm) {
-    // The embedded corpus's byte-level BPE has no [MASK]: the model's vocabulary is the BPE's
-    // plus one id for it, and <|endoftext|> (the BPE's last id) separates documents as [SEP].
-    mo.vocab_size = vocab + 1;
+    // <|endoftext|> (the BPE's last id) separates documents as [SEP]; [MASK] is one id more.
+    mo.vocab_size = corpus_model_vocab(masked_lm, vocab);
     mo.special_tokens = models::SpecialTokenIds{.sep = vocab - 1, .mask = vocab};
   }
   mo.dropout = absl::GetFlag(FLAGS_dropout);

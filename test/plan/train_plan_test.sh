@@ -62,6 +62,17 @@ for np in 1 2 4; do
     "\[train\] predicted step time " "\[train\] rank 0 memory: predicted peak"; do
     grep -q -- "$want" "$work/auto$np.log" || { cat "$work/auto$np.log"; fail "np $np: no '$want'"; }
   done
+  # The search plans for the model train builds (the embedded corpus's vocabulary, not the
+  # registered one): its first plan's step time is train's own prediction.
+  "$py" - "$work/auto$np.log" <<'PY'
+import re, sys
+text = open(sys.argv[1], errors="replace").read()
+first = re.search(r"#1 dp.*\n\s+step ([0-9.e+-]+) (ms|us|s),", text)
+own = re.search(r"\[train\] predicted step time ([0-9.e+-]+) s", text)
+assert first and own, "no #1 step or predicted step time line"
+searched = float(first.group(1)) * {"s": 1, "ms": 1e-3, "us": 1e-6}[first.group(2)]
+assert abs(searched / float(own.group(1)) - 1) < 0.01, (searched, own.group(1))
+PY
   "$py" - "$work/auto$np.jsonl" <<'PY'
 import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1])]

@@ -18,12 +18,14 @@
 
 #include "base/error.h"
 #include "base/json.h"
+#include "models/family.h"
 #include "models/registry.h"
 #include "plan/calibrate.h"
 #include "plan/cluster.h"
 #include "plan/parallel_plan.h"
 #include "plan/search.h"
 #include "plan/time_model.h"
+#include "tools/default_corpus.h"
 
 namespace mammoth::tools {
 namespace {
@@ -318,7 +320,12 @@ int run_plan_bench(const std::vector<std::string>& args) {
 
   std::vector<Row> rows;
   for (const std::string& name : o.models) {
-    const models::ModelConfig config = models::resolve_config(name);
+    // As `train` builds it for the embedded corpus: its vocabulary is the corpus BPE's (658
+    // ids, where the registered tiny models say 512 or 1024), which sizes the LM head.
+    models::ModelConfig config = models::resolve_config(name);
+    config.vocab_size = corpus_model_vocab(
+        models::family_spec(config.family).objective == models::Objective::kMaskedLm,
+        default_corpus().vocab_size);
     for (int world : o.worlds) {
       plan::SearchOptions s;
       s.world = world;
