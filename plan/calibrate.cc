@@ -23,11 +23,14 @@
 #include "base/error.h"
 #include "base/thread_pool.h"
 #include "engine/ops.h"
+#include "engine/optim/optim.h"
 #include "engine/tensor.h"
 #include "kernels/cpu/fma_loop.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/isa_env.h"
+#include "models/registry.h"
 #include "parallel/comm/mpi_communicator.h"
+#include "plan/time_model.h"
 
 namespace mammoth::plan {
 namespace {
@@ -266,6 +269,79 @@ OpFit measure_ops(bool quick) {
   return {pts.front().second / 2, 1.0 / per_byte, points_json(pts)};
 }
 
+// Whole training steps of a small GPT-2 (forward, backward, gradient norm, AdamW, zeroing, as
+// engine/train runs them) at two depths: the seconds one more block adds. A block's ops cost
+// more than the mul_scalar chain's (layer norms, views and permutes, their allocations and
+// graph nodes, small reductions); calibrate_this_machine charges the difference to the time
+// model's per-op cost. At these widths the GEMMs are a small part of the step.
+struct BlockSteps {
+  models::ModelConfig shallow, deep;
+  int64_t batch = 0, seq = 0;
+  double shallow_s = 0, deep_s = 0;  // median step time of each
+};
+
+BlockSteps measure_block_steps(bool quick) {
+  BlockSteps b;
+  b.batch = 2;
+  b.seq = 32;
+  models::ModelConfig c = models::resolve_config("gpt2-tiny");
+  c.name = "calibration-gpt2";
+  c.vocab_size = 256;
+  c.d_model = 64;
+  c.n_head = 4;
+  c.d_ff = 4 * c.d_model;
+  c.max_seq = b.seq;
+  c.dropout = c.attn_dropout = 0;
+  b.shallow = b.deep = c;
+  b.shallow.n_layer = 1;
+  b.deep.n_layer = 5;
+  const int steps = quick ? 9 : 21;
+  for (const bool deep : {false, true}) {
+    const models::ModelConfig& cfg = deep ? b.deep : b.shallow;
+    auto model = std::dynamic_pointer_cast<models::LanguageModel>(models::build_model(cfg, 1));
+    MAMMOTH_CHECK(model != nullptr) << "[calibrate] " << cfg.name << " is not a language model";
+    std::vector<int64_t> in, tg;
+    for (int64_t i = 0; i < b.batch * b.seq; ++i) {
+      in.push_back((i * 37) % cfg.vocab_size);
+      tg.push_back((i * 37 + 11) % cfg.vocab_size);
+    }
+    const Tensor x = Tensor::from_ints(in, {b.batch, b.seq});
+    const Tensor y = Tensor::from_ints(tg, {b.batch, b.seq});
+    engine::optim::AdamW opt(model->named_parameters(), engine::optim::AdamWOptions{});
+    model->train();
+    std::vector<double> times;
+    for (int i = 0; i < steps + 2; ++i) {
+      const double t0 = now_s();
+      model->loss(x, y).backward();
+      (void)engine::optim::grad_norm(model->named_parameters());
+      opt.step();
+      opt.zero_grad();
+      if (i >= 2) times.push_back(now_s() - t0);  // two warm-up steps
+    }
+    std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+    (deep ? b.deep_s : b.shallow_s) = times[times.size() / 2];
+  }
+  return b;
+}
+
+// The per-op cost that makes the time model's step difference between the two depths equal the
+// measured one. The prediction is linear in the per-op cost (each block's ops forward and
+// backward, its parameter tensors in the optimizer), so two predictions give its slope. Never
+// below the chain's cost.
+double block_op_overhead(const BlockSteps& b, Cluster c, double chain_overhead) {
+  ParallelPlan p;
+  p.micro_batch = b.batch;
+  p.seq_len = b.seq;
+  auto added = [&](double op) {
+    c.op_overhead = op;
+    return predict_time(b.deep, p, c).step_time - predict_time(b.shallow, p, c).step_time;
+  };
+  const double base = added(0), slope = (added(1e-6) - base) / 1e-6;
+  const double measured = b.deep_s - b.shallow_s;
+  if (slope <= 0) return chain_overhead;
+  return std::max(chain_overhead, (measured - base) / slope);
+}
+
 // A chain of `n` broadcast divides through autograd and its backward, x [8, 4, r, 32] / s
 // [8, 4, r, 1] with both requiring grad (ring attention's merge divides its blocks' outputs by
 // their softmax sums this way): seconds per element of x per op, forward and backward, beyond
@@ -480,6 +556,9 @@ Cluster calibrate_this_machine(const CalibrateOptions& o) {
     say(what.c_str(), r / 1e9, "GFLOP/s");
   }
 
+  const BlockSteps steps = measure_block_steps(o.quick);
+  say("gpt2 step, 1 block (calibration)", steps.shallow_s * 1e3, "ms");
+  say("gpt2 step, 5 blocks (calibration)", steps.deep_s * 1e3, "ms");
   const double copy_bw = measure_copy_bandwidth(o.quick);
   say("memcpy bandwidth (64 MiB)", copy_bw / 1e9, "GB/s");
   const std::string dir = scratch(o);
@@ -529,18 +608,22 @@ Cluster calibrate_this_machine(const CalibrateOptions& o) {
   c.attention_rate = attn.back().second;
   c.attention_rates = attn;
   c.gemm = gemm.model;
+  c.op_overhead = block_op_overhead(steps, c, ops.overhead);
+  say("engine op cost in a block", c.op_overhead * 1e6, "us");
   // One thread per rank computes and drives MPI, which progresses only inside MPI calls: a
   // collective posted during the backward moves when the rank next waits on it.
   c.overlaps_communication = o.threads_per_rank > 1;
   c.calibration =
       json::Value::object()
-          .set("what",
-               "fma peak: register FMA loop x threads; sgemm: kernels/cpu sgemm at T x (N, K) "
-               "fwd/dx/dw, time = call + flops / rate ([flops, s] points); ops: autograd chain of "
-               "mul_scalar fwd+bwd, time per op = 2 overhead + bytes / bw ([bytes, s]); broadcast "
-               "op: autograd chain of [8,4,r,32] / [8,4,r,1] fwd+bwd, per element; "
-               "attention: engine::attention fwd+bwd ([flops, s]); comm: MPI_Allreduce 2 local "
-               "ranks ([bytes, s]); disk: 1 write+fsync, 1 read after fadvise(DONTNEED)")
+          .set(
+              "what",
+              "fma peak: register FMA loop x threads; sgemm: kernels/cpu sgemm at T x (N, K) "
+              "fwd/dx/dw, time = call + flops / rate ([flops, s] points); ops: autograd chain of "
+              "mul_scalar fwd+bwd, time per op = 2 overhead + bytes / bw ([bytes, s]); op "
+              "overhead: from whole gpt2 steps at 1 and 5 blocks against the time model; broadcast "
+              "op: autograd chain of [8,4,r,32] / [8,4,r,1] fwd+bwd, per element; "
+              "attention: engine::attention fwd+bwd ([flops, s]); comm: MPI_Allreduce 2 local "
+              "ranks ([bytes, s]); disk: 1 write+fsync, 1 read after fadvise(DONTNEED)")
           .set("quick", o.quick)
           .set("threads_per_rank", o.threads_per_rank)
           .set("cores", cores)
@@ -548,6 +631,20 @@ Cluster calibrate_this_machine(const CalibrateOptions& o) {
           .set("sgemm_GFLOPs", gemm.rate / 1e9)
           .set("sgemm_points", gemm.points)
           .set("op_points", ops.points)
+          .set("op_overhead_chain_us", ops.overhead * 1e6)
+          .set("block_steps",
+               json::Value::object()
+                   .set("what", "gpt2 steps: fwd+bwd+norm+AdamW+zero, median")
+                   .set("vocab", steps.deep.vocab_size)
+                   .set("d_model", steps.deep.d_model)
+                   .set("heads", steps.deep.n_head)
+                   .set("batch", steps.batch)
+                   .set("seq", steps.seq)
+                   .set("layers", json::Value::array()
+                                      .push_back(steps.shallow.n_layer)
+                                      .push_back(steps.deep.n_layer))
+                   .set("median_s",
+                        json::Value::array().push_back(steps.shallow_s).push_back(steps.deep_s)))
           .set("attention_points", attn_points)
           .set("memcpy_GBps", copy_bw / 1e9)
           .set("disk_write_GBps", disk.write_bw / 1e9)

@@ -8,9 +8,12 @@
 //     tokens x linear layers of width 16-256: forward NN, input-gradient NT, weight-gradient
 //     TN), fitted by relative least squares as time = 2MNK (a + b / K + c / min(M, N)) + call.
 //     matmul_efficiency: the largest GEMM's rate / peak; gemm_call_us: the fitted call.
-//   op_overhead_us, device_memory_GBps: a chain of engine ops through autograd, forward and
-//     backward, on tensors of 1 to 2048 x 128 floats: the overhead from one row, the bandwidth
-//     from the two largest (activation-sized tensors, mostly in cache).
+//   device_memory_GBps: a chain of engine ops (mul_scalar) through autograd, forward and
+//     backward, on tensors of 1 to 2048 x 128 floats: the bandwidth from the two largest
+//     (activation-sized tensors, mostly in cache); the chain's per-call cost from one row.
+//   op_overhead_us: whole training steps of a small GPT-2 (d_model 64) at 1 and 5 blocks: the
+//     per-op cost that makes the time model's difference between them the measured one (a
+//     block's ops cost more than the chain's: views, norms, allocations), at least the chain's.
 //   attention_GFLOPs_by_head_dim: engine::attention forward + backward (causal, fused), 64
 //     tokens, head sizes 16-64.
 //   host_memory_GBps: a copy of 64 MiB (past the caches).

@@ -29,6 +29,32 @@ TEST_CASE("a quick calibration is a usable cluster", "[plan][calibrate]") {
   CHECK(!c.attention_rates.empty());
   CHECK_FALSE(c.overlaps_communication);
   CHECK(c.calibration.at("quick").as_bool());
+  // The per-op cost is the one that makes the time model's step difference between a small
+  // GPT-2 at two depths the measured one; the chain of mul_scalar's cost is its floor.
+  const json::Value& blocks = c.calibration.at("block_steps");
+  const double chain = c.calibration.at("op_overhead_chain_us").as_double() * 1e-6;
+  CHECK(c.op_overhead >= chain * (1 - 1e-12));
+  {
+    models::ModelConfig small = models::resolve_config("gpt2-tiny");
+    small.vocab_size = blocks.at("vocab").as_int();
+    small.d_model = blocks.at("d_model").as_int();
+    small.n_head = blocks.at("heads").as_int();
+    small.d_ff = 4 * small.d_model;
+    small.max_seq = blocks.at("seq").as_int();
+    small.dropout = small.attn_dropout = 0;
+    ParallelPlan step;
+    step.micro_batch = blocks.at("batch").as_int();
+    step.seq_len = small.max_seq;
+    double predicted = 0;
+    for (int k = 0; k < 2; ++k) {
+      small.n_layer = blocks.at("layers")[static_cast<size_t>(k)].as_int();
+      predicted += (k == 0 ? -1 : 1) * predict_time(small, step, c).step_time;
+    }
+    const double measured =
+        blocks.at("median_s")[1].as_double() - blocks.at("median_s")[0].as_double();
+    CHECK(measured > 0);
+    if (c.op_overhead > chain) CHECK(predicted == Approx(measured).epsilon(1e-6));
+  }
 
   const Cluster again = cluster_from_json(json::parse(json::dump(cluster_to_json(c))));
   CHECK(again.op_overhead == Approx(c.op_overhead));
