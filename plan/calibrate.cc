@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <utility>
@@ -277,7 +278,8 @@ OpFit measure_ops(bool quick) {
 struct BlockSteps {
   models::ModelConfig shallow, deep;
   int64_t batch = 0, seq = 0;
-  double shallow_s = 0, deep_s = 0;  // median step time of each
+  // The shallow model's median step, and that plus the median of the paired differences.
+  double shallow_s = 0, deep_s = 0;
 };
 
 BlockSteps measure_block_steps(bool quick) {
@@ -295,32 +297,51 @@ BlockSteps measure_block_steps(bool quick) {
   b.shallow = b.deep = c;
   b.shallow.n_layer = 1;
   b.deep.n_layer = 5;
-  const int steps = quick ? 9 : 21;
-  for (const bool deep : {false, true}) {
-    const models::ModelConfig& cfg = deep ? b.deep : b.shallow;
-    auto model = std::dynamic_pointer_cast<models::LanguageModel>(models::build_model(cfg, 1));
-    MAMMOTH_CHECK(model != nullptr) << "[calibrate] " << cfg.name << " is not a language model";
-    std::vector<int64_t> in, tg;
-    for (int64_t i = 0; i < b.batch * b.seq; ++i) {
-      in.push_back((i * 37) % cfg.vocab_size);
-      tg.push_back((i * 37 + 11) % cfg.vocab_size);
-    }
-    const Tensor x = Tensor::from_ints(in, {b.batch, b.seq});
-    const Tensor y = Tensor::from_ints(tg, {b.batch, b.seq});
-    engine::optim::AdamW opt(model->named_parameters(), engine::optim::AdamWOptions{});
-    model->train();
-    std::vector<double> times;
-    for (int i = 0; i < steps + 2; ++i) {
-      const double t0 = now_s();
-      model->loss(x, y).backward();
-      (void)engine::optim::grad_norm(model->named_parameters());
-      opt.step();
-      opt.zero_grad();
-      if (i >= 2) times.push_back(now_s() - t0);  // two warm-up steps
-    }
-    std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
-    (deep ? b.deep_s : b.shallow_s) = times[times.size() / 2];
+  // The two models step in alternation and the per-pair differences give the median: a machine
+  // whose speed drifts moves both sides of a pair alike.
+  struct Run {
+    std::shared_ptr<models::LanguageModel> model;
+    std::unique_ptr<engine::optim::AdamW> opt;
+  };
+  std::vector<Run> runs;
+  for (const models::ModelConfig* cfg : {&b.shallow, &b.deep}) {
+    Run r;
+    r.model = std::dynamic_pointer_cast<models::LanguageModel>(models::build_model(*cfg, 1));
+    MAMMOTH_CHECK(r.model != nullptr) << "[calibrate] " << cfg->name << " is not a language model";
+    r.opt = std::make_unique<engine::optim::AdamW>(r.model->named_parameters(),
+                                                   engine::optim::AdamWOptions{});
+    r.model->train();
+    runs.push_back(std::move(r));
   }
+  std::vector<int64_t> in, tg;
+  for (int64_t i = 0; i < b.batch * b.seq; ++i) {
+    in.push_back((i * 37) % c.vocab_size);
+    tg.push_back((i * 37 + 11) % c.vocab_size);
+  }
+  const Tensor x = Tensor::from_ints(in, {b.batch, b.seq});
+  const Tensor y = Tensor::from_ints(tg, {b.batch, b.seq});
+  auto step = [&](Run& r) {
+    const double t0 = now_s();
+    r.model->loss(x, y).backward();
+    (void)engine::optim::grad_norm(r.model->named_parameters());
+    r.opt->step();
+    r.opt->zero_grad();
+    return now_s() - t0;
+  };
+  for (Run& r : runs) step(r), step(r);  // warm-up: the allocator's cache, AdamW's states
+  const int pairs = quick ? 15 : 61;
+  std::vector<double> shallow, added;
+  for (int i = 0; i < pairs; ++i) {
+    const double s0 = step(runs[0]);
+    shallow.push_back(s0);
+    added.push_back(step(runs[1]) - s0);
+  }
+  auto median = [](std::vector<double> v) {
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    return v[v.size() / 2];
+  };
+  b.shallow_s = median(shallow);
+  b.deep_s = b.shallow_s + median(added);
   return b;
 }
 
