@@ -270,11 +270,14 @@ OpFit measure_ops(bool quick) {
   return {pts.front().second / 2, 1.0 / per_byte, points_json(pts)};
 }
 
-// Whole training steps of a small GPT-2 (forward, backward, gradient norm, AdamW, zeroing, as
-// engine/train runs them) at two depths: the seconds one more block adds. A block's ops cost
-// more than the mul_scalar chain's (layer norms, views and permutes, their allocations and
-// graph nodes, small reductions); calibrate_this_machine charges the difference to the time
-// model's per-op cost. At these widths the GEMMs are a small part of the step.
+// Whole training steps of a GPT-2 (forward, backward, gradient norm, AdamW, zeroing, as
+// engine/train runs them) at 1 and 5 blocks: the seconds one more block adds. Two widths
+// separate the two things the kernel loops above do not see. A narrow block (d_model 64) is
+// mostly engine ops, which cost more in a block than in the mul_scalar chain (views, permutes,
+// norms, their graph nodes and allocations); a wide one (d_model 256) is mostly GEMMs and
+// attention, which run slower between a step's other ops than in a loop of their own (their
+// operands are no longer in the core's caches). calibrate_this_machine fits a per-op cost and
+// an in-step compute factor to both.
 struct BlockSteps {
   models::ModelConfig shallow, deep;
   int64_t batch = 0, seq = 0;
@@ -282,14 +285,14 @@ struct BlockSteps {
   double shallow_s = 0, deep_s = 0;
 };
 
-BlockSteps measure_block_steps(bool quick) {
+BlockSteps measure_block_steps(bool quick, int64_t d_model, int64_t batch, int64_t seq) {
   BlockSteps b;
-  b.batch = 2;
-  b.seq = 32;
+  b.batch = batch;
+  b.seq = seq;
   models::ModelConfig c = models::resolve_config("gpt2-tiny");
-  c.name = "calibration-gpt2";
+  c.name = "calibration-gpt2-" + std::to_string(d_model);
   c.vocab_size = 256;
-  c.d_model = 64;
+  c.d_model = d_model;
   c.n_head = 4;
   c.d_ff = 4 * c.d_model;
   c.max_seq = b.seq;
@@ -329,7 +332,7 @@ BlockSteps measure_block_steps(bool quick) {
     return now_s() - t0;
   };
   for (Run& r : runs) step(r), step(r);  // warm-up: the allocator's cache, AdamW's states
-  const int pairs = quick ? 15 : 61;
+  const int pairs = quick ? 9 : 31;
   std::vector<double> shallow, added;
   for (int i = 0; i < pairs; ++i) {
     const double s0 = step(runs[0]);
@@ -345,22 +348,58 @@ BlockSteps measure_block_steps(bool quick) {
   return b;
 }
 
-// The per-op cost that makes the time model's step difference between the two depths equal the
-// measured one. The prediction is linear in the per-op cost (each block's ops forward and
-// backward, its parameter tensors in the optimizer), so two predictions give its slope. Never
-// below the chain's cost.
-double block_op_overhead(const BlockSteps& b, Cluster c, double chain_overhead) {
+// The time model's added seconds per block split by what it charges them to: the kernels the
+// in-step factor scales (GEMMs and attention: `kernels`), the per-op cost (`per_op`: seconds per
+// second of op cost) and the rest (memory traffic, the optimizer's bytes: `fixed`). The
+// prediction is linear in both the factor and the op cost, so three predictions give the parts.
+struct BlockParts {
+  double kernels = 0, per_op = 0, fixed = 0, measured = 0;
+};
+
+BlockParts block_parts(const BlockSteps& b, Cluster c) {
   ParallelPlan p;
   p.micro_batch = b.batch;
   p.seq_len = b.seq;
-  auto added = [&](double op) {
+  auto added = [&](double factor, double op) {
+    c.in_step_compute = factor;
     c.op_overhead = op;
     return predict_time(b.deep, p, c).step_time - predict_time(b.shallow, p, c).step_time;
   };
-  const double base = added(0), slope = (added(1e-6) - base) / 1e-6;
-  const double measured = b.deep_s - b.shallow_s;
-  if (slope <= 0) return chain_overhead;
-  return std::max(chain_overhead, (measured - base) / slope);
+  BlockParts r;
+  const double base = added(0, 0);
+  r.kernels = added(1, 0) - base;
+  r.per_op = (added(0, 1e-6) - base) / 1e-6;
+  r.fixed = base;
+  r.measured = b.deep_s - b.shallow_s;
+  return r;
+}
+
+struct InStepFit {
+  double op_overhead = 0, compute_factor = 1;
+};
+
+// Solves narrow.measured = f narrow.kernels + op narrow.per_op + narrow.fixed and the same for
+// the wide block. The factor is kept in [1, 3] (the loops' figures are the kernels at their
+// best) and the op cost at least the chain's; either bound refits the other from the block it
+// dominates.
+InStepFit fit_in_step(const BlockParts& narrow, const BlockParts& wide, double chain_op) {
+  InStepFit f;
+  const double det = narrow.kernels * wide.per_op - wide.kernels * narrow.per_op;
+  const double rn = narrow.measured - narrow.fixed, rw = wide.measured - wide.fixed;
+  if (det != 0) {
+    f.compute_factor = (rn * wide.per_op - rw * narrow.per_op) / det;
+    f.op_overhead = (narrow.kernels * rw - wide.kernels * rn) / det;
+  }
+  if (!(f.compute_factor >= 1 && f.compute_factor <= 3)) {
+    f.compute_factor = std::clamp(f.compute_factor, 1.0, 3.0);
+    if (narrow.per_op > 0) f.op_overhead = (rn - f.compute_factor * narrow.kernels) / narrow.per_op;
+  }
+  if (!(f.op_overhead >= chain_op)) {
+    f.op_overhead = chain_op;
+    if (wide.kernels > 0)
+      f.compute_factor = std::clamp((rw - chain_op * wide.per_op) / wide.kernels, 1.0, 3.0);
+  }
+  return f;
 }
 
 // A chain of `n` broadcast divides through autograd and its backward, x [8, 4, r, 32] / s
@@ -492,6 +531,18 @@ json::Value comm_figures(const CalibrateOptions& o) {
   return v;
 }
 
+json::Value block_steps_json(const BlockSteps& b) {
+  return json::Value::object()
+      .set("what", "gpt2 steps: fwd+bwd+norm+AdamW+zero, paired medians")
+      .set("vocab", b.deep.vocab_size)
+      .set("d_model", b.deep.d_model)
+      .set("heads", b.deep.n_head)
+      .set("batch", b.batch)
+      .set("seq", b.seq)
+      .set("layers", json::Value::array().push_back(b.shallow.n_layer).push_back(b.deep.n_layer))
+      .set("median_s", json::Value::array().push_back(b.shallow_s).push_back(b.deep_s));
+}
+
 }  // namespace
 
 json::Value calibrate_comm(bool quick) {
@@ -577,9 +628,12 @@ Cluster calibrate_this_machine(const CalibrateOptions& o) {
     say(what.c_str(), r / 1e9, "GFLOP/s");
   }
 
-  const BlockSteps steps = measure_block_steps(o.quick);
-  say("gpt2 step, 1 block (calibration)", steps.shallow_s * 1e3, "ms");
-  say("gpt2 step, 5 blocks (calibration)", steps.deep_s * 1e3, "ms");
+  const BlockSteps narrow = measure_block_steps(o.quick, 64, 2, 32);
+  const BlockSteps wide = measure_block_steps(o.quick, 256, 4, 64);
+  for (const BlockSteps* b : {&narrow, &wide}) {
+    const std::string what = "gpt2 d_model " + std::to_string(b->deep.d_model) + ", 1 / 5 blocks";
+    say(what.c_str(), b->shallow_s * 1e3, ("/ " + std::to_string(b->deep_s * 1e3) + " ms").c_str());
+  }
   const double copy_bw = measure_copy_bandwidth(o.quick);
   say("memcpy bandwidth (64 MiB)", copy_bw / 1e9, "GB/s");
   const std::string dir = scratch(o);
@@ -629,22 +683,26 @@ Cluster calibrate_this_machine(const CalibrateOptions& o) {
   c.attention_rate = attn.back().second;
   c.attention_rates = attn;
   c.gemm = gemm.model;
-  c.op_overhead = block_op_overhead(steps, c, ops.overhead);
+  const InStepFit in_step = fit_in_step(block_parts(narrow, c), block_parts(wide, c), ops.overhead);
+  c.op_overhead = in_step.op_overhead;
+  c.in_step_compute = in_step.compute_factor;
   say("engine op cost in a block", c.op_overhead * 1e6, "us");
+  say("GEMM / attention in a step / in a loop", c.in_step_compute, "x");
   // One thread per rank computes and drives MPI, which progresses only inside MPI calls: a
   // collective posted during the backward moves when the rank next waits on it.
   c.overlaps_communication = o.threads_per_rank > 1;
   c.calibration =
       json::Value::object()
-          .set(
-              "what",
-              "fma peak: register FMA loop x threads; sgemm: kernels/cpu sgemm at T x (N, K) "
-              "fwd/dx/dw, time = call + flops / rate ([flops, s] points); ops: autograd chain of "
-              "mul_scalar fwd+bwd, time per op = 2 overhead + bytes / bw ([bytes, s]); op "
-              "overhead: from whole gpt2 steps at 1 and 5 blocks against the time model; broadcast "
-              "op: autograd chain of [8,4,r,32] / [8,4,r,1] fwd+bwd, per element; "
-              "attention: engine::attention fwd+bwd ([flops, s]); comm: MPI_Allreduce 2 local "
-              "ranks ([bytes, s]); disk: 1 write+fsync, 1 read after fadvise(DONTNEED)")
+          .set("what",
+               "fma peak: register FMA loop x threads; sgemm: kernels/cpu sgemm at T x (N, K) "
+               "fwd/dx/dw, time = call + flops / rate ([flops, s] points); ops: autograd chain of "
+               "mul_scalar fwd+bwd, time per op = 2 overhead + bytes / bw ([bytes, s]); op "
+               "overhead and in-step compute factor: whole gpt2 steps at 1 and 5 blocks, d_model "
+               "64 and "
+               "256, against the time model; broadcast "
+               "op: autograd chain of [8,4,r,32] / [8,4,r,1] fwd+bwd, per element; "
+               "attention: engine::attention fwd+bwd ([flops, s]); comm: MPI_Allreduce 2 local "
+               "ranks ([bytes, s]); disk: 1 write+fsync, 1 read after fadvise(DONTNEED)")
           .set("quick", o.quick)
           .set("threads_per_rank", o.threads_per_rank)
           .set("cores", cores)
@@ -653,19 +711,9 @@ Cluster calibrate_this_machine(const CalibrateOptions& o) {
           .set("sgemm_points", gemm.points)
           .set("op_points", ops.points)
           .set("op_overhead_chain_us", ops.overhead * 1e6)
-          .set("block_steps",
-               json::Value::object()
-                   .set("what", "gpt2 steps: fwd+bwd+norm+AdamW+zero, median")
-                   .set("vocab", steps.deep.vocab_size)
-                   .set("d_model", steps.deep.d_model)
-                   .set("heads", steps.deep.n_head)
-                   .set("batch", steps.batch)
-                   .set("seq", steps.seq)
-                   .set("layers", json::Value::array()
-                                      .push_back(steps.shallow.n_layer)
-                                      .push_back(steps.deep.n_layer))
-                   .set("median_s",
-                        json::Value::array().push_back(steps.shallow_s).push_back(steps.deep_s)))
+          .set("block_steps", json::Value::array()
+                                  .push_back(block_steps_json(narrow))
+                                  .push_back(block_steps_json(wide)))
           .set("attention_points", attn_points)
           .set("memcpy_GBps", copy_bw / 1e9)
           .set("disk_write_GBps", disk.write_bw / 1e9)

@@ -11,9 +11,12 @@
 //   device_memory_GBps: a chain of engine ops (mul_scalar) through autograd, forward and
 //     backward, on tensors of 1 to 2048 x 128 floats: the bandwidth from the two largest
 //     (activation-sized tensors, mostly in cache); the chain's per-call cost from one row.
-//   op_overhead_us: whole training steps of a small GPT-2 (d_model 64) at 1 and 5 blocks: the
-//     per-op cost that makes the time model's difference between them the measured one (a
-//     block's ops cost more than the chain's: views, norms, allocations), at least the chain's.
+//   op_overhead_us, in_step_compute_factor: whole training steps of a GPT-2 at 1 and 5 blocks,
+//     d_model 64 (mostly engine ops) and 256 (mostly GEMMs and attention), timed in alternating
+//     pairs: the per-op cost (at least the chain's; a block's ops cost more: views, norms,
+//     allocations) and the factor on the GEMM fit and attention rates (in [1, 3]; a kernel
+//     between a step's other ops is slower than in its own loop) that make the time model's
+//     difference between the depths the measured one at both widths.
 //   attention_GFLOPs_by_head_dim: engine::attention forward + backward (causal, fused), 64
 //     tokens, head sizes 16-64.
 //   host_memory_GBps: a copy of 64 MiB (past the caches).

@@ -85,14 +85,15 @@ double Cluster::gemm_time(double m, double n, double k, const std::string& amp) 
   const double flops = 2 * m * n * k;
   if (flops <= 0) return 0;
   if (gemm.calibrated())
-    return gemm.padded_flops(m, n, k) *
-               (gemm.per_flop + gemm.per_flop_k / k + gemm.per_flop_mn / std::min(m, n)) +
-           gemm.call;
+    return in_step_compute * (gemm.padded_flops(m, n, k) * (gemm.per_flop + gemm.per_flop_k / k +
+                                                            gemm.per_flop_mn / std::min(m, n)) +
+                              gemm.call);
   return flops / (peak_for(amp) * matmul_efficiency) + gemm_call_overhead;
 }
 
 double Cluster::attention_time(double flops, double head_dim, const std::string& amp) const {
-  if (!attention_rates.empty()) return flops / interpolate(attention_rates, head_dim);
+  if (!attention_rates.empty())
+    return in_step_compute * flops / interpolate(attention_rates, head_dim);
   return flops / (attention_rate > 0 ? attention_rate : peak_for(amp) * matmul_efficiency);
 }
 
@@ -122,13 +123,28 @@ json::Value rates_json(const std::vector<std::pair<double, double>>& r) {
 }  // namespace
 
 Cluster cluster_from_json(const json::Value& v, const std::string& what) {
-  refuse_unknown(
-      v,
-      {"name", "description", "devices_per_node", "nodes", "peak_tflops", "matmul_efficiency",
-       "matmul_efficiency_source", "memory_gib", "device_memory_GBps", "host_memory_GBps", "links",
-       "op_overhead_us", "broadcast_op_ns_per_element", "gemm_call_us", "gemm_time_model",
-       "attention_GFLOPs", "attention_GFLOPs_by_head_dim", "overlaps_communication", "calibration"},
-      what);
+  refuse_unknown(v,
+                 {"name",
+                  "description",
+                  "devices_per_node",
+                  "nodes",
+                  "peak_tflops",
+                  "matmul_efficiency",
+                  "matmul_efficiency_source",
+                  "memory_gib",
+                  "device_memory_GBps",
+                  "host_memory_GBps",
+                  "links",
+                  "op_overhead_us",
+                  "broadcast_op_ns_per_element",
+                  "gemm_call_us",
+                  "gemm_time_model",
+                  "attention_GFLOPs",
+                  "attention_GFLOPs_by_head_dim",
+                  "in_step_compute_factor",
+                  "overlaps_communication",
+                  "calibration"},
+                 what);
   Cluster c;
   const json::Value* name = v.find("name");
   MAMMOTH_CHECK(name != nullptr && name->is_string())
@@ -211,6 +227,11 @@ Cluster cluster_from_json(const json::Value& v, const std::string& what) {
   }
   if (const json::Value* r = v.find("attention_GFLOPs_by_head_dim"))
     c.attention_rates = rates_from(*r, what + ".attention_GFLOPs_by_head_dim");
+  if (const json::Value* f = v.find("in_step_compute_factor")) {
+    MAMMOTH_CHECK(f->is_number() && f->as_double() > 0)
+        << "[cluster] " << what << ".in_step_compute_factor must be a number > 0";
+    c.in_step_compute = f->as_double();
+  }
   if (const json::Value* o = v.find("overlaps_communication")) {
     MAMMOTH_CHECK(o->is_bool()) << "[cluster] " << what << ".overlaps_communication must be a bool";
     c.overlaps_communication = o->as_bool();
@@ -258,6 +279,7 @@ json::Value cluster_to_json(const Cluster& c) {
   if (c.attention_rate > 0) v.set("attention_GFLOPs", c.attention_rate / kGiga);
   if (!c.attention_rates.empty())
     v.set("attention_GFLOPs_by_head_dim", rates_json(c.attention_rates));
+  if (c.in_step_compute != 1) v.set("in_step_compute_factor", c.in_step_compute);
   if (!c.overlaps_communication) v.set("overlaps_communication", false);
   if (!c.calibration.is_null()) v.set("calibration", c.calibration);
   return v;

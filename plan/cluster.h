@@ -42,6 +42,8 @@
 //                                   // matmul_efficiency for the time
 //     "attention_GFLOPs": 9.5,      // the fused attention kernel's rate (0: at the GEMM rate)
 //     "attention_GFLOPs_by_head_dim": [[16, 4.2], [32, 8.0], ...],  // the same by head size
+//     "in_step_compute_factor": 1.2,  // default 1; the GEMM fit's and attention rates' times
+//                                   // inside a training step over their times in a loop
 //     "overlaps_communication": false,  // default true; false: collectives never run behind
 //                                   // compute (one CPU thread per rank: MPI progresses only
 //                                   // inside MPI calls), so dp / ZeRO traffic is all exposed
@@ -97,6 +99,10 @@ struct Cluster {
   } gemm;
   // (head size, FLOP/s) rising in head size; empty when not calibrated.
   std::vector<std::pair<double, double>> attention_rates;
+  // The calibrated GEMM fit and attention rates time each kernel in a loop of its own; inside a
+  // training step the same kernels find their operands displaced by the step's other ops and
+  // take this many times as long (fitted from whole steps; 1 when not calibrated).
+  double in_step_compute = 1;
   bool overlaps_communication = true;
   json::Value calibration;  // null unless calibrated: the measurements behind the figures
 

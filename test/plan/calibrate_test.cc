@@ -29,12 +29,19 @@ TEST_CASE("a quick calibration is a usable cluster", "[plan][calibrate]") {
   CHECK(!c.attention_rates.empty());
   CHECK_FALSE(c.overlaps_communication);
   CHECK(c.calibration.at("quick").as_bool());
-  // The per-op cost is the one that makes the time model's step difference between a small
-  // GPT-2 at two depths the measured one; the chain of mul_scalar's cost is its floor.
-  const json::Value& blocks = c.calibration.at("block_steps");
+  // The per-op cost and the in-step compute factor are the ones that make the time model's step
+  // difference between a GPT-2 at two depths the measured one, at both calibrated widths
+  // (unless a bound held: the chain of mul_scalar's cost, a factor in [1, 3]).
   const double chain = c.calibration.at("op_overhead_chain_us").as_double() * 1e-6;
   CHECK(c.op_overhead >= chain * (1 - 1e-12));
-  {
+  CHECK(c.in_step_compute >= 1);
+  CHECK(c.in_step_compute <= 3);
+  const bool bounded =
+      c.op_overhead <= chain * (1 + 1e-12) || c.in_step_compute == 1 || c.in_step_compute == 3;
+  const json::Value& all_blocks = c.calibration.at("block_steps");
+  REQUIRE(all_blocks.size() == 2);
+  for (size_t w = 0; w < 2; ++w) {
+    const json::Value& blocks = all_blocks[w];
     models::ModelConfig small = models::resolve_config("gpt2-tiny");
     small.vocab_size = blocks.at("vocab").as_int();
     small.d_model = blocks.at("d_model").as_int();
@@ -52,12 +59,14 @@ TEST_CASE("a quick calibration is a usable cluster", "[plan][calibrate]") {
     }
     const double measured =
         blocks.at("median_s")[1].as_double() - blocks.at("median_s")[0].as_double();
+    CAPTURE(small.d_model, c.op_overhead, c.in_step_compute);
     CHECK(measured > 0);
-    if (c.op_overhead > chain) CHECK(predicted == Approx(measured).epsilon(1e-6));
+    if (!bounded) CHECK(predicted == Approx(measured).epsilon(1e-6));
   }
 
   const Cluster again = cluster_from_json(json::parse(json::dump(cluster_to_json(c))));
   CHECK(again.op_overhead == Approx(c.op_overhead));
+  CHECK(again.in_step_compute == Approx(c.in_step_compute));
   CHECK(again.gemm.per_flop == Approx(c.gemm.per_flop));
   CHECK(again.gemm.per_flop_mn == Approx(c.gemm.per_flop_mn));
   CHECK(again.attention_rates.size() == c.attention_rates.size());
@@ -108,6 +117,17 @@ TEST_CASE("calibrated keys are refused when malformed", "[plan][calibrate]") {
   tiles.at("gemm_time_model").set("tile_cols", 64).set("tile_rows", 6).set("tile_depth", 2);
   CHECK_THROWS_WITH(cluster_from_json(tiles), Catch::Contains("tile_depth"));
   tiles.at("gemm_time_model").set("tile_depth", 2);
+  json::Value factor = v;
+  factor.set("in_step_compute_factor", 0.0);
+  CHECK_THROWS_WITH(cluster_from_json(factor), Catch::Contains("in_step_compute_factor"));
+  factor.set("in_step_compute_factor", 1.25);
+  CHECK(cluster_from_json(factor).in_step_compute == 1.25);
+  // It scales the calibrated kernels' times.
+  const Cluster scaled = cluster_from_json(factor);
+  factor.set("in_step_compute_factor", 1.0);
+  const Cluster plain = cluster_from_json(factor);
+  CHECK(scaled.gemm_time(256, 256, 256, "fp32") ==
+        Approx(1.25 * plain.gemm_time(256, 256, 256, "fp32")));
   v.set("overlaps_communication", 1);
   CHECK_THROWS_WITH(cluster_from_json(v), Catch::Contains("overlaps_communication"));
 }
