@@ -110,13 +110,18 @@ import json, sys, curves
 work = sys.argv[1]
 runs = curves.Runs(work)
 runs.learns("single", steps=8)
-# f32: tensor-parallel matmuls and all-reduces sum in another order than one process. The
-# gradient norm (clipping) counts sharded, replicated and ZeRO-sharded parts once.
+# f32: tensor-parallel matmuls and all-reduces sum in another order than one process (and the
+# ring's blockwise softmax its exponentials). The gradient norm (clipping) counts sharded,
+# replicated and ZeRO-sharded parts once. At the first step only rounding differs (within
+# 1e-6); eight steps at lr 3e-3 amplify it, the gradient norm most (the ring's reached 1.2e-4).
 for name in ["tp2", "tp2_split_gather", "dp2_tp2", "sp2_ulysses", "sp2_ring", "dp2_sp2_ring",
              "dp2_sp2_ulysses", "dp2_tp2_zero1", "dp2_tp2_zero3", "dp2_tp2_split_gather_zero2",
              "dp2_sp2_ring_zero1"]:
     runs.matches(name, "single", tol=1e-4)
-    runs.matches(name, "single", tol=1e-4, key="grad_norm")
+    runs.matches(name, "single", tol=2e-4, key="grad_norm")
+    for key in ["loss", "grad_norm"]:
+        got, want = runs.column(name, key)[1], runs.column("single", key)[1]
+        assert abs(got - want) / abs(want) < 1e-6, (name, key, "step 1", got, want)
 for name, want in [("resumed_tp4", "single"), ("resumed_dp4", "single"),
                    ("resumed_np1", "single"), ("resumed_sp_tp2", "single"),
                    ("resumed_z_tp4", "single"), ("resumed_z_dp4_zero3", "single"),
