@@ -106,23 +106,29 @@ const std::pair<const char*, double TimeBreakdown::*> kParts[] = {
 // log-sum-exp. Per pair: two batched c x c x d GEMMs forward and four backward, four ops over
 // the [b, heads, c, c] scores, one broadcast divide of the [b, heads, c, d] output, three small
 // ops on the [b, heads, c, 1] statistics and two slices; per merge (a chunk's pairs after its
-// first), three broadcast multiplies / divides and an add of outputs and nine small ops. An
-// op's forward and backward cost two call overheads and its traffic: 16 bytes per element at
-// the op bandwidth, or the measured broadcast rate.
+// first), three broadcast multiplies / divides and an add of outputs and nine small ops. The
+// two slices of the arrived K / V (the pair's key chunk) have backwards that write gradients of
+// the whole arrived block; under grouped queries each of the sp ring steps also copies K and V
+// out to every query head (repeat_kv) and sums them back. An op's forward and backward cost two
+// call overheads and its traffic: 16 bytes per element at the op bandwidth, or the measured
+// broadcast rate.
 struct RingCost {
   double forward = 0, backward = 0;
 };
 
 RingCost ring_attention_cost(const Cluster& c, double batch_heads, double seq, int sp, double d,
-                             bool causal, const std::string& amp) {
+                             bool causal, bool grouped_kv, const std::string& amp) {
   const double chunk = std::ceil(seq / (2.0 * sp));
   const double pairs = causal ? 2.0 * sp + 1 : 4.0 * sp;
   const double merges = pairs - 2;
   const double scores = batch_heads * chunk * chunk, out = batch_heads * chunk * d;
+  const double arrived = 2 * out;  // one rank's K (or V): its two chunks, every query head
   const double op = c.op_overhead, plain = 16 / c.device_memory_bandwidth;
   const double bcast = c.broadcast_op_per_element > 0 ? c.broadcast_op_per_element : plain;
-  const double ops = pairs * ((4 + 1 + 3 + 2) * 2 * op + 4 * scores * plain + out * bcast) +
-                     merges * ((4 + 9) * 2 * op + 3 * out * bcast + out * plain);
+  const double ops =
+      pairs * ((4 + 1 + 3 + 2) * 2 * op + 4 * scores * plain + out * bcast + 2 * arrived * plain) +
+      merges * ((4 + 9) * 2 * op + 3 * out * bcast + out * plain) +
+      (grouped_kv ? sp * 2 * (2 * op + arrived * plain) : 0.0);
   const double qk = batch_heads * c.gemm_time(chunk, chunk, d, amp);  // S = Q K^T, dS = dO V^T
   const double pv = batch_heads * c.gemm_time(chunk, d, chunk, amp);  // O = E V, dV, dQ, dK
   return {pairs * (qk + pv) + ops / 3, pairs * (qk + 3 * pv) + 2 * ops / 3};
@@ -287,7 +293,8 @@ TimePrediction TimeModel::evaluate(const ParallelPlan& plan, bool bound_only) {
     RingCost core{attn, 2 * attn};
     if (plan.sp_mode == "ring" && sp > 1) {
       core = ring_attention_cost(c, b * static_cast<double>(cfg.n_head) / tp, s, sp,
-                                 static_cast<double>(cfg.head_dim()), family.causal, plan.amp);
+                                 static_cast<double>(cfg.head_dim()), family.causal,
+                                 cfg.n_kv_head > 0 && cfg.n_kv_head < cfg.n_head, plan.amp);
     }
     block.f_compute = core.forward + mem_f + calls.ops * op;
     block.b_compute = core.backward + 2 * mem_f + calls.ops * op;

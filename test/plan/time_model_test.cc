@@ -186,6 +186,18 @@ TEST_CASE("ring attention is costed blockwise on a calibrated machine", "[plan][
   const double slower = TimeModel(gpt2, c).predict(p).parts.compute;
   CHECK(slower > slow);
   CHECK(slow != Approx(before));
+  // Grouped queries add the K / V copies to every head in each ring step, not to Ulysses (its
+  // fused kernel reads the key heads as they are).
+  const models::ModelConfig llama = models::resolve_config("llama-tiny");
+  REQUIRE(llama.n_kv_head < llama.n_head);
+  models::ModelConfig llama_mha = llama;
+  llama_mha.n_kv_head = llama.n_head;
+  const double grouped = TimeModel(llama, c).predict(p).parts.compute;
+  const double whole = TimeModel(llama_mha, c).predict(p).parts.compute;
+  CHECK(grouped > whole);
+  p.sp_mode = "ulysses";
+  CHECK(TimeModel(llama, c).predict(p).parts.compute <=
+        TimeModel(llama_mha, c).predict(p).parts.compute);
 }
 
 }  // namespace
