@@ -382,7 +382,7 @@ MemoryPrediction predict_memory(const ModelConfig& c, const ParallelPlan& p) {
       };
       std::vector<Reduced> groups;
       if (ep) {
-        groups.push_back({stage_params - stage_experts, p.dp, 2});
+        groups.push_back({stage_params - stage_experts, p.dp, kZero3ResidentBuckets});
         groups.push_back({stage_experts, p.dp / p.ep, zero3_resident_buckets(p, c)});
       } else {
         groups.push_back({stage_params, p.dp, zero3_resident_buckets(p, c)});

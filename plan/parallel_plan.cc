@@ -548,7 +548,7 @@ int64_t local_experts(const ParallelPlan& p, const models::ModelConfig& m) {
 }
 
 int zero3_resident_buckets(const ParallelPlan& p, const models::ModelConfig& m) {
-  return static_cast<int>(std::max<int64_t>(2, local_experts(p, m)));
+  return static_cast<int>(std::max<int64_t>(kZero3ResidentBuckets, local_experts(p, m)));
 }
 
 std::string plan_summary(const ParallelPlan& p) {

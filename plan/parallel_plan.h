@@ -128,9 +128,11 @@ int64_t expert_exchange_bytes_per_step(const ParallelPlan& plan, const models::M
 // The experts one rank holds: all of the model's, or 1/ep of them under --ep (0 without).
 int64_t local_experts(const ParallelPlan& plan, const models::ModelConfig& model);
 
-// ZeRO-3 buckets a rank keeps gathered (parallel::DataParallelOptions::resident_buckets): two,
-// or the rank's experts where there are more, since one grouped GEMM reads every local
-// expert's weight at once and a launch makes all its inputs resident before it starts.
+// ZeRO-3 buckets a rank keeps gathered (parallel::DataParallelOptions::resident_buckets): two
+// for parameters without experts, or the rank's experts where there are more, since one grouped
+// GEMM reads every local expert's weight at once and a launch makes all its inputs resident
+// before it starts.
+inline constexpr int kZero3ResidentBuckets = 2;
 int zero3_resident_buckets(const ParallelPlan& plan, const models::ModelConfig& model);
 
 // One line: "dp2 pp1 tp2 sp1 (tp-sp-dp-pp) mb4x2 zero1 offload none recompute 0 fp32" (and

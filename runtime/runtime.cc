@@ -253,7 +253,8 @@ void TrainingRuntime::assemble(std::shared_ptr<models::LanguageModel> model,
       };
     }
     const parallel::DataParallelOptions options{.zero_stage = plan_.zero,
-                                                .bucket_mb = plan_.bucket_mb};
+                                                .bucket_mb = plan_.bucket_mb,
+                                                .resident_buckets = plan::kZero3ResidentBuckets};
     parallel::DataParallelOptions expert_options = options;
     expert_options.resident_buckets = plan::zero3_resident_buckets(plan_, cfg);
     p.ep_dp = std::make_unique<parallel::ExpertDataParallel>(
