@@ -248,9 +248,7 @@ plan::ParallelPlan auto_plan(const parallel::ProcessInfo& proc, const plan::Clus
     // which sizes its embedding and head: plan for that model.
     if (absl::GetFlag(FLAGS_data).empty() &&
         !std::filesystem::is_directory(absl::GetFlag(FLAGS_model))) {
-      config.vocab_size = corpus_model_vocab(
-          models::family_spec(config.family).objective == models::Objective::kMaskedLm,
-          default_corpus(absl::GetFlag(FLAGS_vocab_size)).vocab_size);
+      config = on_default_corpus(config, absl::GetFlag(FLAGS_vocab_size));
     }
     plan::SearchOptions so;
     so.world = proc.world_size;

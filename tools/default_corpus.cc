@@ -6,6 +6,7 @@
 #include <string>
 
 #include "engine/data/bpe.h"
+#include "models/family.h"
 
 namespace mammoth::tools {
 namespace {
@@ -33,6 +34,13 @@ data::BuildShardsResult default_corpus(int vocab_size) {
   o.vocab_size = vocab_size;
   o.val_fraction = 0.05;
   return data::build_shards(o);
+}
+
+models::ModelConfig on_default_corpus(models::ModelConfig config, int vocab_size) {
+  config.vocab_size = corpus_model_vocab(
+      models::family_spec(config.family).objective == models::Objective::kMaskedLm,
+      default_corpus(vocab_size).vocab_size);
+  return config;
 }
 
 }  // namespace mammoth::tools

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "engine/data/build_shards.h"
+#include "models/config.h"
 
 namespace mammoth::tools {
 
@@ -22,5 +23,10 @@ data::BuildShardsResult default_corpus(int vocab_size = kDefaultCorpusVocab);
 inline int64_t corpus_model_vocab(bool masked_lm, int64_t bpe_vocab) {
   return masked_lm ? bpe_vocab + 1 : bpe_vocab;
 }
+
+// `config` as `train` builds it on the default corpus of `vocab_size` asked for: with the
+// corpus's real vocabulary (tokenizing on first use).
+models::ModelConfig on_default_corpus(models::ModelConfig config,
+                                      int vocab_size = kDefaultCorpusVocab);
 
 }  // namespace mammoth::tools

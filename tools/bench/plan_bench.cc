@@ -18,7 +18,6 @@
 
 #include "base/error.h"
 #include "base/json.h"
-#include "models/family.h"
 #include "models/registry.h"
 #include "plan/calibrate.h"
 #include "plan/cluster.h"
@@ -322,10 +321,7 @@ int run_plan_bench(const std::vector<std::string>& args) {
   for (const std::string& name : o.models) {
     // As `train` builds it for the embedded corpus: its vocabulary is the corpus BPE's (658
     // ids, where the registered tiny models say 512 or 1024), which sizes the LM head.
-    models::ModelConfig config = models::resolve_config(name);
-    config.vocab_size = corpus_model_vocab(
-        models::family_spec(config.family).objective == models::Objective::kMaskedLm,
-        default_corpus().vocab_size);
+    const models::ModelConfig config = on_default_corpus(models::resolve_config(name));
     for (int world : o.worlds) {
       plan::SearchOptions s;
       s.world = world;
