@@ -696,11 +696,10 @@ Cluster calibrate_this_machine(const CalibrateOptions& o) {
           .set("what",
                "fma peak: register FMA loop x threads; sgemm: kernels/cpu sgemm at T x (N, K) "
                "fwd/dx/dw, time = call + flops / rate ([flops, s] points); ops: autograd chain of "
-               "mul_scalar fwd+bwd, time per op = 2 overhead + bytes / bw ([bytes, s]); op "
-               "overhead and in-step compute factor: whole gpt2 steps at 1 and 5 blocks, d_model "
-               "64 and "
-               "256, against the time model; broadcast "
-               "op: autograd chain of [8,4,r,32] / [8,4,r,1] fwd+bwd, per element; "
+               "mul_scalar fwd+bwd, time per op = 2 overhead + bytes / bw ([bytes, s]); "
+               "op overhead and in-step compute factor: whole gpt2 steps at 1 and 5 blocks, "
+               "d_model 64 and 256, against the time model; "
+               "broadcast op: autograd chain of [8,4,r,32] / [8,4,r,1] fwd+bwd, per element; "
                "attention: engine::attention fwd+bwd ([flops, s]); comm: MPI_Allreduce 2 local "
                "ranks ([bytes, s]); disk: 1 write+fsync, 1 read after fadvise(DONTNEED)")
           .set("quick", o.quick)

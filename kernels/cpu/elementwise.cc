@@ -157,7 +157,8 @@ MAMMOTH_FAST_UNARY(silu, x* sigmoid(x))
 // e^x: unit-stride f32 runs through the vector exp of fast.h (within 3 x 2^-24 relative of
 // e^x over the whole float range, inf, 0 and NaN as libm gives them; fast_kernels_test), which
 // is several times libm's scalar std::exp; softmax-like ops written from exp (ring attention's
-// blocks, vocab-parallel cross-entropy) spend most of their time here.
+// blocks, vocab-parallel cross-entropy) spend most of their time here. Not unary_map_fast: the
+// vector exp's flag says its arguments are <= 0, not to stream the output.
 template <typename T>
 void exp_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out, const void*) {
   if constexpr (std::is_same_v<T, float>) {

@@ -81,15 +81,17 @@ void to_hf(const ModelConfig& c, json::Value& v) {
   v.set("router_jitter_noise", 0.0);
 }
 
+// One expert's weights: w1, w2, w3 (SwiGLU, no biases).
+int64_t expert_size(const ModelConfig& c) { return 3 * c.d_model * c.d_ff; }
+
 FamilyCost mixtral_cost() {
   FamilyCost k = llama_decoder_cost();
   k.block_params = [](const ModelConfig& c, bool active) {
-    const int64_t d = c.d_model, f = c.d_ff;
-    return llama_attention_params(c)                              // as LLaMA's
-           + d * c.moe_experts                                    // router
-           + (active ? c.moe_top_k : c.moe_experts) * 3 * d * f;  // w1, w2, w3 per expert
+    return llama_attention_params(c)                                   // as LLaMA's
+           + c.d_model * c.moe_experts                                 // router
+           + (active ? c.moe_top_k : c.moe_experts) * expert_size(c);  // the experts
   };
-  k.expert_params = [](const ModelConfig& c) { return c.moe_experts * 3 * c.d_model * c.d_ff; };
+  k.expert_params = [](const ModelConfig& c) { return c.moe_experts * expert_size(c); };
   k.block_flops = [](const ModelConfig& c, int64_t T) {
     const double d = c.d_model, f = c.d_ff;
     // The router and the top-k experts each token goes through.
@@ -102,7 +104,7 @@ FamilyCost mixtral_cost() {
   k.tp_split = [llama_split](const ModelConfig& c, int tp, int64_t Vp, int64_t outside) {
     TpParamSplit s = llama_split(c, tp, Vp, outside);
     const int64_t d = c.d_model, f = c.d_ff;
-    s.replicated += d * c.moe_experts + c.moe_experts * 3 * d * f;  // router, experts
+    s.replicated += d * c.moe_experts + c.moe_experts * expert_size(c);  // router, experts
     s.largest_block = std::max(s.largest_block, d * f);
     return s;
   };
