@@ -56,8 +56,8 @@ struct CommOptions {
   // Seconds an operation may take before the job is aborted (`--comm-timeout`). <= 0: no limit.
   double timeout_s = 600.0;
   // While waiting, yield the core once every this many polls. MPI makes progress (copies the
-  // next fragment) inside each poll, so polls must come fast for bandwidth; the periodic yield
-  // lets the other ranks of an oversubscribed machine have the core.
+  // next fragment) inside each poll, so polls must come fast for bandwidth. (On a machine with
+  // more runnable threads than cores a long wait sleeps between polls instead: mpi_communicator.h.)
   int spin_polls = 200;
 };
 

@@ -2,6 +2,10 @@
 // deadline (see mpi_communicator.h).
 #include "parallel/comm/mpi_communicator.h"
 
+#include <fcntl.h>
+#include <sched.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <climits>
 #include <cstdio>
@@ -118,6 +122,28 @@ void abort_job_on_timeout(const std::string& message) {
   if (!dump.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   MPI_Abort(MPI_COMM_WORLD, kCommTimeoutExitCode);
   std::_Exit(kCommTimeoutExitCode);  // MPI_Abort does not return; this is in case it does
+}
+
+bool cores_oversubscribed() {
+  static const int cores = [] {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof(set), &set) != 0) return 0;
+    return CPU_COUNT(&set);
+  }();
+  if (cores <= 0) return false;
+  // The fourth field is "running/total" scheduling entities, counted now (not averaged).
+  const int fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buf[128];
+  const ssize_t n = read(fd, buf, sizeof(buf) - 1);
+  close(fd);
+  if (n <= 0) return false;
+  buf[n] = 0;
+  double avg[3];
+  int running = 0;
+  if (std::sscanf(buf, "%lf %lf %lf %d/", &avg[0], &avg[1], &avg[2], &running) != 4) return false;
+  return running > cores;
 }
 
 std::pair<int, int> running_world_rank() {

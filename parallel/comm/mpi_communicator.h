@@ -4,9 +4,10 @@
 // Every operation is posted as a non-blocking MPI call (MPI_Iallreduce, MPI_Ireduce_scatter_block,
 // ...) and completed by polling MPI_Test until it succeeds or the deadline
 // (CommOptions::timeout_s) passes, yielding the core once every CommOptions::spin_polls polls.
-// Open MPI makes progress inside MPI_Test, so fast polling is what moves the bytes; the
-// occasional yield keeps an oversubscribed machine (4 ranks on 2 cores, or other work) from
-// starving the peer rank.
+// Open MPI makes progress inside MPI_Test, so fast polling is what moves the bytes. A yield does
+// not give an oversubscribed machine's cores away (the scheduler hands them straight back to the
+// spinning waiters), so a wait that has lasted a millisecond on a machine with more runnable
+// threads than cores sleeps between polls instead.
 // bench comm (tools/bench/comm_bench.cc) measures the wrapper against the raw blocking calls.
 #pragma once
 
@@ -82,9 +83,14 @@ std::pair<int, int> running_world_rank();
 // MPI is not running or the job has one rank.
 void abort_job_if_distributed(int code);
 
-// Polls `done` until it returns true, yielding the core once every `options.spin_polls` polls. When
-// options.timeout_s > 0 and it elapses first, calls abort_job_on_timeout(describe()). `describe` is
-// called only then, so it may build a string.
+// Whether more threads are runnable on the machine than this process has cores (the running
+// count of /proc/loadavg against the affinity mask). False where /proc cannot be read.
+bool cores_oversubscribed();
+
+// Polls `done` until it returns true, yielding the core once every `options.spin_polls` polls,
+// or, once the wait has lasted a millisecond and the cores are oversubscribed, sleeping between
+// polls. When options.timeout_s > 0 and it elapses first, calls
+// abort_job_on_timeout(describe()). `describe` is called only then, so it may build a string.
 template <typename Done, typename Describe>
 void poll_with_deadline(Done&& done, const CommOptions& options, Describe&& describe) {
   if (done()) return;
@@ -103,12 +109,25 @@ void poll_with_deadline(Done&& done, const CommOptions& options, Describe&& desc
   const auto limit = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(bounded ? options.timeout_s : 0.0));
   const long spin = options.spin_polls > 0 ? options.spin_polls : 1;
+  constexpr auto kCheckEvery = std::chrono::milliseconds(1);
+  constexpr auto kNap = std::chrono::microseconds(50);
+  auto next_check = start + kCheckEvery;
+  bool nap = false;
   for (long polls = 1;; ++polls) {
     if (done()) return;
-    if (polls % spin == 0) std::this_thread::yield();
+    if (nap) {
+      std::this_thread::sleep_for(kNap);
+    } else if (polls % spin == 0) {
+      std::this_thread::yield();
+    }
     // The clock costs ~20 ns; reading it every 16 polls keeps it out of the spin.
-    if ((polls & 15) == 0) {
-      if (bounded && Clock::now() - start > limit) abort_job_on_timeout(describe());
+    if (nap || (polls & 15) == 0) {
+      const auto now = Clock::now();
+      if (bounded && now - start > limit) abort_job_on_timeout(describe());
+      if (now >= next_check) {
+        nap = cores_oversubscribed();
+        next_check = now + kCheckEvery;
+      }
       // A signal (mpirun's SIGTERM after another rank aborted) while this rank waits: its
       // flight record is what says where it was.
       if (const int sig = take_noted_signal()) {

@@ -3,10 +3,13 @@
 // evaluate, so each checks the collective's result on its own. Values are small integers,
 // exact in every dtype, so sums and maxima compare exactly; avg compares within the dtype's
 // rounding.
+#include <atomic>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/error.h"
@@ -108,6 +111,38 @@ TEST_CASE("all_reduce sum/avg/max, in place and out of place, every reducible dt
       }
     }
   }
+}
+
+TEST_CASE("waits on an oversubscribed machine: the load is seen, and collectives complete") {
+  // More spinning threads than this process has cores: the running count must exceed them.
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> spinners;
+  for (int i = 0; i < cores + 2; ++i) {
+    spinners.emplace_back([&stop] {
+      while (!stop.load(std::memory_order_relaxed)) {
+      }
+    });
+  }
+  bool seen = false;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!seen && std::chrono::steady_clock::now() < until) {
+    seen = cores_oversubscribed();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  CHECK(seen);
+  // Waits now nap between polls once past a millisecond; the results must be unchanged.
+  const int64_t n = 1 << 16;
+  for (int round = 0; round < 2; ++round) {
+    Tensor t = filled(world().rank(), n, DType::kF32);
+    world().all_reduce(t, ReduceOp::kSum);
+    check_values(
+        t,
+        [&](int64_t i) { return reduce_expected(ReduceOp::kSum, i, world().size(), DType::kF32); },
+        "all_reduce beside spinning threads");
+  }
+  stop = true;
+  for (std::thread& t : spinners) t.join();
 }
 
 TEST_CASE("reduce_scatter sum/avg/max, in place and out of place") {
