@@ -79,6 +79,15 @@ Tensor host_copy(const Tensor& v) {
 
 }  // namespace
 
+int64_t model_state_bytes(const nn::NamedTensors& params) {
+  std::unordered_set<TensorImpl*> seen;
+  int64_t bytes = 0;
+  for (const auto& [name, p] : params) {
+    if (seen.insert(p.impl()).second) bytes += 4 * static_cast<int64_t>(p.nbytes());
+  }
+  return bytes;
+}
+
 std::vector<std::string> first_use_order(const nn::NamedTensors& params,
                                          const std::function<void()>& forward) {
   // Every kernel launch calls its arguments' residency hooks (engine/ops/common.h): a hook on
@@ -211,8 +220,8 @@ Offload::Offload(const nn::NamedTensors& params, const OffloadOptions& options)
         << "[offload] parameter '" << name << "' must be a contiguous floating-point tensor";
     params_.emplace_back(name, p);
     largest = std::max<int64_t>(largest, static_cast<int64_t>(p.nbytes()));
-    state_bytes_ += 4 * static_cast<int64_t>(p.nbytes());
   }
+  state_bytes_ = offload::model_state_bytes(params);
   MAMMOTH_CHECK(!params_.empty()) << "[offload] the model has no parameters";
   if (options.group != nullptr && options.group->size() > 1) {
     dp_ = options.group;

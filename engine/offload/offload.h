@@ -110,6 +110,11 @@ json::Value tier_stats_json(const memory::chunks::ChunkManager& manager);
 std::vector<std::string> first_use_order(const nn::NamedTensors& params,
                                          const std::function<void()>& forward);
 
+// Bytes of parameters + gradients + AdamW states of `params` (each unique tensor once): what an
+// unconstrained fp32 run holds, and what Offload::model_state_bytes() reports, computed without
+// allocating anything.
+int64_t model_state_bytes(const nn::NamedTensors& params);
+
 struct OffloadOptions {
   Mode mode = Mode::kNone;  // --offload-optimizer (alias --offload): the AdamW states' home
   // --offload-params: the home of the parameter and gradient chunks. none: the device when they

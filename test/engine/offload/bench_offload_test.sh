@@ -23,5 +23,25 @@ assert host["device_mem"] == 0 and host["nvme_bytes_per_step"] == 0, host
 assert nvme["device_mem"] == int(nvme["model_state"] * 0.125), nvme
 assert nvme["nvme_bytes_per_step"] > nvme["model_state"], nvme
 assert nvme["nvme_gb_per_s"] > 0 and 0 <= nvme["stall_percent"] <= 100, nvme
+# Per timed step: the optimizer reads and writes back every state chunk, so both directions
+# move at least the AdamW states (half the model state); the fio comparison is present.
+assert nvme["nvme_read_bytes_per_step"] >= nvme["model_state"] / 2, nvme
+assert nvme["nvme_write_bytes_per_step"] >= nvme["model_state"] / 2, nvme
+assert nvme["nvme_of_fio"] is not None and nvme["nvme_of_fio"] > 0, nvme
+print("ok")
+PY
+
+# Without the in-memory run (what a model beyond the machine's RAM gets): the row checks that
+# the loss falls instead, and reports no ratio.
+"$mammoth" bench offload --model gpt2-tiny --steps 4 --rounds 1 --threads 1 --no-anchor \
+  --modes all_nvme@0.125 --host-mem 2M --io-size 16M --nvme-dir "$work" --json "$work/alone.json" \
+  >"$work/alone.txt" 2>"$work/alone_err.txt" || { cat "$work/alone.txt" "$work/alone_err.txt"; exit 1; }
+cat "$work/alone.txt"
+"${MAMMOTH_PYTHON:-/usr/bin/python3}" - "$work/alone.json" <<'PY'
+import json, sys
+(row,) = json.load(open(sys.argv[1]))
+assert row["anchor"] is None and row["ratio"] is None and "identical" not in row, row
+assert row["loss_falls"] and row["loss_last"] < row["loss_first"], row
+assert row["host_mem"] == 2 * 1048576, row
 print("ok")
 PY
