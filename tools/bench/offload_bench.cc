@@ -28,6 +28,7 @@ struct Options {
   std::string model = "gpt2-tiny";
   int64_t steps = 8;
   int64_t micro_batch = 8;
+  int64_t grad_accum = 1;  // micro-batches per step
   int64_t seq_len = 64;
   // none | host | nvme: the AdamW states' home; all_nvme: parameters, gradients and states on
   // NVMe. "MODE@F" gives that mode its own device budget fraction (0: no budget).
@@ -98,7 +99,9 @@ Options parse(const std::vector<std::string>& args) {
     }
     if (name == "help") {
       std::printf(
-          "mammoth bench offload [--model gpt2-tiny] [--steps 8] [--micro-batch 8] [--seq-len 64]\n"
+          "mammoth bench offload [--model gpt2-tiny] [--steps 8] [--micro-batch 8] [--grad-accum "
+          "1]\n"
+          "    [--seq-len 64]\n"
           "    [--modes none,host,nvme,all_nvme[@FRACTION]] [--budget-fraction 0.25]\n"
           "    [--chunk-mb 0.5] [--nvme-dir DIR] [--host-mem 0] [--io-size 256M] [--threads 0]\n"
           "    [--rounds 3] [--no-anchor] [--json FILE]\n");
@@ -128,6 +131,8 @@ Options parse(const std::vector<std::string>& args) {
       o.steps = static_cast<int64_t>(number(3));
     } else if (name == "micro-batch") {
       o.micro_batch = static_cast<int64_t>(number(1));
+    } else if (name == "grad-accum") {
+      o.grad_accum = static_cast<int64_t>(number(1));
     } else if (name == "seq-len") {
       o.seq_len = static_cast<int64_t>(number(1));
     } else if (name == "modes") {
@@ -157,7 +162,7 @@ Options parse(const std::vector<std::string>& args) {
     } else {
       MAMMOTH_THROW()
           << "[bench offload] unknown option --" << name
-          << " (known: --model --steps --micro-batch --seq-len --modes "
+          << " (known: --model --steps --micro-batch --grad-accum --seq-len --modes "
              "--budget-fraction --chunk-mb --nvme-dir --host-mem --io-size --threads --rounds "
              "--no-anchor --json)";
     }
@@ -181,6 +186,7 @@ RunResult run(const Options& o, const std::string& data_path, const std::string&
   engine::train::TrainOptions t;
   t.steps = o.steps;
   t.micro_batch = o.micro_batch;
+  t.grad_accum = o.grad_accum;
   t.seq_len = o.seq_len;
   t.warmup = 2;
   t.eval_every = 0;
@@ -204,7 +210,7 @@ RunResult run(const Options& o, const std::string& data_path, const std::string&
   r.run_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::ifstream in(t.metrics_path);
   std::vector<double> times;
-  const double tokens = static_cast<double>(o.micro_batch * o.seq_len);
+  const double tokens = static_cast<double>(o.micro_batch * o.grad_accum * o.seq_len);
   // The NVMe tier's cumulative bytes read (out of NVMe) and written (into it) at a step's end.
   auto nvme_bytes = [](const json::Value& m) {
     const json::Value* off = m.find("offload");
@@ -337,10 +343,11 @@ int run_offload_bench(const std::vector<std::string>& args) {
   }
   const RunResult& base = best[0];
   std::printf(
-      "bench offload: %s, %lld x %lld tokens/step, %lld steps, %d threads, best of %d "
-      "rounds per configuration (median step of each run)\n",
-      o.model.c_str(), static_cast<long long>(o.micro_batch), static_cast<long long>(o.seq_len),
-      static_cast<long long>(o.steps), num_threads(), o.rounds);
+      "bench offload: %s, %lld x %lld x %lld (micro-batch x accumulation x sequence) "
+      "tokens/step, %lld steps, %d threads, best of %d rounds per configuration (median step "
+      "of each run)\n",
+      o.model.c_str(), static_cast<long long>(o.micro_batch), static_cast<long long>(o.grad_accum),
+      static_cast<long long>(o.seq_len), static_cast<long long>(o.steps), num_threads(), o.rounds);
   std::printf("%-24s %12s %12s %12s %12s %7s %18s %16s %8s %7s %8s\n", "name", "model state",
               "device-mem", "offloaded s", "in-memory s", "ratio",
               anchor ? "identical" : "loss falls", "NVMe MB/step r+w", "GB/s", "x fio", "stall %");
@@ -390,6 +397,7 @@ int run_offload_bench(const std::vector<std::string>& args) {
     json::Value v = json::Value::object();
     v.set("name", json::Value("offload_" + o.modes[i]));
     v.set("shape", json::Value(o.model + " " + std::to_string(o.micro_batch) + "x" +
+                               (o.grad_accum > 1 ? std::to_string(o.grad_accum) + "x" : "") +
                                std::to_string(o.seq_len)));
     v.set("threads", json::Value(static_cast<int64_t>(num_threads())));
     v.set("ours", json::Value(r.step_s));

@@ -3,7 +3,8 @@
 // no budget, in the same run, as a ratio (in-memory step time / offloaded step time; the
 // target is >= 0.6 on the CPU backend: the moves must hide behind compute).
 //
-//   mammoth bench offload [--model gpt2-tiny] [--steps 8] [--micro-batch 8] [--seq-len 64]
+//   mammoth bench offload [--model gpt2-tiny] [--steps 8] [--micro-batch 8] [--grad-accum 1]
+//       [--seq-len 64]
 //       [--modes none,host,nvme,all_nvme[@FRACTION]] [--budget-fraction 0.25] [--chunk-mb 0.5]
 //       [--nvme-dir DIR] [--host-mem 0] [--io-size 256M] [--threads 0] [--rounds 3]
 //       [--no-anchor] [--json FILE]

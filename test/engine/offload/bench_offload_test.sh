@@ -32,8 +32,9 @@ print("ok")
 PY
 
 # Without the in-memory run (what a model beyond the machine's RAM gets): the row checks that
-# the loss falls instead, and reports no ratio.
+# the loss falls instead, and reports no ratio (here with 2 micro-batches of 4 per step).
 "$mammoth" bench offload --model gpt2-tiny --steps 4 --rounds 1 --threads 1 --no-anchor \
+  --micro-batch 4 --grad-accum 2 \
   --modes all_nvme@0.125 --host-mem 2M --io-size 16M --nvme-dir "$work" --json "$work/alone.json" \
   >"$work/alone.txt" 2>"$work/alone_err.txt" || { cat "$work/alone.txt" "$work/alone_err.txt"; exit 1; }
 cat "$work/alone.txt"
@@ -43,5 +44,6 @@ import json, sys
 assert row["anchor"] is None and row["ratio"] is None and "identical" not in row, row
 assert row["loss_falls"] and row["loss_last"] < row["loss_first"], row
 assert row["host_mem"] == 2 * 1048576, row
+assert row["shape"] == "gpt2-tiny 4x2x64", row
 print("ok")
 PY
