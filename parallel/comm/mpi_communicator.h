@@ -84,7 +84,10 @@ std::pair<int, int> running_world_rank();
 void abort_job_if_distributed(int code);
 
 // Whether more threads are runnable on the machine than this process has cores (the running
-// count of /proc/loadavg against the affinity mask). False where /proc cannot be read.
+// count of /proc/loadavg against the affinity mask). False where /proc cannot be read. A
+// container that sees its host's /proc/loadavg compares the host's count with its own cores, so
+// its waits may sleep when they need not; beside a spinning thread that cost no collective
+// bandwidth (BENCHMARKS.md, "Waits that sleep on an oversubscribed machine").
 bool cores_oversubscribed();
 
 // Polls `done` until it returns true, yielding the core once every `options.spin_polls` polls,
