@@ -20,8 +20,10 @@ size_t block_size(size_t nbytes) {
                                      : (nbytes + CpuAllocator::kAlignment - 1) /
                                            CpuAllocator::kAlignment * CpuAllocator::kAlignment;
   if (rounded < CpuAllocator::kCacheMin) return rounded;
-  return (rounded + CpuAllocator::kCacheGranule - 1) / CpuAllocator::kCacheGranule *
-         CpuAllocator::kCacheGranule;
+  // Below 1 MiB a finer granule keeps the rounding within 1/8 of the block.
+  const size_t granule =
+      rounded < (size_t{1} << 20) ? CpuAllocator::kCacheGranule / 4 : CpuAllocator::kCacheGranule;
+  return (rounded + granule - 1) / granule * granule;
 }
 
 // A fresh block of `size` bytes (a multiple of 4 KiB) at a 2 MiB boundary, advised for

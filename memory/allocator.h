@@ -38,11 +38,13 @@ class Allocator {
 
 // Host memory, 64-byte aligned, with statistics.
 //
-// Large blocks (>= kCacheMin, sizes rounded up to kCacheGranule) are kept after free for reuse
-// by an allocation of the same rounded size, up to cache_limit() bytes in all: glibc maps
-// blocks this big freshly on every malloc, so a training step that allocates its logits and
-// weight gradients anew each time would otherwise take a page fault on every 4 KiB of them
-// (~600 ms of a GPT-2 124M step). An allocation that fails empties the cache and retries.
+// Large blocks (>= kCacheMin, sizes rounded up to kCacheGranule, to a quarter of it below 1 MiB)
+// are kept after free for reuse by an allocation of the same rounded size, up to cache_limit()
+// bytes in all: glibc maps blocks this big freshly on every malloc (or trims them off its heap
+// again), so a training step that allocates its logits, activations and weight gradients anew
+// each time would otherwise take a page fault on every 4 KiB of them (~600 ms of a GPT-2 124M
+// step; from 128 KiB up, 850 faults a step of llama-tiny under tp 2, BENCHMARKS.md). An
+// allocation that fails empties the cache and retries.
 //
 // Blocks of kHugePage bytes or more are mapped at a 2 MiB boundary and advised for transparent
 // huge pages (MADV_HUGEPAGE; Debian's default THP mode "madvise" gives huge pages only to such
@@ -53,7 +55,7 @@ class Allocator {
 class CpuAllocator final : public Allocator {
  public:
   static constexpr size_t kAlignment = 64;
-  static constexpr size_t kCacheMin = size_t{1} << 20;
+  static constexpr size_t kCacheMin = size_t{128} << 10;
   static constexpr size_t kCacheGranule = size_t{64} << 10;
   static constexpr size_t kHugePage = size_t{2} << 20;
   CpuAllocator();

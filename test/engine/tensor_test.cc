@@ -240,6 +240,21 @@ TEST_CASE("the CPU allocator reuses freed large blocks and never counts them as 
   CHECK(alloc.stats().cache_hits == before.cache_hits + 1);
   CHECK(alloc.stats().cached_bytes == 0);
   alloc.deallocate(b, big + 50);
+  // From 128 KiB (a tp rank's activations, a small model's weight gradients): cached too, in
+  // the finer granule below 1 MiB, so a block one granule larger is a different one.
+  alloc.release_cached();
+  const size_t mid = (size_t{256} << 10) + 100;
+  void* m1 = alloc.allocate(mid);
+  alloc.deallocate(m1, mid);
+  CHECK(alloc.stats().cached_bytes >= static_cast<int64_t>(mid));
+  CHECK(alloc.stats().cached_bytes <= static_cast<int64_t>(mid + (size_t{16} << 10)));
+  void* m2 = alloc.allocate(mid + 1000);
+  CHECK(m2 == m1);
+  alloc.deallocate(m2, mid + 1000);
+  void* m3 = alloc.allocate(mid + (size_t{16} << 10));
+  CHECK(m3 != m1);
+  alloc.deallocate(m3, mid + (size_t{16} << 10));
+  alloc.release_cached();
   // Small blocks are not cached; the limit bounds the cache; release empties it.
   void* s = alloc.allocate(1000);
   alloc.deallocate(s, 1000);
