@@ -265,16 +265,16 @@ int run_offload_bench(const std::vector<std::string>& args) {
   } cleanup{dir};
   // The embedded corpus: the step time does not depend on what is learned, but a run without
   // the in-memory anchor shows it learns by its falling loss, which random tokens would not.
+  const data::BuildShardsResult corpus = default_corpus();
+  const std::string data_path = corpus.train_shards.front();
   int64_t state_bytes = 0;
   {
     auto m = make_model(o);
-    const data::BuildShardsResult corpus = default_corpus();
     MAMMOTH_CHECK(m->config().vocab_size >= corpus.vocab_size)
         << "[bench offload] --model " << o.model << " has " << m->config().vocab_size
         << " token ids, fewer than the " << corpus.vocab_size << " of the embedded corpus";
     state_bytes = engine::offload::model_state_bytes(m->named_parameters());
   }
-  const std::string data_path = default_corpus().train_shards.front();
   // A model state the machine cannot hold (90% of its RAM, leaving room for activations and
   // the system) has no in-memory run to compare with: the rows then check the loss falls.
   const int64_t ram = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGESIZE);
