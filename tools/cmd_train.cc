@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -441,6 +442,380 @@ engine::train::TrainOptions options_from_flags() {
   return o;
 }
 
+// The token data a language model trains on: shards, instruction data (with its loss mask) or
+// the embedded corpus, and the vocabulary it brings.
+struct LmData {
+  std::unique_ptr<ScratchDir> scratch;  // instruction data or shards tokenized for this run
+  data::TokenDataset train, val, loss_mask;
+  int64_t vocab = 0;      // the model's vocabulary from the data (0: the model's own)
+  int64_t sft_vocab = 0;  // the instruction data's tokenizer's
+  bool instructions = false;
+  bool loss_on_response = false;
+};
+
+// Instruction data from a .jsonl file is tokenized here (on every rank alike) with the
+// tokenizer and chat template of --tokenizer, else of the --model directory, packed to
+// --seq-len; returns the directory it was written to.
+std::string tokenize_instructions(const std::string& jsonl, const plan::ParallelPlan& pl, bool lead,
+                                  LmData& d) {
+  std::string dir = absl::GetFlag(FLAGS_tokenizer);
+  if (dir.empty()) dir = absl::GetFlag(FLAGS_model);
+  MAMMOTH_CHECK(std::filesystem::is_directory(dir))
+      << "[train] --data " << jsonl << " is instruction data: it needs a model directory's "
+      << "tokenizer and chat template (--model HF_DIR, or --tokenizer DIR)";
+  d.scratch = std::make_unique<ScratchDir>();
+  data::InstructionDataOptions io;
+  io.jsonl_files = {jsonl};
+  io.out_dir = d.scratch->path();
+  io.seq_len = pl.seq_len;
+  io.verbose = lead;
+  data::build_instruction_data(io, dir);
+  return d.scratch->path();
+}
+
+// Instruction data (a directory `mammoth data` wrote): its tokens and loss mask.
+void open_instructions(const std::string& spec, const plan::ParallelPlan& pl, bool lead,
+                       LmData& d) {
+  data::InstructionData sft = data::open_instruction_data(spec);
+  d.sft_vocab = sft.vocab_size;
+  MAMMOTH_CHECK(sft.seq_len == pl.seq_len)
+      << "[train] the instruction data in " << spec << " is packed to --seq-len " << sft.seq_len
+      << ", not " << pl.seq_len << ": train with --seq-len " << sft.seq_len;
+  MAMMOTH_CHECK(absl::GetFlag(FLAGS_val_data).empty())
+      << "[train] --val-data with instruction data is not supported (--val-fraction holds "
+         "out its last sequences)";
+  d.train = std::move(sft.tokens);
+  d.loss_mask = std::move(sft.loss_mask);
+  // A registered model takes the tokenizer's vocabulary; a directory keeps its own.
+  if (!std::filesystem::is_directory(absl::GetFlag(FLAGS_model))) d.vocab = sft.vocab_size;
+  if (lead)
+    std::fprintf(stderr,
+                 "[train] instruction data: %lld tokens in sequences of %lld; loss on %s "
+                 "tokens (--loss-on %s%s)\n",
+                 static_cast<long long>(d.train.size() - 1), static_cast<long long>(sft.seq_len),
+                 d.loss_on_response ? "response" : "prompt and response",
+                 d.loss_on_response ? "response" : "all",
+                 absl::GetFlag(FLAGS_loss_on).empty() ? ", the default for instruction data" : "");
+}
+
+// What --data (and --val-data, --loss-on) name; with no --data, the embedded corpus: tokenized
+// with a model directory's own tokenizer (its vocabulary kept), else with the corpus BPE that
+// rank 0 trains into the cache once.
+LmData load_lm_data(const plan::ParallelPlan& pl, parallel::DeviceMesh* mesh, bool lead) {
+  LmData d;
+  std::string spec = absl::GetFlag(FLAGS_data);
+  const std::string model_name = absl::GetFlag(FLAGS_model);
+  if (std::filesystem::path(spec).extension() == ".jsonl")
+    spec = tokenize_instructions(spec, pl, lead, d);
+  d.instructions = !spec.empty() && data::is_instruction_dir(spec);
+  const std::string loss_on = absl::GetFlag(FLAGS_loss_on).empty()
+                                  ? (d.instructions ? "response" : "all")
+                                  : absl::GetFlag(FLAGS_loss_on);
+  MAMMOTH_CHECK(loss_on == "response" || loss_on == "all")
+      << "[train] --loss-on must be response or all, got '" << loss_on << "'";
+  MAMMOTH_CHECK(d.instructions || loss_on == "all")
+      << "[train] --loss-on response needs instruction data (a directory `mammoth data` wrote "
+         "from .jsonl, or a .jsonl file); --data '"
+      << spec << "' has no loss mask";
+  d.loss_on_response = loss_on == "response";
+  if (d.instructions) {
+    open_instructions(spec, pl, lead, d);
+  } else if (spec.empty() && std::filesystem::is_directory(model_name)) {
+    d.scratch = std::make_unique<ScratchDir>();
+    data::BuildShardsOptions bo;
+    bo.out_dir = d.scratch->path();
+    bo.tokenizer_dir = model_name;
+    bo.val_fraction = 0.05;
+    bo.verbose = false;
+    const data::BuildShardsResult r = data::build_shards(bo);
+    if (lead)
+      std::fprintf(stderr, "[train] data: the embedded corpus, tokenized with %s's tokenizer\n",
+                   model_name.c_str());
+    d.train = data::TokenDataset::open(r.train_shards);
+    d.val = data::TokenDataset::open(r.val_shards);
+  } else if (spec.empty()) {
+    if (mesh && !lead) mesh->world().barrier();
+    const data::BuildShardsResult r = default_corpus(absl::GetFlag(FLAGS_vocab_size));
+    if (mesh && lead) mesh->world().barrier();
+    d.train = data::TokenDataset::open(r.train_shards);
+    d.val = data::TokenDataset::open(r.val_shards);
+    d.vocab = r.vocab_size;
+  } else {
+    d.train = data::TokenDataset::open(spec);
+    if (!absl::GetFlag(FLAGS_val_data).empty())
+      d.val = data::TokenDataset::open(absl::GetFlag(FLAGS_val_data));
+  }
+  return d;
+}
+
+// The --model, sized to the data's vocabulary, built and initialised on the host (the same
+// weights on every device), then moved to the device.
+std::shared_ptr<models::LanguageModel> build_model(const LmData& d, Device device) {
+  const std::string model_name = absl::GetFlag(FLAGS_model);
+  const bool masked_lm = models::family_spec(models::resolve_config(model_name).family).objective ==
+                         models::Objective::kMaskedLm;
+  MAMMOTH_CHECK(!(d.instructions && masked_lm))
+      << "[train] instruction data trains causal models (gpt2, llama), not " << model_name;
+  models::ModelOptions mo;
+  if (d.vocab > 0) mo.vocab_size = d.vocab;
+  if (d.vocab > 0 && masked_lm) {
+    // <|endoftext|> (the BPE's last id) separates documents as [SEP]; [MASK] is one id more.
+    mo.vocab_size = corpus_model_vocab(masked_lm, d.vocab);
+    mo.special_tokens = models::SpecialTokenIds{.sep = d.vocab - 1, .mask = d.vocab};
+  }
+  mo.dropout = absl::GetFlag(FLAGS_dropout);
+  mo.seed = static_cast<uint64_t>(absl::GetFlag(FLAGS_seed));
+  mo.fresh_init = absl::GetFlag(FLAGS_fresh_init);
+  if (flag_changed("moe_aux_loss_coef"))
+    mo.moe_aux_loss_coef = absl::GetFlag(FLAGS_moe_aux_loss_coef);
+  if (flag_changed("moe_capacity_factor"))
+    mo.moe_capacity_factor = absl::GetFlag(FLAGS_moe_capacity_factor);
+  std::shared_ptr<models::LanguageModel> model = models::create_language_model(model_name, mo);
+  engine::train::move_to_device(model->named_parameters(), device);
+  engine::train::move_to_device(model->named_buffers(), device);
+  MAMMOTH_CHECK(!d.instructions || model->config().vocab_size >= d.sft_vocab)
+      << "[train] the instruction data's tokenizer has more ids than " << model_name
+      << "'s vocabulary of " << model->config().vocab_size;
+  return model;
+}
+
+// The LoRA adapters of a run (none: adapters is null), on the device, and what they train.
+struct LoraRun {
+  std::shared_ptr<models::LoraAdapters> adapters;
+  engine::nn::NamedTensors params;
+  int64_t trainable = 0;  // the adapters' parameters
+};
+
+LoraRun make_lora_run(models::LanguageModel& model, Device device) {
+  LoraRun l;
+  l.adapters = make_lora(model);
+  if (!l.adapters) return l;
+  l.params = l.adapters->named_parameters();
+  engine::train::move_to_device(l.params, device);
+  for (const auto& [name, t] : l.params) l.trainable += t.numel();
+  return l;
+}
+
+// The loop's options for a language model: the shared ones, the objective, the FLOPs per token
+// (PaLM's count: 6 per trained parameter plus attention's 12 * layers * d_model * seq_len, a
+// frozen weight costing its forward and input gradient only: 4; recomputation never counted),
+// the trained parameters and the debugging switches.
+engine::train::TrainOptions lm_options(const models::LanguageModel& model, const LmData& d,
+                                       const LoraRun& lora, const runtime::TrainingRuntime& rt) {
+  const plan::ParallelPlan& pl = rt.plan();
+  const models::ModelConfig& cfg = model.config();
+  engine::train::TrainOptions o = options_from_flags();
+  const double params = static_cast<double>(model.num_parameters());
+  o.flops_per_token =
+      (lora.adapters ? 4.0 * params + 6.0 * static_cast<double>(lora.trainable) : 6.0 * params) +
+      12.0 * static_cast<double>(cfg.n_layer * cfg.d_model * pl.seq_len);
+  o.peak_flops = absl::GetFlag(FLAGS_peak_gflops) * 1e9;
+  if (models::family_spec(cfg.family).objective == models::Objective::kMaskedLm) {
+    o.objective = "masked_lm";
+    o.masking = masked_lm_options(cfg, "train");
+  }
+  if (d.instructions) {
+    o.loss_parts = &d.loss_mask;
+    o.loss_min_part = static_cast<int>(d.loss_on_response ? data::TokenPart::kResponse
+                                                          : data::TokenPart::kPrompt);
+  }
+  if (lora.adapters) o.trained_params = &lora.params;
+  o.detect_anomaly = absl::GetFlag(FLAGS_detect_anomaly);
+  o.log_grad_norms = absl::GetFlag(FLAGS_log_grad_norms);
+  // The per-module norms are of this process's whole gradients: sharded ones (ZeRO, tp, sp,
+  // pp, offload chunks) would need a reduction per module, which is not built.
+  MAMMOTH_CHECK(!o.log_grad_norms || (pl.zero == 0 && pl.tp == 1 && pl.sp == 1 && pl.pp == 1 &&
+                                      pl.ep == 1 && !pl.offloaded()))
+      << "[train] --log-grad-norms supports one process and plain dp (--zero 0, no --tp, --sp, "
+         "--pp, --ep or offload); this run is "
+      << plan::plan_summary(pl);
+  // Test hook for --detect-anomaly (test/engine/train/anomaly_test.sh): a NaN in a parameter.
+  if (const char* nan_param = std::getenv("MAMMOTH_TEST_NAN_PARAM")) {
+    const char* rank = std::getenv("MAMMOTH_TEST_NAN_RANK");
+    if (rank == nullptr || std::atoi(rank) == rt.rank()) {
+      o.inject_nan_param = nan_param;
+      const char* step = std::getenv("MAMMOTH_TEST_NAN_STEP");
+      o.inject_nan_step = step ? std::atoll(step) : 0;
+    }
+  }
+  return o;
+}
+
+// The run's shape, printed once: model, data, batch, and the bytes per rank for parameters,
+// gradients and AdamW's two states (its tp shards or pipeline stages, divided further by ZeRO).
+void print_run(const runtime::TrainingRuntime& rt, const models::LanguageModel& model,
+               const LmData& d, const engine::train::TrainOptions& o, const LoraRun& lora) {
+  const plan::ParallelPlan& pl = rt.plan();
+  std::fprintf(
+      stderr,
+      "[train] model %s: %lld parameters | data: %lld training tokens%s | threads %d\n"
+      "[train] batch %lld x %lld tokens x %lld accumulation x %d dp = %lld tokens/step, %lld "
+      "steps\n",
+      absl::GetFlag(FLAGS_model).c_str(), static_cast<long long>(model.num_parameters()),
+      static_cast<long long>(d.train.size()),
+      d.val.size() ? (", " + std::to_string(d.val.size()) + " validation").c_str() : "",
+      num_threads(), static_cast<long long>(pl.micro_batch), static_cast<long long>(pl.seq_len),
+      static_cast<long long>(pl.grad_accum), pl.dp,
+      static_cast<long long>(pl.global_batch() * pl.seq_len), static_cast<long long>(o.steps));
+  const int64_t elem = static_cast<int64_t>(dtype_size(model.config().dtype));
+  const runtime::TrainingRuntime::Memory m = rt.memory();
+  // LoRA: the runtime holds the adapters (sharded by ZeRO); the frozen model sits beside
+  // them, whole on every rank or (tp) as this rank's shards.
+  const double frozen =
+      lora.adapters ? static_cast<double>(rt.trained().num_parameters() * elem) : 0.0;
+  const double whole = static_cast<double>((model.num_parameters() + lora.trainable) * elem);
+  const double params = static_cast<double>(m.params) + frozen;
+  std::fprintf(stderr,
+               "[train] per rank: parameters %.1f MiB (%.1f%% of the model's %.1f MiB%s), "
+               "gradients %.1f MiB, optimizer states %.1f MiB (%s)\n",
+               params / 1048576.0, 100.0 * params / whole, whole / 1048576.0,
+               lora.adapters
+                   ? (pl.tp > 1 ? ", the frozen base's tp shards" : ", the frozen base whole")
+                   : "",
+               m.grads / 1048576.0, m.optimizer / 1048576.0, m.how.c_str());
+  if (lora.adapters) {
+    const models::LoraOptions& lo = lora.adapters->options();
+    const int64_t total = model.num_parameters() + lora.trainable;
+    std::fprintf(stderr,
+                 "[train] LoRA r=%lld alpha=%g dropout=%g on %zu layers: trainable %lld of "
+                 "%lld parameters (%.3f%%), the model's %lld frozen\n",
+                 static_cast<long long>(lo.rank), lo.alpha, lo.dropout,
+                 lora.adapters->targets().size(), static_cast<long long>(lora.trainable),
+                 static_cast<long long>(total),
+                 100.0 * static_cast<double>(lora.trainable) / static_cast<double>(total),
+                 static_cast<long long>(model.num_parameters()));
+  }
+}
+
+// The planner's predictions for the plan being run, recorded beside what the run measures
+// (the metrics' predicted_* fields): this rank's peak memory (plan/memory_model.h, for its
+// pipeline stage), printed with its placement table, and the step time when --cluster
+// describes the machine.
+void predict_run(engine::train::TrainOptions& o, const models::ModelConfig& cfg,
+                 const runtime::TrainingRuntime& rt, const std::optional<plan::Cluster>& cluster) {
+  const plan::ParallelPlan& pl = rt.plan();
+  const int stage = rt.mesh() ? rt.mesh()->coord(parallel::Axis::kPp) : 0;
+  const plan::MemoryPrediction predicted = plan::predict_memory(cfg, pl);
+  o.predicted_peak_mem_bytes = predicted.stages[static_cast<size_t>(stage)].device_peak;
+  if (rt.lead()) {
+    std::fprintf(stderr, "[train] placement per rank (plan/memory_model, stage %d):\n%s", stage,
+                 plan::placement_table(predicted.stages[static_cast<size_t>(stage)], pl).c_str());
+  }
+  if (cluster) {
+    const plan::TimePrediction t = plan::predict_time(cfg, pl, *cluster);
+    o.predicted_step_s = t.step_time;
+    if (rt.lead())
+      std::fprintf(stderr, "[train] predicted step time %.3g s on %s (%s binds)\n", t.step_time,
+                   cluster->name.c_str(), t.binding.c_str());
+  } else if (rt.lead()) {
+    std::fprintf(stderr,
+                 "[train] predicted step time: none (--cluster FILE describes the machine; "
+                 "mammoth plan --calibrate writes one)\n");
+  }
+}
+
+// Every rank's predicted against measured peak memory, printed as train() returns: measured as
+// the larger of the first step's peak and the last one's (the allocator's peak since that step
+// began). The first step already holds the AdamW states and dp buckets (made before it), but
+// not what it makes lazily and keeps (offload's dp comm buffers), which later steps start with.
+struct PeakMemoryReport {
+  int rank = 0;
+  int64_t predicted = 0, first_step = 0;
+  Device device = Device::cpu();
+  ~PeakMemoryReport() {
+    if (std::uncaught_exceptions() > 0 || first_step == 0) return;
+    const int64_t peak = std::max(first_step, memory::allocator_for(device).stats().peak_bytes);
+    std::fprintf(stderr,
+                 "[train] rank %d memory: predicted peak %lld bytes, measured peak %lld bytes "
+                 "(error %+.1f%%)\n",
+                 rank, static_cast<long long>(predicted), static_cast<long long>(peak),
+                 100.0 * static_cast<double>(predicted - peak) / static_cast<double>(peak));
+  }
+};
+
+// The last forward's expert load per layer and its router losses (models/mixtral), for the
+// metrics. Read from what trains: under --tp its sharded form ran the forward; under --pp each
+// stage its own layers, gathered over the stages (every rank calls it).
+std::function<json::Value()> moe_step_metrics(runtime::TrainingRuntime& rt) {
+  const models::LanguageModel* moe = &rt.trained();
+  parallel::Communicator* stages =
+      rt.plan().pp > 1 ? &rt.mesh()->group(parallel::Axis::kPp) : nullptr;
+  return [moe, stages] {
+    const models::RouterReport report = models::router_report(*moe, stages);
+    json::Value layers = json::Value::array();
+    for (const models::ExpertLoad& l : report.load) {
+      json::Value tokens = json::Value::array();
+      for (int64_t t : l.tokens) tokens.push_back(json::Value(t));
+      layers.push_back(
+          json::Value::object().set("tokens", std::move(tokens)).set("dropped", l.dropped));
+    }
+    return json::Value::object()
+        .set("moe_load", std::move(layers))
+        .set("moe_aux_loss", report.aux_loss)
+        .set("moe_z_loss", report.z_loss);
+  };
+}
+
+// The trained model's loss; with --dump-batches, every training micro-batch it is fed is first
+// written as one JSON line (what the tests of the masking rule read).
+engine::train::LossFn lm_loss(models::LanguageModel& trained, parallel::DeviceMesh* mesh) {
+  if (absl::GetFlag(FLAGS_dump_batches).empty())
+    return [&trained](const engine::Tensor& in, const engine::Tensor& tg) {
+      return trained.loss(in, tg);
+    };
+  const std::string path = absl::GetFlag(FLAGS_dump_batches) +
+                           (mesh ? ".rank" + std::to_string(mesh->rank()) : std::string());
+  std::shared_ptr<std::FILE> dump(std::fopen(path.c_str(), "w"), [](std::FILE* f) {
+    if (f) std::fclose(f);
+  });
+  MAMMOTH_CHECK(dump != nullptr) << "[train] --dump-batches: cannot write " << path;
+  return [&trained, mesh, dump](const engine::Tensor& in, const engine::Tensor& tg) {
+    if (trained.is_training()) {
+      json::Value line = json::Value::object();
+      for (const auto& [key, t] : {std::pair{"input", &in}, std::pair{"target", &tg}}) {
+        json::Value ids = json::Value::array();
+        for (int64_t id : t->to(Device::cpu()).to_int_vector()) ids.push_back(json::Value(id));
+        line.set(key, std::move(ids));
+      }
+      line.set("shape", json::Value::array().push_back(in.size(0)).push_back(in.size(1)));
+      for (parallel::Axis a : parallel::kAllAxes)
+        line.set(parallel::axis_name(a), json::Value(mesh ? mesh->coord(a) : 0));
+      std::fprintf(dump.get(), "%s\n", json::dump(line).c_str());
+      std::fflush(dump.get());
+    }
+    return trained.loss(in, tg);
+  };
+}
+
+// The run's end: losses, and under LoRA the adapter written (PEFT) from the last checkpoint.
+void report_done(const engine::train::TrainResult& r, const runtime::TrainingRuntime& rt,
+                 const LoraRun& lora, const models::Model& model,
+                 const engine::train::TrainOptions& o) {
+  if (!r.losses.empty()) {
+    std::fprintf(stderr, "[train] done: steps %lld..%lld, loss %.4f -> %.4f",
+                 static_cast<long long>(r.first_step), static_cast<long long>(r.last_step),
+                 r.losses.front(), r.losses.back());
+    if (r.last_val_loss == r.last_val_loss)
+      std::fprintf(stderr, ", validation %.4f", r.last_val_loss);
+    if (rt.plan().amp == "fp16")
+      std::fprintf(stderr, ", %lld step(s) skipped, loss scale %g",
+                   static_cast<long long>(r.skipped_steps), r.loss_scale);
+    std::fprintf(stderr, "%s\n", r.interrupted ? " (interrupted; checkpoint saved)" : "");
+  }
+  std::fprintf(stderr, "%s", rt.offload_report().c_str());
+  if (!lora.adapters) return;
+  if (o.save_dir.empty()) {
+    std::fprintf(stderr, "[train] LoRA: no --save-dir, so the adapter is not saved\n");
+    return;
+  }
+  const std::string dir = o.save_dir + "/adapter";
+  const std::optional<std::string> last = engine::train::latest_checkpoint(o.save_dir);
+  MAMMOTH_CHECK(last.has_value()) << "[train] no checkpoint in " << o.save_dir
+                                  << " to write the LoRA adapter from";
+  save_adapter_from_checkpoint(*lora.adapters, model, *last, dir, absl::GetFlag(FLAGS_model));
+  std::fprintf(stderr, "[train] LoRA adapter (PEFT) written to %s\n", dir.c_str());
+}
+
 int run_train(const std::vector<std::string>& args) {
   MAMMOTH_CHECK(args.empty()) << "[train] unexpected argument '" << args[0] << "'";
   // --dtype (ckpt export, eval, generate) stores 16-bit weights; training keeps f32
@@ -467,351 +842,47 @@ int run_train(const std::vector<std::string>& args) {
       device_given ? absl::GetFlag(FLAGS_device) : layout.device, "train");
   layout.device = device.device.is_cuda() ? "cuda" : "cpu";
   runtime::TrainingRuntime rt(layout, device.device, absl::GetFlag(FLAGS_comm_timeout));
-  const plan::ParallelPlan& pl = rt.plan();
   const bool lead = rt.lead();
   if (lead) {
     std::fprintf(stderr, "[train] device: %s (%s)\n", device.device.str().c_str(),
                  device.why.c_str());
-    std::fprintf(stderr, "[train] plan: %s\n", plan::plan_summary(pl).c_str());
+    std::fprintf(stderr, "[train] plan: %s\n", plan::plan_summary(rt.plan()).c_str());
   }
-  const std::string amp = pl.amp;
-  parallel::DeviceMesh* mesh = rt.mesh();
   if (classification_requested()) return run_classification(rt, device, options_from_flags());
 
-  data::TokenDataset train_data, val_data, loss_mask;
-  int64_t vocab = 0;
-  std::string data_spec = absl::GetFlag(FLAGS_data);
-  const std::string model_name = absl::GetFlag(FLAGS_model);
-  std::optional<ScratchDir> scratch;
-  if (std::filesystem::path(data_spec).extension() == ".jsonl") {
-    // Tokenized here (on every rank alike) with the tokenizer and chat template of --tokenizer,
-    // else of the --model directory, packed to --seq-len.
-    std::string dir = absl::GetFlag(FLAGS_tokenizer);
-    if (dir.empty()) dir = model_name;
-    MAMMOTH_CHECK(std::filesystem::is_directory(dir))
-        << "[train] --data " << data_spec << " is instruction data: it needs a model directory's "
-        << "tokenizer and chat template (--model HF_DIR, or --tokenizer DIR)";
-    scratch.emplace();
-    data::InstructionDataOptions io;
-    io.jsonl_files = {data_spec};
-    io.out_dir = scratch->path();
-    io.seq_len = pl.seq_len;
-    io.verbose = lead;
-    data::build_instruction_data(io, dir);
-    data_spec = scratch->path();
-  }
-  const bool instructions = !data_spec.empty() && data::is_instruction_dir(data_spec);
-  const std::string loss_on = absl::GetFlag(FLAGS_loss_on).empty()
-                                  ? (instructions ? "response" : "all")
-                                  : absl::GetFlag(FLAGS_loss_on);
-  MAMMOTH_CHECK(loss_on == "response" || loss_on == "all")
-      << "[train] --loss-on must be response or all, got '" << loss_on << "'";
-  MAMMOTH_CHECK(instructions || loss_on == "all")
-      << "[train] --loss-on response needs instruction data (a directory `mammoth data` wrote "
-         "from .jsonl, or a .jsonl file); --data '"
-      << data_spec << "' has no loss mask";
-  int64_t sft_vocab = 0;  // the instruction data's tokenizer's
-  if (instructions) {
-    data::InstructionData sft = data::open_instruction_data(data_spec);
-    sft_vocab = sft.vocab_size;
-    MAMMOTH_CHECK(sft.seq_len == pl.seq_len)
-        << "[train] the instruction data in " << data_spec << " is packed to --seq-len "
-        << sft.seq_len << ", not " << pl.seq_len << ": train with --seq-len " << sft.seq_len;
-    MAMMOTH_CHECK(absl::GetFlag(FLAGS_val_data).empty())
-        << "[train] --val-data with instruction data is not supported (--val-fraction holds "
-           "out its last sequences)";
-    train_data = std::move(sft.tokens);
-    loss_mask = std::move(sft.loss_mask);
-    // A registered model takes the tokenizer's vocabulary; a directory keeps its own.
-    if (!std::filesystem::is_directory(model_name)) vocab = sft.vocab_size;
-    if (lead)
-      std::fprintf(
-          stderr,
-          "[train] instruction data: %lld tokens in sequences of %lld; loss on %s "
-          "tokens (--loss-on %s%s)\n",
-          static_cast<long long>(train_data.size() - 1), static_cast<long long>(sft.seq_len),
-          loss_on == "response" ? "response" : "prompt and response", loss_on.c_str(),
-          absl::GetFlag(FLAGS_loss_on).empty() ? ", the default for instruction data" : "");
-  } else if (data_spec.empty() && std::filesystem::is_directory(model_name)) {
-    // A model directory keeps its vocabulary: the embedded corpus is tokenized with the
-    // directory's own tokenizer (here, on every rank alike), not with a BPE trained for it.
-    scratch.emplace();
-    data::BuildShardsOptions bo;
-    bo.out_dir = scratch->path();
-    bo.tokenizer_dir = model_name;
-    bo.val_fraction = 0.05;
-    bo.verbose = false;
-    const data::BuildShardsResult r = data::build_shards(bo);
-    if (lead)
-      std::fprintf(stderr, "[train] data: the embedded corpus, tokenized with %s's tokenizer\n",
-                   model_name.c_str());
-    train_data = data::TokenDataset::open(r.train_shards);
-    val_data = data::TokenDataset::open(r.val_shards);
-  } else if (data_spec.empty()) {
-    // Rank 0 tokenizes the corpus into the cache once; the others then read it.
-    if (mesh && !lead) mesh->world().barrier();
-    const data::BuildShardsResult r = default_corpus(absl::GetFlag(FLAGS_vocab_size));
-    if (mesh && lead) mesh->world().barrier();
-    train_data = data::TokenDataset::open(r.train_shards);
-    val_data = data::TokenDataset::open(r.val_shards);
-    vocab = r.vocab_size;
-  } else {
-    train_data = data::TokenDataset::open(data_spec);
-    if (!absl::GetFlag(FLAGS_val_data).empty()) {
-      val_data = data::TokenDataset::open(absl::GetFlag(FLAGS_val_data));
-    }
-  }
-
-  models::ModelOptions mo;
-  if (vocab > 0) mo.vocab_size = vocab;
-  const bool masked_lm = models::family_spec(models::resolve_config(model_name).family).objective ==
-                         models::Objective::kMaskedLm;
-  MAMMOTH_CHECK(!(instructions && masked_lm))
-      << "[train] instruction data trains causal models (gpt2, llama), not " << model_name;
-  if (vocab > 0 && masked_lm) {
-    // <|endoftext|> (the BPE's last id) separates documents as [SEP]; [MASK] is one id more.
-    mo.vocab_size = corpus_model_vocab(masked_lm, vocab);
-    mo.special_tokens = models::SpecialTokenIds{.sep = vocab - 1, .mask = vocab};
-  }
-  mo.dropout = absl::GetFlag(FLAGS_dropout);
-  mo.seed = static_cast<uint64_t>(absl::GetFlag(FLAGS_seed));
-  mo.fresh_init = absl::GetFlag(FLAGS_fresh_init);
-  if (flag_changed("moe_aux_loss_coef"))
-    mo.moe_aux_loss_coef = absl::GetFlag(FLAGS_moe_aux_loss_coef);
-  if (flag_changed("moe_capacity_factor"))
-    mo.moe_capacity_factor = absl::GetFlag(FLAGS_moe_capacity_factor);
-  std::shared_ptr<models::LanguageModel> model = models::create_language_model(model_name, mo);
-  // Built and initialised on the host (the same weights on every device), then moved.
-  engine::train::move_to_device(model->named_parameters(), device.device);
-  engine::train::move_to_device(model->named_buffers(), device.device);
+  const LmData data = load_lm_data(rt.plan(), rt.mesh(), lead);
+  std::shared_ptr<models::LanguageModel> model = build_model(data, device.device);
   const models::ModelConfig& cfg = model->config();
-
-  engine::train::TrainOptions o = options_from_flags();
-  // Model FLOPs per trained token (PaLM's count): 6 per parameter plus attention's
-  // 12 * layers * d_model * seq_len; recomputation is never counted.
-  o.flops_per_token = 6.0 * static_cast<double>(model->num_parameters()) +
-                      12.0 * static_cast<double>(cfg.n_layer * cfg.d_model * pl.seq_len);
-  o.peak_flops = absl::GetFlag(FLAGS_peak_gflops) * 1e9;
-  if (masked_lm) {
-    o.objective = "masked_lm";
-    o.masking = masked_lm_options(cfg, "train");
-  }
-  if (instructions) {
-    o.loss_parts = &loss_mask;
-    o.loss_min_part = static_cast<int>(loss_on == "response" ? data::TokenPart::kResponse
-                                                             : data::TokenPart::kPrompt);
-    MAMMOTH_CHECK(cfg.vocab_size >= sft_vocab)
-        << "[train] the instruction data's tokenizer has more ids than " << model_name
-        << "'s vocabulary of " << cfg.vocab_size;
-  }
-
-  // LoRA: adapters from the flags, or an adapter directory to continue; the model frozen.
-  std::shared_ptr<models::LoraAdapters> lora = make_lora(*model);
-  engine::nn::NamedTensors lora_params;
-  int64_t trainable = 0;  // the adapters' parameters
-  if (lora) {
-    lora_params = lora->named_parameters();
-    engine::train::move_to_device(lora_params, device.device);
-    o.trained_params = &lora_params;
-    // A frozen weight costs its forward and its input gradient (4 per parameter), not its own
-    // gradient; the adapters cost the full 6.
-    for (const auto& [name, t] : lora_params) trainable += t.numel();
-    o.flops_per_token -= 2.0 * static_cast<double>(model->num_parameters());
-    o.flops_per_token += 6.0 * static_cast<double>(trainable);
-  }
-  o.detect_anomaly = absl::GetFlag(FLAGS_detect_anomaly);
-  o.log_grad_norms = absl::GetFlag(FLAGS_log_grad_norms);
-  // The per-module norms are of this process's whole gradients: sharded ones (ZeRO, tp, sp,
-  // pp, offload chunks) would need a reduction per module, which is not built.
-  MAMMOTH_CHECK(!o.log_grad_norms || (pl.zero == 0 && pl.tp == 1 && pl.sp == 1 && pl.pp == 1 &&
-                                      pl.ep == 1 && !pl.offloaded()))
-      << "[train] --log-grad-norms supports one process and plain dp (--zero 0, no --tp, --sp, "
-         "--pp, --ep or offload); this run is "
-      << plan::plan_summary(pl);
-  // Test hook for --detect-anomaly (test/engine/train/anomaly_test.sh): a NaN in a parameter.
-  if (const char* nan_param = std::getenv("MAMMOTH_TEST_NAN_PARAM")) {
-    const char* rank = std::getenv("MAMMOTH_TEST_NAN_RANK");
-    if (rank == nullptr || std::atoi(rank) == rt.rank()) {
-      o.inject_nan_param = nan_param;
-      const char* step = std::getenv("MAMMOTH_TEST_NAN_STEP");
-      o.inject_nan_step = step ? std::atoll(step) : 0;
-    }
-  }
+  LoraRun lora = make_lora_run(*model, device.device);
+  engine::train::TrainOptions o = lm_options(*model, data, lora, rt);
 
   // Everything the plan turns on (tp/sp shards, pipeline stages, dp/ZeRO, offload).
-  if (lora) rt.set_lora(*lora);
+  if (lora.adapters) rt.set_lora(*lora.adapters);
   rt.assemble(model, o);
-  std::unique_ptr<profile::Session> profiling = make_profile_session(o, cfg, pl, mesh, device, rt);
-  models::LanguageModel& trained = rt.trained();
-
-  if (lead) {
-    std::fprintf(
-        stderr,
-        "[train] model %s: %lld parameters | data: %lld training tokens%s | threads %d\n"
-        "[train] batch %lld x %lld tokens x %lld accumulation x %d dp = %lld tokens/step, %lld "
-        "steps\n",
-        model_name.c_str(), static_cast<long long>(model->num_parameters()),
-        static_cast<long long>(train_data.size()),
-        val_data.size() ? (", " + std::to_string(val_data.size()) + " validation").c_str() : "",
-        num_threads(), static_cast<long long>(pl.micro_batch), static_cast<long long>(pl.seq_len),
-        static_cast<long long>(pl.grad_accum), pl.dp,
-        static_cast<long long>(pl.global_batch() * pl.seq_len), static_cast<long long>(o.steps));
-    // Bytes on this rank for parameters, gradients and AdamW's two states: its tp shards or
-    // pipeline stages, divided further by ZeRO.
-    const int64_t elem = static_cast<int64_t>(dtype_size(cfg.dtype));
-    const runtime::TrainingRuntime::Memory m = rt.memory();
-    // LoRA: the runtime holds the adapters (sharded by ZeRO); the frozen model sits beside
-    // them, whole on every rank or (tp) as this rank's shards.
-    const double frozen = lora ? static_cast<double>(trained.num_parameters() * elem) : 0.0;
-    const double whole = static_cast<double>((model->num_parameters() + trainable) * elem);
-    const double params = static_cast<double>(m.params) + frozen;
-    std::fprintf(
-        stderr,
-        "[train] per rank: parameters %.1f MiB (%.1f%% of the model's %.1f MiB%s), "
-        "gradients %.1f MiB, optimizer states %.1f MiB (%s)\n",
-        params / 1048576.0, 100.0 * params / whole, whole / 1048576.0,
-        lora ? (pl.tp > 1 ? ", the frozen base's tp shards" : ", the frozen base whole") : "",
-        m.grads / 1048576.0, m.optimizer / 1048576.0, m.how.c_str());
-  }
-  // The planner's predictions for the plan being run, recorded beside what the run measures:
-  // every rank's peak memory (plan/memory_model.h, for its pipeline stage) against the
-  // allocator's peak, and the step time when --cluster describes the machine. The memory line
-  // is printed as train() returns, measured as the larger of the first step's peak and the
-  // last one's (the allocator's peak since that step began): the first step already holds the
-  // AdamW states and dp buckets (made before it), but not what it makes lazily and keeps
-  // (offload's dp comm buffers), which later steps start with.
-  const int stage = mesh ? mesh->coord(parallel::Axis::kPp) : 0;
-  const plan::MemoryPrediction predicted = plan::predict_memory(cfg, pl);
-  o.predicted_peak_mem_bytes = predicted.stages[static_cast<size_t>(stage)].device_peak;
-  if (lead) {
-    std::fprintf(stderr, "[train] placement per rank (plan/memory_model, stage %d):\n%s", stage,
-                 plan::placement_table(predicted.stages[static_cast<size_t>(stage)], pl).c_str());
-  }
-  struct PeakMemoryReport {
-    int rank = 0;
-    int64_t predicted = 0, first_step = 0;
-    Device device = Device::cpu();
-    ~PeakMemoryReport() {
-      if (std::uncaught_exceptions() > 0 || first_step == 0) return;
-      const int64_t peak = std::max(first_step, memory::allocator_for(device).stats().peak_bytes);
-      std::fprintf(stderr,
-                   "[train] rank %d memory: predicted peak %lld bytes, measured peak %lld bytes "
-                   "(error %+.1f%%)\n",
-                   rank, static_cast<long long>(predicted), static_cast<long long>(peak),
-                   100.0 * static_cast<double>(predicted - peak) / static_cast<double>(peak));
-    }
-  };
+  std::unique_ptr<profile::Session> profiling =
+      make_profile_session(o, cfg, rt.plan(), rt.mesh(), device, rt);
+  if (lead) print_run(rt, *model, data, o, lora);
+  predict_run(o, cfg, rt, cluster);
   // Destroyed before the runtime is (its teardown allocates): declared after it.
   PeakMemoryReport peak_report{rt.rank(), o.predicted_peak_mem_bytes, 0, device.device};
   o.report_peak_memory = [report = &peak_report](int64_t peak) { report->first_step = peak; };
-  // The last forward's expert load per layer and its router losses (models/mixtral).
-  // Read from what trains: under --tp its sharded form ran the forward; under --pp each stage
-  // its own layers, gathered over the stages (every rank calls step_metrics).
-  if (models::family_spec(cfg.family).router_losses) {
-    const models::LanguageModel* moe = &rt.trained();
-    parallel::Communicator* stages =
-        rt.plan().pp > 1 ? &rt.mesh()->group(parallel::Axis::kPp) : nullptr;
-    o.step_metrics = [moe, stages] {
-      const models::RouterReport report = models::router_report(*moe, stages);
-      json::Value layers = json::Value::array();
-      for (const models::ExpertLoad& l : report.load) {
-        json::Value tokens = json::Value::array();
-        for (int64_t t : l.tokens) tokens.push_back(json::Value(t));
-        layers.push_back(
-            json::Value::object().set("tokens", std::move(tokens)).set("dropped", l.dropped));
-      }
-      return json::Value::object()
-          .set("moe_load", std::move(layers))
-          .set("moe_aux_loss", report.aux_loss)
-          .set("moe_z_loss", report.z_loss);
-    };
-  }
-  if (cluster) {
-    const plan::TimePrediction t = plan::predict_time(cfg, pl, *cluster);
-    o.predicted_step_s = t.step_time;
-    if (lead)
-      std::fprintf(stderr, "[train] predicted step time %.3g s on %s (%s binds)\n", t.step_time,
-                   cluster->name.c_str(), t.binding.c_str());
-  } else if (lead) {
-    std::fprintf(stderr,
-                 "[train] predicted step time: none (--cluster FILE describes the machine; "
-                 "mammoth plan --calibrate writes one)\n");
-  }
+  if (models::family_spec(cfg.family).router_losses) o.step_metrics = moe_step_metrics(rt);
 
   json::Value config = json::Value::object();
-  config.set("model", json::Value(model_name));
+  config.set("model", json::Value(absl::GetFlag(FLAGS_model)));
   config.set("model_config", models::config_to_hf_json(cfg));
-  if (lora) {
+  if (lora.adapters) {
     // A resumed run must train the same adapters (the trainer compares this).
-    config.set("lora", lora->peft_config(model_name));
-    if (lead) {
-      const int64_t total = model->num_parameters() + trainable;
-      std::fprintf(stderr,
-                   "[train] LoRA r=%lld alpha=%g dropout=%g on %zu layers: trainable %lld of "
-                   "%lld parameters (%.3f%%), the model's %lld frozen\n",
-                   static_cast<long long>(lora->options().rank), lora->options().alpha,
-                   lora->options().dropout, lora->targets().size(),
-                   static_cast<long long>(trainable), static_cast<long long>(total),
-                   100.0 * static_cast<double>(trainable) / static_cast<double>(total),
-                   static_cast<long long>(model->num_parameters()));
-    }
+    config.set("lora", lora.adapters->peft_config(absl::GetFlag(FLAGS_model)));
     o.after_checkpoint = [&](const std::string& dir) {
-      save_adapter_from_checkpoint(*lora, *model, dir, dir + "/adapter", model_name);
+      save_adapter_from_checkpoint(*lora.adapters, *model, dir, dir + "/adapter",
+                                   absl::GetFlag(FLAGS_model));
     };
   }
   check_lora_resume(o, config);
-  // --dump-batches: what the model is fed, as the tests of the masking rule read it.
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> dump(nullptr, std::fclose);
-  if (!absl::GetFlag(FLAGS_dump_batches).empty()) {
-    const std::string path = absl::GetFlag(FLAGS_dump_batches) +
-                             (mesh ? ".rank" + std::to_string(mesh->rank()) : std::string());
-    dump.reset(std::fopen(path.c_str(), "w"));
-    MAMMOTH_CHECK(dump != nullptr) << "[train] --dump-batches: cannot write " << path;
-  }
   const engine::train::TrainResult r = engine::train::train(
-      trained,
-      [&](const engine::Tensor& in, const engine::Tensor& tg) {
-        if (dump && trained.is_training()) {
-          json::Value line = json::Value::object();
-          for (const auto& [key, t] : {std::pair{"input", &in}, std::pair{"target", &tg}}) {
-            json::Value ids = json::Value::array();
-            for (int64_t id : t->to(Device::cpu()).to_int_vector()) ids.push_back(json::Value(id));
-            line.set(key, std::move(ids));
-          }
-          line.set("shape", json::Value::array().push_back(in.size(0)).push_back(in.size(1)));
-          for (parallel::Axis a : parallel::kAllAxes)
-            line.set(parallel::axis_name(a), json::Value(mesh ? mesh->coord(a) : 0));
-          std::fprintf(dump.get(), "%s\n", json::dump(line).c_str());
-          std::fflush(dump.get());
-        }
-        return trained.loss(in, tg);
-      },
-      train_data, val_data, o, config);
-  if (lead && !r.losses.empty()) {
-    std::fprintf(stderr, "[train] done: steps %lld..%lld, loss %.4f -> %.4f",
-                 static_cast<long long>(r.first_step), static_cast<long long>(r.last_step),
-                 r.losses.front(), r.losses.back());
-    if (r.last_val_loss == r.last_val_loss)
-      std::fprintf(stderr, ", validation %.4f", r.last_val_loss);
-    if (amp == "fp16")
-      std::fprintf(stderr, ", %lld step(s) skipped, loss scale %g",
-                   static_cast<long long>(r.skipped_steps), r.loss_scale);
-    std::fprintf(stderr, "%s\n", r.interrupted ? " (interrupted; checkpoint saved)" : "");
-  }
-  if (lead) std::fprintf(stderr, "%s", rt.offload_report().c_str());
-  if (lora && lead) {
-    if (o.save_dir.empty()) {
-      std::fprintf(stderr, "[train] LoRA: no --save-dir, so the adapter is not saved\n");
-    } else {
-      const std::string dir = o.save_dir + "/adapter";
-      // The run ends with a checkpoint of its last step; the adapter is written from it.
-      const std::optional<std::string> last = engine::train::latest_checkpoint(o.save_dir);
-      MAMMOTH_CHECK(last.has_value())
-          << "[train] no checkpoint in " << o.save_dir << " to write the LoRA adapter from";
-      save_adapter_from_checkpoint(*lora, *model, *last, dir, model_name);
-      std::fprintf(stderr, "[train] LoRA adapter (PEFT) written to %s\n", dir.c_str());
-    }
-  }
+      rt.trained(), lm_loss(rt.trained(), rt.mesh()), data.train, data.val, o, config);
+  if (lead) report_done(r, rt, lora, *model, o);
   return r.interrupted ? 130 : 0;
 }
 
