@@ -359,7 +359,11 @@ std::string format_plans(const SearchResult& result, const Cluster& cluster) {
     os << "\n  " << r.time.explain() << "\n";
     if (!r.memory.stages.empty()) {
       os << "  memory per rank (" << cluster.name << ": " << gib(cluster.device_memory)
-         << " per GPU): device peak " << gib(r.memory.device_peak()) << "\n";
+         << " per GPU): device peak " << gib(r.memory.device_peak());
+      // The search prunes by the planned peak unless count_model_copy: say which is which.
+      if (r.memory.planned_peak() != r.memory.device_peak())
+        os << " (" << gib(r.memory.planned_peak()) << " without the runtime's model copy)";
+      os << "\n";
       std::istringstream lines(r.memory.explain());
       for (std::string line; std::getline(lines, line);) os << "    " << line << "\n";
     }
