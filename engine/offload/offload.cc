@@ -261,12 +261,22 @@ Offload::Offload(const nn::NamedTensors& params, const OffloadOptions& options)
   }
   host_update_ = options.mode != Mode::kNone && (device_.is_cuda() || options.host_update);
   requested_chunk_bytes_ = options.chunk_bytes;
-  // Spans: a parameter larger than a chunk takes several consecutive chunks of each list, paged
+  // A chunk holds the largest parameter (kernels read a parameter as one buffer), unless the
+  // budgets cannot then hold the chunks one update needs at once (the device-computed lists; the
+  // NVMe-homed moments' host staging): a token table beside its gradient at 1/8 of gpt2's state.
+  // Then a parameter larger than --chunk-mb spans several consecutive chunks of each list, paged
   // in together (ChunkManager::acquire_span) for the kernels that read it whole and piece by
-  // piece for the update, so the device needs its pieces plus one chunk rather than it and its
-  // gradient at once. Under dp a chunk is the unit of ownership and reduction, and the CUDA
-  // tier's spans are unproven, so there a chunk holds the largest parameter instead.
-  const bool spans = dp_ == nullptr && !device_.is_cuda();
+  // piece for the update, so the device needs its pieces plus one chunk. One process on the CPU
+  // backend only: under dp a chunk is the unit of ownership and reduction, and the CUDA tier's
+  // spans are unproven, so there the budget is refused as before.
+  const int64_t block = static_cast<int64_t>(memory::io::kBlockSize);
+  const int64_t whole = (std::max(options.chunk_bytes, largest) + block - 1) / block * block;
+  const int device_lists = options.mode == Mode::kNone ? 4 : 2;
+  const bool cramped =
+      (options.device_mem > 0 && options.device_mem < device_lists * whole) ||
+      (options.mode == Mode::kNvme && options.host_mem > 0 && options.host_mem < 2 * whole);
+  const bool spans = cramped && largest > options.chunk_bytes && dp_ == nullptr &&
+                     !device_.is_cuda() && options.auto_device_size == 0;
   const int64_t chunk_bytes = spans ? options.chunk_bytes : std::max(options.chunk_bytes, largest);
 
   chunks::ChunkManagerOptions mo;

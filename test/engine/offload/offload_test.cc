@@ -167,11 +167,9 @@ TEST_CASE("everything on NVMe: parameters, gradients and AdamW states train bitw
   {
     auto m = tiny_model();
     Offload sizing(m->named_parameters(), o);
-    // A quarter of the model state on the device; host staging for the largest parameter's
-    // moments (a 128 x 512 matrix: a span of 16 chunks, whole when a checkpoint reads it) and a
-    // few more chunks: about a twentieth of the moments.
+    // A quarter of the model state on the device; host staging for a few moment chunks only.
     o.device_mem = sizing.model_state_bytes() / 4;
-    o.host_mem = 20 * sizing.manager().chunk_bytes();
+    o.host_mem = 6 * sizing.manager().chunk_bytes();
   }
   const Run r = run(data, &o);
   INFO(r.report);
@@ -272,6 +270,14 @@ TEST_CASE("a token table too big for the budget beside its gradient spans chunks
   whole.chunk_bytes = table;
   CHECK_THROWS_WITH(Offload(model->named_parameters(), whole),
                     Catch::Contains("--device-mem") && Catch::Contains("needs 2"));
+  // Where the table and its gradient fit, chunks hold the table whole, as they always did.
+  OffloadOptions roomy = nvme;
+  roomy.device_mem = 2 * table + nvme.chunk_bytes;
+  roomy.host_mem = 2 * table;
+  const Offload sized(model->named_parameters(), roomy);
+  CHECK(sized.manager().chunk_bytes() == table);
+  CHECK(sized.report().find("raised") != std::string::npos);
+  CHECK(sized.report().find("span") == std::string::npos);
 }
 
 TEST_CASE("the host-update flow (CUDA's host|nvme) pages and trains bitwise like the plain loop") {
@@ -321,8 +327,8 @@ TEST_CASE("budgets too small for one update are clear errors naming the sizes") 
   CHECK_THROWS_WITH(Offload(m->named_parameters(), o), Catch::Contains("--device-mem 20.0 KiB") &&
                                                            Catch::Contains("needs 4") &&
                                                            Catch::Contains("--chunk-mb"));
-  // With small chunks the largest parameter (a 128 x 512 matrix) spans 16 of them, all
-  // resident at once beside one more.
+  // With small chunks and a budget that cannot hold chunks of the largest parameter (a
+  // 128 x 512 matrix), it spans 16 of them, all resident at once beside one more.
   OffloadOptions s = o;
   s.chunk_bytes = 16 << 10;
   s.device_mem = 10 * s.chunk_bytes;
