@@ -289,9 +289,6 @@ Offload::Offload(const nn::NamedTensors& params, const OffloadOptions& options)
     // plus the prefetch depth, whole chunks as the manager rounds them.
     const int64_t b = static_cast<int64_t>(memory::io::kBlockSize);
     const int64_t rounded = (chunk_bytes + b - 1) / b * b;
-    const int64_t span = (largest + rounded - 1) / rounded;
-    const int device_lists = std::max<int>(options.mode == Mode::kNone ? 4 : 2,
-                                           span > 1 ? static_cast<int>(span) + 1 : 0);
     mo.device_budget = (device_lists + options.prefetch_depth) * rounded;
     MAMMOTH_CHECK(mo.device_budget < options.auto_device_size)
         << "[offload] --device-mem auto:" << chunks::short_bytes(options.auto_device_size)
