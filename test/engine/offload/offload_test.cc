@@ -225,7 +225,7 @@ TEST_CASE("a token table too big for the budget beside its gradient spans chunks
   const Run base = run(data, nullptr, kVocab);
   REQUIRE(base.losses.back() < base.losses.front());
   const auto model = tiny_model(kVocab);
-  const engine::Tensor& wte = model->named_parameters().front().second;
+  const engine::Tensor wte = model->named_parameters().front().second;
   REQUIRE(model->named_parameters().front().first == "wte.weight");
   const int64_t table = static_cast<int64_t>(wte.nbytes());
   const int64_t state = engine::offload::model_state_bytes(model->named_parameters());
