@@ -165,20 +165,38 @@ class Offload::ChunkedAdamW final : public optim::AdamW {
     if (!owner_.owns(i)) return;  // another dp rank updates it and broadcasts the result
     const Tensor g = optim::checked_grad(name, param);
     if (!g.defined()) return;
+    const Slot& slot = owner_.slots_[i];
+    if (slot.pieces > 1) {
+      // Elementwise, so piece by piece gives the same numbers (pieces are whole vectors, so no
+      // element changes lanes) and only one piece of each list is resident at a time.
+      MAMMOTH_CHECK(g.storage() == owner_.span_storages_[kGrads][i])
+          << "[optimizer] gradient of '" << name << "' is not in its gradient chunks";
+      for (int j = 0; j < slot.pieces; ++j) {
+        const Tensor pj = owner_.piece(kParams, i, j), gj = owner_.piece(kGrads, i, j);
+        update_slice(i, pj, gj, owner_.piece(kExpAvg, i, j), owner_.piece(kExpAvgSq, i, j),
+                     slot.chunk + j, 0);
+      }
+      return;
+    }
     const Tensor m = owner_.view(kExpAvg, i), v = owner_.view(kExpAvgSq, i);
+    MAMMOTH_CHECK(!owner_.host_update_ || g.storage() == owner_.storages_[kGrads][slot.chunk])
+        << "[optimizer] gradient of '" << name << "' is not in its gradient chunk";
+    update_slice(i, param, g, m, v, slot.chunk, slot.offset);
+  }
+
+  // The update of `param` (all of parameter i, or a piece of it in chunk k at `offset` bytes).
+  void update_slice(size_t i, const Tensor& param, const Tensor& g, const Tensor& m,
+                    const Tensor& v, int k, int64_t offset) {
     if (owner_.host_update_) {
       // The CPU AdamW on the host copies (offload.h, "The device"): the gradient
       // chunk's home copy, written back from the device if dirty; the parameter chunk's home
       // copy, whose device copy is dropped, so the next forward loads the updated bytes.
-      const Slot& s = owner_.slots_[i];
-      MAMMOTH_CHECK(g.storage() == owner_.storages_[kGrads][s.chunk])
-          << "[optimizer] gradient of '" << name << "' is not in its gradient chunk";
       memory::chunks::ChunkManager& mgr = *owner_.manager_;
-      char* pp = static_cast<char*>(mgr.acquire_home(owner_.ids_[kParams][s.chunk], true));
-      char* gp = static_cast<char*>(mgr.acquire_home(owner_.ids_[kGrads][s.chunk], false));
+      char* pp = static_cast<char*>(mgr.acquire_home(owner_.ids_[kParams][k], true));
+      char* gp = static_cast<char*>(mgr.acquire_home(owner_.ids_[kGrads][k], false));
       make_resident(m, true);
       make_resident(v, true);
-      update(i, {arg_at(param, pp + s.offset), arg_at(g, gp + s.offset), m.arg(), v.arg()},
+      update(i, {arg_at(param, pp + offset), arg_at(g, gp + offset), m.arg(), v.arg()},
              DeviceType::kCPU);
       return;
     }
@@ -243,9 +261,23 @@ Offload::Offload(const nn::NamedTensors& params, const OffloadOptions& options)
   }
   host_update_ = options.mode != Mode::kNone && (device_.is_cuda() || options.host_update);
   requested_chunk_bytes_ = options.chunk_bytes;
-  // A parameter never straddles chunks (kernels need it contiguous), so a chunk holds the
-  // largest one.
-  const int64_t chunk_bytes = std::max(options.chunk_bytes, largest);
+  // A chunk holds the largest parameter (kernels read a parameter as one buffer), unless the
+  // budgets cannot then hold the chunks one update needs at once (the device-computed lists; the
+  // NVMe-homed moments' host staging): a token table beside its gradient at 1/8 of gpt2's state.
+  // Then a parameter larger than --chunk-mb spans several consecutive chunks of each list, paged
+  // in together (ChunkManager::acquire_span) for the kernels that read it whole and piece by
+  // piece for the update, so the device needs its pieces plus one chunk. One process on the CPU
+  // backend only: under dp a chunk is the unit of ownership and reduction, and the CUDA tier's
+  // spans are unproven, so there the budget is refused as before.
+  const int64_t block = static_cast<int64_t>(memory::io::kBlockSize);
+  const int64_t whole = (std::max(options.chunk_bytes, largest) + block - 1) / block * block;
+  const int device_lists = options.mode == Mode::kNone ? 4 : 2;
+  const bool cramped =
+      (options.device_mem > 0 && options.device_mem < device_lists * whole) ||
+      (options.mode == Mode::kNvme && options.host_mem > 0 && options.host_mem < 2 * whole);
+  const bool spans = cramped && largest > options.chunk_bytes && dp_ == nullptr &&
+                     !device_.is_cuda() && options.auto_device_size == 0;
+  const int64_t chunk_bytes = spans ? options.chunk_bytes : std::max(options.chunk_bytes, largest);
 
   chunks::ChunkManagerOptions mo;
   mo.chunk_bytes = chunk_bytes;
@@ -257,7 +289,6 @@ Offload::Offload(const nn::NamedTensors& params, const OffloadOptions& options)
     // plus the prefetch depth, whole chunks as the manager rounds them.
     const int64_t b = static_cast<int64_t>(memory::io::kBlockSize);
     const int64_t rounded = (chunk_bytes + b - 1) / b * b;
-    const int device_lists = options.mode == Mode::kNone ? 4 : 2;
     mo.device_budget = (device_lists + options.prefetch_depth) * rounded;
     MAMMOTH_CHECK(mo.device_budget < options.auto_device_size)
         << "[offload] --device-mem auto:" << chunks::short_bytes(options.auto_device_size)
@@ -310,6 +341,16 @@ Offload::Offload(const nn::NamedTensors& params, const OffloadOptions& options)
   slots_.resize(params_.size());
   for (size_t i : order) {
     const int64_t n = static_cast<int64_t>(params_[i].second.nbytes());
+    if (n > cb) {
+      // Full pieces, then the rest in a last one that later parameters may share.
+      const int pieces = static_cast<int>((n + cb - 1) / cb);
+      slots_[i] = Slot{static_cast<int>(chunk_used_.size()), 0, pieces};
+      for (int j = 0; j < pieces; ++j) {
+        chunk_used_.push_back(j + 1 < pieces ? cb : n - (pieces - 1) * cb);
+        chunk_params_.push_back(j == 0 ? 1 : 0);
+      }
+      continue;
+    }
     int64_t at = chunk_used_.empty()
                      ? cb + 1
                      : (chunk_used_.back() + kSlotAlignment - 1) / kSlotAlignment * kSlotAlignment;
@@ -360,7 +401,8 @@ Offload::Offload(const nn::NamedTensors& params, const OffloadOptions& options)
       ids_[l].push_back(held ? manager_->add_chunk(list, chunk_used_[k]) : -1);
     }
   }
-  // Each chunk names its tensors in the profiler's chunk moves: the first and last of them.
+  // Each chunk names its tensors in the profiler's chunk moves: the first and last of them,
+  // and a span's pieces theirs, numbered.
   for (size_t k = 0; k < chunk_members_.size(); ++k) {
     const std::vector<size_t>& m = chunk_members_[k];
     if (m.empty()) continue;
@@ -371,21 +413,55 @@ Offload::Offload(const nn::NamedTensors& params, const OffloadOptions& options)
       if (ids_[l][k] >= 0) manager_->set_label(ids_[l][k], label);
     }
   }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Slot& s = slots_[i];
+    if (s.pieces == 1) continue;
+    for (int l = 0; l < kNumLists; ++l) {
+      manager_->declare_span(ids_[l][s.chunk], s.pieces);
+      for (int j = 0; j < s.pieces; ++j) {
+        manager_->set_label(ids_[l][s.chunk + j], params_[i].first + " [" + std::to_string(j + 1) +
+                                                      "/" + std::to_string(s.pieces) + "]");
+      }
+    }
+  }
   manager_->finalize();
 
   // One Storage per chunk, shared by every tensor in it; the manager points it at wherever the
   // chunk's bytes are, and kernel launches page it in through the hook.
+  // A spanning parameter's storage covers its pieces; its hook pages them in together and sets
+  // the address, and any move of a piece clears it (a read that bypasses the hook fails loudly).
   chunks::ChunkManager* mgr = manager_.get();
   for (int l = 0; l < kNumLists; ++l) {
-    for (chunks::ChunkId id : ids_[l]) {
+    span_storages_[l].resize(params_.size());
+    std::vector<Storage*> span_of(ids_[l].size(), nullptr);
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const Slot& s = slots_[i];
+      if (s.pieces == 1) continue;
+      const chunks::ChunkId first = ids_[l][s.chunk];
+      const int n = s.pieces;
+      auto st =
+          std::make_shared<Storage>(nullptr, static_cast<size_t>(n * cb), list_device[l], [] {});
+      Storage* raw = st.get();
+      st->ensure_resident = [mgr, first, n, raw](bool write) {
+        raw->data = mgr->acquire_span(first, n, write);
+      };
+      for (int j = 0; j < n; ++j) span_of[static_cast<size_t>(s.chunk + j)] = raw;
+      span_storages_[l][i] = std::move(st);
+    }
+    for (size_t k = 0; k < ids_[l].size(); ++k) {
+      const chunks::ChunkId id = ids_[l][k];
       if (id < 0) {
         storages_[l].push_back(nullptr);
         continue;
       }
       auto st = std::make_shared<Storage>(nullptr, static_cast<size_t>(cb), list_device[l], [] {});
       Storage* raw = st.get();
+      Storage* span = span_of[k];
       st->ensure_resident = [mgr, id](bool write) { mgr->acquire(id, write); };
-      manager_->set_observer(id, [raw](void* p) { raw->data = p; });
+      manager_->set_observer(id, [raw, span](void* p) {
+        raw->data = p;
+        if (span != nullptr) span->data = nullptr;
+      });
       storages_[l].push_back(std::move(st));
     }
   }
@@ -394,10 +470,10 @@ Offload::Offload(const nn::NamedTensors& params, const OffloadOptions& options)
   for (size_t i : order) {
     const Tensor& p = params_[i].second;
     const Slot& s = slots_[i];
-    char* base = static_cast<char*>(manager_->acquire(ids_[kParams][s.chunk], true));
+    char* base = static_cast<char*>(manager_->acquire_span(ids_[kParams][s.chunk], s.pieces, true));
     copy_bytes(base + s.offset, device_, p.raw_data(), p.device(), p.nbytes());
     TensorImpl* impl = p.impl();
-    impl->storage = storages_[kParams][s.chunk];
+    impl->storage = s.pieces > 1 ? span_storages_[kParams][i] : storages_[kParams][s.chunk];
     impl->offset = s.offset / static_cast<int64_t>(dtype_size(p.dtype()));
   }
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -436,11 +512,13 @@ Offload::~Offload() {
   } catch (const std::exception& e) {
     std::fprintf(stderr, "[offload] restoring parameters failed: %s\n", e.what());
   }
-  for (auto& list : storages_) {
-    for (auto& st : list) {
-      if (!st) continue;  // a state chunk another dp rank owns
-      st->ensure_resident = nullptr;
-      st->data = nullptr;  // views that outlive the manager fail loudly, never read freed bytes
+  for (int l = 0; l < kNumLists; ++l) {
+    for (auto* list : {&storages_[l], &span_storages_[l]}) {
+      for (auto& st : *list) {
+        if (!st) continue;  // a state chunk another dp rank owns, or a parameter in one chunk
+        st->ensure_resident = nullptr;
+        st->data = nullptr;  // views that outlive the manager fail loudly, never read freed bytes
+      }
     }
   }
   optimizer_.reset();
@@ -452,10 +530,23 @@ Tensor Offload::view(List list, size_t i) const {
       << "[offload] the AdamW state of '" << params_[i].first << "' lives on dp rank "
       << owner(slots_[i].chunk) << ", not on rank " << rank_;
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = storages_[list][slots_[i].chunk];
+  impl->storage = slots_[i].pieces > 1 ? span_storages_[list][i] : storages_[list][slots_[i].chunk];
   impl->offset = slots_[i].offset / static_cast<int64_t>(dtype_size(p.dtype()));
   impl->shape = p.shape();
   impl->strides = contiguous_strides(p.shape());
+  impl->dtype = p.dtype();
+  return Tensor(std::move(impl));
+}
+
+Tensor Offload::piece(List list, size_t i, int j) const {
+  const Tensor& p = params_[i].second;
+  const int64_t cb = manager_->chunk_bytes();
+  const int64_t bytes = std::min(cb, static_cast<int64_t>(p.nbytes()) - j * cb);
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = storages_[list][static_cast<size_t>(slots_[i].chunk + j)];
+  impl->offset = 0;
+  impl->shape = {bytes / static_cast<int64_t>(dtype_size(p.dtype()))};
+  impl->strides = {1};
   impl->dtype = p.dtype();
   return Tensor(std::move(impl));
 }
@@ -762,6 +853,15 @@ std::string Offload::report() const {
   if (manager_->chunk_bytes() > requested_chunk_bytes_)
     out += "; chunks raised from " + chunks::short_bytes(requested_chunk_bytes_) +
            " to the largest parameter";
+  int spanning = 0, longest = 0;
+  for (const Slot& s : slots_) {
+    if (s.pieces > 1) ++spanning;
+    longest = std::max(longest, s.pieces);
+  }
+  if (spanning > 0) {
+    out += "; " + std::to_string(spanning) + " parameter(s) larger than a chunk span up to " +
+           std::to_string(longest) + " chunks each";
+  }
   out += use_ordered_ ? "; packed in first-use order" : "; packed in the model's order";
   if (device_.is_cuda()) out += "; device tier " + device_.str();
   if (options_.params != Mode::kNone)

@@ -124,7 +124,9 @@ struct OffloadOptions {
   int64_t device_mem = 0;  // bytes; 0: unlimited
   int64_t host_mem = 0;    // bytes; 0: unlimited
   std::string nvme_dir;
-  int64_t chunk_bytes = 32ll << 20;  // raised to the largest parameter when smaller
+  // A parameter larger than a chunk spans several (one process on the CPU backend; see
+  // "Spans" in offload.cc); under dp or on CUDA chunks are raised to the largest parameter.
+  int64_t chunk_bytes = 32ll << 20;
   memory::io::AsyncIOOptions io;
   int prefetch_depth = 2;
   // Packing order (parameter names; see first_use_order); empty: the model's order.
@@ -205,10 +207,13 @@ class Offload final : public train::OffloadRuntime, public train::DataParallelRu
   struct Slot {
     int chunk = 0;       // index into the per-list chunk vectors
     int64_t offset = 0;  // bytes into the chunk
+    int pieces = 1;      // > 1: the parameter spans chunks chunk .. chunk + pieces - 1
   };
   enum List { kParams = 0, kGrads = 1, kExpAvg = 2, kExpAvgSq = 3, kNumLists = 4, kNone = -1 };
 
   Tensor view(List list, size_t i) const;  // param i's bytes in `list` as a tensor
+  // Piece j of spanning param i in `list`: the flat elements it holds in chunk slot.chunk + j.
+  Tensor piece(List list, size_t i, int j) const;
   void on_grad_ready(size_t i);
   bool owns(size_t i) const { return owner(slots_[i].chunk) == rank_; }
   // Chunk k's used bytes as a flat tensor at `base`.
@@ -224,6 +229,9 @@ class Offload final : public train::OffloadRuntime, public train::DataParallelRu
   std::unique_ptr<memory::chunks::ChunkManager> manager_;
   std::vector<memory::chunks::ChunkId> ids_[kNumLists];        // per list: chunk k's id
   std::vector<std::shared_ptr<Storage>> storages_[kNumLists];  // per list: chunk k's storage
+  // Per list and parameter: a spanning parameter's storage over all its pieces (else null),
+  // paged in by ChunkManager::acquire_span.
+  std::vector<std::shared_ptr<Storage>> span_storages_[kNumLists];
   std::vector<Tensor> grad_views_;
   std::unique_ptr<ChunkedAdamW> optimizer_;
   int64_t state_bytes_ = 0;

@@ -204,6 +204,7 @@ struct ChunkManager::Chunk {
   // end_step(), so no load copies the home bytes while the host is still changing them.
   bool host_written = false;
   uint64_t last_use = 0;
+  int span = 0;  // on a span's first piece: its pieces (declare_span)
   std::function<void(void*)> on_move;
   std::shared_ptr<CopyDone> copy;  // pending host -> compute load
   io::Ticket read;                 // pending NVMe -> compute load
@@ -216,7 +217,11 @@ struct ChunkManager::Chunk {
 struct ChunkManager::Pool {
   Tier tier = Tier::kDevice;
   int min_resident = 1;  // chunks one operation may need at once
-  std::vector<std::unique_ptr<Buffer>> mem;
+  // Slot memory: each arena is one allocation of consecutive slots, so chunks in consecutive
+  // slots of one arena are one contiguous buffer (acquire_span); growth adds an arena.
+  std::vector<std::unique_ptr<Buffer>> arenas;
+  std::vector<char*> slot;           // each slot's address
+  std::vector<int> arena;            // each slot's arena
   std::vector<ChunkId> owner;        // -1: free
   std::vector<io::Ticket> draining;  // NVMe write-back still reading the slot
   // CUDA: the chunk whose write-back last read the slot (-1: none). Its event orders a kernel
@@ -318,6 +323,30 @@ ChunkId ChunkManager::add_chunk(int list, int64_t used_bytes) {
   return static_cast<ChunkId>(chunks_.size()) - 1;
 }
 
+void ChunkManager::declare_span(ChunkId first, int count) {
+  MAMMOTH_CHECK(!finalized_) << "[ChunkManager::declare_span] after finalize()";
+  MAMMOTH_CHECK(count >= 2 && first >= 0 && first + count <= num_chunks())
+      << "[ChunkManager::declare_span] chunks " << first << " + " << count << " out of range ("
+      << num_chunks() << " chunks)";
+  for (int j = 0; j < count; ++j) {
+    const Chunk& c = *chunks_[first + j];
+    MAMMOTH_CHECK(c.list == chunks_[first]->list && (j == count - 1 || c.used == chunk_bytes_))
+        << "[ChunkManager::declare_span] chunk " << first + j << " of the span from " << first
+        << " is not a full chunk of list '" << lists_[chunks_[first]->list].name << "'";
+  }
+  chunks_[first]->span = count;
+}
+
+void ChunkManager::add_slots(Pool& pool, int64_t n) {
+  if (n <= 0) return;
+  pool.arenas.push_back(make_buffer(pool.tier, n * chunk_bytes_));
+  char* base = pool.arenas.back()->data();
+  for (int64_t i = 0; i < n; ++i) {
+    pool.slot.push_back(base + i * chunk_bytes_);
+    pool.arena.push_back(static_cast<int>(pool.arenas.size()) - 1);
+  }
+}
+
 int64_t ChunkManager::set_device_budget(int64_t bytes) {
   MAMMOTH_CHECK(finalized_) << "[ChunkManager::set_device_budget] before finalize()";
   MAMMOTH_CHECK(bytes > 0) << "[ChunkManager] a device budget must be > 0, got " << bytes;
@@ -336,13 +365,12 @@ int64_t ChunkManager::set_device_budget(int64_t bytes) {
   }
   const int64_t slots = (bytes - home) / chunk_bytes_;
   Pool& pool = *device_pool_;
-  const int64_t have = static_cast<int64_t>(pool.mem.size());
+  const int64_t have = static_cast<int64_t>(pool.slot.size());
   if (slots <= have) return options_.device_budget;
   synchronize();  // no transfer in flight while the pool's vectors grow
   // New slots are free; the chunks in the old ones stay where they are (slots are held by
   // pointer: growing the vector moves no memory).
-  for (int64_t i = have; i < slots; ++i)
-    pool.mem.push_back(make_buffer(Tier::kDevice, chunk_bytes_));
+  add_slots(pool, slots - have);
   pool.owner.resize(static_cast<size_t>(slots), -1);
   pool.draining.resize(static_cast<size_t>(slots));
   pool.last_write_back.resize(static_cast<size_t>(slots), -1);
@@ -432,8 +460,19 @@ void ChunkManager::finalize() {
         << "NVMe: a CUDA device tier pages device chunks through host memory only";
   }
 
-  // Pools: which lists are cached on which compute tier.
+  // Pools: which lists are cached on which compute tier, and the longest span each must hold.
   int device_cached_lists = 0, host_cached_lists = 0;
+  int device_span = 0, host_span = 0;
+  for (const auto& c : chunks_) {
+    if (c->span == 0 || list_home_[c->list] == lists_[c->list].compute) continue;
+    int& span = lists_[c->list].compute == Tier::kDevice ? device_span : host_span;
+    span = std::max(span, c->span);
+  }
+  // A span beside one more chunk (a bias, the op's other argument); else one update's lists.
+  auto span_text = [](int span) {
+    return "a tensor spanning " + std::to_string(span) +
+           " chunks needs them resident at once, with one more beside them";
+  };
   std::string device_roles, host_roles;
   for (size_t l = 0; l < lists_.size(); ++l) {
     if (list_home_[l] == lists_[l].compute || list_chunks[l] == 0) continue;
@@ -456,39 +495,48 @@ void ChunkManager::finalize() {
       if (lists_[l].compute == Tier::kDevice && list_home_[l] != Tier::kDevice)
         cached_chunks += list_chunks[l];
     }
-    const int64_t slots = options_.device_budget == 0 ? cached_chunks : room / chunk_bytes_;
-    MAMMOTH_CHECK(slots >= device_cached_lists)
-        << "[ChunkManager] --device-mem " << short_bytes(options_.device_budget) << " holds "
-        << slots << " chunk(s) of " << short_bytes(chunk_bytes_) << " (--chunk-mb), but one update "
-        << "needs " << device_cached_lists << " resident at once (" << device_roles
-        << "): raise --device-mem to at least "
-        << short_bytes(device_home + device_cached_lists * chunk_bytes_) << " or lower --chunk-mb";
+    const int need = std::max(device_cached_lists, device_span > 0 ? device_span + 1 : 0);
+    const int64_t slots =
+        options_.device_budget == 0 ? std::max<int64_t>(cached_chunks, need) : room / chunk_bytes_;
+    MAMMOTH_CHECK(slots >= need) << "[ChunkManager] --device-mem "
+                                 << short_bytes(options_.device_budget) << " holds " << slots
+                                 << " chunk(s) of " << short_bytes(chunk_bytes_)
+                                 << " (--chunk-mb), but "
+                                 << (need > device_cached_lists
+                                         ? span_text(device_span)
+                                         : "one update needs " + std::to_string(need) +
+                                               " resident at once (" + device_roles + ")")
+                                 << ": raise --device-mem to at least "
+                                 << short_bytes(device_home + need * chunk_bytes_)
+                                 << (need > device_cached_lists ? "" : " or lower --chunk-mb");
     device_pool_ = std::make_unique<Pool>();
     device_pool_->tier = Tier::kDevice;
-    device_pool_->min_resident = device_cached_lists;
-    for (int64_t i = 0; i < slots; ++i)
-      device_pool_->mem.push_back(make_buffer(Tier::kDevice, chunk_bytes_));
+    device_pool_->min_resident = need;
+    add_slots(*device_pool_, slots);
     device_pool_->owner.assign(slots, -1);
     device_pool_->draining.resize(slots);
     device_pool_->last_write_back.assign(slots, -1);
     stats_[0].slots = slots;
   }
   if (host_cached_lists > 0) {
-    int64_t slots = options_.host_staging_slots;
+    const int need = std::max(host_cached_lists, host_span > 0 ? host_span + 1 : 0);
+    int64_t slots = std::max(options_.host_staging_slots, need);
     if (options_.host_budget > 0)
       slots = std::min<int64_t>(slots, (options_.host_budget - host_home) / chunk_bytes_);
-    MAMMOTH_CHECK(slots >= host_cached_lists)
+    MAMMOTH_CHECK(slots >= need)
         << "[ChunkManager] --host-mem " << short_bytes(options_.host_budget) << " leaves "
         << short_bytes(std::max<int64_t>(0, options_.host_budget - host_home))
         << " after host-resident chunks (" << short_bytes(host_home) << "): room for " << slots
-        << " staging chunk(s) of " << short_bytes(chunk_bytes_) << ", but updating NVMe-resident "
-        << host_roles << " needs " << host_cached_lists << ": raise --host-mem to at least "
-        << short_bytes(host_home + host_cached_lists * chunk_bytes_) << " or lower --chunk-mb";
+        << " staging chunk(s) of " << short_bytes(chunk_bytes_) << ", but "
+        << (need > host_cached_lists
+                ? span_text(host_span)
+                : "updating NVMe-resident " + host_roles + " needs " + std::to_string(need))
+        << ": raise --host-mem to at least " << short_bytes(host_home + need * chunk_bytes_)
+        << (need > host_cached_lists ? "" : " or lower --chunk-mb");
     host_pool_ = std::make_unique<Pool>();
     host_pool_->tier = Tier::kHost;
-    host_pool_->min_resident = host_cached_lists;
-    for (int64_t i = 0; i < slots; ++i)
-      host_pool_->mem.push_back(make_buffer(Tier::kHost, chunk_bytes_));
+    host_pool_->min_resident = need;
+    add_slots(*host_pool_, slots);
     host_pool_->owner.assign(slots, -1);
     host_pool_->draining.resize(slots);
     host_pool_->last_write_back.assign(slots, -1);
@@ -650,7 +698,7 @@ void ChunkManager::evict(ChunkId id) {
   Pool& pool = *pool_of(c);
   if (c.state == ChunkState::kInFlight) finish_load(id);
   const int slot = c.slot;
-  char* src = pool.mem[slot]->data();
+  char* src = pool.slot[slot];
   TierStats& from = stats_[static_cast<int>(c.compute)];
   TierStats& to = stats_[static_cast<int>(c.home)];
   bool draining = false;
@@ -718,7 +766,7 @@ void ChunkManager::start_load(ChunkId id, int slot, bool prefetch) {
   c.slot = slot;
   pool.owner[slot] = id;
   add_used(pool.tier, chunk_bytes_);
-  char* dst = pool.mem[slot]->data();
+  char* dst = pool.slot[slot];
   if (c.discarded) {  // nothing worth moving
     // On a GPU the kernels about to overwrite the slot must not overtake a write-back still
     // reading it on the copy stream (a load of our own would be queued behind it instead).
@@ -796,20 +844,24 @@ void ChunkManager::finish_load(ChunkId id) {
   if (cuda_ && c.event != nullptr) cuda_->compute_wait(c.event);
   --pool.in_flight;
   c.state = ChunkState::kResident;
-  if (c.on_move) c.on_move(pool.mem[c.slot]->data());
+  if (c.on_move) c.on_move(pool.slot[c.slot]);
 }
 
-void ChunkManager::note_access(ChunkId id) {
-  if (id == last_) return;
+void ChunkManager::note_access(ChunkId id, int count) {
+  if (id == last_ && count == last_count_) return;
   last_ = id;
+  last_count_ = count;
   if (!frozen_) {
-    positions_[id].push_back(static_cast<int64_t>(trace_.size()));
+    // A span's entry is a use of each of its pieces (their next use drives eviction).
+    for (int j = 0; j < count; ++j)
+      positions_[id + j].push_back(static_cast<int64_t>(trace_.size()));
     trace_.push_back(id);
+    trace_count_.push_back(count);
     return;
   }
   const int64_t n = static_cast<int64_t>(trace_.size());
   for (int64_t k = 0; k < options_.lookahead && cursor_ + k < n; ++k) {
-    if (trace_[cursor_ + k] == id) {
+    if (trace_[cursor_ + k] == id && trace_count_[cursor_ + k] == count) {
       cursor_ += k + 1;
       return;
     }
@@ -822,6 +874,7 @@ void ChunkManager::prefetch() {
   if (!frozen_ || n == 0 || options_.prefetch_depth == 0) return;
   bool blocked[2] = {false, false};
   for (int64_t k = 0; k < options_.lookahead && k < n; ++k) {
+    if (trace_count_[(cursor_ + k) % n] > 1) continue;  // spans load on demand
     const ChunkId id = trace_[(cursor_ + k) % n];
     Chunk& c = *chunks_[id];
     if (c.home == c.compute || c.state != ChunkState::kEvicted || c.discarded || c.host_written)
@@ -875,7 +928,148 @@ void* ChunkManager::acquire(ChunkId id, bool write) {
   if (it != pool.recent.end()) pool.recent.erase(it);
   pool.recent.push_front(id);
   while (static_cast<int>(pool.recent.size()) > pool.min_resident) pool.recent.pop_back();
-  void* at = pool.mem[c.slot]->data();
+  void* at = pool.slot[c.slot];
+  prefetch();
+  return at;
+}
+
+// The window of `count` consecutive slots of one arena to load the span from `first` into:
+// fewest chunks in `keep` (the op's other arguments, moved out of the way when they are in it),
+// then most pieces already in place, then fewest other occupants, then those used farthest ahead.
+int ChunkManager::span_window(const Pool& pool, ChunkId first, int count,
+                              const std::vector<ChunkId>& keep) const {
+  const int slots = static_cast<int>(pool.slot.size());
+  int best = -1;
+  int64_t best_key[4] = {0, 0, 0, 0};
+  for (int w = 0; w + count <= slots; ++w) {
+    if (pool.arena[w] != pool.arena[w + count - 1]) continue;
+    int64_t kept = 0, in_place = 0, others = 0, soonest = kNever;
+    for (int j = 0; j < count; ++j) {
+      const ChunkId o = pool.owner[w + j];
+      if (o == first + j) {
+        ++in_place;
+      } else if (o >= 0) {
+        if (std::find(keep.begin(), keep.end(), o) != keep.end()) ++kept;
+        ++others;
+        if (frozen_) soonest = std::min(soonest, next_use(o));
+      }
+    }
+    const int64_t key[4] = {kept, -in_place, others, -soonest};  // smaller is better
+    if (best < 0 || std::lexicographical_compare(key, key + 4, best_key, best_key + 4)) {
+      best = w;
+      std::copy(key, key + 4, best_key);
+    }
+  }
+  MAMMOTH_CHECK(best >= 0) << "[ChunkManager] internal: no run of " << count
+                           << " consecutive slots among " << slots << " " << tier_name(pool.tier)
+                           << " slots";
+  return best;
+}
+
+// Moves `id` (kept resident for the op under way) out of the window [window, window + count):
+// into a free slot outside it, else one whose occupant is neither kept nor a piece of the span.
+// Through its home (evict, then load), which orders the copies on every tier as any move does.
+void ChunkManager::relocate(Pool& pool, ChunkId id, int window, int count,
+                            const std::vector<ChunkId>& keep) {
+  const int slots = static_cast<int>(pool.slot.size());
+  int target = -1;
+  for (int s = 0; s < slots && target < 0; ++s) {
+    if (s >= window && s < window + count) continue;
+    if (pool.owner[s] < 0) target = s;
+  }
+  for (int s = 0; s < slots && target < 0; ++s) {
+    if (s >= window && s < window + count) continue;
+    const ChunkId o = pool.owner[s];
+    if (std::find(keep.begin(), keep.end(), o) == keep.end()) target = s;
+  }
+  MAMMOTH_CHECK(target >= 0) << "[ChunkManager] internal: no slot outside the span's window for "
+                             << "chunk " << id << " among " << slots << " " << tier_name(pool.tier)
+                             << " slots";
+  if (pool.owner[target] >= 0) evict(pool.owner[target]);
+  if (pool.draining[target].valid()) {
+    pool.draining[target].wait();
+    pool.draining[target] = io::Ticket();
+    add_used(pool.tier, -chunk_bytes_);
+  }
+  evict(id);  // written back when dirty, so the load below brings the same bytes
+  start_load(id, target, false);
+  finish_load(id);
+}
+
+void* ChunkManager::acquire_span(ChunkId first, int count, bool write) {
+  if (count == 1) return acquire(first, write);
+  check(first, "acquire_span");
+  MAMMOTH_CHECK(finalized_) << "[ChunkManager::acquire_span] before finalize()";
+  MAMMOTH_CHECK(chunks_[first]->span == count)
+      << "[ChunkManager::acquire_span] chunks " << first << " .. " << first + count - 1
+      << " are not a declared span";
+  Chunk& head = *chunks_[first];
+  if (head.home == head.compute) {
+    // Consecutive chunks of one list are consecutive in the list's home block.
+    for (int j = 0; j < count; ++j) chunks_[first + j]->dirty |= write;
+    return head.home_ptr;
+  }
+  note_access(first, count);
+  Pool& pool = *pool_of(head);
+  // The chunks the op under way may already hold: as acquire() keeps the newest
+  // min_resident - 1, a span of `count` keeps the newest min_resident - count others.
+  std::vector<ChunkId> keep;
+  for (ChunkId r : pool.recent) {
+    if (static_cast<int>(keep.size()) >= pool.min_resident - count) break;
+    if (r < first || r >= first + count) keep.push_back(r);
+  }
+  TierStats& s = stats_[static_cast<int>(head.compute)];
+  const double before = s.stall_s;
+  const auto t0 = Clock::now();
+  bool loaded = false;
+  reclaim_drained(pool, false);
+  const int w = span_window(pool, first, count, keep);
+  for (int j = 0; j < count; ++j) {
+    const ChunkId o = pool.owner[w + j];
+    if (o >= 0 && o != first + j && std::find(keep.begin(), keep.end(), o) != keep.end())
+      relocate(pool, o, w, count, keep);
+  }
+  for (int j = 0; j < count; ++j) {
+    const ChunkId id = first + j;
+    Chunk& c = *chunks_[id];
+    c.host_written = false;
+    const int slot = w + j;
+    if (pool.owner[slot] == id) {
+      finish_load(id);  // resident already, or a load of it in flight
+      continue;
+    }
+    if (pool.owner[slot] >= 0) evict(pool.owner[slot]);
+    if (pool.draining[slot].valid()) {
+      pool.draining[slot].wait();
+      pool.draining[slot] = io::Ticket();
+      add_used(pool.tier, -chunk_bytes_);
+    }
+    if (c.state != ChunkState::kEvicted) evict(id);  // in another slot: through its home
+    start_load(id, slot, false);
+    finish_load(id);
+    loaded = loaded || !c.discarded;
+  }
+  if (loaded) s.stall_s = before + seconds_since(t0);
+  for (int j = 0; j < count; ++j) {
+    Chunk& c = *chunks_[first + j];
+    c.last_use = ++clock_;
+    if (write) {
+      c.dirty = true;
+      c.discarded = false;
+    }
+  }
+  // Newest first: the span, then what was kept (relocations took it out of the list).
+  std::deque<ChunkId> recent;
+  for (int j = 0; j < count; ++j) recent.push_back(first + j);
+  for (ChunkId r : keep) {
+    if (chunks_[r]->state == ChunkState::kResident) recent.push_back(r);
+  }
+  for (ChunkId r : pool.recent) {
+    if (std::find(recent.begin(), recent.end(), r) == recent.end()) recent.push_back(r);
+  }
+  while (static_cast<int>(recent.size()) > pool.min_resident) recent.pop_back();
+  pool.recent = std::move(recent);
+  void* at = pool.slot[w];
   prefetch();
   return at;
 }
@@ -891,7 +1085,7 @@ void* ChunkManager::acquire_home(ChunkId id, bool write) {
   if (c.state == ChunkState::kInFlight) finish_load(id);
   if (c.state == ChunkState::kResident) {
     if (c.dirty && !c.discarded) {
-      write_back_home(c, device_pool_->mem[c.slot]->data());
+      write_back_home(c, device_pool_->slot[c.slot]);
       device_pool_->last_write_back[c.slot] = id;
       TierStats& from = stats_[static_cast<int>(Tier::kDevice)];
       TierStats& to = stats_[static_cast<int>(Tier::kHost)];
@@ -941,17 +1135,19 @@ void* ChunkManager::current_address(ChunkId id) const {
   if (c.home == c.compute) return c.home_ptr;
   if (c.state == ChunkState::kResident) {
     const Pool& pool = c.compute == Tier::kDevice ? *device_pool_ : *host_pool_;
-    return pool.mem[c.slot]->data();
+    return pool.slot[c.slot];
   }
   return c.home_ptr;
 }
 
 void ChunkManager::restart_trace() {
   trace_.clear();
+  trace_count_.clear();
   for (auto& p : positions_) p.clear();
   frozen_ = false;
   cursor_ = 0;
   last_ = -1;
+  last_count_ = 0;
 }
 
 void ChunkManager::end_step() {
@@ -959,6 +1155,7 @@ void ChunkManager::end_step() {
   if (!frozen_ && !trace_.empty()) frozen_ = true;
   cursor_ = 0;
   last_ = -1;
+  last_count_ = 0;
   prefetch();
 }
 

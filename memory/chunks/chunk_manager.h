@@ -25,6 +25,15 @@
 // never evicted, so an op whose arguments span several chunks (an AdamW update touches four)
 // finds them all resident: a pool smaller than that minimum is a start-up error naming sizes.
 //
+// Spans. A tensor larger than a chunk (a token table) is packed into consecutive chunks of one
+// list, declared a span. Each piece stays a chunk of its own (an elementwise update pages piece
+// by piece, so only a piece of the parameter and one of its gradient are resident together);
+// a kernel that reads the tensor whole calls acquire_span(), which makes every piece resident
+// in consecutive slots of one arena (each pool's slots are one allocation), so the pieces are
+// one contiguous buffer. The pool then needs the span plus one more chunk beside it; spans are
+// loaded on demand (prefetch skips them: it fills single slots, and a piece prefetched into the
+// wrong slot would only move again).
+//
 // On the CPU backend the "device" is host memory counted against --device-mem, so the whole
 // mechanism runs (and is tested) without a GPU. Accounting is exact: device usage = device-home
 // chunks + occupied device slots, checked against the budget on every change; the memory held
@@ -147,6 +156,9 @@ class ChunkManager {
   int add_list(const ChunkListSpec& spec);
   // A chunk of `list` holding `used_bytes` (<= chunk_bytes()) of data.
   ChunkId add_chunk(int list, int64_t used_bytes);
+  // Chunks first .. first + count - 1 (consecutive ids of one list, added in order, all but the
+  // last full) hold one tensor: acquire_span() may be called for them. count >= 2.
+  void declare_span(ChunkId first, int count);
   // Places every chunk (home tiers, pools), allocates memory, creates the NVMe file and zeroes
   // NVMe-homed chunks. Throws Error naming the option and the sizes when the budgets cannot
   // hold what must be resident at once.
@@ -175,6 +187,12 @@ class ChunkManager {
   // acquire() or end_step() the chunk is not prefetched (a load must not copy the home bytes
   // while the host still writes them). Not part of the recorded trace.
   void* acquire_home(ChunkId id, bool write);
+  // A declared span resident at once in consecutive slots; returns the first piece's address
+  // (the pieces follow at chunk_bytes() strides). Like acquire() for each piece, and the chunks
+  // the last few acquires made resident stay resident (possibly moved to another slot, their
+  // observers told: callers take addresses after all of an op's acquires, as kernel launches
+  // do). count == 1 is acquire().
+  void* acquire_span(ChunkId first, int count, bool write);
   // The contents of `id` are dead (e.g. gradients after the update): no write-back, and the
   // next acquire does not load them (the bytes are then unspecified until written).
   void discard(ChunkId id);
@@ -229,7 +247,11 @@ class ChunkManager {
   void evict(ChunkId id);
   void start_load(ChunkId id, int slot, bool prefetch);
   void finish_load(ChunkId id);
-  void note_access(ChunkId id);
+  void add_slots(Pool& pool, int64_t n);
+  int span_window(const Pool& pool, ChunkId first, int count,
+                  const std::vector<ChunkId>& keep) const;
+  void relocate(Pool& pool, ChunkId id, int window, int count, const std::vector<ChunkId>& keep);
+  void note_access(ChunkId id, int count = 1);
   void prefetch();
   bool protected_in(const Pool& pool, ChunkId id, bool demand) const;
   void reclaim_drained(Pool& pool, bool wait);
@@ -257,9 +279,11 @@ class ChunkManager {
   // Trace-driven policy.
   bool frozen_ = false;
   std::vector<ChunkId> trace_;
+  std::vector<int> trace_count_;  // per trace entry: 1, or the pieces of a span from it
   std::vector<std::vector<int64_t>> positions_;  // per chunk: its indices in trace_
   int64_t cursor_ = 0;
   ChunkId last_ = -1;
+  int last_count_ = 0;
   uint64_t clock_ = 0;
 };
 

@@ -23,9 +23,9 @@ using memory::chunks::Tier;
 
 namespace {
 
-std::shared_ptr<models::LanguageModel> tiny_model() {
+std::shared_ptr<models::LanguageModel> tiny_model(int64_t vocab = 48) {
   models::ModelOptions mo;
-  mo.vocab_size = 48;
+  mo.vocab_size = vocab;
   mo.max_seq = 16;
   mo.dropout = 0.1;  // dropout's RNG must not notice the offload either
   mo.seed = 3;
@@ -57,8 +57,8 @@ struct Run {
 };
 
 // offload == nullptr: the plain loop.
-Run run(const std::string& data_path, const OffloadOptions* offload) {
-  auto model = tiny_model();
+Run run(const std::string& data_path, const OffloadOptions* offload, int64_t vocab = 48) {
+  auto model = tiny_model(vocab);
   const auto data = data::TokenDataset::open(data_path);
   engine::train::TrainOptions o = options();
   std::unique_ptr<Offload> off;
@@ -214,6 +214,72 @@ TEST_CASE("everything on NVMe: parameters, gradients and AdamW states train bitw
   CHECK_THROWS_WITH(Offload(m->named_parameters(), no_dir), Catch::Contains("--nvme-dir"));
 }
 
+// gpt2 at 1/8 of its model state in miniature: the token table (tied to the LM head) fits the
+// device budget, but not beside its gradient, so no chunk may hold it whole. It spans chunks:
+// the kernels that read it whole (lookup, LM head, their backward, the gradient copy) get its
+// pieces in consecutive slots, the update pages piece by piece.
+TEST_CASE("a token table too big for the budget beside its gradient spans chunks, bitwise") {
+  testing::TestDir dir;
+  const std::string data = testing::write_tiny_tokens(dir);
+  constexpr int64_t kVocab = 4096;  // 4096 x 128 floats: 2 MiB, ~40% of the parameters
+  const Run base = run(data, nullptr, kVocab);
+  REQUIRE(base.losses.back() < base.losses.front());
+  const auto model = tiny_model(kVocab);
+  const engine::Tensor wte = model->named_parameters().front().second;
+  REQUIRE(model->named_parameters().front().first == "wte.weight");
+  const int64_t table = static_cast<int64_t>(wte.nbytes());
+  const int64_t state = engine::offload::model_state_bytes(model->named_parameters());
+  const int64_t budget = state / 8;
+  REQUIRE(table <= budget);
+  REQUIRE(2 * table > budget);  // the table and its gradient do not fit together
+
+  OffloadOptions nvme;
+  nvme.chunk_bytes = 256 << 10;  // the table spans 8 chunks
+  nvme.mode = Mode::kNvme;
+  nvme.params = Mode::kNvme;
+  nvme.nvme_dir = dir.path();
+  nvme.device_mem = budget;
+  nvme.host_mem = 12 * nvme.chunk_bytes;
+  OffloadOptions paged = nvme;  // AdamW on the device: four lists paged through host homes
+  paged.mode = Mode::kNone;
+  paged.params = Mode::kNone;
+  paged.host_mem = 0;
+  OffloadOptions host_update = paged;  // the CPU AdamW on host copies (CUDA's flow)
+  host_update.mode = Mode::kHost;
+  host_update.host_update = true;
+  for (const OffloadOptions* o : {&nvme, &paged, &host_update}) {
+    const Run r = run(data, o, kVocab);
+    INFO(r.report);
+    CHECK(r.chunk_bytes == o->chunk_bytes);  // not raised to the table's size
+    CHECK(r.report.find("span up to 8 chunks") != std::string::npos);
+    CHECK(r.losses == base.losses);
+    CHECK(r.first_param == base.first_param);  // the table itself
+    // Measured by the manager at every change, within the budgets given.
+    CHECK(r.device.peak_bytes > table);
+    CHECK(r.device.peak_bytes <= o->device_mem);
+    CHECK(r.device.reserved_bytes <= o->device_mem);
+    if (o->host_mem > 0) {
+      CHECK(r.host.peak_bytes <= o->host_mem);
+      CHECK(r.host.reserved_bytes <= o->host_mem);
+    }
+    CHECK(r.device.home_bytes == 0);
+    std::fprintf(stderr, "%s", r.report.c_str());
+  }
+  // Without spans (a chunk raised to the table's size) this budget is refused by name.
+  OffloadOptions whole = nvme;
+  whole.chunk_bytes = table;
+  CHECK_THROWS_WITH(Offload(model->named_parameters(), whole),
+                    Catch::Contains("--device-mem") && Catch::Contains("needs 2"));
+  // Where the table and its gradient fit, chunks hold the table whole, as they always did.
+  OffloadOptions roomy = nvme;
+  roomy.device_mem = 2 * table + nvme.chunk_bytes;
+  roomy.host_mem = 2 * table;
+  const Offload sized(model->named_parameters(), roomy);
+  CHECK(sized.manager().chunk_bytes() == table);
+  CHECK(sized.report().find("raised") != std::string::npos);
+  CHECK(sized.report().find("span") == std::string::npos);
+}
+
 TEST_CASE("the host-update flow (CUDA's host|nvme) pages and trains bitwise like the plain loop") {
   // What --offload=host|nvme does with CUDA parameters, on the CPU backend: parameters and
   // gradients homed on the host only, the CPU AdamW on their host copies (acquire_home), the
@@ -256,13 +322,22 @@ TEST_CASE("the host-update flow (CUDA's host|nvme) pages and trains bitwise like
 TEST_CASE("budgets too small for one update are clear errors naming the sizes") {
   auto m = tiny_model();
   OffloadOptions o;
-  o.chunk_bytes = 16 << 10;
-  o.device_mem = 20 << 10;  // one chunk; an update needs four
+  o.chunk_bytes = 256 << 10;  // the largest parameter's size: no parameter spans chunks
+  o.device_mem = 20 << 10;    // no chunk; an update needs four
   CHECK_THROWS_WITH(Offload(m->named_parameters(), o), Catch::Contains("--device-mem 20.0 KiB") &&
                                                            Catch::Contains("needs 4") &&
                                                            Catch::Contains("--chunk-mb"));
+  // With small chunks and a budget that cannot hold chunks of the largest parameter (a
+  // 128 x 512 matrix), it spans 16 of them, all resident at once beside one more.
+  OffloadOptions s = o;
+  s.chunk_bytes = 16 << 10;
+  s.device_mem = 10 * s.chunk_bytes;
+  CHECK_THROWS_WITH(Offload(m->named_parameters(), s),
+                    Catch::Contains("--device-mem 160.0 KiB holds 10 chunk(s)") &&
+                        Catch::Contains("spanning 16 chunks") &&
+                        Catch::Contains("at least 272.0 KiB"));
   OffloadOptions h;
-  h.chunk_bytes = 16 << 10;
+  h.chunk_bytes = 256 << 10;
   h.mode = Mode::kHost;
   h.host_mem = 8 << 10;
   CHECK_THROWS_WITH(Offload(m->named_parameters(), h),

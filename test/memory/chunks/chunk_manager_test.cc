@@ -314,3 +314,87 @@ TEST_CASE("a chunk handed to the host for writing is not prefetched until end_st
   CHECK(m.state(ids[1]) != ChunkState::kEvicted);
   CHECK(holds(m.acquire(ids[1], false), kChunk, 1, 1));
 }
+
+// A span: the pieces of one tensor larger than a chunk. Random single and span acquires (the
+// trace frozen after the first round, so prefetch and farthest-next-use eviction run too) over
+// host and NVMe homes: a span always comes back as one contiguous buffer holding every piece's
+// latest bytes, the chunks acquired just before it stay resident with their bytes (moved out of
+// its way when needed), and the device never holds more than its budget.
+TEST_CASE("a span is resident in consecutive slots, its pieces page one by one, bytes kept") {
+  testing::TestDir dir;
+  for (Tier home : {Tier::kHost, Tier::kNvme}) {
+    INFO("home " << tier_name(home));
+    ChunkManagerOptions o;
+    o.chunk_bytes = kChunk;
+    o.device_budget = 7 * kChunk;  // a span of 5 needs 6
+    o.nvme_dir = dir.path();
+    ChunkManager m(o);
+    const int p = m.add_list({"p", Tier::kDevice, {home}, "param"});
+    const int g = m.add_list({"g", Tier::kDevice, {home}, "grad"});
+    std::vector<ChunkId> ids;
+    for (int list : {p, g}) {
+      for (int i = 0; i < 5; ++i) ids.push_back(m.add_chunk(list, kChunk));  // the span
+      for (int i = 0; i < 4; ++i) ids.push_back(m.add_chunk(list, kChunk - 4096));
+    }
+    m.declare_span(ids[0], 5);
+    m.declare_span(ids[9], 5);
+    CHECK_THROWS_WITH(m.declare_span(ids[7], 3), Catch::Contains("not a full chunk"));
+    m.finalize();
+    REQUIRE(m.stats(Tier::kDevice).slots == 7);
+    CHECK(m.device_min_slots() == 6);
+    CHECK_THROWS_WITH(m.acquire_span(ids[1], 4, false), Catch::Contains("not a declared span"));
+
+    const int64_t n = kChunk - 4096;  // compare what every chunk holds
+    std::vector<int> version(ids.size(), 0);
+    for (size_t i = 0; i < ids.size(); ++i)
+      fill(m.acquire(ids[i], true), n, static_cast<int>(i), 0);
+    std::mt19937 rng(7);
+    for (int round = 0; round < 6; ++round) {
+      for (int op = 0; op < 40; ++op) {
+        const int span_first = rng() % 2 == 0 ? 0 : 9;
+        const bool write = rng() % 2 == 0;
+        if (rng() % 3 == 0) {
+          // An op's other argument first, then the span: both resident for the op.
+          const size_t other = span_first == 0 ? 9 + 5 + rng() % 4 : 5 + rng() % 4;
+          REQUIRE(holds(m.acquire(ids[other], false), n, static_cast<int>(other), version[other]));
+          char* s = static_cast<char*>(m.acquire_span(ids[span_first], 5, write));
+          for (int j = 0; j < 5; ++j) {
+            const size_t k = static_cast<size_t>(span_first + j);
+            REQUIRE(m.state(ids[k]) == ChunkState::kResident);
+            REQUIRE(holds(s + j * kChunk, n, static_cast<int>(k), version[k]));
+            if (write) fill(s + j * kChunk, n, static_cast<int>(k), ++version[k]);
+          }
+          REQUIRE(m.state(ids[other]) == ChunkState::kResident);
+          REQUIRE(holds(m.current_address(ids[other]), n, static_cast<int>(other), version[other]));
+        } else {
+          const size_t k = rng() % ids.size();
+          char* c = static_cast<char*>(m.acquire(ids[k], write));
+          REQUIRE(holds(c, n, static_cast<int>(k), version[k]));
+          if (write) fill(c, n, static_cast<int>(k), ++version[k]);
+        }
+        REQUIRE(m.stats(Tier::kDevice).used_bytes <= o.device_budget);
+      }
+      m.end_step();
+    }
+    m.synchronize();
+    for (size_t k = 0; k < ids.size(); ++k)
+      CHECK(holds(m.acquire(ids[k], false), n, static_cast<int>(k), version[k]));
+    CHECK(m.stats(Tier::kDevice).peak_bytes <= o.device_budget);
+    CHECK(m.stats(Tier::kDevice).reserved_bytes == 7 * kChunk);
+    CHECK(m.trace_frozen());
+  }
+}
+
+TEST_CASE("a device budget too small for a span names it and the size it needs") {
+  ChunkManagerOptions o;
+  o.chunk_bytes = kChunk;
+  o.device_budget = 5 * kChunk;
+  ChunkManager m(o);
+  const int p = m.add_list({"p", Tier::kDevice, {Tier::kHost}, "param"});
+  const ChunkId first = m.add_chunk(p, kChunk);
+  for (int i = 0; i < 4; ++i) m.add_chunk(p, kChunk);
+  m.declare_span(first, 5);
+  CHECK_THROWS_WITH(m.finalize(), Catch::Contains("holds 5 chunk(s)") &&
+                                      Catch::Contains("spanning 5 chunks") &&
+                                      Catch::Contains("at least 384.0 KiB"));
+}
