@@ -43,6 +43,19 @@ void launch_range(const Tensor& key, kernels::Kernel kernel, const Inputs& input
   // Paged storage first (all of it, before any address is taken: a load may move `data`).
   for (const Tensor& t : inputs) make_resident(t, false);
   for (const Tensor& t : outputs) make_resident(t, true);
+  // A later argument's page-in may have moved an earlier one out again (a device cache too
+  // small for all of this launch's chunks at once, e.g. two tensors that span chunks): its
+  // address is then null, and the kernel would read it.
+  auto check_paged_in = [kernel](const Tensor& t) {
+    if (!t.defined() || !t.storage()->ensure_resident || t.storage()->data != nullptr) return;
+    MAMMOTH_THROW() << "[" << kernels::kernel_name(kernel) << "] an argument of shape "
+                    << shape_str(t.shape())
+                    << " was paged out by another argument's page-in: the device memory budget "
+                       "cannot hold all of this kernel's chunks at once (raise --device-mem, or "
+                       "lower --chunk-mb)";
+  };
+  for (const Tensor& t : inputs) check_paged_in(t);
+  for (const Tensor& t : outputs) check_paged_in(t);
   std::vector<kernels::TensorArg> in, out;
   for (const Tensor& t : inputs) in.push_back(t.defined() ? t.arg() : kernels::TensorArg{});
   for (const Tensor& t : outputs) out.push_back(t.arg());

@@ -267,3 +267,26 @@ TEST_CASE("the CPU allocator reuses freed large blocks and never counts them as 
   alloc.set_cache_limit(limit);
   CHECK_THROWS_WITH(alloc.set_cache_limit(-1), Catch::Contains("cache limit"));
 }
+
+TEST_CASE("a kernel launch refuses a paged argument that another's page-in moved out") {
+  Tensor a = Tensor::from_vector({1, 2, 3}, {3});
+  Tensor b = Tensor::from_vector({4, 5, 6}, {3});
+  // Paged storage whose hooks keep the bytes where they are...
+  void* a_data = a.storage()->data;
+  a.storage()->ensure_resident = [s = a.storage().get(), a_data](bool) { s->data = a_data; };
+  b.storage()->ensure_resident = [](bool) {};
+  CHECK(engine::add(a, b).to_vector() == std::vector<double>{5, 7, 9});
+  // ...until b's page-in evicts a, as a device cache too small for both would.
+  b.storage()->ensure_resident = [s = a.storage().get()](bool) { s->data = nullptr; };
+  try {
+    engine::add(a, b);
+    FAIL("the launch read a paged-out argument");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("was paged out by another argument's page-in") !=
+          std::string::npos);
+    CHECK(std::string(e.what()).find("of shape " + engine::shape_str({3})) != std::string::npos);
+  }
+  a.storage()->data = a_data;  // the storage frees its own bytes
+  a.storage()->ensure_resident = nullptr;
+  b.storage()->ensure_resident = nullptr;
+}
