@@ -428,6 +428,30 @@ MemoryPrediction predict_memory(const ModelConfig& c, const ParallelPlan& p) {
       // under dp the host buffers chunks are averaged and broadcast through.
       // Under tp / pp each rank chunks its own shard or stages (the whole model otherwise).
       const int64_t P = p.tp > 1 || p.pp > 1 ? stage_params : models::count_parameters(c);
+      {
+        std::vector<int64_t>& t = m.offload_tensors;
+        // The tied table is packed first (model order); the first stage reads it as the
+        // embedding, the last as the LM head after its blocks.
+        const bool tied = (first || last) && ps.tied > 0;
+        if (tied) t.push_back(ps.tied * e);
+        if (tied && first) m.offload_uses.push_back(0);
+        if (first && ps.embed > 0) t.push_back(ps.embed * e);
+        const int pieces = std::max(
+            1, static_cast<int>(models::family_spec(c.family).time_shape.calls.param_tensors));
+        const int64_t block = ps.block_shard - freed_block;
+        const int64_t big = std::min(ps.largest_block, block);
+        for (int64_t b = 0; b < blocks; ++b) {
+          t.push_back(big * e);
+          for (int k = 1; k < pieces; ++k)
+            t.push_back((block - big) / (pieces - 1) * e +
+                        (k == 1 ? (block - big) % (pieces - 1) * e : 0));
+        }
+        if (last && ps.head > 0) t.push_back(ps.head * e);
+        for (int i = tied ? 1 : 0; i < static_cast<int>(t.size()); ++i)
+          if (t[static_cast<size_t>(i)] > 0) m.offload_uses.push_back(i);
+        if (tied && last) m.offload_uses.push_back(0);
+        m.offload_largest = t.empty() ? 0 : *std::max_element(t.begin(), t.end());
+      }
       const int64_t chunk = std::max(static_cast<int64_t>(p.chunk_mb * 1048576.0), ps.largest * e);
       const int64_t chunks = std::max<int64_t>(1, ceil_div(P * e, chunk));
       const int64_t states_all = P * opt_bytes_per;

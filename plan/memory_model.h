@@ -45,6 +45,12 @@ struct StageMemory {
     int64_t total() const { return params + grads + optimizer; }
   };
   std::array<Homes, 3> homes;  // indexed by kDeviceTier, kHostTier, kNvmeTier
+  // Offload: the rank's parameters, bytes each, in the order the runtime packs them into chunks
+  // (first use: tables, blocks, head); plan/offload_traffic's dry run pages them. A block's are
+  // its largest parameter and the rest in equal parts, as many as the block has tensors.
+  std::vector<int64_t> offload_tensors;
+  int64_t offload_largest = 0;    // the largest of them (what sizes a chunk)
+  std::vector<int> offload_uses;  // the forward's reads of them, by index (a tied table twice)
   // The peak a runtime that holds only the plan's share would reach (what a planner prunes
   // and ranks with); with offload the device tier also holds chunks_device.
   int64_t planned_peak() const { return device_peak - model_copy; }

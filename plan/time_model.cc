@@ -12,6 +12,8 @@
 #include "models/family.h"
 #include "parallel/pipeline/partition.h"
 #include "parallel/pipeline/schedule.h"
+#include "plan/memory_model.h"
+#include "plan/offload_traffic.h"
 
 namespace mammoth::plan {
 namespace {
@@ -515,15 +517,11 @@ TimePrediction TimeModel::evaluate(const ParallelPlan& plan, bool bound_only) {
   const double local = max_local;
   constexpr double kAdamBytes = 32;  // read master, grad, m, v; write master, m, v, 16-bit copy
   if (plan.offload == "host" || plan.offload == "nvme") {
-    const double cpu = local * kAdamBytes / (c.host_memory_bandwidth / c.devices_per_node);
-    const double pcie = local * (grad_elem + param_elem) / c.pcie.bandwidth;
-    double nvme = 0;
-    if (plan.offload == "nvme")
-      nvme = local * 2 * 12 / (c.nvme.bandwidth / c.devices_per_node);  // states in and out
-    t.parts.offload = std::max({cpu, pcie, nvme});
+    t.parts.offload = local * kAdamBytes / (c.host_memory_bandwidth / c.devices_per_node);
   } else {
     t.parts.optimizer = local * kAdamBytes / hbm;
   }
+  if (plan.offloaded() && !plan.zero3_shards_on_nvme()) t.parts.offload += paging(plan, t.parts);
   // Accumulation: every micro-batch after the first adds its weight gradients into the
   // parameters' (read both, write one: 3 elements of traffic), one kernel call per tensor.
   if (m > 1 && c.op_overhead > 0) {
@@ -557,6 +555,39 @@ TimePrediction TimeModel::evaluate(const ParallelPlan& plan, bool bound_only) {
     }
   }
   return t;
+}
+
+double TimeModel::paging(const ParallelPlan& plan, const TimeBreakdown& parts) {
+  // What the chunk manager moves, from its own dry run (plan/offload_traffic.h) on each
+  // pipeline rank's chunks: device <-> host over PCIe (on the CPU backend one copy thread does
+  // both directions), NVMe at the node's rate shared by its devices, the two streams pipelined.
+  // The forward and backward's moves hide behind the compute where the machine overlaps
+  // transfers, except the loads acquire() waited for; the optimizer walk's moves pipeline with
+  // the update chunk by chunk, so only what exceeds the update shows.
+  const Cluster& c = cluster_;
+  const bool cuda = plan.device == "cuda";
+  auto seconds = [&](const OffloadPhase& ph) {
+    const double pcie =
+        (cuda ? std::max(ph.device_in, ph.device_out) : ph.device_in + ph.device_out) /
+        c.pcie.bandwidth;
+    const double nvme = (ph.nvme_read + ph.nvme_write) / (c.nvme.bandwidth / c.devices_per_node);
+    return std::max(pcie, nvme);
+  };
+  const MemoryPrediction memory = predict_memory(config_, plan);
+  double worst = 0;
+  for (const StageMemory& st : memory.stages) {
+    if (st.offload_tensors.empty()) continue;
+    const OffloadTraffic traffic = simulate_offload(offload_setup(st, plan));
+    if (!traffic.error.empty()) continue;  // plan::check and the memory model say why
+    const double moves = seconds(traffic.compute);
+    const double demand = seconds(OffloadPhase{traffic.compute.device_demand_in, 0, 0, 0, 0});
+    const double exposed =
+        c.overlaps_communication ? std::max(demand, moves - parts.compute) : moves;
+    const double walk = seconds(traffic.optimizer);
+    const double update = parts.optimizer + parts.offload;
+    worst = std::max(worst, exposed + std::max(0.0, walk - update));
+  }
+  return worst;
 }
 
 TimePrediction predict_time(const models::ModelConfig& config, const ParallelPlan& plan,

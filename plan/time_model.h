@@ -28,10 +28,13 @@
 //   dp / ZeRO    gradient all-reduce (ZeRO 0), reduce-scatter + parameter all-gather (1, 2),
 //                and ZeRO-3's parameter all-gathers per micro-batch forward and backward
 //                (prefetched behind compute); overlapped with the last micro-batch's backward.
-//   offload      optimizer states on the host: gradients down and parameters up over PCIe
-//                and a CPU AdamW at the node's DRAM bandwidth shared by its GPUs; nvme adds the
-//                states' reads and writes at the node's NVMe rate. Pipelined chunk by chunk, so
-//                the slowest of the three streams binds.
+//   offload      optimizer states on the host: a CPU AdamW at the node's DRAM bandwidth shared
+//                by its GPUs. Every move of a chunk (parameters and gradients paged within
+//                --device-mem or homed on host / NVMe, states streamed from NVMe, the host-update
+//                flow's copies) comes from a dry run of the chunk manager on the rank's chunks
+//                (plan/offload_traffic.h), at the PCIe and NVMe rates: the forward and
+//                backward's moves behind the compute where the machine overlaps (the loads it
+//                waited for always show), the optimizer walk's pipelined with the update.
 //   optimizer    AdamW on the device: 32 bytes of HBM traffic per local parameter.
 //   per call     on a calibrated machine (plan/calibrate.h: a CPU, where tiny models are
 //                thousands of small kernel calls): each engine op of a block costs the measured
@@ -79,7 +82,7 @@ struct TimeBreakdown {   // seconds per step; the parts add up to the step time
   double pp_comm = 0;    // pipeline point-to-point sends on the critical path
   double pp_bubble = 0;  // idle time of the bottleneck rank in the schedule
   double dp_comm = 0;    // exposed dp / ZeRO collectives
-  double offload = 0;    // optimizer-state traffic to host / NVMe and the CPU update
+  double offload = 0;    // chunk moves (dry run) and the CPU update of host / NVMe states
   double optimizer = 0;  // the device AdamW update
   double total() const {
     return compute + tp_comm + pp_comm + pp_bubble + dp_comm + offload + optimizer;
@@ -122,6 +125,8 @@ class TimeModel {
   const models::ModelAnalysis& analysis(int64_t seq_len);
   TimePrediction evaluate(const ParallelPlan& plan, bool bound_only);
   double makespan(const std::string& schedule, int p, int m, int v, double f, double b, double w);
+  // The exposed time of the chunk manager's moves under the plan's offload (seconds per step).
+  double paging(const ParallelPlan& plan, const TimeBreakdown& parts);
 
   models::ModelConfig config_;
   Cluster cluster_;

@@ -33,6 +33,7 @@
 #include "engine/train/device.h"
 #include "engine/train/trainer.h"
 #include "memory/allocator.h"
+#include "memory/chunks/chunk_manager.h"
 #include "models/analyze.h"
 #include "models/family.h"
 #include "models/lora.h"
@@ -43,6 +44,7 @@
 #include "plan/calibrate.h"
 #include "plan/cluster.h"
 #include "plan/memory_model.h"
+#include "plan/offload_traffic.h"
 #include "plan/parallel_plan.h"
 #include "plan/search.h"
 #include "plan/time_model.h"
@@ -700,6 +702,28 @@ void predict_run(engine::train::TrainOptions& o, const models::ModelConfig& cfg,
   if (rt.lead()) {
     std::fprintf(stderr, "[train] placement per rank (plan/memory_model, stage %d):\n%s", stage,
                  plan::placement_table(predicted.stages[static_cast<size_t>(stage)], pl).c_str());
+  }
+  if (pl.offloaded() && !pl.zero3_shards_on_nvme() &&
+      !predicted.stages[static_cast<size_t>(stage)].offload_tensors.empty()) {
+    // What the chunk manager will move, from its dry run: the metrics' offload counters are the
+    // measurement (per step: the difference between two steps').
+    const plan::OffloadTraffic t = plan::simulate_offload(
+        plan::offload_setup(predicted.stages[static_cast<size_t>(stage)], pl));
+    if (!t.error.empty()) {
+      std::fprintf(stderr,
+                   "[train] rank %d predicted chunk moves: none (the dry run refused: %s)\n",
+                   rt.rank(), t.error.c_str());
+    } else {
+      const plan::OffloadPhase all = plan::add(t.compute, t.optimizer);
+      std::fprintf(stderr,
+                   "[train] rank %d predicted chunk moves per step (dry run, %lld chunks of %s): "
+                   "forward/backward %s; optimizer %s; total bytes device_in %.0f device_out %.0f "
+                   "nvme_read %.0f nvme_write %.0f\n",
+                   rt.rank(), static_cast<long long>(t.chunks),
+                   memory::chunks::short_bytes(t.chunk_bytes).c_str(),
+                   plan::describe(t.compute).c_str(), plan::describe(t.optimizer).c_str(),
+                   all.device_in, all.device_out, all.nvme_read, all.nvme_write);
+    }
   }
   if (cluster) {
     const plan::TimePrediction t = plan::predict_time(cfg, pl, *cluster);

@@ -7,6 +7,7 @@
 #include "engine/autograd.h"
 #include "engine/ops.h"
 #include "memory/allocator.h"
+#include "memory/chunks/layout.h"
 #ifdef MAMMOTH_WITH_CUDA
 #include "memory/cuda/device.h"
 #endif
@@ -269,15 +270,13 @@ Offload::Offload(const nn::NamedTensors& params, const OffloadOptions& options)
   // piece for the update, so the device needs its pieces plus one chunk. One process on the CPU
   // backend only: under dp a chunk is the unit of ownership and reduction, and the CUDA tier's
   // spans are unproven, so there the budget is refused as before.
-  const int64_t block = static_cast<int64_t>(memory::io::kBlockSize);
-  const int64_t whole = (std::max(options.chunk_bytes, largest) + block - 1) / block * block;
   const int device_lists = options.mode == Mode::kNone ? 4 : 2;
-  const bool cramped =
-      (options.device_mem > 0 && options.device_mem < device_lists * whole) ||
-      (options.mode == Mode::kNvme && options.host_mem > 0 && options.host_mem < 2 * whole);
-  const bool spans = cramped && largest > options.chunk_bytes && dp_ == nullptr &&
-                     !device_.is_cuda() && options.auto_device_size == 0;
-  const int64_t chunk_bytes = spans ? options.chunk_bytes : std::max(options.chunk_bytes, largest);
+  const int64_t chunk_bytes =
+      chunks::choose_chunk_bytes(
+          options.chunk_bytes, largest, options.device_mem, device_lists, options.host_mem,
+          options.mode == Mode::kNvme,
+          dp_ == nullptr && !device_.is_cuda() && options.auto_device_size == 0)
+          .chunk_bytes;
 
   chunks::ChunkManagerOptions mo;
   mo.chunk_bytes = chunk_bytes;
@@ -338,31 +337,16 @@ Offload::Offload(const nn::NamedTensors& params, const OffloadOptions& options)
   }
 
   // Layout: first fit in packing order.
+  std::vector<int64_t> sizes;
+  for (size_t i : order) sizes.push_back(static_cast<int64_t>(params_[i].second.nbytes()));
+  const chunks::ChunkLayout layout = chunks::pack_chunks(sizes, cb, kSlotAlignment);
   slots_.resize(params_.size());
-  for (size_t i : order) {
-    const int64_t n = static_cast<int64_t>(params_[i].second.nbytes());
-    if (n > cb) {
-      // Full pieces, then the rest in a last one that later parameters may share.
-      const int pieces = static_cast<int>((n + cb - 1) / cb);
-      slots_[i] = Slot{static_cast<int>(chunk_used_.size()), 0, pieces};
-      for (int j = 0; j < pieces; ++j) {
-        chunk_used_.push_back(j + 1 < pieces ? cb : n - (pieces - 1) * cb);
-        chunk_params_.push_back(j == 0 ? 1 : 0);
-      }
-      continue;
-    }
-    int64_t at = chunk_used_.empty()
-                     ? cb + 1
-                     : (chunk_used_.back() + kSlotAlignment - 1) / kSlotAlignment * kSlotAlignment;
-    if (chunk_used_.empty() || at + n > cb) {
-      chunk_used_.push_back(0);
-      chunk_params_.push_back(0);
-      at = 0;
-    }
-    slots_[i] = Slot{static_cast<int>(chunk_used_.size()) - 1, at};
-    chunk_used_.back() = at + n;
-    ++chunk_params_.back();
+  for (size_t j = 0; j < order.size(); ++j) {
+    const chunks::ChunkPlace& at = layout.places[j];
+    slots_[order[j]] = Slot{at.chunk, at.offset, at.pieces};
   }
+  chunk_used_ = layout.used;
+  chunk_params_ = layout.members;
   chunk_members_.resize(chunk_used_.size());
   for (size_t i = 0; i < params_.size(); ++i) chunk_members_[slots_[i].chunk].push_back(i);
 

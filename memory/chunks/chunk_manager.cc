@@ -244,6 +244,8 @@ ChunkManager::ChunkManager(const ChunkManagerOptions& options) : options_(option
       << "[ChunkManager] prefetch_depth must be >= 0 and host_staging_slots >= 1";
   const int64_t b = static_cast<int64_t>(io::kBlockSize);
   chunk_bytes_ = (options.chunk_bytes + b - 1) / b * b;
+  MAMMOTH_CHECK(!options.dry_run || !options.device.is_cuda())
+      << "[ChunkManager] a dry run emulates the device with host memory: give Device::cpu()";
   if (options.device.is_cuda()) cuda_ = std::make_unique<CudaTier>(options.device.index);
 }
 
@@ -581,7 +583,9 @@ void ChunkManager::finalize() {
       }
     }
   }
-  if (nvme_total > 0) {
+  if (nvme_total > 0 && options_.dry_run) {
+    stats_[2].budget = stats_[2].used_bytes = stats_[2].peak_bytes = nvme_total;
+  } else if (nvme_total > 0) {
     stats_[2].budget = nvme_total;
     swap_ = std::make_unique<io::SwapDir>(options_.nvme_dir, nvme_total);
     file_path_ = swap_->create_file("chunks.bin", nvme_total);
@@ -704,9 +708,11 @@ void ChunkManager::evict(ChunkId id) {
   bool draining = false;
   if (c.dirty && !c.discarded) {
     if (c.home == Tier::kNvme) {
-      c.write_back = io_->write(file_, c.nvme_offset, src, static_cast<size_t>(chunk_bytes_));
-      pool.draining[slot] = c.write_back;
-      draining = true;
+      if (!options_.dry_run) {
+        c.write_back = io_->write(file_, c.nvme_offset, src, static_cast<size_t>(chunk_bytes_));
+        pool.draining[slot] = c.write_back;
+        draining = true;
+      }
       from.bytes_out += chunk_bytes_;
       to.bytes_in += chunk_bytes_;
     } else {
@@ -786,7 +792,8 @@ void ChunkManager::start_load(ChunkId id, int slot, bool prefetch) {
   if (c.home == Tier::kNvme) {
     // The same bytes may still be on their way out: a read must not overtake that write.
     if (c.write_back.valid()) c.write_back.wait();
-    c.read = io_->read(file_, c.nvme_offset, dst, static_cast<size_t>(chunk_bytes_));
+    if (!options_.dry_run)
+      c.read = io_->read(file_, c.nvme_offset, dst, static_cast<size_t>(chunk_bytes_));
     to.bytes_in += chunk_bytes_;
     from.bytes_out += chunk_bytes_;
   } else if (cuda_ && c.compute == Tier::kDevice) {

@@ -124,6 +124,10 @@ struct ChunkManagerOptions {
   // device_budget; Device::cuda(i) puts it on that GPU (see "The CUDA device tier" above; the
   // constructor throws when there is no such GPU or no CUDA backend in the build).
   Device device = Device::cpu();
+  // A dry run (the planner's, plan/offload_traffic.h): every placement, eviction, prefetch and
+  // statistic as in a real run, but NVMe-homed chunks are neither written nor read (no file;
+  // nvme_dir only has to be non-empty), so their bytes are unspecified. The CPU device only.
+  bool dry_run = false;
 };
 
 // Per tier. "in"/"out" are moves into and out of the tier (a host -> device load is device in
