@@ -29,6 +29,7 @@
 #include "kernels/cpu/fma_loop.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/isa_env.h"
+#include "memory/chunks/chunk_manager.h"
 #include "models/registry.h"
 #include "parallel/comm/mpi_communicator.h"
 #include "plan/time_model.h"
@@ -461,6 +462,60 @@ double measure_copy_bandwidth(bool quick) {
   return 2.0 * static_cast<double>(bytes) / t;  // read + write
 }
 
+// The chunk manager's own moves between the CPU backend's emulated device and host memory
+// (what `--device-mem` pages), as training sees them: 64 MiB of chunks (past the caches, as a
+// model's are between two uses) acquired for writing in a cycle through a device cache of a
+// quarter of them, with work between two acquires as kernels do (a pass over 256 KiB), so every
+// acquire loads one chunk (prefetched by the copy thread while the work runs, or waited for)
+// and writes another back. The work's own time, measured alone, is taken off. Read at two chunk
+// sizes as time per move = latency + bytes / bandwidth.
+Link measure_paging(bool quick) {
+  namespace mc = memory::chunks;
+  std::vector<char> scratch(256 << 10);
+  auto work = [&scratch] {
+    for (size_t i = 0; i < scratch.size(); i += 64) scratch[i] = static_cast<char>(scratch[i] + 1);
+  };
+  std::vector<std::pair<double, double>> points;  // (bytes per move, seconds per move)
+  for (const int64_t chunk : {int64_t{64} << 10, int64_t{1} << 20}) {
+    const int chunks = static_cast<int>((int64_t{64} << 20) / chunk);
+    mc::ChunkManagerOptions mo;
+    mo.chunk_bytes = chunk;
+    mo.device_budget = chunks / 4 * chunk;
+    mc::ChunkManager m(mo);
+    const int list = m.add_list({"params", mc::Tier::kDevice, {mc::Tier::kHost}, "param"});
+    for (int k = 0; k < chunks; ++k) m.add_chunk(list, chunk);
+    m.finalize();
+    auto cycle = [&] {
+      for (int k = 0; k < chunks; ++k) {
+        m.acquire(k, true);
+        work();
+      }
+      m.end_step();  // the first freezes the trace: prefetch and Belady from then on
+    };
+    auto alone = [&] {
+      for (int k = 0; k < chunks; ++k) work();
+    };
+    cycle();
+    // Every cycle after the first moves the same chunks: count one, then time many.
+    const mc::TierStats before = m.stats(mc::Tier::kDevice);
+    cycle();
+    const mc::TierStats& after = m.stats(mc::Tier::kDevice);
+    const double moves =
+        static_cast<double>(after.moves_in + after.moves_out - before.moves_in - before.moves_out);
+    const double bytes =
+        static_cast<double>(after.bytes_in + after.bytes_out - before.bytes_in - before.bytes_out);
+    if (moves <= 0) continue;
+    const int rounds = quick ? 3 : 8;
+    const double t = time_call(cycle, rounds, 0.02) - time_call(alone, rounds, 0.02);
+    points.push_back({bytes / moves, std::max(t, 0.0) / moves});
+  }
+  if (points.size() < 2) return {};
+  const auto [b0, t0] = points[0];
+  const auto [b1, t1] = points[1];
+  const double per_byte = std::max((t1 - t0) / (b1 - b0), 1e-12);
+  return {1 / per_byte, std::max(t0 - b0 * per_byte, 0.0)};
+}
+
 struct DiskFit {
   double write_bw = 0, read_bw = 0, latency = 0;
 };
@@ -636,6 +691,9 @@ Cluster calibrate_this_machine(const CalibrateOptions& o) {
   }
   const double copy_bw = measure_copy_bandwidth(o.quick);
   say("memcpy bandwidth (64 MiB)", copy_bw / 1e9, "GB/s");
+  const Link paging = measure_paging(o.quick);
+  say("chunk paging bandwidth (device <-> host)", paging.bandwidth / 1e9, "GB/s");
+  say("chunk paging cost per move", paging.latency * 1e6, "us");
   const std::string dir = scratch(o);
   const DiskFit disk = measure_disk(dir, o.quick);
   say("disk write (fsync)", disk.write_bw / 1e9, "GB/s");
@@ -672,7 +730,7 @@ Cluster calibrate_this_machine(const CalibrateOptions& o) {
   c.device_memory_bandwidth = ops.bandwidth;
   c.host_memory_bandwidth = copy_bw;
   c.intra_node = c.inter_node = net;
-  c.pcie = {copy_bw / 2, ops.overhead};
+  c.pcie = paging.bandwidth > 0 ? paging : Link{copy_bw / 2, ops.overhead};
   const double disk_bw = disk.write_bw > 0 && disk.read_bw > 0
                              ? 2 / (1 / disk.write_bw + 1 / disk.read_bw)
                              : copy_bw / 10;
@@ -715,6 +773,8 @@ Cluster calibrate_this_machine(const CalibrateOptions& o) {
                                   .push_back(block_steps_json(wide)))
           .set("attention_points", attn_points)
           .set("memcpy_GBps", copy_bw / 1e9)
+          .set("paging_GBps", paging.bandwidth / 1e9)
+          .set("paging_move_us", paging.latency * 1e6)
           .set("disk_write_GBps", disk.write_bw / 1e9)
           .set("disk_read_GBps", disk.read_bw / 1e9)
           .set("comm", comm)

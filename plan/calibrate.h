@@ -20,11 +20,16 @@
 //   attention_GFLOPs_by_head_dim: engine::attention forward + backward (causal, fused), 64
 //     tokens, head sizes 16-64.
 //   host_memory_GBps: a copy of 64 MiB (past the caches).
+//   pcie: the chunk manager paging between its emulated device and host memory (CPU backend):
+//     64 MiB of chunks cycled through device slots for a quarter of them with work between
+//     two acquires (as kernels run between them; its own time taken off), each acquire a load
+//     and a write-back, at 64 KiB and 1 MiB chunks, read as time per move = latency + bytes /
+//     bandwidth.
 //   links: MPI_Allreduce between two local ranks, 8 B - 4 MiB, read as the ring formula the
 //     time model uses (2 ranks: bytes / bandwidth + 2 latency): latency from 8 B, bandwidth
-//     from the two largest sizes. intra_node, inter_node and pcie all get it (one node; the
-//     "device" memory is host memory). It runs `mpirun -np 2` on this binary unless this
-//     process already has a world of >= 2 ranks (then every rank must call this).
+//     from the two largest sizes. intra_node and inter_node get it (one node). It runs `mpirun -np
+//     2` on this binary unless this process already has a world of >= 2 ranks (then every rank must
+//     call this).
 //   nvme: a file written with fsync and read back after dropping it from the page cache.
 //   overlaps_communication: false with one thread per rank (MPI progresses only inside MPI
 //     calls, so no collective runs behind compute); not measured.

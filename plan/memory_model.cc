@@ -30,6 +30,7 @@
 
 #include "base/dtype.h"
 #include "base/error.h"
+#include "memory/chunks/layout.h"
 #include "models/analyze.h"
 #include "models/family.h"
 #include "parallel/pipeline/partition.h"
@@ -452,7 +453,14 @@ MemoryPrediction predict_memory(const ModelConfig& c, const ParallelPlan& p) {
         if (tied && last) m.offload_uses.push_back(0);
         m.offload_largest = t.empty() ? 0 : *std::max_element(t.begin(), t.end());
       }
-      const int64_t chunk = std::max(static_cast<int64_t>(p.chunk_mb * 1048576.0), ps.largest * e);
+      // The runtime's chunk size (memory/chunks/layout.h): the largest parameter, or
+      // --chunk-mb with larger ones spanning chunks when the budgets are cramped.
+      const int64_t chunk = memory::chunks::choose_chunk_bytes(
+                                static_cast<int64_t>(p.chunk_mb * 1048576.0),
+                                std::max(ps.largest * e, m.offload_largest), p.device_mem,
+                                p.offload == "none" ? 4 : 2, p.host_mem, p.offload == "nvme",
+                                p.dp == 1 && p.device != "cuda" && p.auto_device_mem == 0)
+                                .chunk_bytes;
       const int64_t chunks = std::max<int64_t>(1, ceil_div(P * e, chunk));
       const int64_t states_all = P * opt_bytes_per;
       const int64_t states =

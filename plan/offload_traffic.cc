@@ -21,7 +21,7 @@ using mc::Tier;
 constexpr int64_t kSlotAlignment = 64;  // engine/offload packs parameters 64-byte aligned
 
 struct Snapshot {
-  double device_in = 0, device_out = 0, nvme_in = 0, nvme_out = 0;
+  double device_in = 0, device_out = 0, nvme_in = 0, nvme_out = 0, device_moves = 0;
   int64_t demand = 0, prefetched = 0;
 };
 
@@ -32,6 +32,7 @@ Snapshot snapshot(const mc::ChunkManager& m) {
           static_cast<double>(d.bytes_out),
           static_cast<double>(n.bytes_in),
           static_cast<double>(n.bytes_out),
+          static_cast<double>(d.moves_in + d.moves_out),
           d.demand_loads,
           d.prefetches};
 }
@@ -42,6 +43,7 @@ OffloadPhase difference(const Snapshot& a, const Snapshot& b, double scale) {
   p.device_out = (b.device_out - a.device_out) * scale;
   p.nvme_write = (b.nvme_in - a.nvme_in) * scale;
   p.nvme_read = (b.nvme_out - a.nvme_out) * scale;
+  p.device_moves = b.device_moves - a.device_moves;
   const double loads = static_cast<double>((b.demand - a.demand) + (b.prefetched - a.prefetched));
   p.device_demand_in =
       loads > 0 ? p.device_in * static_cast<double>(b.demand - a.demand) / loads : 0;
@@ -49,9 +51,12 @@ OffloadPhase difference(const Snapshot& a, const Snapshot& b, double scale) {
 }
 
 OffloadPhase scaled_sum(const OffloadPhase& a, const OffloadPhase& b, double k) {
-  return {a.device_in + k * b.device_in, a.device_out + k * b.device_out,
-          a.nvme_read + k * b.nvme_read, a.nvme_write + k * b.nvme_write,
-          a.device_demand_in + k * b.device_demand_in};
+  return {a.device_in + k * b.device_in,
+          a.device_out + k * b.device_out,
+          a.nvme_read + k * b.nvme_read,
+          a.nvme_write + k * b.nvme_write,
+          a.device_demand_in + k * b.device_demand_in,
+          a.device_moves + k * b.device_moves};
 }
 
 OffloadPhase minus(const OffloadPhase& a, const OffloadPhase& b) { return scaled_sum(a, b, -1.0); }

@@ -51,6 +51,7 @@ struct OffloadPhase {                    // bytes moved per step
   double device_in = 0, device_out = 0;  // host -> device loads, device -> host write-backs
   double nvme_read = 0, nvme_write = 0;
   double device_demand_in = 0;  // of device_in, loads acquire() waited for (not prefetched)
+  double device_moves = 0;      // chunk loads and write-backs between device and host
   double total() const { return device_in + device_out + nvme_read + nvme_write; }
 };
 

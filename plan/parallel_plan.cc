@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "base/error.h"
+#include "memory/chunks/chunk_manager.h"
 #include "models/family.h"
 
 namespace mammoth::plan {
@@ -563,6 +564,11 @@ std::string plan_summary(const ParallelPlan& p) {
   s << " mb" << p.micro_batch << "x" << p.grad_accum << " seq " << p.seq_len << " zero" << p.zero
     << " offload " << p.offload;
   if (p.offload_params != "none") s << " params-on " << p.offload_params;
+  if (p.device_mem > 0 || p.auto_device_mem > 0) {
+    s << " device-mem " << (p.auto_device_mem > 0 ? "auto:" : "")
+      << memory::chunks::short_bytes(p.device_mem > 0 ? p.device_mem : p.auto_device_mem)
+      << " chunk " << memory::chunks::short_bytes(static_cast<int64_t>(p.chunk_mb * 1048576.0));
+  }
   if (p.recompute_blocks != 0)
     s << " recompute "
       << (p.recompute_blocks < 0 ? std::string("all") : std::to_string(p.recompute_blocks));

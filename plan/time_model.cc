@@ -559,18 +559,21 @@ TimePrediction TimeModel::evaluate(const ParallelPlan& plan, bool bound_only) {
 
 double TimeModel::paging(const ParallelPlan& plan, const TimeBreakdown& parts) {
   // What the chunk manager moves, from its own dry run (plan/offload_traffic.h) on each
-  // pipeline rank's chunks: device <-> host over PCIe (on the CPU backend one copy thread does
-  // both directions), NVMe at the node's rate shared by its devices, the two streams pipelined.
+  // pipeline rank's chunks: device <-> host over PCIe, a latency per move (on the CPU backend
+  // the calibrated cost of the manager's own moves; one copy thread does both directions),
+  // NVMe at the node's rate shared by its devices, the two streams pipelined.
   // The forward and backward's moves hide behind the compute where the machine overlaps
   // transfers, except the loads acquire() waited for; the optimizer walk's moves pipeline with
   // the update chunk by chunk, so only what exceeds the update shows.
   const Cluster& c = cluster_;
   const bool cuda = plan.device == "cuda";
+  auto over = [](double bytes, double rate) { return bytes > 0 ? bytes / rate : 0.0; };
   auto seconds = [&](const OffloadPhase& ph) {
     const double pcie =
-        (cuda ? std::max(ph.device_in, ph.device_out) : ph.device_in + ph.device_out) /
-        c.pcie.bandwidth;
-    const double nvme = (ph.nvme_read + ph.nvme_write) / (c.nvme.bandwidth / c.devices_per_node);
+        over(cuda ? std::max(ph.device_in, ph.device_out) : ph.device_in + ph.device_out,
+             c.pcie.bandwidth) +
+        ph.device_moves * c.pcie.latency;
+    const double nvme = over(ph.nvme_read + ph.nvme_write, c.nvme.bandwidth / c.devices_per_node);
     return std::max(pcie, nvme);
   };
   const MemoryPrediction memory = predict_memory(config_, plan);
@@ -579,8 +582,9 @@ double TimeModel::paging(const ParallelPlan& plan, const TimeBreakdown& parts) {
     if (st.offload_tensors.empty()) continue;
     const OffloadTraffic traffic = simulate_offload(offload_setup(st, plan));
     if (!traffic.error.empty()) continue;  // plan::check and the memory model say why
-    const double moves = seconds(traffic.compute);
-    const double demand = seconds(OffloadPhase{traffic.compute.device_demand_in, 0, 0, 0, 0});
+    const OffloadPhase& fb = traffic.compute;
+    const double moves = seconds(fb);
+    const double demand = fb.device_in > 0 ? moves * fb.device_demand_in / fb.device_in : 0.0;
     const double exposed =
         c.overlaps_communication ? std::max(demand, moves - parts.compute) : moves;
     const double walk = seconds(traffic.optimizer);

@@ -622,13 +622,18 @@ bool ChunkManager::protected_in(const Pool& pool, ChunkId id, bool demand) const
   return false;
 }
 
+void ChunkManager::drain_slot(Pool& pool, int slot) {
+  io::Ticket& t = pool.draining[static_cast<size_t>(slot)];
+  if (!t.valid()) return;
+  t.wait();  // throws naming the file when the write-back failed
+  t = io::Ticket();
+  add_used(pool.tier, -chunk_bytes_);
+}
+
 void ChunkManager::reclaim_drained(Pool& pool, bool wait) {
   for (size_t s = 0; s < pool.draining.size(); ++s) {
-    io::Ticket& t = pool.draining[s];
-    if (!t.valid() || (!wait && !t.ready())) continue;
-    t.wait();  // throws naming the file when the write-back failed
-    t = io::Ticket();
-    add_used(pool.tier, -chunk_bytes_);
+    if (wait || (pool.draining[s].valid() && pool.draining[s].ready()))
+      drain_slot(pool, static_cast<int>(s));
   }
 }
 
@@ -688,9 +693,7 @@ int ChunkManager::take_slot(Pool& pool, ChunkId for_chunk, bool demand) {
   evict(victim);
   if (pool.draining[slot].valid()) {
     if (!demand) return -1;
-    pool.draining[slot].wait();
-    pool.draining[slot] = io::Ticket();
-    add_used(pool.tier, -chunk_bytes_);
+    drain_slot(pool, slot);
   }
   return slot;
 }
@@ -993,11 +996,7 @@ void ChunkManager::relocate(Pool& pool, ChunkId id, int window, int count,
                              << "chunk " << id << " among " << slots << " " << tier_name(pool.tier)
                              << " slots";
   if (pool.owner[target] >= 0) evict(pool.owner[target]);
-  if (pool.draining[target].valid()) {
-    pool.draining[target].wait();
-    pool.draining[target] = io::Ticket();
-    add_used(pool.tier, -chunk_bytes_);
-  }
+  drain_slot(pool, target);
   evict(id);  // written back when dirty, so the load below brings the same bytes
   start_load(id, target, false);
   finish_load(id);
@@ -1046,11 +1045,7 @@ void* ChunkManager::acquire_span(ChunkId first, int count, bool write) {
       continue;
     }
     if (pool.owner[slot] >= 0) evict(pool.owner[slot]);
-    if (pool.draining[slot].valid()) {
-      pool.draining[slot].wait();
-      pool.draining[slot] = io::Ticket();
-      add_used(pool.tier, -chunk_bytes_);
-    }
+    drain_slot(pool, slot);
     if (c.state != ChunkState::kEvicted) evict(id);  // in another slot: through its home
     start_load(id, slot, false);
     finish_load(id);

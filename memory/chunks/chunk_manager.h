@@ -258,6 +258,8 @@ class ChunkManager {
   void note_access(ChunkId id, int count = 1);
   void prefetch();
   bool protected_in(const Pool& pool, ChunkId id, bool demand) const;
+  // A slot whose occupant's NVMe write-back is still draining: wait for it, free the slot.
+  void drain_slot(Pool& pool, int slot);
   void reclaim_drained(Pool& pool, bool wait);
 
   ChunkManagerOptions options_;

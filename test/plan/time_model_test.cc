@@ -8,6 +8,8 @@
 
 #include "models/registry.h"
 #include "plan/cluster.h"
+#include "plan/memory_model.h"
+#include "plan/offload_traffic.h"
 #include "test/plan/published_models.h"
 
 namespace mammoth::plan {
@@ -58,6 +60,41 @@ TEST_CASE("the compute bound holds and the parts add up", "[plan][time]") {
     }
   }
   CHECK(checked > 300);
+}
+
+// The chunk moves themselves are checked against the runtime's in offload_traffic_test.sh;
+// here, that the time model charges them.
+TEST_CASE("paging within --device-mem costs what the dry run moves", "[plan][time]") {
+  const models::ModelConfig config = models::resolve_config("gpt2");
+  const Cluster cluster = load_cluster("dgx_a100_80gb");
+  TimeModel model(config, cluster);
+  ParallelPlan p = layout(1, 1, 1, 4, 2, 1024);
+  // Parameters, gradients and the two moments, and room for the chunks' padding.
+  const int64_t state =
+      models::count_parameters(config) * static_cast<int64_t>(dtype_size(config.dtype)) * 4 * 5 / 4;
+  const TimePrediction whole = model.predict(p);
+  CHECK(whole.parts.offload == 0);
+  double previous = 0;
+  for (int64_t budget : {state, state / 3, state / 6}) {
+    p.device_mem = budget;
+    const OffloadTraffic t =
+        simulate_offload(offload_setup(predict_memory(config, p).stages[0], p));
+    REQUIRE(t.error.empty());
+    const TimePrediction paged = model.predict(p);
+    INFO("device-mem " << budget << ": " << describe(t.compute) << "; " << describe(t.optimizer));
+    CHECK(paged.parts.total() == Approx(paged.step_time));
+    if (budget == state) {
+      // Everything has a home on the device: nothing moves, nothing is charged.
+      CHECK(t.compute.total() + t.optimizer.total() == 0);
+      CHECK(paged.parts.offload == 0);
+    } else {
+      // Every forward reads each parameter chunk: at least the evicted ones come back.
+      CHECK(t.compute.device_in > 0);
+      CHECK(paged.parts.offload > previous);
+      CHECK(paged.step_time > whole.step_time);
+      previous = paged.parts.offload;
+    }
+  }
 }
 
 TEST_CASE("the pipeline bubble is the simulator's", "[plan][time]") {

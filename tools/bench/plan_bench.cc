@@ -112,14 +112,17 @@ std::vector<plan::ParallelPlan> variants(int world, int64_t gb, bool quick) {
     };
   };
   if (world == 1) {
-    edits = {mb(16),
-             mb(8),
-             mb(4),
-             [&](P& p) { mb(2)(p); },
+    edits = {mb(16), mb(8), mb(4), [&](P& p) { mb(2)(p); },
              [&](P& p) { mb(16)(p), p.recompute_blocks = -1; },
              [&](P& p) { mb(4)(p), p.recompute_blocks = -1; },
              [&](P& p) { mb(8)(p), p.recompute_blocks = 1; },
-             [&](P& p) { mb(8)(p), p.offload = "host"; }};
+             [&](P& p) { mb(8)(p), p.offload = "host"; },
+             // Chunks paged through a device budget below the model's state (the offload
+             // part is the chunk manager's dry run, plan/offload_traffic.h).
+             [&](P& p) { mb(8)(p), p.device_mem = 512 << 10, p.chunk_mb = 1.0 / 16; },
+             [&](P& p) {
+               mb(4)(p), p.offload = "host", p.device_mem = 512 << 10, p.chunk_mb = 1.0 / 16;
+             }};
     if (quick) edits.resize(2);
   } else {
     auto dp = [&](int64_t m, int zero) {
@@ -157,6 +160,7 @@ std::vector<plan::ParallelPlan> variants(int world, int64_t gb, bool quick) {
              dp(2, 3),
              [=](P& p) { dp(8, 0)(p), p.recompute_blocks = -1; },
              [=](P& p) { dp(8, 0)(p), p.offload = "host"; },
+             [=](P& p) { dp(8, 0)(p), p.device_mem = 1536 << 10, p.chunk_mb = 1.0 / 16; },
              tp(16, "none"),
              tp(16, "split_gather"),
              [=](P& p) { tp(8, "none")(p), p.recompute_blocks = -1; },
