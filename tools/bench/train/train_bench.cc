@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <sstream>
+#include <thread>
 
 #include "base/cpu_time.h"
 #include "base/error.h"
@@ -23,6 +24,7 @@
 #include "engine/autograd.h"
 #include "engine/ops.h"
 #include "engine/optim/optim.h"
+#include "kernels/cpu/fma_loop.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/isa_env.h"
 #include "kernels/cpu/simd.h"
@@ -402,6 +404,25 @@ int run_tp_bench(const Options& o) {
   return 0;
 }
 
+// The machine's fp32 FMA peak at `threads` threads, in the register width our kernels run
+// (zmm under AVX-512, else ymm): every thread runs the FMA chains of kernels/cpu/fma_loop.h at
+// once, best of three, in GFLOP/s. The step's 6ND FLOPs are read against it (issue 27's figure).
+double fma_peak_gflops(int threads, bool zmm) {
+  const int64_t iters = 20000000;
+  double best = 0;
+  for (int round = 0; round < 3; ++round) {
+    std::vector<std::thread> workers;
+    const auto start = std::chrono::steady_clock::now();
+    for (int t = 0; t < threads; ++t)
+      workers.emplace_back([zmm, iters] { kernels::cpu::run_fma_chains(zmm, iters); });
+    for (std::thread& w : workers) w.join();
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    best = std::max(best, threads * kernels::cpu::fma_chain_flops(zmm, iters) / s / 1e9);
+  }
+  return best;
+}
+
 }  // namespace
 
 int run_train_bench(const std::vector<std::string>& args) {
@@ -431,6 +452,10 @@ int run_train_bench(const std::vector<std::string>& args) {
   } else {
     std::printf("anchor: skipped (--no-torch)\n");
   }
+  const bool zmm = kernels::cpu::active_simd_isa() == kernels::cpu::SimdIsa::kAvx512;
+  const double peak = fma_peak_gflops(num_threads(), zmm);
+  std::printf("fp32 FMA peak: %.1f GFLOP/s (%d threads, %s registers, kernels/cpu/fma_loop)\n",
+              peak, num_threads(), zmm ? "zmm" : "ymm");
   json::Value rows = json::Value::array();
   for (const std::string& name : o.models) {
     models::ModelOptions mo;
@@ -509,6 +534,22 @@ int run_train_bench(const std::vector<std::string>& args) {
         row.set("anchor" + key + "_ms", json::Value(t));
         row.set("ratio" + key, json::Value(t / ms));
         std::printf(", %s %.1f ms (ours %.2fx)", modes[i].c_str(), t, t / ms);
+      }
+      std::printf("\n");
+      // 6ND: the step's FLOPs as issue 27 counts them (6 x parameters x tokens), each side's
+      // rate as a fraction of the peak measured above.
+      const double flops = 6.0 * static_cast<double>(model->num_parameters()) * tokens;
+      row.set("flops_6nd", json::Value(flops));
+      row.set("fma_peak_gflops", json::Value(peak));
+      row.set("ours_peak_fraction", json::Value(flops / (ms / 1e3) / (peak * 1e9)));
+      std::printf("%-12s %-5s 6ND %.1f GFLOP: ours %.1f GFLOP/s = %.1f%% of the FMA peak",
+                  name.c_str(), amp.c_str(), flops / 1e9, flops / ms / 1e6,
+                  100 * flops / (ms / 1e3) / (peak * 1e9));
+      for (size_t i = 0; i < modes.size(); ++i) {
+        const double t = median(torch_ms[i]);
+        const std::string key = modes[i] == "eager" ? "" : "_" + modes[i];
+        row.set("anchor" + key + "_peak_fraction", json::Value(flops / (t / 1e3) / (peak * 1e9)));
+        std::printf(", %s %.1f%%", modes[i].c_str(), 100 * flops / (t / 1e3) / (peak * 1e9));
       }
       std::printf("\n");
       if (torch) {
