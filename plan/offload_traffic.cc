@@ -18,8 +18,6 @@ namespace {
 namespace mc = memory::chunks;
 using mc::Tier;
 
-constexpr int64_t kSlotAlignment = 64;  // engine/offload packs parameters 64-byte aligned
-
 struct Snapshot {
   double device_in = 0, device_out = 0, nvme_in = 0, nvme_out = 0, device_moves = 0;
   int64_t demand = 0, prefetched = 0;
@@ -70,7 +68,7 @@ OffloadTraffic run(const OffloadSetup& s, int m) {
                              s.offload == "nvme", s.dp == 1 && !s.host_update);
   const int64_t block = static_cast<int64_t>(memory::io::kBlockSize);
   const int64_t real = (sizing.chunk_bytes + block - 1) / block * block;
-  const mc::ChunkLayout layout = mc::pack_chunks(s.tensors, real, kSlotAlignment);
+  const mc::ChunkLayout layout = mc::pack_chunks(s.tensors, real);
   out.chunk_bytes = real;
   out.spans = sizing.spans;
   out.chunks = static_cast<int64_t>(layout.used.size());

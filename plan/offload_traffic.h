@@ -18,6 +18,9 @@
 //   end of step  gradients discarded.
 // The first step records the trace, the manager's Belady eviction and prefetch run on it from
 // the second, and the third step's moves per tier are the answer, scaled back to real bytes.
+// Timing is not simulated: a dry NVMe write-back drains at once, so where a real one is still
+// draining when a prefetch wants its slot the real run defers that prefetch and moves a little
+// more (NVMe states: 6% more bytes in test/plan/offload_traffic_test.sh).
 // Steps of many micro-batches are extrapolated from the steps of three and four (every middle
 // micro-batch pages the same chunks). Results are cached per layout and budget, so a search
 // pays once for each distinct rank.

@@ -43,8 +43,6 @@ void make_resident(const Tensor& t, bool write) {
   if (t.defined() && t.storage()->ensure_resident) t.storage()->ensure_resident(write);
 }
 
-constexpr int64_t kSlotAlignment = 64;  // as memory::CpuAllocator: same SIMD alignment
-
 // n bytes between any two devices, in place when it returns (a memcpy between host buffers).
 void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size_t n) {
 #ifdef MAMMOTH_WITH_CUDA
@@ -339,7 +337,7 @@ Offload::Offload(const nn::NamedTensors& params, const OffloadOptions& options)
   // Layout: first fit in packing order.
   std::vector<int64_t> sizes;
   for (size_t i : order) sizes.push_back(static_cast<int64_t>(params_[i].second.nbytes()));
-  const chunks::ChunkLayout layout = chunks::pack_chunks(sizes, cb, kSlotAlignment);
+  const chunks::ChunkLayout layout = chunks::pack_chunks(sizes, cb);
   slots_.resize(params_.size());
   for (size_t j = 0; j < order.size(); ++j) {
     const chunks::ChunkPlace& at = layout.places[j];

@@ -34,9 +34,13 @@ struct ChunkLayout {
   std::vector<int> members;        // tensors starting in each chunk
   std::vector<ChunkPlace> places;  // per tensor, in the order packed
 };
+// Where a tensor may start in a chunk: as memory::CpuAllocator aligns, the SIMD alignment the
+// kernels expect.
+inline constexpr int64_t kTensorAlignment = 64;
 // First fit in the order given, each tensor `alignment`-aligned in its chunk; a tensor larger
 // than `chunk_bytes` (the manager's, rounded) takes whole chunks and its last piece's rest is
 // open to the next tensors.
-ChunkLayout pack_chunks(const std::vector<int64_t>& bytes, int64_t chunk_bytes, int64_t alignment);
+ChunkLayout pack_chunks(const std::vector<int64_t>& bytes, int64_t chunk_bytes,
+                        int64_t alignment = kTensorAlignment);
 
 }  // namespace mammoth::memory::chunks
