@@ -12,11 +12,13 @@
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "base/json.h"
+#include "memory/chunks/chunk_manager.h"
 #include "models/analyze.h"
 #include "models/registry.h"
 #include "plan/cluster.h"
 #include "plan/fit.h"
 #include "plan/memory_model.h"
+#include "plan/offload_traffic.h"
 #include "plan/parallel_plan.h"
 #include "plan/time_model.h"
 #include "tools/command.h"
@@ -150,6 +152,36 @@ int run_analyze(const std::vector<std::string>& args) {
         std::printf("placement    stage %zu, per rank:\n", st);
         print_lines(plan::placement_table(m.stages[st], p), "");
       }
+    }
+    // What the chunk manager will move per step, from its dry run (plan/offload_traffic.h):
+    // what `train` prints at start-up and the time model charges.
+    if (p.offloaded() && !p.zero3_shards_on_nvme()) {
+      json::Value moves = json::Value::array();
+      for (size_t st = 0; st < m.stages.size(); ++st) {
+        if (m.stages[st].offload_tensors.empty()) continue;
+        const plan::OffloadTraffic t = plan::simulate_offload(plan::offload_setup(m.stages[st], p));
+        json::Value v = json::Value::object().set("stage", static_cast<int64_t>(st));
+        if (!t.error.empty()) {
+          v.set("error", t.error);
+          if (text) std::printf("chunk moves  stage %zu: none (%s)\n", st, t.error.c_str());
+        } else {
+          const plan::OffloadPhase all = plan::add(t.compute, t.optimizer);
+          v.set("chunks", t.chunks).set("chunk_bytes", t.chunk_bytes).set("spans", t.spans);
+          v.set("device_in", all.device_in).set("device_out", all.device_out);
+          v.set("nvme_read", all.nvme_read).set("nvme_write", all.nvme_write);
+          if (text) {
+            std::printf(
+                "chunk moves  stage %zu, per rank per step (dry run of the chunk manager, %lld "
+                "chunks of %s%s):\n  forward/backward %s\n  optimizer        %s\n",
+                st, static_cast<long long>(t.chunks),
+                memory::chunks::short_bytes(t.chunk_bytes).c_str(),
+                t.spans ? ", larger parameters spanning chunks" : "",
+                plan::describe(t.compute).c_str(), plan::describe(t.optimizer).c_str());
+          }
+        }
+        moves.push_back(std::move(v));
+      }
+      out.set("chunk_moves", std::move(moves));
     }
     const std::string cluster_name = absl::GetFlag(FLAGS_cluster);
     if (!cluster_name.empty()) {

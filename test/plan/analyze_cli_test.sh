@@ -108,4 +108,23 @@ h = json.load(sys.stdin)["memory"]["stages"][0]["homes"]
 P = 124439808
 assert h["nvme"] == {"params": 4 * P, "grads": 4 * P, "optimizer": 0}, h
 assert h["host"]["optimizer"] == 8 * P and h["device"]["params"] == 0, h' || fail "homes JSON"
+# The chunk manager's dry run: gpt2 paged through 1 GiB of device memory moves chunks every
+# step (the forward's loads at least the parameters that did not stay); everything homed on the
+# device moves nothing.
+"$mammoth" analyze --model gpt2 --device-mem 1G --micro-batch 2 --seq-len 128 \
+  >"$t/moves.txt" 2>&1 || { cat "$t/moves.txt"; fail "chunk moves"; }
+grep -q "^chunk moves  stage 0, per rank per step (dry run of the chunk manager" "$t/moves.txt" ||
+  fail "no chunk moves"
+tail -1 "$t/moves.txt" | "$py" -c '
+import json, sys
+m = json.load(sys.stdin)["chunk_moves"][0]
+assert m["device_in"] > 0 and m["device_out"] > 0 and m["nvme_read"] == 0, m' ||
+  fail "chunk moves JSON (paged)"
+"$mammoth" analyze --model gpt2 --offload host --micro-batch 2 --seq-len 128 >"$t/still.txt" 2>&1 ||
+  { cat "$t/still.txt"; fail "chunk moves, nothing paged"; }
+tail -1 "$t/still.txt" | "$py" -c '
+import json, sys
+m = json.load(sys.stdin)["chunk_moves"][0]
+assert m["device_in"] == 0 and m["device_out"] == 0 and m["nvme_write"] == 0, m' ||
+  fail "chunk moves JSON (nothing paged)"
 echo ok
