@@ -107,6 +107,13 @@ double core_speed_probe(int rounds) {
   return best;
 }
 
+double memory_speed_probe(int rounds) {
+  const size_t bytes = size_t{64} << 20;
+  std::vector<char> a(bytes, 1), b(bytes, 2);
+  const double t = time_call([&] { std::memcpy(b.data(), a.data(), bytes); }, rounds, 0.02);
+  return 2.0 * static_cast<double>(bytes) / t;  // read + write
+}
+
 namespace {
 
 // Least squares for y = sum_j c_j x_j with every c_j >= 0, relative: each row is divided by
@@ -455,13 +462,6 @@ std::vector<std::pair<double, double>> measure_attention(bool quick, double op_o
   return rates;
 }
 
-double measure_copy_bandwidth(bool quick) {
-  const size_t bytes = (quick ? 32u : 64u) << 20;
-  std::vector<char> a(bytes, 1), b(bytes, 2);
-  const double t = time_call([&] { std::memcpy(b.data(), a.data(), bytes); }, quick ? 3 : 5, 0.02);
-  return 2.0 * static_cast<double>(bytes) / t;  // read + write
-}
-
 // The chunk manager's own moves between the CPU backend's emulated device and host memory
 // (what `--device-mem` pages), as training sees them: 64 MiB of chunks (past the caches, as a
 // model's are between two uses) acquired for writing in a cycle through a device cache of a
@@ -689,7 +689,7 @@ Cluster calibrate_this_machine(const CalibrateOptions& o) {
     const std::string what = "gpt2 d_model " + std::to_string(b->deep.d_model) + ", 1 / 5 blocks";
     say(what.c_str(), b->shallow_s * 1e3, ("/ " + std::to_string(b->deep_s * 1e3) + " ms").c_str());
   }
-  const double copy_bw = measure_copy_bandwidth(o.quick);
+  const double copy_bw = memory_speed_probe(o.quick ? 3 : 5);
   say("memcpy bandwidth (64 MiB)", copy_bw / 1e9, "GB/s");
   const Link paging = measure_paging(o.quick);
   say("chunk paging bandwidth (device <-> host)", paging.bandwidth / 1e9, "GB/s");

@@ -64,6 +64,10 @@ Cluster calibrate_this_machine(const CalibrateOptions& options = {});
 // `bench plan` compares it before each measured plan with its value at calibration, to tell a
 // core that has slowed down (frequency, a busy sibling thread) from a wrong prediction.
 double core_speed_probe(int rounds = 3);
+// This machine's memory bandwidth: a 64 MiB memcpy (past the caches), read + write bytes per
+// second, best of `rounds`; calibration's host_memory_GBps. `bench plan` reads it beside
+// core_speed_probe: a VM whose memory system is slowed by a neighbour keeps its FMA rate.
+double memory_speed_probe(int rounds = 3);
 
 // The communication measurement, run on every rank of an MPI world of >= 2 ranks: MPI_Allreduce
 // times per size, fitted. Returns {"GBps", "latency_us", "points": [[bytes, seconds]...]}.

@@ -191,8 +191,9 @@ struct Row {
   double predicted = 0;
   double measured = 0;  // 0: the run failed
   double wall_min = 0, wall_median = 0;
-  double share = 1;  // median over steps of rank 0's CPU time / wall time
-  double speed = 1;  // the core's speed probe just before the run / at calibration
+  double share = 1;   // median over steps of rank 0's CPU time / wall time
+  double speed = 1;   // the core's speed probe just before the run / at calibration
+  double memory = 0;  // the memory probe just before the run, bytes/s
   std::string error;
   plan::TimePrediction time;
 };
@@ -371,6 +372,7 @@ int run_plan_bench(const std::vector<std::string>& args) {
   for (size_t i = 0; i < rows.size(); ++i) {
     Row& r = rows[i];
     r.speed = plan::core_speed_probe() / speed0;
+    r.memory = plan::memory_speed_probe();
     measure(o, exe, dir, static_cast<int>(i), r, r.error);
     const std::string summary = (r.first_choice ? "* " : "  ") + plan::plan_summary(r.plan);
     if (r.measured > 0) {
@@ -417,6 +419,26 @@ int run_plan_bench(const std::vector<std::string>& args) {
       "with each prediction divided by its run's core speed: median |error| %.1f%%, worst "
       "%.1f%%, Spearman %.3f\n",
       100 * adj_med, 100 * adj_worst, spearman(adj_pred, meas));
+  // A calibration taken while the memory system was slower (or faster) than during the runs
+  // puts that into every prediction, and the FMA probe does not see it: say so.
+  std::vector<double> memory;
+  for (const Row& r : rows) {
+    if (r.memory > 0) memory.push_back(r.memory);
+  }
+  // (Only against a calibration of this machine: a cluster file's host bandwidth is another
+  // machine's.)
+  const double memory_ratio =
+      memory.empty() || !o.cluster.empty() ? 1.0 : cluster.host_memory_bandwidth / median(memory);
+  if (o.cluster.empty() && !memory.empty()) {
+    std::printf(
+        "memory probe: calibration's memcpy %.1f GB/s, the runs' median %.1f GB/s (%.2fx)\n",
+        cluster.host_memory_bandwidth / 1e9, median(memory) / 1e9, memory_ratio);
+  }
+  if (memory_ratio < 0.85 || memory_ratio > 1.0 / 0.85) {
+    std::printf(
+        "warning: the machine's memory bandwidth moved by more than 15%% between calibration and "
+        "the runs; the predictions carry the difference: run again on a quieter machine\n");
+  }
   json::Value groups = json::Value::array();
   for (const std::string& name : o.models) {
     for (int world : o.worlds) {
@@ -458,6 +480,7 @@ int run_plan_bench(const std::vector<std::string>& args) {
                         .set("wall_median_s", r.wall_median)
                         .set("cpu_share", r.share)
                         .set("core_speed", r.speed)
+                        .set("memory_GBps", r.memory / 1e9)
                         .set("prediction", r.time.to_json()));
     }
     std::ofstream(o.json_path) << json::dump(json::Value::object()
@@ -466,6 +489,7 @@ int run_plan_bench(const std::vector<std::string>& args) {
                                                  .set("median_abs_error", med)
                                                  .set("worst_abs_error", worst)
                                                  .set("spearman", rho)
+                                                 .set("calibration_memory_ratio", memory_ratio)
                                                  .set("speed_adjusted_median_abs_error", adj_med)
                                                  .set("speed_adjusted_worst_abs_error", adj_worst)
                                                  .set("first_choice", std::move(groups)),
