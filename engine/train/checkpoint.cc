@@ -281,11 +281,20 @@ std::vector<std::string> checkpoint_problems(const std::string& dir) {
       continue;
     }
     const std::string p = dir + "/" + f;
-    if (!fs::exists(p)) {
-      problems.push_back("[checkpoint] " + p + " is missing");
+    // The names come from the manifest: the throwing overloads would turn one the filesystem
+    // refuses (longer than NAME_MAX, say) into a std::filesystem::filesystem_error.
+    std::error_code ec;
+    const bool present = fs::exists(p, ec);
+    if (ec || !present) {
+      problems.push_back("[checkpoint] " + p +
+                         (ec ? " cannot be read: " + ec.message() : std::string(" is missing")));
       continue;
     }
-    const int64_t bytes = static_cast<int64_t>(fs::file_size(p));
+    const int64_t bytes = static_cast<int64_t>(fs::file_size(p, ec));
+    if (ec) {
+      problems.push_back("[checkpoint] " + p + " cannot be read: " + ec.message());
+      continue;
+    }
     const int64_t want_bytes = entry.at("bytes").as_int();
     if (bytes != want_bytes) {
       problems.push_back("[checkpoint] " + p + " has " + std::to_string(bytes) +

@@ -243,3 +243,21 @@ TEST_CASE("an index.json that lies about shapes or shards is refused by name") {
              }),
              Catch::Contains("lists the shard 'shard_00001.safetensors' twice"));
 }
+
+// Found by the checkpoint fuzzer (seed test/fuzz/corpus/checkpoint/name_too_long): a manifest
+// naming a file longer than the filesystem allows made checkpoint_problems throw
+// std::filesystem::filesystem_error ("File name too long") instead of reporting a problem.
+TEST_CASE("a manifest naming a file the filesystem refuses is a problem, not a crash") {
+  testing::TestDir dir;
+  const std::string name(300, 'a');
+  {
+    std::ofstream m(dir.path() + "/manifest.json");
+    m << "{\"step\": 1, \"files\": {\"" << name << "\": {\"bytes\": 4, \"crc32c\": 0}}}";
+  }
+  std::vector<std::string> problems;
+  REQUIRE_NOTHROW(problems = engine::train::checkpoint_problems(dir.path()));
+  bool named = false;
+  for (const std::string& p : problems)
+    named = named || p.find(name + " cannot be read") != std::string::npos;
+  CHECK(named);
+}
