@@ -110,7 +110,9 @@ constexpr float kOnlineSlack = 2.0f;
 int64_t online_blocks(int64_t n) { return (n + kOnlineBlock - 1) / kOnlineBlock; }
 
 // s += exp(x - ref) over x[0, len), in two vector partial sums in a fixed order (e may alias x:
-// each vector is loaded before it is stored); with kStore e[0, len) = exp(x - ref); with kMax
+// each vector is loaded before it is stored). The paired loop keeps one sum and one maximum: with
+// a pair of each, AVX2's 16 registers do not hold the loop, and the spilled sum's add waits on a
+// store and a reload every iteration; with kStore e[0, len) = exp(x - ref); with kMax
 // returns the largest x - ref if any is >= 0 (otherwise some negative value). The maximum is taken
 // on the bit patterns (max_bits): the integer units have issue slots to spare, the float max takes
 // one of the non-FMA pipes' that the exponential needs. `inline` here and on block_scale: without
@@ -140,10 +142,7 @@ inline float exp_pass(const float* x, float* e, int64_t len, float ref, Vec& s0,
       p0 = Vec::load(side.e + i);
       p1 = Vec::load(side.e + i + W);
     }
-    if (kMax) {
-      n0 = max_bits(n0, d0);
-      n1 = max_bits(n1, d1);
-    }
+    if (kMax) n0 = max_bits(n0, max_bits(d0, d1));
     const Vec e0 = exp_near(d0), e1 = exp_near(d1);
     if (kStore) {
       e0.store(e + i);
@@ -153,8 +152,7 @@ inline float exp_pass(const float* x, float* e, int64_t len, float ref, Vec& s0,
       fma(p0, side.f, side.g).stream(side.y + i);
       fma(p1, side.f, side.g).stream(side.y + i + W);
     }
-    a0 = a0 + e0;
-    a1 = a1 + e1;
+    a0 = a0 + (e0 + e1);
   }
   for (; i + W <= len; i += W) {
     const Vec d0 = Vec::load(x + i) - mv;
@@ -1279,7 +1277,8 @@ void gelu_tanh_backward(const float* dy, const float* x, float* dx, int64_t n, b
 struct NormalCdf {
   Vec cdf, g;
 };
-NormalCdf normal_cdf(Vec x) {
+// `inline`: without it GCC calls it once per vector, on both ISAs.
+inline NormalCdf normal_cdf(Vec x) {
   const Vec u = abs(x) * Vec::set1(0.7071067811865476f);
   const Vec t = Vec::set1(1.0f) / fma(Vec::set1(0.3275911f), u, Vec::set1(1.0f));
   // The polynomial's coefficients halved: p is half of A&S's.
