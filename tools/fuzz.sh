@@ -165,6 +165,10 @@ for t in "${TARGETS[@]}"; do
     verdict="FAILED (exit $rc; see $log)"
     status=1
   fi
+  # SIGINT (how a long run is stopped by hand): not a finding, but not a finished run either.
+  if [[ $crashes -eq 0 ]] && grep -q 'libFuzzer: run interrupted' "$log"; then
+    verdict="interrupted (SIGINT; no finding)"
+  fi
   printf 'fuzz %-16s execs %-10s cov %-6s ft %-6s corpus %-5s new_crashes %s  %ss  %s\n' \
     "$t" "${execs:-?}" "${cov:-?}" "${ft:-?}" "$(ls "$corpus" | wc -l)" "$crashes" "$secs" "$verdict"
   [[ -n "$slow" ]] && echo "    slow units:$slow"

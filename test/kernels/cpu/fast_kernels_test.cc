@@ -349,6 +349,33 @@ TEST_CASE("softmax's exponential is within (6 + 2|d|) * 2^-24 of e^d") {
   }
 }
 
+// Below d = -87.3, e^d is not a normal float: the result is 0 or a denormal within the smallest
+// normal of e^d (AVX2's exp_near builds it in the exponent bits, which there read as a denormal),
+// never negative, never above it.
+TEST_CASE("softmax's exponential below the normal range is 0 or a close denormal") {
+  const std::vector<float> ds = {-87.34f, -87.4f, -87.6f, -87.8f,  -88.0f, -88.03f,
+                                 -88.1f,  -89.0f, -95.0f, -103.0f, -1e30f};
+  const auto M = static_cast<int64_t>(ds.size());
+  const double min_normal = std::numeric_limits<float>::min();
+  for (SimdIsa isa : isas()) {
+    IsaGuard guard(isa);
+    INFO("isa " << simd_isa_name(isa));
+    Buf x({M, 2}), y({M, 2});
+    for (int64_t r = 0; r < M; ++r)
+      x.d[static_cast<size_t>(2 * r + 1)] = ds[static_cast<size_t>(r)];
+    std::vector<TensorArg> in = {x.arg(DType::kF32)}, out = {y.arg(DType::kF32)};
+    launch(Kernel::softmax, DeviceType::kCPU, DType::kF32, in, out, nullptr);
+    for (int64_t r = 0; r < M; ++r) {
+      const double d = ds[static_cast<size_t>(r)];
+      const double got = y.f[static_cast<size_t>(2 * r + 1)];
+      INFO("d " << d << " got " << got);
+      CHECK(y.f[static_cast<size_t>(2 * r)] == 1.0f);
+      CHECK(got >= 0.0);
+      CHECK(std::abs(got - std::exp(d)) <= min_normal);
+    }
+  }
+}
+
 // The online softmax reads rows by blocks of 512 with a running maximum: rows whose maximum
 // moves up block after block, leading blocks of -inf (masked), rows of -FLT_MAX (a mask filled
 // with the lowest float: uniform), rows of -inf only and NaN anywhere (NaN out, as the f64
