@@ -48,6 +48,9 @@ inline Tensor operator/(const Tensor& x, double c) { return mul_scalar(x, 1.0 / 
 
 // ---- reductions (dims may be negative; empty dims = all) ----
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+// The sum of x^2 over every element, a scalar: a squared norm without the x * x temporary, read
+// by every thread (the gradient norm's op).
+Tensor sum_squares(const Tensor& x);
 Tensor mean(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
 Tensor max(const Tensor& x, int64_t dim, bool keepdim = false);  // values (first max wins)
 // Sums `x` down to `shape` (the inverse of broadcasting), used by backward passes.

@@ -43,6 +43,8 @@
   /* reductions over the last dim of a contiguous [M, R] view */                                 \
   X(sum_last) /* (x [M,R]) -> (y [M]) */                                                         \
   X(max_last) /* (x [M,R]) -> (values [M], indices i64 [M]) */                                   \
+  X(sum_sq_last) /* (x [M,R]) -> (y [M]): the sum of squares, one row of any length on every   \
+                    thread */                                                                    \
   /* linear algebra */                                                                           \
   X(matmul) /* (a [B,M,K], b [B,K,N]) -> (c [B,M,N]) MatmulParams; a,b: one unit                 \
                stride in the last two dims (transposed views allowed), batch stride              \

@@ -68,6 +68,23 @@ Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   return y;
 }
 
+Tensor sum_squares(const Tensor& x) {
+  check_defined(x, "sum_squares", "x");
+  detail::check_floating("sum_squares", x);
+  Tensor y = Tensor::empty({1}, x.dtype(), x.device());
+  {
+    NoGradGuard ng;
+    detail::launch(Kernel::sum_sq_last, {x.contiguous().view({1, x.numel()})}, {y});
+  }
+  y = y.view({});
+  if (needs_grad({x})) {
+    record("sum_squares", {x}, {&y}, [x](const std::vector<Tensor>& g) {
+      return std::vector<Tensor>{mul(x, g[0].expand(x.shape())) * 2.0};
+    });
+  }
+  return y;
+}
+
 Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   check_defined(x, "mean", "x");
   detail::check_floating("mean", x);

@@ -149,7 +149,7 @@ double grad_sq_sum(const NamedTensors& params) {
   for (const auto& [name, t] : params) {
     const Tensor g = t.grad();
     if (!g.defined()) continue;
-    total += sum(mul(g, g)).item();
+    total += sum_squares(g).item();
   }
   return total;
 }

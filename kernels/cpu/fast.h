@@ -53,6 +53,8 @@ struct FastKernels {
                    double eps);
   void (*rms_norm_backward)(const float* dy, const float* x, const float* w, const float* rstd,
                             float* dx, float* dw, int64_t rows, int64_t n);
+  // y[m] = the sum of x[m, :]^2 over contiguous [rows, n] (a gradient's squared norm).
+  void (*sum_sq)(const float* x, float* y, int64_t rows, int64_t n);
   void (*cross_entropy)(const float* x, const int64_t* target, float* loss, float* lse,
                         int64_t rows, int64_t v, int64_t ignore_index, double smoothing);
   void (*cross_entropy_backward)(const float* dloss, const float* x, const int64_t* target,

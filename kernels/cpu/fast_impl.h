@@ -335,6 +335,30 @@ void sum_blocks(const float* src, int64_t blocks, int64_t n, int64_t stride, flo
   }
 }
 
+// ---- sum of squares -------------------------------------------------------------------------
+
+// y[m] = sum of x[m, :]^2. Rows are cut into blocks of kSqBlock floats, each summed by row_dot
+// (four vector sums in f32, fixed order) and the blocks' sums added in f64 in order: the result
+// does not depend on the thread count, and one long row (a flat gradient of 10^8 floats, the
+// grad-norm's case) is read by every thread at memory speed.
+void sum_sq(const float* x, float* y, int64_t rows, int64_t n) {
+  constexpr int64_t kSqBlock = 16384;
+  const int64_t nb = std::max<int64_t>(1, (n + kSqBlock - 1) / kSqBlock);
+  std::vector<double> part(static_cast<size_t>(rows * nb));
+  parallel_for(0, rows * nb, 1, [&](int64_t b, int64_t e) {
+    for (int64_t k = b; k < e; ++k) {
+      const int64_t b0 = k % nb * kSqBlock, len = std::min(kSqBlock, n - b0);
+      const float* p = x + k / nb * n + b0;
+      part[static_cast<size_t>(k)] = len > 0 ? row_dot<true>(p, p, len) : 0.0;
+    }
+  });
+  for (int64_t m = 0; m < rows; ++m) {
+    double s = 0.0;
+    for (int64_t j = 0; j < nb; ++j) s += part[static_cast<size_t>(m * nb + j)];
+    y[m] = static_cast<float>(s);
+  }
+}
+
 // ---- softmax family --------------------------------------------------------------------------
 
 // The scale of block k of a softmax row, exp(block_ref[k] - m) / sum with inv = 1 / sum: block
@@ -1513,6 +1537,7 @@ const FastKernels& fast_kernels() {
       &layer_norm_backward,
       &rms_norm,
       &rms_norm_backward,
+      &sum_sq,
       &cross_entropy,
       &cross_entropy_backward,
       &adamw,

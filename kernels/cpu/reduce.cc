@@ -1,7 +1,9 @@
 // CPU reductions over the last dim of a contiguous [M, R] view. The engine permutes the
 // reduced dims to the end first, so one pair of kernels serves every reduction.
 #include <limits>
+#include <type_traits>
 
+#include "kernels/cpu/fast.h"
 #include "kernels/cpu/register.h"
 
 namespace mammoth::kernels::cpu {
@@ -23,6 +25,29 @@ void sum_last_kernel(std::span<const TensorArg> in, std::span<const TensorArg> o
                    y[m] = static_cast<T>(acc);
                  }
                });
+}
+
+// The sum of squares: f32 through the fused kernels (fast.h: blocks of a row on every thread);
+// f64 per row in order in double, the reference.
+template <typename T>
+void sum_sq_last_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,
+                        const void*) {
+  const int64_t R = in[0].size(-1);
+  const int64_t M = R == 0 ? out[0].numel() : in[0].numel() / R;
+  const T* x = in[0].ptr<const T>();
+  T* y = out[0].ptr<T>();
+  if constexpr (std::is_same_v<T, float>) {
+    fast_kernels().sum_sq(x, y, M, R);
+  } else {
+    parallel_for(0, M, 1, [&](int64_t b, int64_t e) {
+      for (int64_t m = b; m < e; ++m) {
+        double acc = 0.0;
+        const T* row = x + m * R;
+        for (int64_t r = 0; r < R; ++r) acc += static_cast<double>(row[r]) * row[r];
+        y[m] = static_cast<T>(acc);
+      }
+    });
+  }
 }
 
 // First index of the maximum; NaN propagates (a NaN row reports the first NaN).
@@ -55,6 +80,7 @@ void max_last_kernel(std::span<const TensorArg> in, std::span<const TensorArg> o
 void register_reduce(Registry& r) {
   add_float_kernels(r, Kernel::sum_last, sum_last_kernel<float>, sum_last_kernel<double>);
   add_float_kernels(r, Kernel::max_last, max_last_kernel<float>, max_last_kernel<double>);
+  add_float_kernels(r, Kernel::sum_sq_last, sum_sq_last_kernel<float>, sum_sq_last_kernel<double>);
 }
 
 }  // namespace mammoth::kernels::cpu

@@ -1,5 +1,5 @@
-// CUDA reductions over the last dim of a contiguous [M, R] view: sum_last and max_last, one
-// block per row. Sums accumulate in float in a fixed tree order (deterministic).
+// CUDA reductions over the last dim of a contiguous [M, R] view: sum_last, sum_sq_last and
+// max_last, one block per row. Sums accumulate in float in a fixed tree order (deterministic).
 #include "kernels/cuda/common.cuh"
 
 namespace mammoth::kernels::cuda {
@@ -11,6 +11,19 @@ __global__ void sum_last_rows(const T* __restrict__ x, T* __restrict__ y, int64_
   const T* row = x + m * R;
   float acc = 0.0f;
   for (int64_t r = threadIdx.x; r < R; r += blockDim.x) acc += to_float(row[r]);
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) y[m] = from_float<T>(acc);
+}
+
+template <typename T>
+__global__ void sum_sq_last_rows(const T* __restrict__ x, T* __restrict__ y, int64_t R) {
+  const int64_t m = blockIdx.x;
+  const T* row = x + m * R;
+  float acc = 0.0f;
+  for (int64_t r = threadIdx.x; r < R; r += blockDim.x) {
+    const float v = to_float(row[r]);
+    acc += v * v;
+  }
   acc = block_sum(acc);
   if (threadIdx.x == 0) y[m] = from_float<T>(acc);
 }
@@ -36,6 +49,21 @@ void sum_last_kernel(std::span<const TensorArg> in, std::span<const TensorArg> o
         in[0].ptr<const T>(), out[0].ptr<T>(), R);
   }
   CUDA_CHECK_LAUNCH("sum_last");
+}
+
+template <typename T>
+void sum_sq_last_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,
+                        const void*) {
+  const int64_t R = in[0].ndim == 0 ? 1 : in[0].size(-1);
+  const int64_t M = out[0].numel();
+  if (M == 0) return;
+  if (R == 0) {
+    zero_rows<<<grid_for(M, 256), 256, 0, stream()>>>(out[0].ptr<T>(), M);
+  } else {
+    sum_sq_last_rows<<<static_cast<unsigned>(M), row_threads(R, 512), 0, stream()>>>(
+        in[0].ptr<const T>(), out[0].ptr<T>(), R);
+  }
+  CUDA_CHECK_LAUNCH("sum_sq_last");
 }
 
 // (value, index) ordering of PyTorch's max: NaN beats numbers, then larger, then lower index.
@@ -105,6 +133,7 @@ void max_last_kernel(std::span<const TensorArg> in, std::span<const TensorArg> o
 void register_reduce(Registry& r) {
   MAMMOTH_CUDA_REG3(r, sum_last, sum_last_kernel);
   MAMMOTH_CUDA_REG3(r, max_last, max_last_kernel);
+  MAMMOTH_CUDA_REG3(r, sum_sq_last, sum_sq_last_kernel);
 }
 
 }  // namespace mammoth::kernels::cuda

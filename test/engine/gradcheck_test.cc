@@ -97,6 +97,14 @@ std::map<std::string, std::vector<Case>> cases() {
                [] {
                  return Inputs{leaf({2, 3}, 24)};
                }}};
+  c["sum_squares"] = {{[](const Inputs& x) { return sum_squares(x[0]); },
+                       [] {
+                         return Inputs{leaf({3, 4}, 76)};
+                       }},
+                      {[](const Inputs& x) { return sum_squares(x[0].transpose(0, 1)); },
+                       [] {
+                         return Inputs{leaf({2, 5}, 77)};
+                       }}};
   c["mean"] = {{[](const Inputs& x) { return mean(x[0], {-1}, true); },
                 [] {
                   return Inputs{leaf({2, 5}, 25)};

@@ -777,6 +777,54 @@ TEST_CASE("vector exp is within 3 * 2^-24 relative over the normal range, exact 
   }
 }
 
+// sum_sq_last: rows of awkward lengths, empty rows, and one row long enough to be cut into many
+// blocks (the grad norm's case), against f64 on every ISA; bitwise the same at 1 and 3 threads.
+TEST_CASE("sum_sq_last matches f64 and does not depend on the thread count") {
+  std::mt19937 rng(21);
+  const int before = num_threads();
+  for (const auto& [M, N] : {std::pair<int64_t, int64_t>{5, 0},
+                             {7, 1},
+                             {3, 16383},
+                             {2, 16385},
+                             {1, 300001},
+                             {37, 129}}) {
+    Buf x({M, N}), want({M});
+    x.random(rng, -3.0, 3.0);
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t j = 0; j < N; ++j) {
+        const double v = x.d[static_cast<size_t>(m * N + j)];
+        want.d[static_cast<size_t>(m)] += v * v;
+      }
+    }
+    for (SimdIsa isa : isas()) {
+      IsaGuard guard(isa);
+      INFO("isa " << simd_isa_name(isa) << " M " << M << " N " << N);
+      std::vector<float> at[2];
+      for (int t : {0, 1}) {
+        set_num_threads(t == 0 ? 1 : 3);
+        Buf y({M});
+        std::vector<TensorArg> in = {x.arg(DType::kF32)}, out = {y.arg(DType::kF32)};
+        launch(Kernel::sum_sq_last, DeviceType::kCPU, DType::kF32, in, out, nullptr);
+        at[t] = y.f;
+      }
+      REQUIRE(std::memcmp(at[0].data(), at[1].data(), at[0].size() * sizeof(float)) == 0);
+      for (int64_t m = 0; m < M; ++m) {
+        const double w = want.d[static_cast<size_t>(m)], got = at[0][static_cast<size_t>(m)];
+        INFO("row " << m << " rel " << std::abs(got - w) / w);
+        CHECK(std::abs(got - w) <= 1e-6 * w);
+      }
+    }
+    Buf y64({M});
+    std::vector<TensorArg> in = {x.arg(DType::kF64)}, out = {y64.arg(DType::kF64)};
+    launch(Kernel::sum_sq_last, DeviceType::kCPU, DType::kF64, in, out, nullptr);
+    for (int64_t m = 0; m < M; ++m) {
+      CHECK(std::abs(y64.d[static_cast<size_t>(m)] - want.d[static_cast<size_t>(m)]) <=
+            1e-12 * want.d[static_cast<size_t>(m)]);
+    }
+  }
+  set_num_threads(before);
+}
+
 TEST_CASE("fast kernels give bitwise the same results at any thread count") {
   MAMMOTH_STREAM_SECTIONS();
   std::mt19937 rng(4);

@@ -447,9 +447,11 @@ TEST_CASE("fill every dtype") {
 }
 
 // ---- reductions -----------------------------------------------------------------------------
-TEST_CASE("sum_last and max_last") {
+TEST_CASE("sum_last, sum_sq_last and max_last") {
   check({"sum_last", Kernel::sum_last, {Fr({37, 129})}, {Out({37})}, nullptr, 4.0});
   check({"sum_last long rows", Kernel::sum_last, {Fr({3, 5000})}, {Out({3})}, nullptr, 30.0});
+  check({"sum_sq_last", Kernel::sum_sq_last, {Fr({37, 129})}, {Out({37})}, nullptr, 4.0});
+  check({"sum_sq_last long rows", Kernel::sum_sq_last, {Fr({3, 5000})}, {Out({3})}, nullptr, 30.0});
   check({"max_last", Kernel::max_last, {Fr({37, 129})}, {Out({37}), OutFixed(DType::kI64, {37})}});
   check({"max_last ties",
          Kernel::max_last,
