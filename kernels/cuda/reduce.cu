@@ -5,24 +5,15 @@
 namespace mammoth::kernels::cuda {
 namespace {
 
-template <typename T>
+// kSquares: the sum of squares (sum_sq_last) instead of the sum.
+template <typename T, bool kSquares>
 __global__ void sum_last_rows(const T* __restrict__ x, T* __restrict__ y, int64_t R) {
-  const int64_t m = blockIdx.x;
-  const T* row = x + m * R;
-  float acc = 0.0f;
-  for (int64_t r = threadIdx.x; r < R; r += blockDim.x) acc += to_float(row[r]);
-  acc = block_sum(acc);
-  if (threadIdx.x == 0) y[m] = from_float<T>(acc);
-}
-
-template <typename T>
-__global__ void sum_sq_last_rows(const T* __restrict__ x, T* __restrict__ y, int64_t R) {
   const int64_t m = blockIdx.x;
   const T* row = x + m * R;
   float acc = 0.0f;
   for (int64_t r = threadIdx.x; r < R; r += blockDim.x) {
     const float v = to_float(row[r]);
-    acc += v * v;
+    acc += kSquares ? v * v : v;
   }
   acc = block_sum(acc);
   if (threadIdx.x == 0) y[m] = from_float<T>(acc);
@@ -36,8 +27,8 @@ __global__ void zero_rows(T* y, int64_t M) {
   }
 }
 
-template <typename T>
-void sum_last_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out, const void*) {
+template <typename T, bool kSquares>
+void sum_rows_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out) {
   const int64_t R = in[0].ndim == 0 ? 1 : in[0].size(-1);
   const int64_t M = out[0].numel();
   if (M == 0) return;
@@ -45,25 +36,21 @@ void sum_last_kernel(std::span<const TensorArg> in, std::span<const TensorArg> o
     zero_rows<<<grid_for(M, 256), 256, 0, stream()>>>(out[0].ptr<T>(), M);
   } else {
     // One block per row; the grid's x dimension holds 2^31-1 rows.
-    sum_last_rows<<<static_cast<unsigned>(M), row_threads(R, 512), 0, stream()>>>(
+    sum_last_rows<T, kSquares><<<static_cast<unsigned>(M), row_threads(R, 512), 0, stream()>>>(
         in[0].ptr<const T>(), out[0].ptr<T>(), R);
   }
-  CUDA_CHECK_LAUNCH("sum_last");
+  CUDA_CHECK_LAUNCH(kSquares ? "sum_sq_last" : "sum_last");
+}
+
+template <typename T>
+void sum_last_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out, const void*) {
+  sum_rows_kernel<T, false>(in, out);
 }
 
 template <typename T>
 void sum_sq_last_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,
                         const void*) {
-  const int64_t R = in[0].ndim == 0 ? 1 : in[0].size(-1);
-  const int64_t M = out[0].numel();
-  if (M == 0) return;
-  if (R == 0) {
-    zero_rows<<<grid_for(M, 256), 256, 0, stream()>>>(out[0].ptr<T>(), M);
-  } else {
-    sum_sq_last_rows<<<static_cast<unsigned>(M), row_threads(R, 512), 0, stream()>>>(
-        in[0].ptr<const T>(), out[0].ptr<T>(), R);
-  }
-  CUDA_CHECK_LAUNCH("sum_sq_last");
+  sum_rows_kernel<T, true>(in, out);
 }
 
 // (value, index) ordering of PyTorch's max: NaN beats numbers, then larger, then lower index.

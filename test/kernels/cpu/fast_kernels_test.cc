@@ -320,6 +320,16 @@ TEST_CASE("fast softmax family matches the f64 reference on awkward sizes") {
 // through two-element rows [0, d]: y[1] / y[0] = e^d within (6 + 2 |d|) * 2^-24 relative (the
 // polynomial's few ulp, and the roundings of x - max and of (x - max) * log2 e, which grow with
 // |d|), down to d = -87; and exactly 0 for d = -inf.
+// The softmax of the rows [0, d] for each d, under the ISA set now.
+Buf softmax_of_pairs(const std::vector<double>& ds) {
+  const auto M = static_cast<int64_t>(ds.size());
+  Buf x({M, 2}), y({M, 2});
+  for (int64_t r = 0; r < M; ++r) x.d[static_cast<size_t>(2 * r + 1)] = ds[static_cast<size_t>(r)];
+  std::vector<TensorArg> in = {x.arg(DType::kF32)}, out = {y.arg(DType::kF32)};
+  launch(Kernel::softmax, DeviceType::kCPU, DType::kF32, in, out, nullptr);
+  return y;
+}
+
 TEST_CASE("softmax's exponential is within (6 + 2|d|) * 2^-24 of e^d") {
   std::vector<double> ds = {-std::numeric_limits<double>::infinity()};
   for (double d = -87.0; d <= 0.0; d += 1.0 / 64) ds.push_back(static_cast<float>(d));
@@ -327,11 +337,7 @@ TEST_CASE("softmax's exponential is within (6 + 2|d|) * 2^-24 of e^d") {
   for (SimdIsa isa : isas()) {
     IsaGuard guard(isa);
     INFO("isa " << simd_isa_name(isa));
-    Buf x({M, 2}), y({M, 2});
-    for (int64_t r = 0; r < M; ++r)
-      x.d[static_cast<size_t>(2 * r + 1)] = ds[static_cast<size_t>(r)];
-    std::vector<TensorArg> in = {x.arg(DType::kF32)}, out = {y.arg(DType::kF32)};
-    launch(Kernel::softmax, DeviceType::kCPU, DType::kF32, in, out, nullptr);
+    const Buf y = softmax_of_pairs(ds);
     CHECK(y.f[1] == 0.0f);
     CHECK(y.f[0] == 1.0f);
     double worst = 0;
@@ -353,18 +359,14 @@ TEST_CASE("softmax's exponential is within (6 + 2|d|) * 2^-24 of e^d") {
 // normal of e^d (AVX2's exp_near builds it in the exponent bits, which there read as a denormal),
 // never negative, never above it.
 TEST_CASE("softmax's exponential below the normal range is 0 or a close denormal") {
-  const std::vector<float> ds = {-87.34f, -87.4f, -87.6f, -87.8f,  -88.0f, -88.03f,
-                                 -88.1f,  -89.0f, -95.0f, -103.0f, -1e30f};
+  const std::vector<double> ds = {-87.34f, -87.4f, -87.6f, -87.8f,  -88.0f, -88.03f,
+                                  -88.1f,  -89.0f, -95.0f, -103.0f, -1e30f};
   const auto M = static_cast<int64_t>(ds.size());
   const double min_normal = std::numeric_limits<float>::min();
   for (SimdIsa isa : isas()) {
     IsaGuard guard(isa);
     INFO("isa " << simd_isa_name(isa));
-    Buf x({M, 2}), y({M, 2});
-    for (int64_t r = 0; r < M; ++r)
-      x.d[static_cast<size_t>(2 * r + 1)] = ds[static_cast<size_t>(r)];
-    std::vector<TensorArg> in = {x.arg(DType::kF32)}, out = {y.arg(DType::kF32)};
-    launch(Kernel::softmax, DeviceType::kCPU, DType::kF32, in, out, nullptr);
+    const Buf y = softmax_of_pairs(ds);
     for (int64_t r = 0; r < M; ++r) {
       const double d = ds[static_cast<size_t>(r)];
       const double got = y.f[static_cast<size_t>(2 * r + 1)];
