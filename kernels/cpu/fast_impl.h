@@ -1175,7 +1175,8 @@ void cross_entropy_backward(const float* dloss, const float* x, const int64_t* t
 
 // ---- AdamW -----------------------------------------------------------------------------------
 
-Vec load_grad(const void* g, DType gdt, int64_t i, int r) {
+// `inline`: without it GCC calls it once per vector of AdamW (as normal_cdf in GELU).
+inline Vec load_grad(const void* g, DType gdt, int64_t i, int r) {
   if (gdt == DType::kF32) {
     const float* gf = static_cast<const float*>(g) + i;
     return r == W ? Vec::load_mem(gf) : Vec::load_n(gf, r);
