@@ -12,8 +12,8 @@
   X(gelu) X(gelu_tanh) X(silu) X(add_scalar) X(mul_scalar) X(pow_scalar) X(where)       \
   X(masked_fill) X(cast)                                                                \
   /* reductions, linear algebra, normalisation */                                       \
-  X(sum) X(sum_squares) X(mean) X(max) X(matmul) X(linear) X(softmax) X(log_softmax) X(layer_norm)     \
-  X(rms_norm)                                                                           \
+  X(sum) X(sum_squares) X(mean) X(max) X(matmul) X(linear) X(softmax) X(log_softmax)   \
+  X(layer_norm) X(rms_norm)                                                             \
   /* embedding, loss, randomness, attention */                                          \
   X(embedding) X(cross_entropy) X(dropout) X(attention) X(rope)                         \
   /* joining, indexing, views */                                                        \

@@ -110,13 +110,13 @@ constexpr float kOnlineSlack = 2.0f;
 int64_t online_blocks(int64_t n) { return (n + kOnlineBlock - 1) / kOnlineBlock; }
 
 // s += exp(x - ref) over x[0, len), in two vector partial sums in a fixed order (e may alias x:
-// each vector is loaded before it is stored). The paired loop keeps one sum and one maximum: with
-// a pair of each, AVX2's 16 registers do not hold the loop, and the spilled sum's add waits on a
-// store and a reload every iteration; with kStore e[0, len) = exp(x - ref); with kMax
+// each vector is loaded before it is stored); with kStore e[0, len) = exp(x - ref); with kMax
 // returns the largest x - ref if any is >= 0 (otherwise some negative value). The maximum is taken
 // on the bit patterns (max_bits): the integer units have issue slots to spare, the float max takes
-// one of the non-FMA pipes' that the exponential needs. `inline` here and on block_scale: without
-// it GCC leaves them out of line, and softmax is slower for the calls.
+// one of the non-FMA pipes' that the exponential needs. The paired loop keeps one sum and one
+// maximum: with a pair of each, AVX2's 16 registers do not hold the loop, and the spilled sum's add
+// waits on a store and a reload every iteration. `inline` here and on block_scale: without it GCC
+// leaves them out of line, and softmax is slower for the calls.
 //
 // With a Side (kSide), the same loop also writes another row's finished output: side.y[i] =
 // side.e[i] * side.f + side.g over [0, len) (one rounding: with g = 0 exactly e * f), full

@@ -316,10 +316,6 @@ TEST_CASE("fast softmax family matches the f64 reference on awkward sizes") {
   }
 }
 
-// Softmax's numerator e^(x - max) (exp_diff on AVX-512, exp_nonpos(x - max) elsewhere), seen
-// through two-element rows [0, d]: y[1] / y[0] = e^d within (6 + 2 |d|) * 2^-24 relative (the
-// polynomial's few ulp, and the roundings of x - max and of (x - max) * log2 e, which grow with
-// |d|), down to d = -87; and exactly 0 for d = -inf.
 // The softmax of the rows [0, d] for each d, under the ISA set now.
 Buf softmax_of_pairs(const std::vector<double>& ds) {
   const auto M = static_cast<int64_t>(ds.size());
@@ -330,6 +326,10 @@ Buf softmax_of_pairs(const std::vector<double>& ds) {
   return y;
 }
 
+// Softmax's numerator e^(x - max) (exp_diff on AVX-512, exp_nonpos(x - max) elsewhere), seen
+// through two-element rows [0, d]: y[1] / y[0] = e^d within (6 + 2 |d|) * 2^-24 relative (the
+// polynomial's few ulp, and the roundings of x - max and of (x - max) * log2 e, which grow with
+// |d|), down to d = -87; and exactly 0 for d = -inf.
 TEST_CASE("softmax's exponential is within (6 + 2|d|) * 2^-24 of e^d") {
   std::vector<double> ds = {-std::numeric_limits<double>::infinity()};
   for (double d = -87.0; d <= 0.0; d += 1.0 / 64) ds.push_back(static_cast<float>(d));
