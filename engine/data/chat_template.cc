@@ -1041,22 +1041,27 @@ struct ChatTemplate::Program {
 namespace {
 
 // ---- evaluation ----------------------------------------------------------------------------
-// A template comes from a downloaded tokenizer_config.json: rendering is bounded, so a hostile
-// or broken one is refused instead of exhausting memory (range(10**12), 'a' * 10**12).
-constexpr size_t kMaxText = size_t{16} << 20;    // bytes of any string, the output included
-constexpr int64_t kMaxItems = int64_t{1} << 20;  // elements of a range()
-// Work of one render, so that nested loops (each within kMaxItems) or a loop over copies of a
-// long string are refused instead of running for hours. A unit is about the cost of one list
-// element (measured under AddressSanitizer on a loaded 2-core machine: ~0.9 us): one per node,
-// expression or element copied, 16 per loop iteration (the loop's scope and `loop` dict are
-// some twenty allocations) and one per KiB of string an expression yields. 2^19 units is
-// ~0.5 s there and under 0.1 s in a release build; a 4000-turn chat of 1 KiB turns through Llama
-// 3's template takes a third of it (test/engine/data/chat_template_test.cc), 11900 turns all.
-constexpr int64_t kMaxWork = int64_t{1} << 19;
+// Rendering is bounded by ChatTemplateLimits. A range() is also bounded by itself, so that
+// its element count fits the work counter before it is charged.
+constexpr int64_t kMaxItems = int64_t{1} << 20;
+// Work units: one per node, expression or element copied, 16 per loop iteration (the loop's
+// scope and `loop` dict are some twenty allocations) and one per KiB of string an expression
+// yields; a unit is ~0.9 us under AddressSanitizer on a loaded 2-core machine. The default 2^19
+// units is ~0.5 s there and under 0.1 s in a release build; a 4000-turn chat of 1 KiB turns
+// through Llama 3's template takes a third of it (test/engine/data/chat_template_test.cc), 11900
+// turns all.
+
+// "16 MiB" for whole MiB, else "N bytes".
+std::string bytes_text(size_t n) {
+  if (n >= (size_t{1} << 20) && n % (size_t{1} << 20) == 0) return std::to_string(n >> 20) + " MiB";
+  return std::to_string(n) + " bytes";
+}
 
 class Renderer {
  public:
-  explicit Renderer(std::map<std::string, Value> globals) { scopes_.push_back(std::move(globals)); }
+  Renderer(std::map<std::string, Value> globals, ChatTemplateLimits limits) : limits_(limits) {
+    scopes_.push_back(std::move(globals));
+  }
 
   void run(const Body& body, std::string& out) {
     for (const Node& n : body) {
@@ -1065,11 +1070,13 @@ class Renderer {
       switch (n.kind) {
         case Node::Kind::kText:
           out += n.text;
-          if (out.size() > kMaxText) fail("the rendered text exceeds 16 MiB");
+          if (out.size() > limits_.text)
+            fail("the rendered text exceeds " + bytes_text(limits_.text));
           break;
         case Node::Kind::kOutput:
           out += to_text(eval(*n.expr), fail);
-          if (out.size() > kMaxText) fail("the rendered text exceeds 16 MiB");
+          if (out.size() > limits_.text)
+            fail("the rendered text exceeds " + bytes_text(limits_.text));
           break;
         case Node::Kind::kIf: {
           const Body* chosen = &n.else_body;
@@ -1139,7 +1146,9 @@ class Renderer {
 
   void charge(int64_t units, const Fail& fail) {
     work_ += units;
-    if (work_ > kMaxWork) fail("rendering takes more than 2^19 steps (does a loop never end?)");
+    if (work_ > limits_.work)
+      fail("rendering takes more than " + std::to_string(limits_.work) +
+           " steps (does a loop never end?)");
   }
 
   List items_of(const Value& v, const Fail& fail) {
@@ -1287,12 +1296,13 @@ class Renderer {
   Value arithmetic(const std::string& op, const Value& a, const Value& b, const Fail& fail) {
     if (op == "~") {
       std::string s = to_text(a, fail) + to_text(b, fail);
-      if (s.size() > kMaxText) fail("a string would exceed 16 MiB");
+      if (s.size() > limits_.text) fail("a string would exceed " + bytes_text(limits_.text));
       return Value::str(std::move(s));
     }
     if (op == "+") {
       if (a.is(Value::Kind::kString) && b.is(Value::Kind::kString)) {
-        if (a.s.size() + b.s.size() > kMaxText) fail("a string would exceed 16 MiB");
+        if (a.s.size() + b.s.size() > limits_.text)
+          fail("a string would exceed " + bytes_text(limits_.text));
         return Value::str(a.s + b.s);
       }
       if (a.is(Value::Kind::kList) && b.is(Value::Kind::kList)) {
@@ -1304,8 +1314,8 @@ class Renderer {
     }
     if (op == "*" && a.is(Value::Kind::kString) && b.is_intlike()) {
       const int64_t times = b.as_int();
-      if (times > 0 && a.s.size() > kMaxText / static_cast<size_t>(times))
-        fail("a string would exceed 16 MiB");
+      if (times > 0 && a.s.size() > limits_.text / static_cast<size_t>(times))
+        fail("a string would exceed " + bytes_text(limits_.text));
       std::string s;
       if (times <= 0 || a.s.empty()) return Value::str(s);  // '' * 10**12: no loop to run
       for (int64_t k = 0; k < times; ++k) s += a.s;
@@ -1784,6 +1794,7 @@ class Renderer {
   }
 
   std::vector<std::map<std::string, Value>> scopes_;
+  const ChatTemplateLimits limits_;
   int64_t work_ = 0;
 };
 
@@ -1854,7 +1865,7 @@ bool ChatTemplate::in_model_dir(const std::string& dir) {
 }
 
 std::string ChatTemplate::render(const std::vector<ChatMessage>& messages,
-                                 bool add_generation_prompt) const {
+                                 bool add_generation_prompt, ChatTemplateLimits limits) const {
   List list;
   for (const ChatMessage& m : messages)
     list.push_back(
@@ -1873,7 +1884,7 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages,
   for (const auto& [name, text] : specials)
     if (!text->empty()) globals[name] = Value::str(*text);
   std::string out;
-  Renderer(std::move(globals)).run(program_->body, out);
+  Renderer(std::move(globals), limits).run(program_->body, out);
   return out;
 }
 

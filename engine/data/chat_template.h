@@ -26,6 +26,8 @@
 // template line, never rendered differently from Jinja.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,6 +36,17 @@ namespace mammoth::data {
 
 struct ChatMessage {
   std::string role, content;
+};
+
+// What one render may cost before it is refused: a template comes from a downloaded
+// tokenizer_config.json, so a hostile or broken one (range(10**12), 'a' * 10**12, nested loops)
+// must fail instead of exhausting memory or time. A unit of work is about the cost of one list
+// element (chat_template.cc says what each construct charges). The defaults fit any real
+// template with thousands of turns; the fuzzer lowers them so that it spends its time on many
+// inputs, not on a few that run to the limit.
+struct ChatTemplateLimits {
+  int64_t work = int64_t{1} << 19;
+  size_t text = size_t{16} << 20;  // bytes of any string, the output included
 };
 
 class ChatTemplate {
@@ -56,7 +69,8 @@ class ChatTemplate {
 
   // The conversation as text; add_generation_prompt appends the header of an assistant turn.
   // A template's raise_exception("...") throws Error "[chat_template] template raised: ...".
-  std::string render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const;
+  std::string render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                     ChatTemplateLimits limits = {}) const;
 
   const std::string& source() const { return source_; }
   const SpecialTokens& special_tokens() const { return tokens_; }

@@ -1,6 +1,6 @@
 // CRC-32C: published check values, the hardware path (three interleaved streams for long
 // inputs) against the portable table loop on awkward lengths and offsets, chaining, and the
-// combine identity of Crc32cShift.
+// combine identity of Crc32cShift, and crc32c_file across its read buffer.
 #include "base/crc32c.h"
 
 #include <catch2/catch.hpp>
@@ -9,6 +9,9 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "base/error.h"
+#include "test/testing/test_dir.h"
 
 using namespace mammoth;
 
@@ -83,4 +86,19 @@ TEST_CASE("crc32c_three_parts gives each part's CRC and joins to the whole") {
   uint32_t r[3];
   CHECK_THROWS_WITH(crc32c_three_parts(data.data(), 16, 24, r), Catch::Contains("c <= ab"));
   CHECK_THROWS_WITH(crc32c_three_parts(data.data(), 12, 8, r), Catch::Contains("multiples of 8"));
+}
+
+TEST_CASE("crc32c_file reads files across its buffer's boundaries") {
+  const testing::TestDir dir;
+  // Lengths around the read buffer's 256 KiB and its multiples, and the empty file.
+  for (const size_t n : {size_t{0}, size_t{1}, size_t{262143}, size_t{262144}, size_t{262145},
+                         size_t{3 * 262144 + 17}}) {
+    const std::vector<unsigned char> bytes = random_bytes(n, static_cast<uint32_t>(n));
+    const std::string path =
+        dir.write("f" + std::to_string(n), std::string(bytes.begin(), bytes.end()));
+    CAPTURE(n);
+    CHECK(crc32c_file(path) == crc32c(bytes.data(), bytes.size()));
+  }
+  CHECK_THROWS_WITH(crc32c_file(dir.file("missing")),
+                    Catch::Contains("cannot open " + dir.file("missing")));
 }

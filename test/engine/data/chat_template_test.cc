@@ -93,13 +93,13 @@ TEST_CASE("chat_template bounds what a template may build, and refuses integer o
        "the rendered text exceeds 16 MiB"},
       // Each loop is within the limits; together they would run 2^40 iterations.
       {"{% for i in range(1000) %}{% for j in range(1000) %}{% endfor %}{% endfor %}",
-       "rendering takes more than 2^19 steps"},
+       "rendering takes more than 524288 steps"},
       // Indexing a string splits it: a loop over a long string's characters is quadratic.
       {"{% set s = 'x' * 100000 %}{% for i in range(100000) %}{% set c = s[i] %}{% endfor %}",
-       "rendering takes more than 2^19 steps"},
+       "rendering takes more than 524288 steps"},
       // Each lookup of a long string copies it.
       {"{% set s = 'x' * 16000000 %}{% for i in range(1000) %}{% if s %}{% endif %}{% endfor %}",
-       "rendering takes more than 2^19 steps"},
+       "rendering takes more than 524288 steps"},
       // A namespace inside itself (directly or through a list) would never be freed.
       {"{% set ns = namespace(n=0) %}{% set ns.n = ns %}", "store the namespace inside itself"},
       {"{% set ns = namespace(n=0) %}{% set ns.n = [1, ns] %}",
@@ -160,6 +160,21 @@ TEST_CASE("chat_template's work budget leaves room for long chats") {
   CHECK(out.size() > 4000 * 1024);
   CHECK(out.rfind("<|start_header_id|>assistant<|end_header_id|>\n\n") ==
         out.size() - std::string("<|start_header_id|>assistant<|end_header_id|>\n\n").size());
+}
+
+TEST_CASE("chat_template's limits are the caller's to lower") {
+  const ChatTemplate t("{% for i in range(1000) %}ab{% endfor %}", kTokens);
+  // 1000 iterations are ~17000 units of work and 2000 bytes of text.
+  CHECK(t.render(kChat, false).size() == 2000);
+  CHECK(t.render(kChat, false, {.work = 20000, .text = 2000}).size() == 2000);
+  CHECK_THROWS_WITH(t.render(kChat, false, {.work = 10000}),
+                    Catch::Contains("rendering takes more than 10000 steps"));
+  CHECK_THROWS_WITH(t.render(kChat, false, {.text = 1999}),
+                    Catch::Contains("the rendered text exceeds 1999 bytes"));
+  const ChatTemplate big("{{ 'ab' * 600000 }}", kTokens);
+  CHECK(big.render(kChat, false).size() == 1200000);
+  CHECK_THROWS_WITH(big.render(kChat, false, {.text = size_t{1} << 20}),
+                    Catch::Contains("a string would exceed 1 MiB"));
 }
 
 TEST_CASE("chat_template refuses what it cannot honour, by name") {
