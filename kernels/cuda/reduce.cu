@@ -1,5 +1,7 @@
 // CUDA reductions over the last dim of a contiguous [M, R] view: sum_last, sum_sq_last and
-// max_last, one block per row. Sums accumulate in float in a fixed tree order (deterministic).
+// max_last, one block per row. Sums accumulate in float in a fixed tree order (deterministic);
+// a few long rows (the grad norm reduces each gradient as one row) are split into fixed chunks
+// whose float partials are added in double, so that they use the whole device.
 #include "kernels/cuda/common.cuh"
 
 namespace mammoth::kernels::cuda {
@@ -19,6 +21,39 @@ __global__ void sum_last_rows(const T* __restrict__ x, T* __restrict__ y, int64_
   if (threadIdx.x == 0) y[m] = from_float<T>(acc);
 }
 
+// The split path: chunks of kChunk elements (the CPU kernel's block size too), each summed by
+// one block into partial[m * chunks + c]; then one warp per row adds the row's partials in
+// double, lane l taking chunks l, l + 32, ... and the lanes combined in a fixed tree.
+constexpr int64_t kChunk = 16384;
+constexpr int kChunkThreads = 256;
+
+template <typename T, bool kSquares>
+__global__ void sum_last_chunks(const T* __restrict__ x, float* __restrict__ partial, int64_t R,
+                                int64_t chunks) {
+  const int64_t m = blockIdx.y, c = blockIdx.x;
+  const T* row = x + m * R;
+  const int64_t end = min(R, (c + 1) * kChunk);
+  float acc = 0.0f;
+  for (int64_t r = c * kChunk + threadIdx.x; r < end; r += blockDim.x) {
+    const float v = to_float(row[r]);
+    acc += kSquares ? v * v : v;
+  }
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) partial[m * chunks + c] = acc;
+}
+
+template <typename T>
+__global__ void sum_partials(const float* __restrict__ partial, T* __restrict__ y, int64_t chunks) {
+  const int64_t m = blockIdx.x;
+  double acc = 0.0;
+  for (int64_t c = threadIdx.x; c < chunks; c += 32) acc += partial[m * chunks + c];
+  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if (threadIdx.x == 0) y[m] = from_float<T>(static_cast<float>(acc));
+}
+
+// One block per row fills the device from a few hundred rows on; fewer, long rows are split.
+bool split_rows(int64_t M, int64_t R) { return M < 256 && R >= 4 * kChunk; }
+
 template <typename T>
 __global__ void zero_rows(T* y, int64_t M) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < M;
@@ -34,6 +69,15 @@ void sum_rows_kernel(std::span<const TensorArg> in, std::span<const TensorArg> o
   if (M == 0) return;
   if (R == 0) {
     zero_rows<<<grid_for(M, 256), 256, 0, stream()>>>(out[0].ptr<T>(), M);
+  } else if (split_rows(M, R)) {
+    const int64_t chunks = ceil_div(R, kChunk);
+    memory::cuda::DeviceBuffer partial(static_cast<size_t>(M * chunks) * sizeof(float));
+    sum_last_chunks<T, kSquares>
+        <<<dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(M)), kChunkThreads, 0,
+           stream()>>>(in[0].ptr<const T>(), partial.as<float>(), R, chunks);
+    CUDA_CHECK_LAUNCH(kSquares ? "sum_sq_last" : "sum_last");
+    sum_partials<T><<<static_cast<unsigned>(M), 32, 0, stream()>>>(partial.as<const float>(),
+                                                                   out[0].ptr<T>(), chunks);
   } else {
     // One block per row; the grid's x dimension holds 2^31-1 rows.
     sum_last_rows<T, kSquares><<<static_cast<unsigned>(M), row_threads(R, 512), 0, stream()>>>(

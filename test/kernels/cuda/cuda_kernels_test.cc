@@ -452,6 +452,15 @@ TEST_CASE("sum_last, sum_sq_last and max_last") {
   check({"sum_last long rows", Kernel::sum_last, {Fr({3, 5000})}, {Out({3})}, nullptr, 30.0});
   check({"sum_sq_last", Kernel::sum_sq_last, {Fr({37, 129})}, {Out({37})}, nullptr, 4.0});
   check({"sum_sq_last long rows", Kernel::sum_sq_last, {Fr({3, 5000})}, {Out({3})}, nullptr, 30.0});
+  // Few rows much longer than a block's chunk take the split path (chunks, then partials).
+  check({"sum_last split rows", Kernel::sum_last, {Fr({2, 300007})}, {Out({2})}, nullptr, 30.0});
+  // Scaled so that the sum of squares (~18750) fits f16.
+  check({"sum_sq_last split row",
+         Kernel::sum_sq_last,
+         {Fr({1, 300007}, 0.25)},
+         {Out({1})},
+         nullptr,
+         30.0});
   check({"max_last", Kernel::max_last, {Fr({37, 129})}, {Out({37}), OutFixed(DType::kI64, {37})}});
   check({"max_last ties",
          Kernel::max_last,
