@@ -72,10 +72,12 @@ struct Options {
   std::string filter;
   int threads = 0;  // 0: 1 and all
   std::string isa;
-  bool torch = true;             // run the bf16 GEMM anchor
-  std::string python;            // for it; empty: $MAMMOTH_PYTHON or /usr/bin/python3
-  std::string bf16_script;       // tools/bench/kernels/bf16_anchor.py; empty: looked for
-  int64_t row_m = 0, row_n = 0;  // --row-shape MxN: the softmax and norm rows' shape instead
+  bool torch = true;        // run the bf16 GEMM anchor
+  std::string python;       // for it; empty: $MAMMOTH_PYTHON or /usr/bin/python3
+  std::string bf16_script;  // tools/bench/kernels/bf16_anchor.py; empty: looked for
+  // --row-shape MxN: the shape of the softmax, norm, cross-entropy and activation rows instead
+  // of theirs (with a small shape and --warm, what the kernel's arithmetic allows from cache).
+  int64_t row_m = 0, row_n = 0;
   bool warm = false;  // --warm: memory rows timed right after an untimed run (cached shapes)
 };
 
@@ -495,7 +497,8 @@ struct Bench {
   }
 
   void cross_entropy_rows() {
-    const int64_t M = opt.quick ? 64 : 256, V = 50257, n = M * V;
+    const int64_t M = opt.row_m > 0 ? opt.row_m : opt.quick ? 64 : 256;
+    const int64_t V = opt.row_n > 0 ? opt.row_n : 50257, n = M * V;
     const std::string shape = std::to_string(M) + "x" + std::to_string(V);
     if (!any_wanted({"cross_entropy", "cross_entropy_backward"})) return;
     FloatBuf x(n), dx(n), loss(M), lse(M), dloss(M, 1.0f / M);
@@ -522,7 +525,8 @@ struct Bench {
   }
 
   void gelu_rows() {
-    const int64_t M = opt.quick ? 1024 : 4096, N = 3072, n = M * N;
+    const int64_t M = opt.row_m > 0 ? opt.row_m : opt.quick ? 1024 : 4096;
+    const int64_t N = opt.row_n > 0 ? opt.row_n : 3072, n = M * N;
     const std::string shape = std::to_string(M) + "x" + std::to_string(N);
     if (!any_wanted({"gelu_tanh", "gelu_tanh_backward", "gelu", "gelu_backward", "silu",
                      "silu_backward"})) {
