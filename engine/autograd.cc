@@ -227,6 +227,7 @@ void set_grad_ready_hook(const Tensor& param, std::function<void()> hook) {
 
 void run_backward(const Tensor& root, const Tensor& gradient) {
   profile::MemTagScope tag(profile::MemTag::kTemporaries);
+  profile::BackwardScope backward;
   MAMMOTH_CHECK(root.requires_grad())
       << "[backward] the tensor does not require grad and has no grad_fn";
   Tensor seed = gradient;
@@ -303,6 +304,7 @@ thread_local WeightGradQueue* g_weight_grad_queue = nullptr;
 
 void WeightGradQueue::run() {
   NoGradGuard ng;
+  profile::BackwardScope backward;
   std::vector<std::function<void()>> work;
   work.swap(work_);
   for (auto& w : work) w();

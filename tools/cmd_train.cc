@@ -119,7 +119,10 @@ ABSL_FLAG(bool, log_grad_norms, false,
           "(\"grad_norms\"); one process or plain dp");
 ABSL_FLAG(int, vocab_size, mammoth::tools::kDefaultCorpusVocab,
           "BPE vocabulary trained for the embedded corpus (train) or the inputs (data)");
-ABSL_FLAG(double, peak_gflops, 0, "machine peak GFLOP/s for MFU (0: not reported)");
+ABSL_FLAG(double, peak_gflops, 0,
+          "machine peak GFLOP/s for MFU and --profile's roofline bounds (0: not reported)");
+ABSL_FLAG(double, peak_gbps, 0,
+          "machine memory bandwidth in GB/s for --profile's roofline bounds (0: not reported)");
 ABSL_FLAG(std::string, profile, "",
           "train: write a Chrome trace per rank (DIR/rank_R.trace.json), a merged one and a "
           "summary for the --profile-steps steps to this directory (engine/profile)");
@@ -322,6 +325,7 @@ std::unique_ptr<profile::Session> make_profile_session(engine::train::TrainOptio
                       static_cast<double>(pl.global_batch() * pl.seq_len);
   so.model_config = json::dump(models::config_to_hf_json(cfg));
   so.peak_flops = absl::GetFlag(FLAGS_peak_gflops) * 1e9;
+  so.peak_bytes_per_s = absl::GetFlag(FLAGS_peak_gbps) * 1e9;
   const Device on = device.device;
   so.allocator_peak = [on] { return memory::allocator_for(on).stats().peak_bytes; };
   so.allocator_live = [on] { return memory::allocator_for(on).stats().allocated_bytes; };

@@ -28,12 +28,13 @@ inline Tensor widen_weight(const Tensor& w, const Tensor& x) {
 }
 
 // A kernel launch's profile args (engine/profile): dtype, device, the first input's and output's
-// shapes, the bytes its arguments span, for matmul its FLOPs (2 M N K per batch), and its
-// module: that of a parameter it reads, else the last one this thread saw (a gelu or a
-// residual add is named by the module it follows).
+// shapes, the bytes its arguments span, for matmuls and attention their FLOPs (attention:
+// the visible query-key pairs only, as the kernels skip masked blocks), "backward":true inside
+// autograd's backward, and its module: that of a parameter it reads, else the last one this
+// thread saw (a gelu or a residual add is named by the module it follows).
 void describe_launch(kernels::Kernel kernel, const Tensor& key,
                      const std::vector<kernels::TensorArg>& in,
-                     const std::vector<kernels::TensorArg>& out, char* args);
+                     const std::vector<kernels::TensorArg>& out, const void* params, char* args);
 
 // Launches the `kernel` registered for `key`'s device and dtype. Inputs and outputs are any
 // ranges of Tensors (a kernel with one input per expert takes vectors).
@@ -60,7 +61,7 @@ void launch_range(const Tensor& key, kernels::Kernel kernel, const Inputs& input
   for (const Tensor& t : inputs) in.push_back(t.defined() ? t.arg() : kernels::TensorArg{});
   for (const Tensor& t : outputs) out.push_back(t.arg());
   profile::Scope scope(profile::Lane::kCompute, kernels::kernel_name(kernel));
-  if (scope.active()) describe_launch(kernel, key, in, out, scope.args());
+  if (scope.active()) describe_launch(kernel, key, in, out, params, scope.args());
   kernels::launch(kernel, key.device().type, key.dtype(), in, out, params);
 }
 

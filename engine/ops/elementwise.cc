@@ -1,4 +1,5 @@
 // Elementwise ops: binary maps with broadcasting, unary maps, scalar maps, where, cast.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -80,9 +81,26 @@ struct ArgWriter {
 
 }  // namespace
 
+namespace {
+
+// Query-key pairs attention computes: Tq x Tk, less what the causal mask and window hide (the key
+// mask is data, left in).
+double visible_pairs(int64_t tq, int64_t tk, const kernels::AttentionParams& p) {
+  if (!p.causal) return static_cast<double>(tq) * static_cast<double>(tk);
+  double pairs = 0;
+  for (int64_t i = 0; i < tq; ++i) {
+    const int64_t last = std::min(tk - 1, i + (tk - tq));  // keys 0..last are not in the future
+    const int64_t first = p.window > 0 ? std::max<int64_t>(0, last - p.window + 1) : 0;
+    if (last >= first) pairs += static_cast<double>(last - first + 1);
+  }
+  return pairs;
+}
+
+}  // namespace
+
 void describe_launch(kernels::Kernel kernel, const Tensor& key,
                      const std::vector<kernels::TensorArg>& in,
-                     const std::vector<kernels::TensorArg>& out, char* args) {
+                     const std::vector<kernels::TensorArg>& out, const void* params, char* args) {
   int64_t bytes = 0;
   for (const auto* list : {&in, &out})
     for (const kernels::TensorArg& t : *list)
@@ -90,10 +108,30 @@ void describe_launch(kernels::Kernel kernel, const Tensor& key,
   ArgWriter w{args, profile::Scope::kArgs};
   w.put("\"dtype\":\"%s\",\"device\":\"%s\",\"bytes\":%lld", dtype_name(key.dtype()),
         key.device().is_cpu() ? "cpu" : "cuda", static_cast<long long>(bytes));
-  if (kernel == kernels::Kernel::matmul && !in.empty() && !out.empty() && in[0].ndim > 0) {
-    w.put(",\"flops\":%.0f", 2.0 * static_cast<double>(out[0].numel()) *
-                                 static_cast<double>(in[0].shape[in[0].ndim - 1]));
+  double flops = 0;
+  using kernels::Kernel;
+  if ((kernel == Kernel::matmul || kernel == Kernel::grouped_matmul) && !in.empty() &&
+      !out.empty() && in[0].ndim > 0) {
+    flops = 2.0 * static_cast<double>(out[0].numel()) *
+            static_cast<double>(in[0].shape[in[0].ndim - 1]);
+  } else if (kernel == Kernel::grouped_matmul_backward && in.size() > 1 && in[1].ndim > 0) {
+    flops = 4.0 * static_cast<double>(in[0].numel()) *  // dx and every dw: 2 M N K each
+            static_cast<double>(in[1].shape[in[1].ndim - 1]);
+  } else if ((kernel == Kernel::attention || kernel == Kernel::attention_backward) &&
+             params != nullptr) {
+    // q [B, Hq, Tq, D] and k [B, Hk, Tk, D]; the backward's inputs start with dout.
+    const size_t q = kernel == Kernel::attention ? 0 : 1;
+    if (in.size() > q + 1 && in[q].ndim == 4 && in[q + 1].ndim == 4) {
+      const auto& p = *static_cast<const kernels::AttentionParams*>(params);
+      const double heads = static_cast<double>(in[q].shape[0] * in[q].shape[1]);
+      const double per_pair = 2.0 * static_cast<double>(in[q].shape[3]);  // one D-long dot
+      // Forward: Q K^T and P V; backward: Q K^T again, dO V^T, P^T dO, dS K and dS^T Q.
+      const double products = kernel == Kernel::attention ? 2.0 : 5.0;
+      flops = products * per_pair * heads * visible_pairs(in[q].shape[2], in[q + 1].shape[2], p);
+    }
   }
+  if (flops > 0) w.put(",\"flops\":%.0f", flops);
+  if (profile::t_backward) w.put("%s", ",\"backward\":true");
   thread_local const char* last_module = nullptr;
   for (const kernels::TensorArg& t : in) {
     const char* m = t.data ? profile::param_module(t.data) : nullptr;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -17,6 +18,7 @@ namespace mammoth::profile {
 
 std::atomic<bool> g_on{false};
 thread_local MemTag t_mem_tag = MemTag::kTemporaries;
+thread_local bool t_backward = false;
 
 namespace {
 
@@ -415,18 +417,65 @@ std::string merge_traces(const std::vector<std::string>& traces, CollectiveSplit
   return json::dump(merged) + "\n";
 }
 
+namespace {
+
+bool starts_with(const char* s, const char* prefix) {
+  return std::strncmp(s, prefix, std::strlen(prefix)) == 0;
+}
+
+// The number after "key": in an event's args (0 when absent).
+double arg_number(const char* args, const char* key) {
+  char pattern[40];
+  std::snprintf(pattern, sizeof pattern, "\"%s\":", key);
+  const char* at = std::strstr(args, pattern);
+  return at == nullptr ? 0.0 : std::strtod(at + std::strlen(pattern), nullptr);
+}
+
+}  // namespace
+
+const char* op_class(const char* name, bool backward) {
+  if (std::strcmp(name, "matmul") == 0 || starts_with(name, "grouped_matmul"))
+    return backward ? "gemm backward" : "gemm forward";
+  if (starts_with(name, "attention")) return "attention";
+  if (starts_with(name, "layer_norm") || starts_with(name, "rms_norm")) return "norms";
+  for (const char* act : {"gelu", "silu", "relu", "tanh"})
+    if (starts_with(name, act)) return "activations";
+  if (starts_with(name, "softmax") || starts_with(name, "log_softmax") ||
+      starts_with(name, "cross_entropy"))
+    return "softmax / cross-entropy";
+  if (std::strcmp(name, "optimizer") == 0 || std::strcmp(name, "adamw") == 0 ||
+      std::strcmp(name, "sgd") == 0)
+    return "optimizer";
+  if (std::strcmp(name, "sum_last") == 0 || std::strcmp(name, "max_last") == 0 ||
+      std::strcmp(name, "sum_sq_last") == 0)
+    return "reductions";
+  if (starts_with(name, "index_") || std::strcmp(name, "gather") == 0 ||
+      std::strcmp(name, "scatter_add") == 0 || starts_with(name, "moe_combine"))
+    return "embedding / indexing";
+  return "elementwise / copies";
+}
+
+double Summary::Class::bound_s(double flops_per_s, double bytes_per_s) const {
+  const double compute = flops_per_s > 0 ? flops / flops_per_s : 0.0;
+  const double memory = bytes_per_s > 0 ? bytes / bytes_per_s : 0.0;
+  return std::max(compute, memory);
+}
+
 Summary summarize(const std::vector<Event>& evs, size_t top) {
   Summary s;
   std::map<std::string, Summary::Op> ops;
-  std::vector<std::pair<int64_t, int64_t>> compute, comm;
+  std::map<std::string, Summary::Class> classes;
+  std::vector<std::pair<int64_t, int64_t>> compute, comm, steps, any;
   for (const Event& e : evs) {
     if (e.ph != 'X') continue;
     const std::pair<int64_t, int64_t> span{e.ts_ns, e.ts_ns + e.dur_ns};
     if (std::strcmp(e.name, "step") == 0) {
       ++s.steps;
       s.step_ns += e.dur_ns;
+      steps.push_back(span);
       continue;
     }
+    any.push_back(span);
     if (e.lane == Lane::kComm) comm.push_back(span);
     if (e.lane != Lane::kCompute) continue;
     compute.push_back(span);
@@ -434,11 +483,29 @@ Summary summarize(const std::vector<Event>& evs, size_t top) {
     op.name = e.name;
     ++op.count;
     op.total_ns += e.dur_ns;
+    Summary::Class& c =
+        classes[op_class(e.name, std::strstr(e.args, "\"backward\":true") != nullptr)];
+    ++c.count;
+    c.total_ns += e.dur_ns;
+    c.flops += arg_number(e.args, "flops");
+    c.bytes += arg_number(e.args, "bytes");
   }
   for (auto& [name, op] : ops) s.top_ops.push_back(op);
   std::sort(s.top_ops.begin(), s.top_ops.end(),
             [](const Summary::Op& a, const Summary::Op& b) { return a.total_ns > b.total_ns; });
   if (s.top_ops.size() > top) s.top_ops.resize(top);
+  for (auto& [name, c] : classes) {
+    c.name = name;
+    s.classes.push_back(c);
+  }
+  std::sort(
+      s.classes.begin(), s.classes.end(),
+      [](const Summary::Class& a, const Summary::Class& b) { return a.total_ns > b.total_ns; });
+  // Outside ops: the steps' time no other event (on any lane) covers, |S| - |S and A| =
+  // |S or A| - |A|.
+  std::vector<std::pair<int64_t, int64_t>> steps_or_any = steps;
+  steps_or_any.insert(steps_or_any.end(), any.begin(), any.end());
+  s.outside_ops_ns = union_ns(steps_or_any) - union_ns(any);
   s.compute_ns = union_ns(compute);
   s.comm_ns = union_ns(comm);
   // Exposed: the communication time no compute event covers, |C| - |C and K| =

@@ -58,6 +58,21 @@ class Scope {
   char args_[kArgs] = {};
 };
 
+// Whether this thread is running autograd's backward pass (engine/autograd.cc sets it): kernel
+// events say so, and the summary counts their GEMMs apart from the forward's.
+extern thread_local bool t_backward;
+
+class BackwardScope {
+ public:
+  BackwardScope() : prev_(t_backward) { t_backward = true; }
+  ~BackwardScope() { t_backward = prev_; }
+  BackwardScope(const BackwardScope&) = delete;
+  BackwardScope& operator=(const BackwardScope&) = delete;
+
+ private:
+  bool prev_;
+};
+
 // The memory tracer: what each allocation made while a session is on is for, from the thread's
 // current tag (MemTagScope), so that the peak can be split by purpose. Bytes already live when
 // the session began are the baseline, split by the caller (parameters, gradients, optimizer
@@ -140,6 +155,11 @@ struct CollectiveSplit {
 // events; `split` (if given) receives the per-rank totals.
 std::string merge_traces(const std::vector<std::string>& traces, CollectiveSplit* split = nullptr);
 
+// The class of a compute event, by its name and whether it ran in backward: "gemm forward",
+// "gemm backward", "attention", "norms", "activations", "softmax / cross-entropy",
+// "optimizer", "reductions", "embedding / indexing", "elementwise / copies".
+const char* op_class(const char* name, bool backward);
+
 // The profile's figures: top ops by time, compute vs exposed communication.
 struct Summary {
   struct Op {
@@ -147,7 +167,21 @@ struct Summary {
     int64_t count = 0;
     int64_t total_ns = 0;
   };
-  std::vector<Op> top_ops;  // by total time, longest first
+  // Compute events by op_class, with the FLOPs and bytes their events report ("flops", "bytes"
+  // args), from which a roofline bound follows: max(flops / peak FLOP/s, bytes / bandwidth).
+  struct Class {
+    std::string name;
+    int64_t count = 0;
+    int64_t total_ns = 0;
+    double flops = 0, bytes = 0;
+    // Seconds at a peak of `flops_per_s` and `bytes_per_s` (either 0: that term is left out).
+    double bound_s(double flops_per_s, double bytes_per_s) const;
+  };
+  std::vector<Op> top_ops;     // by total time, longest first
+  std::vector<Class> classes;  // by total time, longest first
+  // Step time no other event covers (compute, communication, pipeline, I/O): the framework,
+  // allocation, the data loader.
+  int64_t outside_ops_ns = 0;
   int64_t steps = 0;
   int64_t step_ns = 0;          // the profiled steps' wall time
   int64_t compute_ns = 0;       // union of compute-lane events

@@ -41,6 +41,51 @@ std::string rank_path(const std::string& dir, int rank) {
   return dir + "/rank_" + std::to_string(rank) + ".trace.json";
 }
 
+// Prints rank 0's time by op class, each against its roofline bound where the peaks are given,
+// and returns the same as JSON.
+json::Value class_table(const Summary& s, double flops_per_s, double bytes_per_s) {
+  const bool bounds = flops_per_s > 0 || bytes_per_s > 0;
+  const double step_ms = static_cast<double>(s.step_ns) * 1e-6;
+  std::fprintf(stderr, "[profile] time by op class on rank 0");
+  if (bounds) {
+    std::fprintf(stderr, ", against the roofline of %.1f GFLOP/s and %.1f GB/s", flops_per_s * 1e-9,
+                 bytes_per_s * 1e-9);
+  }
+  std::fprintf(stderr, ":\n  %-24s %8s %12s %7s", "class", "calls", "time", "share");
+  if (bounds) std::fprintf(stderr, " %12s %9s", "bound", "of bound");
+  std::fprintf(stderr, "\n");
+  json::Value out = json::Value::array();
+  auto row = [&](const std::string& name, int64_t count, int64_t ns, double bound_s) {
+    const double ms = static_cast<double>(ns) * 1e-6;
+    const std::string calls = count < 0 ? "" : std::to_string(count);
+    std::fprintf(stderr, "  %-24s %8s %9.3f ms %6.1f%%", name.c_str(), calls.c_str(), ms,
+                 step_ms > 0 ? 100.0 * ms / step_ms : 0.0);
+    json::Value j = json::Value::object().set("name", name).set("total_ms", ms);
+    if (count >= 0) j.set("count", count);
+    if (bounds && bound_s > 0) {
+      std::fprintf(stderr, " %9.3f ms %8.2fx", bound_s * 1e3, ms * 1e-3 / bound_s);
+      j.set("bound_ms", bound_s * 1e3);
+    }
+    std::fprintf(stderr, "\n");
+    return j;
+  };
+  for (const Summary::Class& c : s.classes) {
+    out.push_back(row(c.name, c.count, c.total_ns, c.bound_s(flops_per_s, bytes_per_s))
+                      .set("flops", c.flops)
+                      .set("bytes", c.bytes));
+  }
+  // Communication no compute hides, then the steps' time outside every event: the framework,
+  // allocation, the data loader.
+  out.push_back(row("exposed communication", -1, s.exposed_comm_ns, 0));
+  out.push_back(row("outside ops", -1, s.outside_ops_ns, 0));
+  if (!bounds) {
+    std::fprintf(stderr,
+                 "[profile] --peak-gflops and --peak-gbps give each class's roofline bound "
+                 "(mammoth bench gemm and bench kernels measure this machine's)\n");
+  }
+  return out;
+}
+
 }  // namespace
 
 std::pair<int64_t, int64_t> parse_steps(const std::string& text) {
@@ -186,6 +231,7 @@ void Session::finish() {
                       .set("count", op.count)
                       .set("total_ms", static_cast<double>(op.total_ns) * 1e-6));
   }
+  json::Value classes = class_table(s, o_.peak_flops, o_.peak_bytes_per_s);
   const double mfu = o_.peak_flops > 0 ? achieved / o_.peak_flops : 0;
   std::fprintf(stderr, "[profile] model FLOPs %.4g over %lld steps: %.4g FLOP/s achieved", flops,
                static_cast<long long>(s.steps), achieved);
@@ -199,6 +245,8 @@ void Session::finish() {
           .set("flops", flops)
           .set("achieved_flops_per_s", achieved)
           .set("top_ops_rank0", std::move(top))
+          .set("classes_rank0", std::move(classes))
+          .set("outside_ops_s_rank0", static_cast<double>(s.outside_ops_ns) * 1e-9)
           .set("model_config",
                o_.model_config.empty() ? json::Value() : json::parse(o_.model_config))
           .set("ranks", std::move(ranks));

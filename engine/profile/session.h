@@ -1,7 +1,7 @@
 // One `train --profile DIR` session: records steps [first, last), then writes
 // DIR/rank_R.trace.json on every rank, DIR/merged.trace.json and DIR/summary.json on rank 0,
-// and prints the summary (top ops, compute vs exposed communication, FLOP/s, MFU, the memory
-// tracer's peak).
+// and prints the summary (top ops, time by op class against its roofline bound, compute vs
+// exposed communication, FLOP/s, MFU, the memory tracer's peak).
 //
 // Clocks: rank 0 writes its steady_clock reading to DIR/clock.json, then every rank leaves
 // one barrier. Ranks on the same boot of rank 0's machine share its CLOCK_MONOTONIC and take
@@ -28,6 +28,9 @@ struct SessionOptions {
   double flops_per_step = 0;
   std::string model_config;  // JSON of the model's config (summary.json holds it), or ""
   double peak_flops = 0;
+  // The memory bandwidth (bytes/s) for the op classes' roofline bounds, beside peak_flops (0:
+  // that term of the bound is left out).
+  double peak_bytes_per_s = 0;
   // The allocator's peak since the last reset (the trainer resets it as each step begins) and
   // its live bytes now.
   std::function<int64_t()> allocator_peak;

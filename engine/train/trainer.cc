@@ -751,6 +751,17 @@ TrainLoop::Step TrainLoop::step(int64_t step) {
   fault::point("optimizer");
   if (s.applied) {
     profile::Scope scope(profile::Lane::kCompute, "optimizer");
+    if (scope.active()) {
+      // What the update must move: each parameter read and written, its gradient read, each
+      // state read and written.
+      double bytes = 0;
+      for (const auto& [name, p] : opt_->params()) {
+        bytes += 2.0 * static_cast<double>(p.nbytes());
+        if (p.grad().defined()) bytes += static_cast<double>(p.grad().nbytes());
+      }
+      for (const auto& [name, t] : opt_->state()) bytes += 2.0 * static_cast<double>(t.nbytes());
+      std::snprintf(scope.args(), profile::Scope::kArgs, "\"bytes\":%.0f", bytes);
+    }
     profile::MemTagScope tag(profile::MemTag::kOptimizer);
     opt_->step(optim::clip_factor(s.norm, o_.grad_clip) / s.loss_scale);
     if (dp_) dp_->after_step();

@@ -130,7 +130,7 @@ void fill_(const Tensor&, double) { no_op("fill_"); }
 bool all_finite(const Tensor&) { no_op("all_finite"); }
 namespace detail {
 void describe_launch(kernels::Kernel, const Tensor&, const std::vector<kernels::TensorArg>&,
-                     const std::vector<kernels::TensorArg>&, char*) {
+                     const std::vector<kernels::TensorArg>&, const void*, char*) {
   no_op("a kernel launch under the profiler");
 }
 }  // namespace detail

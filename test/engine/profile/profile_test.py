@@ -53,7 +53,7 @@ def main():
     prof = os.path.join(tmp, "prof")
     log = run(["bash", mpirun, "-np", "4", mammoth, "train", *COMMON, "--dp", "2", "--pp", "2",
                "--micro-batch", "2", "--grad-accum", "2", "--profile", prof,
-               "--profile-steps", "1:4"], env)
+               "--profile-steps", "1:4", "--peak-gflops", "100", "--peak-gbps", "20"], env)
     print(log)
     per_rank = {}
     for r in range(4):
@@ -113,6 +113,30 @@ def main():
         assert parts["parameters"] > 0 and parts["activations"] > 0, parts
         assert r["compute_s"] > 0 and r["communication_s"] > 0, r
     assert "[profile] model FLOPs" in log and "[profile] top ops" in log
+
+    # Rank 0's time by op class: the GEMMs split by autograd phase, their FLOPs those of the
+    # matmul events, every class within the steps, bounds at the peaks given.
+    assert "[profile] time by op class on rank 0, against the roofline of 100.0 GFLOP/s and " \
+        "20.0 GB/s" in log, log
+    classes = {c["name"]: c for c in summary["classes_rank0"]}
+    assert {"gemm forward", "gemm backward", "optimizer", "exposed communication",
+            "outside ops"} <= set(classes), classes
+    rank0_ops = [e for e in per_rank[0] if e["ph"] == "X" and e["cat"] == "compute"]
+    for phase, backward in (("gemm forward", False), ("gemm backward", True)):
+        want_flops = sum(e["args"]["flops"] for e in rank0_ops if e["name"] == "matmul"
+                         and e["args"].get("backward", False) == backward)
+        assert want_flops > 0 and classes[phase]["flops"] == want_flops, (phase, classes[phase])
+        c = classes[phase]
+        assert c["bound_ms"] == max(c["flops"] / 100e9, c["bytes"] / 20e9) * 1e3 or \
+            abs(c["bound_ms"] / (max(c["flops"] / 100e9, c["bytes"] / 20e9) * 1e3) - 1) < 1e-9, c
+    assert classes["optimizer"]["bytes"] > 0, classes["optimizer"]
+    step_ms = summary["ranks"][0]["step_s"] * 1e3
+    in_classes = sum(c["total_ms"] for c in summary["classes_rank0"])
+    # Compute, exposed communication and the rest are disjoint parts of the steps (pipeline
+    # and I/O events outside them are in none).
+    assert 0 < classes["outside ops"]["total_ms"] < step_ms, (classes["outside ops"], step_ms)
+    assert classes["exposed communication"]["total_ms"] > 0, classes
+    assert in_classes <= step_ms * 1.001, (in_classes, step_ms)
 
     out = run([mammoth, "plot", "--trace", prof], env)
     root = ET.parse(os.path.join(prof, "timeline.svg")).getroot()

@@ -1,6 +1,7 @@
 // The recorder (engine/profile/profile.h): nothing is kept while off; events from several
 // threads; a full buffer drops and counts; long args are cut at a whole member; the Chrome trace
-// and the merge parse; the summary's exposed communication; the memory tracer's peak and tags.
+// and the merge parse; the summary's exposed communication and op classes; the memory tracer's
+// peak and tags.
 #include <catch2/catch.hpp>
 #include <string>
 #include <thread>
@@ -78,6 +79,42 @@ TEST_CASE("exposed communication is what no compute event covers") {
   CHECK(s.exposed_comm_ns == 20);
   REQUIRE(s.top_ops.size() == 2);
   CHECK(s.top_ops[0].name == "matmul");
+}
+
+TEST_CASE("the summary's op classes, their FLOPs and bytes, and the time outside ops") {
+  profile::start(16);
+  profile::complete(Lane::kCompute, "step", 0, 1000);
+  profile::complete(Lane::kCompute, "matmul", 0, 100, "\"bytes\":400,\"flops\":2000");
+  profile::complete(Lane::kCompute, "matmul", 100, 300,
+                    "\"bytes\":800,\"flops\":6000,\"backward\":true");
+  profile::complete(Lane::kCompute, "gelu_tanh_backward", 300, 350, "\"bytes\":1200");
+  profile::complete(Lane::kCompute, "layer_norm", 350, 380, "\"bytes\":100");
+  profile::complete(Lane::kCompute, "optimizer", 900, 1000, "\"bytes\":3000");
+  profile::complete(Lane::kComm, "all_reduce", 350, 500);  // covers 120 ns no op does
+  profile::stop();
+  const profile::Summary s = profile::summarize(profile::events());
+  REQUIRE(s.classes.size() == 5);
+  CHECK(s.classes[0].name == "gemm backward");  // longest first
+  CHECK(s.classes[0].flops == 6000);
+  CHECK(s.classes[0].bytes == 800);
+  CHECK(s.classes[1].name == "gemm forward");
+  CHECK(s.classes[1].total_ns == 100);
+  CHECK(s.classes[2].name == "optimizer");
+  CHECK(s.classes[3].name == "activations");
+  CHECK(s.classes[4].name == "norms");
+  // 1000 ns of step; events cover [0, 500) and [900, 1000).
+  CHECK(s.outside_ops_ns == 400);
+  CHECK(s.exposed_comm_ns == 120);
+  // The bound is the slower of compute and memory; a missing peak leaves its term out.
+  CHECK(s.classes[1].bound_s(1e12, 1e10) == Approx(4e-8));  // 400 B at 10 GB/s > 2 ns
+  CHECK(s.classes[0].bound_s(1e9, 1e12) == Approx(6e-6));   // 6000 FLOP at 1 GFLOP/s
+  CHECK(s.classes[0].bound_s(0, 1e12) == Approx(8e-10));
+  CHECK(s.classes[0].bound_s(0, 0) == 0);
+  CHECK(std::string(profile::op_class("attention_backward", true)) == "attention");
+  CHECK(std::string(profile::op_class("cross_entropy", false)) == "softmax / cross-entropy");
+  CHECK(std::string(profile::op_class("sum_sq_last", false)) == "reductions");
+  CHECK(std::string(profile::op_class("index_select", false)) == "embedding / indexing");
+  CHECK(std::string(profile::op_class("add", true)) == "elementwise / copies");
 }
 
 TEST_CASE("the memory tracer's peak and its split by tag") {
