@@ -33,7 +33,9 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
+#include <cinttypes>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -79,6 +81,8 @@ struct Options {
   // of theirs (with a small shape and --warm, what the kernel's arithmetic allows from cache).
   int64_t row_m = 0, row_n = 0;
   bool warm = false;  // --warm: memory rows timed right after an untimed run (cached shapes)
+  // --attention-shape BxHxTxD: the attention rows' shape instead of 1x12x1024x64.
+  std::array<int64_t, 4> attention = {1, 12, 1024, 64};
 };
 
 struct Row {
@@ -556,8 +560,10 @@ struct Bench {
   }
 
   void attention_rows() {
-    const int64_t B = 1, H = 12, T = 1024, D = 64, BH = B * H;
-    const std::string shape = "B1 H12 T1024 D64";
+    const auto [B, H, T, D] = opt.attention;
+    const int64_t BH = B * H;
+    const std::string shape = "B" + std::to_string(B) + " H" + std::to_string(H) + " T" +
+                              std::to_string(T) + " D" + std::to_string(D);
     if (!any_wanted({"attention_fwd", "attention_fwd_bwd", "attention_fwd_causal",
                      "attention_fwd_bwd_causal"})) {
       return;
@@ -779,6 +785,15 @@ int run_kernels_bench(const std::vector<std::string>& args) {
       MAMMOTH_CHECK(x != std::string::npos) << "[bench kernels] --row-shape wants MxN, got " << v;
       opt.row_m = std::stoll(v.substr(0, x));
       opt.row_n = std::stoll(v.substr(x + 1));
+    } else if (a == "--attention-shape") {
+      const std::string v = value();
+      std::array<int64_t, 4> d{};
+      char tail = 0;
+      MAMMOTH_CHECK(std::sscanf(v.c_str(), "%" SCNd64 "x%" SCNd64 "x%" SCNd64 "x%" SCNd64 "%c",
+                                &d[0], &d[1], &d[2], &d[3], &tail) == 4 &&
+                    d[0] > 0 && d[1] > 0 && d[2] > 0 && d[3] > 0)
+          << "[bench kernels] --attention-shape wants BxHxTxD (positive), got " << v;
+      opt.attention = d;
     } else if (a == "--warm") {
       opt.warm = true;
     } else if (a == "--bf16-anchor-script") {
@@ -788,7 +803,7 @@ int run_kernels_bench(const std::vector<std::string>& args) {
           "usage: mammoth bench kernels [--json FILE] [--reps N] [--quick] [--filter NAME]\n"
           "                             [--threads N] [--isa avx512|avx2|portable]\n"
           "                             [--no-torch] [--python PATH] [--bf16-anchor-script PATH]\n"
-          "                             [--row-shape MxN] [--warm]\n"
+          "                             [--row-shape MxN] [--attention-shape BxHxTxD] [--warm]\n"
           "bf16 GEMM rows are anchored on torch.matmul (bf16, oneDNN) run by PATH (default\n"
           "$MAMMOTH_PYTHON, else /usr/bin/python3); --no-torch leaves them without an anchor.\n");
       return 0;
