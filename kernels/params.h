@@ -1,6 +1,7 @@
 // Parameter structs passed (as const void*) to kernels; one per op family.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 namespace mammoth::kernels {
@@ -56,6 +57,20 @@ struct AttentionParams {
   // window, so it sees the `window` keys ending at its own position. 0: no window.
   int64_t window = 0;
 };
+
+// Keys [begin, end) of Tk that query i of Tq may see under the causal mask and the sliding window
+// (the key mask is data, applied apart). The one statement of the rule: every attention kernel
+// and the profiler's FLOP count use it. begin and end never decrease with i.
+struct KeyRange {
+  int64_t begin, end;
+};
+inline KeyRange visible_keys(bool causal, int64_t window, int64_t i, int64_t Tq, int64_t Tk) {
+  if (!causal) return {0, Tk};
+  const int64_t last = i + (Tk - Tq);  // the query's own position among the keys
+  const int64_t end = std::clamp<int64_t>(last + 1, 0, Tk);
+  const int64_t begin = window > 0 ? std::clamp<int64_t>(last - window + 1, 0, end) : 0;
+  return {begin, end};
+}
 
 struct AdamWParams {
   double lr = 1e-3;

@@ -86,12 +86,10 @@ namespace {
 // Query-key pairs attention computes: Tq x Tk, less what the causal mask and window hide (the key
 // mask is data, left in).
 double visible_pairs(int64_t tq, int64_t tk, const kernels::AttentionParams& p) {
-  if (!p.causal) return static_cast<double>(tq) * static_cast<double>(tk);
   double pairs = 0;
   for (int64_t i = 0; i < tq; ++i) {
-    const int64_t last = std::min(tk - 1, i + (tk - tq));  // keys 0..last are not in the future
-    const int64_t first = p.window > 0 ? std::max<int64_t>(0, last - p.window + 1) : 0;
-    if (last >= first) pairs += static_cast<double>(last - first + 1);
+    const kernels::KeyRange keys = kernels::visible_keys(p.causal, p.window, i, tq, tk);
+    pairs += static_cast<double>(keys.end - keys.begin);
   }
   return pairs;
 }

@@ -51,8 +51,8 @@ struct Geometry {
     return a;
   }
   bool visible(int64_t b, int64_t i, int64_t j) const {
-    if (causal && j > i + (Tk - Tq)) return false;
-    if (window > 0 && j <= i + (Tk - Tq) - window) return false;
+    const KeyRange keys = visible_keys(causal, window, i, Tq, Tk);
+    if (j < keys.begin || j >= keys.end) return false;
     return key_mask == nullptr || key_mask[b * Tk + j];
   }
   // Offsets of the (b, h) slices.

@@ -12,6 +12,7 @@
 
 #include "base/dtype.h"
 #include "kernels/cpu/simd.h"
+#include "kernels/params.h"
 
 namespace mammoth::kernels::cpu {
 

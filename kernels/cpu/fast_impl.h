@@ -1380,28 +1380,22 @@ void mask_block(const AttnArgs& a, int64_t b, int64_t i0, int64_t rows, int64_t 
     }
   }
   if (a.causal) {
-    const int64_t shift = a.Tk - a.Tq;
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t first_hidden = std::max<int64_t>(0, i0 + r + shift + 1 - j0);
-      for (int64_t c = first_hidden; c < cols; ++c) S[r * kBk + c] = -kInf;
-      if (a.window > 0) {  // keys at or before position - window have slid out
-        const int64_t past_end = std::min<int64_t>(cols, i0 + r + shift - a.window + 1 - j0);
-        for (int64_t c = 0; c < past_end; ++c) S[r * kBk + c] = -kInf;
-      }
+      const KeyRange keys = visible_keys(true, a.window, i0 + r, a.Tq, a.Tk);
+      for (int64_t c = 0; c < std::min(cols, keys.begin - j0); ++c) S[r * kBk + c] = -kInf;
+      for (int64_t c = std::max<int64_t>(0, keys.end - j0); c < cols; ++c) S[r * kBk + c] = -kInf;
     }
   }
 }
 
 // Keys before key_begin are outside the sliding window of every query row [i0, i0 + rows).
 int64_t key_begin(const AttnArgs& a, int64_t i0) {
-  if (!a.causal || a.window <= 0) return 0;
-  return std::clamp<int64_t>(i0 + (a.Tk - a.Tq) - a.window + 1, 0, a.Tk);
+  return visible_keys(a.causal, a.window, i0, a.Tq, a.Tk).begin;
 }
 
 // Keys [0, kend) can be visible to query rows [i0, i0 + rows).
 int64_t key_end(const AttnArgs& a, int64_t i0, int64_t rows) {
-  if (!a.causal) return a.Tk;
-  return std::clamp<int64_t>(i0 + rows + (a.Tk - a.Tq), 0, a.Tk);
+  return visible_keys(a.causal, a.window, i0 + rows - 1, a.Tq, a.Tk).end;
 }
 
 void attention(const AttnArgs& a) {
