@@ -20,6 +20,7 @@ enum class ScratchSlot : int {
   kNormBlock,     // norm backward's accumulators for the block a thread is on
   kAttentionA,    // attention's score tile (forward) / probabilities (backward)
   kAttentionB,    // attention's output accumulator (forward) / dP (backward)
+  kAttentionT,    // attention's key and value blocks transposed (K^T, V^T)
   kCount,
 };
 

@@ -14,9 +14,11 @@
 #endif
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "base/error.h"
@@ -711,7 +713,7 @@ void row_mean_m2(const float* x, int64_t n, double& mean, double& m2) {
   for (int k = 0; k < 4; ++k) a[k] = q[k] = Vec::zero();
   int64_t i = 0;
   for (; i + 4 * W <= n; i += 4 * W) {
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int k = 0; k < 4; ++k) {
       const Vec d = load_v<kMem>(x + i + k * W) - sv;
       a[k] = a[k] + d;
@@ -1398,12 +1400,129 @@ int64_t key_end(const AttnArgs& a, int64_t i0, int64_t rows) {
   return visible_keys(a.causal, a.window, i0 + rows - 1, a.Tq, a.Tk).end;
 }
 
+// ---- products inside an attention block -------------------------------------------------------
+// Every product inside a block is at most kBq x kBk x D with its operands in cache. sgemm packs
+// both operands first, which costs as much as the product at a 64-token head, and computes whole
+// rectangles where the causal mask leaves a triangle. These tiles read op(A) one broadcast
+// element at a time (any strides, so a transposed A costs nothing) and B as whole vectors of a
+// row-major matrix, and each row tile takes only the keys (or queries) it can see.
+
+// Accumulators: 4 x 4 of 32 zmm registers, 6 x 2 of 16 ymm (with the B row and a broadcast).
+constexpr int kTileRows = Vec::kWidth >= 16 ? 4 : 6;
+constexpr int kTileVecs = Vec::kWidth >= 16 ? 4 : 2;
+
+// C[MR][NV vectors] = alpha * sum over k in [k0, k1) of A[m * a_rs + k * a_cs] * B[k * ldb + n],
+// added to C when accumulate.
+template <int MR, int NV>
+void block_tile(const float* A, int64_t a_rs, int64_t a_cs, int64_t k0, int64_t k1, const float* B,
+                int64_t ldb, float alpha, bool accumulate, float* C, int64_t ldc) {
+  Vec acc[MR][NV];
+#pragma GCC unroll 8
+  for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) acc[m][v] = Vec::zero();
+  for (int64_t k = k0; k < k1; ++k) {
+    Vec b[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) b[v] = Vec::load(B + k * ldb + v * Vec::kWidth);
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; ++m) {
+      const Vec x = Vec::set1(A[m * a_rs + k * a_cs]);
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[m][v] = fma(x, b[v], acc[m][v]);
+    }
+  }
+  const Vec al = Vec::set1(alpha);
+#pragma GCC unroll 8
+  for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      float* c = C + m * ldc + v * Vec::kWidth;
+      const Vec r = acc[m][v] * al;
+      (accumulate ? r + Vec::load(c) : r).store(c);
+    }
+}
+
+using BlockTileFn = void (*)(const float*, int64_t, int64_t, int64_t, int64_t, const float*,
+                             int64_t, float, bool, float*, int64_t);
+
+template <int MR>
+constexpr std::array<BlockTileFn, kTileVecs> block_tile_row() {
+  return []<size_t... V>(std::index_sequence<V...>) {
+    return std::array<BlockTileFn, kTileVecs>{&block_tile<MR, static_cast<int>(V) + 1>...};
+  }
+  (std::make_index_sequence<kTileVecs>{});
+}
+
+// Which part of a row tile's product to compute: k in [k0, k1), columns [n0, n1) (rounded out
+// to whole vectors; B and C must hold those columns).
+struct TileRange {
+  int64_t k0, k1, n0, n1;
+};
+
+// C (+)= alpha * op(A) B for rows [0, M), in tiles of kTileRows rows; range(m0, rows) says what
+// each tile computes.
+template <typename RangeFn>
+void block_gemm(int64_t M, const float* A, int64_t a_rs, int64_t a_cs, const float* B, int64_t ldb,
+                float alpha, bool accumulate, float* C, int64_t ldc, RangeFn range) {
+  static constexpr auto kTiles = []<size_t... R>(std::index_sequence<R...>) {
+    return std::array<std::array<BlockTileFn, kTileVecs>, kTileRows>{
+        block_tile_row<static_cast<int>(R) + 1>()...};
+  }
+  (std::make_index_sequence<kTileRows>{});
+  constexpr int64_t W = Vec::kWidth;
+  for (int64_t m0 = 0; m0 < M; m0 += kTileRows) {
+    const int64_t rows = std::min<int64_t>(kTileRows, M - m0);
+    const TileRange t = range(m0, rows);
+    const int64_t n1 = (t.n1 + W - 1) / W * W;
+    for (int64_t n = t.n0 / W * W; n < n1; n += kTileVecs * W) {
+      const int64_t vecs = std::min<int64_t>(kTileVecs, (n1 - n) / W);
+      kTiles[rows - 1][vecs - 1](A + m0 * a_rs, a_rs, a_cs, t.k0, t.k1, B + n, ldb, alpha,
+                                 accumulate, C + m0 * ldc + n, ldc);
+    }
+  }
+}
+
+// X^T of rows [0, cols) of X [*, D] into XT [D, kBk], zero in the columns up to the next
+// whole vector.
+void transpose_block(const float* X, int64_t cols, int64_t D, float* XT) {
+  const int64_t padded =
+      std::min<int64_t>(kBk, (cols + Vec::kWidth - 1) / Vec::kWidth * Vec::kWidth);
+  for (int64_t d = 0; d < D; ++d) {
+    float* row = XT + d * kBk;
+    for (int64_t c = 0; c < cols; ++c) row[c] = X[c * D + d];
+    std::fill(row + cols, row + padded, 0.0f);
+  }
+}
+
+// Keys of block [j0, j0 + cols) that query rows [i0 + m0, i0 + m0 + rows) can see, relative to
+// j0: the columns of a score tile, or the reduction range of a P V tile.
+std::pair<int64_t, int64_t> tile_keys(const AttnArgs& a, int64_t i0, int64_t m0, int64_t rows,
+                                      int64_t j0, int64_t cols) {
+  return {std::clamp<int64_t>(key_begin(a, i0 + m0) - j0, 0, cols),
+          std::clamp<int64_t>(key_end(a, i0 + m0, rows) - j0, 0, cols)};
+}
+
+// Query rows of block [i0, i0 + rows) that can see some key of [j0 + c0, j0 + c0 + n), relative
+// to i0: the reduction range of a P^T dO or dS^T Q tile. Both ends of a row's key range never
+// decrease down the rows.
+std::pair<int64_t, int64_t> tile_queries(const AttnArgs& a, int64_t i0, int64_t rows, int64_t j0,
+                                         int64_t c0, int64_t n) {
+  if (!a.causal) return {0, rows};
+  int64_t lo = 0, hi = rows;
+  while (lo < rows && key_end(a, i0 + lo, 1) <= j0 + c0) ++lo;
+  while (hi > lo && key_begin(a, i0 + hi - 1) >= j0 + c0 + n) --hi;
+  return {lo, hi};
+}
+
 void attention(const AttnArgs& a) {
   const int64_t D = a.D, group = a.Hq / a.Hk;
   const int64_t nqb = (a.Tq + kBq - 1) / kBq;
+  const bool tiles = D % Vec::kWidth == 0;  // block_tile reads whole vectors of K, V rows
   parallel_for(0, a.B * a.Hq * nqb, 1, [&](int64_t t0, int64_t t1) {
     float* S = thread_scratch<float>(ScratchSlot::kAttentionA, kBq * kBk);
     float* O = thread_scratch<float>(ScratchSlot::kAttentionB, kBq * D);
+    float* KT = tiles ? thread_scratch<float>(ScratchSlot::kAttentionT, D * kBk) : nullptr;
     std::vector<float> mrow(kBq), lrow(kBq);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t qb = t % nqb, bh = t / nqb, b = bh / a.Hq, h = bh % a.Hq;
@@ -1418,7 +1537,15 @@ void attention(const AttnArgs& a) {
       const int64_t kend = key_end(a, i0, rows);
       for (int64_t j0 = key_begin(a, i0) / kBk * kBk; j0 < kend; j0 += kBk) {
         const int64_t cols = std::min(kBk, kend - j0);
-        sgemm(false, true, rows, cols, D, a.scale, Q, D, K + j0 * D, D, 0.0f, S, kBk);
+        if (tiles) {
+          transpose_block(K + j0 * D, cols, D, KT);
+          block_gemm(rows, Q, D, 1, KT, kBk, a.scale, false, S, kBk, [&](int64_t m0, int64_t n) {
+            const auto [c0, c1] = tile_keys(a, i0, m0, n, j0, cols);
+            return TileRange{0, D, c0, c1};
+          });
+        } else {
+          sgemm(false, true, rows, cols, D, a.scale, Q, D, K + j0 * D, D, 0.0f, S, kBk);
+        }
         mask_block(a, b, i0, rows, j0, cols, S);
         for (int64_t r = 0; r < rows; ++r) {
           float* sr = S + r * kBk;
@@ -1435,7 +1562,14 @@ void attention(const AttnArgs& a) {
             map1(O + r * D, O + r * D, D, [&](Vec o) { return o * cv; });
           }
         }
-        sgemm(false, false, rows, D, cols, 1.0f, S, kBk, V + j0 * D, D, 1.0f, O, D);
+        if (tiles) {
+          block_gemm(rows, S, kBk, 1, V + j0 * D, D, 1.0f, true, O, D, [&](int64_t m0, int64_t n) {
+            const auto [c0, c1] = tile_keys(a, i0, m0, n, j0, cols);
+            return TileRange{c0, c1, 0, D};
+          });
+        } else {
+          sgemm(false, false, rows, D, cols, 1.0f, S, kBk, V + j0 * D, D, 1.0f, O, D);
+        }
       }
       float* out = a.out + qoff;
       float* lse = a.lse + (b * a.Hq + h) * a.Tq + i0;
@@ -1465,9 +1599,12 @@ void attention_backward(const AttnArgs& a) {
     for (int64_t r = r0; r < r1; ++r) delta[r] = row_dot(a.dout + r * D, a.out + r * D, D);
   });
   const Vec scale = Vec::set1(a.scale);
+  const bool tiles = D % Vec::kWidth == 0;  // block_tile reads whole vectors of the D-long rows
   parallel_for(0, a.B * a.Hk, 1, [&](int64_t t0, int64_t t1) {
     float* P = thread_scratch<float>(ScratchSlot::kAttentionA, kBq * kBk);
     float* dP = thread_scratch<float>(ScratchSlot::kAttentionB, kBq * kBk);
+    float* KT = tiles ? thread_scratch<float>(ScratchSlot::kAttentionT, 2 * D * kBk) : nullptr;
+    float* VT = tiles ? KT + D * kBk : nullptr;
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / a.Hk, hk = t % a.Hk;
       const float* K = a.k + t * a.Tk * D;
@@ -1482,6 +1619,10 @@ void attention_backward(const AttnArgs& a) {
       }
       for (int64_t j0 = 0; j0 < a.Tk; j0 += kBk) {
         const int64_t cols = std::min(kBk, a.Tk - j0);
+        if (tiles) {
+          transpose_block(K + j0 * D, cols, D, KT);
+          transpose_block(V + j0 * D, cols, D, VT);
+        }
         for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
           const int64_t head_row = (b * a.Hq + h) * a.Tq;
           for (int64_t i0 = 0; i0 < a.Tq; i0 += kBq) {
@@ -1492,7 +1633,26 @@ void attention_backward(const AttnArgs& a) {
             const float* dO = a.dout + (head_row + i0) * D;
             const float* lse = a.lse + head_row + i0;
             const float* dl = delta.data() + head_row + i0;
-            sgemm(false, true, rows, cols, D, a.scale, Q, D, K + j0 * D, D, 0.0f, P, kBk);
+            float* dQ = a.dq + (head_row + i0) * D;
+            // Score-shaped tiles (P, dP): the keys each query row tile sees. Key-row tiles
+            // (dV, dK): the queries that see them. Query-row tiles (dQ): the keys they see.
+            const auto score_tile = [&](int64_t m0, int64_t n) {
+              const auto [c0, c1] = tile_keys(a, i0, m0, n, j0, cols);
+              return TileRange{0, D, c0, c1};
+            };
+            const auto key_tile = [&](int64_t c0, int64_t n) {
+              const auto [r0, r1] = tile_queries(a, i0, rows, j0, c0, n);
+              return TileRange{r0, r1, 0, D};
+            };
+            const auto query_tile = [&](int64_t m0, int64_t n) {
+              const auto [c0, c1] = tile_keys(a, i0, m0, n, j0, cols);
+              return TileRange{c0, c1, 0, D};
+            };
+            if (tiles) {
+              block_gemm(rows, Q, D, 1, KT, kBk, a.scale, false, P, kBk, score_tile);
+            } else {
+              sgemm(false, true, rows, cols, D, a.scale, Q, D, K + j0 * D, D, 0.0f, P, kBk);
+            }
             mask_block(a, b, i0, rows, j0, cols, P);
             for (int64_t r = 0; r < rows; ++r) {
               float* pr = P + r * kBk;
@@ -1503,16 +1663,31 @@ void attention_backward(const AttnArgs& a) {
               const Vec l = Vec::set1(lse[r]);
               map1(pr, pr, cols, [&](Vec s) { return exp_nonpos(s - l); });  // s <= lse
             }
-            sgemm(true, false, cols, D, rows, 1.0f, P, kBk, dO, D, 1.0f, dV + j0 * D, D);
-            sgemm(false, true, rows, cols, D, 1.0f, dO, D, V + j0 * D, D, 0.0f, dP, kBk);
-            for (int64_t r = 0; r < rows; ++r) {
-              const Vec dr = Vec::set1(dl[r]);
-              map2(P + r * kBk, dP + r * kBk, dP + r * kBk, cols,
-                   [&](Vec p, Vec dp) { return p * (dp - dr) * scale; });
+            if (tiles) {
+              block_gemm(cols, P, 1, kBk, dO, D, 1.0f, true, dV + j0 * D, D, key_tile);
+              block_gemm(rows, dO, D, 1, VT, kBk, 1.0f, false, dP, kBk, score_tile);
+            } else {
+              sgemm(true, false, cols, D, rows, 1.0f, P, kBk, dO, D, 1.0f, dV + j0 * D, D);
+              sgemm(false, true, rows, cols, D, 1.0f, dO, D, V + j0 * D, D, 0.0f, dP, kBk);
             }
-            sgemm(true, false, cols, D, rows, 1.0f, dP, kBk, Q, D, 1.0f, dK + j0 * D, D);
-            sgemm(false, false, rows, D, cols, 1.0f, dP, kBk, K + j0 * D, D, 1.0f,
-                  a.dq + (head_row + i0) * D, D);
+            // dS = P (dP - delta) scale over the keys each row sees; zero elsewhere (a tile
+            // left dP unwritten there, and P is zero).
+            for (int64_t r = 0; r < rows; ++r) {
+              const auto [c0, c1] = tile_keys(a, i0, r, 1, j0, cols);
+              float* ds = dP + r * kBk;
+              const Vec dr = Vec::set1(dl[r]);
+              std::fill(ds, ds + c0, 0.0f);
+              map2(P + r * kBk + c0, ds + c0, ds + c0, std::max<int64_t>(0, c1 - c0),
+                   [&](Vec p, Vec dp) { return p * (dp - dr) * scale; });
+              std::fill(ds + std::max(c0, c1), ds + cols, 0.0f);
+            }
+            if (tiles) {
+              block_gemm(cols, dP, 1, kBk, Q, D, 1.0f, true, dK + j0 * D, D, key_tile);
+              block_gemm(rows, dP, kBk, 1, K + j0 * D, D, 1.0f, true, dQ, D, query_tile);
+            } else {
+              sgemm(true, false, cols, D, rows, 1.0f, dP, kBk, Q, D, 1.0f, dK + j0 * D, D);
+              sgemm(false, false, rows, D, cols, 1.0f, dP, kBk, K + j0 * D, D, 1.0f, dQ, D);
+            }
           }
         }
       }
