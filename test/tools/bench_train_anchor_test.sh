@@ -2,7 +2,8 @@
 # `mammoth bench train`'s PyTorch anchor: without the PyTorch 2.x venv of `tools/setup.sh
 # --bench-anchor` it falls back to Debian's torch, eager only, and says so; rounds alternate
 # (ours, eager, ours, ...) and the row is the medians; a MAMMOTH_ANCHOR_PYTHON that is not there
-# is refused by name. With MAMMOTH_ANCHOR_PYTHON set to that venv's python-anchor (opt-in:
+# is refused by name; the benched model has no dropout, as the anchor's. With
+# MAMMOTH_ANCHOR_PYTHON set to that venv's python-anchor (opt-in:
 # --test_env=MAMMOTH_ANCHOR_PYTHON=...; compiling takes a minute or two) the compiled anchor runs
 # too and torch 2's capability is printed.
 set -uo pipefail
@@ -41,6 +42,16 @@ MAMMOTH_ANCHOR_PYTHON=/no/such/python "$mammoth" bench train "${tiny[@]}" --roun
 grep -q "MAMMOTH_ANCHOR_PYTHON=/no/such/python is not an executable" "$out" ||
   { cat "$out"; fail "no message naming MAMMOTH_ANCHOR_PYTHON"; }
 "$mammoth" bench train "${tiny[@]}" --rounds 0 >"$out" 2>&1 && fail "--rounds 0 accepted"
+# The anchor's model has no dropout, so ours is built without it even where the model's config
+# has some (gpt2: 0.1), or our step would do work the anchor's does not.
+"$mammoth" bench train --models gpt2 --amp fp32 --batch 1 --seq 4 --threads 1 --steps 1 \
+  --warmup 1 --rounds 1 --no-torch --json "$json" >"$out" 2>&1 || { cat "$out"; fail "gpt2 run failed"; }
+grep -q "^train step, B1 T4, no dropout (as the anchor)," "$out" || { cat "$out"; fail "no dropout note"; }
+"$py" - "$json" <<'PY' || fail "gpt2 benched with dropout"
+import json, sys
+r = json.load(open(sys.argv[1]))[0]
+assert r["dropout"] == 0 and r["attn_dropout"] == 0, r
+PY
 # The PyTorch 2.x anchor, when the run was given one.
 if [[ -n "${MAMMOTH_ANCHOR_PYTHON:-}" ]]; then
   "$mammoth" bench train "${tiny[@]}" --warmup 2 --rounds 2 --json "$json" >"$out" 2>&1 ||

@@ -167,6 +167,17 @@ struct Measured {
   double loss = 0;
 };
 
+// The benched model: dropout off, because the PyTorch anchor (train_bench.py) has none, and
+// with it our step would do work theirs does not (the dropout masks, and attention through
+// materialised probabilities instead of the fused kernel).
+models::ModelOptions bench_model_options(const Options& o) {
+  models::ModelOptions mo;
+  mo.max_seq = std::max<int64_t>(o.seq, 1);
+  mo.seed = 1;
+  mo.dropout = 0.0;
+  return mo;
+}
+
 Measured bench_ours(models::LanguageModel& model, const Options& o,
                     engine::amp::Precision precision,
                     const std::function<void()>& after_backward = {}) {
@@ -355,10 +366,7 @@ int run_tp_bench(const Options& o) {
           auto group =
               std::make_shared<parallel::MpiCommunicator>(sub, "tp_bench", world->options());
           parallel::DeviceMesh mesh(group, {.tp = t});
-          models::ModelOptions mo;
-          mo.max_seq = std::max<int64_t>(o.seq, 1);
-          mo.seed = 1;
-          auto model = models::create_language_model(name, mo);
+          auto model = models::create_language_model(name, bench_model_options(o));
           std::shared_ptr<models::LanguageModel> trained = model;
           std::shared_ptr<models::ShardedLanguageModel> sharded;
           if (t > 1) {
@@ -440,7 +448,8 @@ int run_train_bench(const std::vector<std::string>& args) {
                           " MKL_NUM_THREADS=" + std::to_string(num_threads()) + " " +
                           (anchor_capped_at_avx2() ? kAnchorAvx2Env : "");
   std::printf(
-      "train step, B%lld T%lld, %d threads, %d rounds (ours, eager%s, ours, ...), "
+      "train step, B%lld T%lld, no dropout (as the anchor), %d threads, %d rounds (ours, "
+      "eager%s, ours, ...), "
       "medians; ours: fused kernels %s, sgemm %s (%s)\n",
       static_cast<long long>(o.batch), static_cast<long long>(o.seq), num_threads(), o.rounds,
       o.compile ? ", compiled" : "", kernels::cpu::simd_isa_name(kernels::cpu::active_simd_isa()),
@@ -458,10 +467,7 @@ int run_train_bench(const std::vector<std::string>& args) {
               peak, num_threads(), zmm ? "zmm" : "ymm");
   json::Value rows = json::Value::array();
   for (const std::string& name : o.models) {
-    models::ModelOptions mo;
-    mo.max_seq = std::max<int64_t>(o.seq, 1);
-    mo.seed = 1;
-    auto model = models::create_language_model(name, mo);
+    auto model = models::create_language_model(name, bench_model_options(o));
     const models::ModelConfig& c = model->config();
     for (const std::string& amp : o.amps) {
       std::unique_ptr<TorchAnchor> torch;
@@ -523,6 +529,8 @@ int run_train_bench(const std::vector<std::string>& args) {
       row.set("ours_cpu_ms", json::Value(median(ours_cpu)));
       row.set("unit", json::Value("tokens/s"));
       row.set("params", json::Value(model->num_parameters()));
+      row.set("dropout", json::Value(c.dropout));
+      row.set("attn_dropout", json::Value(c.attn_dropout));
       std::printf("%-12s %-5s %9.1fM  ours %.1f ms (%.1f tok/s, cpu %.1f ms)", name.c_str(),
                   amp.c_str(), static_cast<double>(model->num_parameters()) / 1e6, ms,
                   tokens / (ms / 1e3), median(ours_cpu));

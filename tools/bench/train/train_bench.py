@@ -4,7 +4,8 @@ torch.compile, served to the bench over stdin / stdout so that rounds alternate 
 The model matches Mammoth's GPT-2 (models/gpt2): learned positions, pre-LayerNorm blocks,
 fused QKV projection, causal attention, tanh-GELU MLP of 4*d, final LayerNorm, LM head tied to
 the token embedding; AdamW over all parameters. One step = forward, cross-entropy, backward,
-AdamW step, zero_grad: the same work Mammoth's step does.
+AdamW step, zero_grad: the same work Mammoth's step does. Neither side has dropout (Mammoth's
+bench builds its model with dropout 0 whatever the model's config says).
 
 PyTorch is set up at its best on this CPU, as the issue asks. PyTorch 2.x (PyPI, MKL / oneDNN;
 tools/setup.sh --bench-anchor) uses scaled_dot_product_attention and the fused AdamW, and runs
