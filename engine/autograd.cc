@@ -319,6 +319,15 @@ DeferWeightGradsGuard::~DeferWeightGradsGuard() { g_weight_grad_queue = previous
 
 WeightGradQueue* deferred_weight_grads() { return g_weight_grad_queue; }
 
+bool add_into_leaf_grad(const Tensor& leaf, const std::function<void(const Tensor& grad)>& add) {
+  if (!leaf.defined() || !leaf.is_leaf()) return false;
+  const Tensor& grad = leaf.impl()->grad;
+  if (!detail::overwritable(grad, leaf) || grad.dtype() != leaf.dtype()) return false;
+  NoGradGuard ng;
+  add(grad);
+  return true;
+}
+
 void accumulate_grad(const Tensor& leaf, const Tensor& g) {
   MAMMOTH_CHECK(leaf.defined() && leaf.is_leaf())
       << "[accumulate_grad] gradients accumulate into leaf tensors only";

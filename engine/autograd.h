@@ -148,4 +148,11 @@ WeightGradQueue* deferred_weight_grads();
 // Adds `g` to the leaf's gradient (as backward does).
 void accumulate_grad(const Tensor& leaf, const Tensor& g);
 
+// For a backward closure whose gradient touches few rows (embedding): when `leaf` is a leaf that
+// already has a gradient nothing else holds (a tied LM head's, or an earlier micro-batch's),
+// calls add(grad) to add the contribution in place and returns true; the closure then returns
+// no gradient for that input. False: the closure returns its dense gradient as usual. Spares a
+// gradient-sized zero fill and add per step.
+bool add_into_leaf_grad(const Tensor& leaf, const std::function<void(const Tensor& grad)>& add);
+
 }  // namespace mammoth::engine

@@ -1,4 +1,7 @@
 // Joining, splitting and indexing: concat, split, embedding, index_select, gather.
+#include <unordered_map>
+#include <vector>
+
 #include "engine/ops/common.h"
 
 namespace mammoth::engine {
@@ -27,6 +30,25 @@ ARC arc(const Shape& s, int64_t dim) {
 void check_index_tensor(const char* op, const Tensor& index) {
   check_defined(index, op, "index");
   detail::check_dtype(op, "index", index, DType::kI64);
+}
+
+// into[0, ids[i]] += rows[0, i], with the rows of a repeated id summed first (in order, from
+// zero) and added once: bitwise the sums of index_add into a zero table added to `into`, so a
+// gradient is the same whichever way it accumulates (autograd's add_into_leaf_grad or not).
+void add_rows_once(const Tensor& rows, const Tensor& ids, const Tensor& into) {
+  const int64_t I = ids.numel();
+  const auto* id = static_cast<const int64_t*>(ids.raw_data());
+  std::unordered_map<int64_t, int64_t> slot;
+  std::vector<int64_t> unique, inverse(static_cast<size_t>(I));
+  for (int64_t i = 0; i < I; ++i) {
+    const auto [it, fresh] = slot.try_emplace(id[i], static_cast<int64_t>(unique.size()));
+    if (fresh) unique.push_back(id[i]);
+    inverse[static_cast<size_t>(i)] = it->second;
+  }
+  const int64_t U = static_cast<int64_t>(unique.size());
+  Tensor summed = Tensor::zeros({1, U, rows.size(2)}, rows.dtype(), rows.device());
+  detail::launch(Kernel::index_add, {rows, Tensor::from_ints(inverse, {I})}, {summed});
+  detail::launch(Kernel::index_add, {summed, Tensor::from_ints(unique, {U})}, {into});
 }
 
 }  // namespace
@@ -148,13 +170,19 @@ Tensor embedding(const Tensor& ids, const Tensor& weight) {
   out_shape.push_back(weight.size(1));
   Tensor y = rows.view(out_shape);
   if (needs_grad({weight})) {
+    // The closure holds the weight only to find its gradient (a parameter lives anyway).
     record("embedding", {weight}, {&y},
-           [flat = flat.contiguous(), wshape = weight.shape(),
+           [flat = flat.contiguous(), weight, wshape = weight.shape(),
             dt = weight.dtype()](const std::vector<Tensor>& g) {
-             Tensor dw = Tensor::zeros(wshape, dt, g[0].device());
              const int64_t I = flat.size(0);
-             detail::launch(Kernel::index_add, {g[0].contiguous().view({1, I, wshape[1]}), flat},
-                            {dw.view({1, wshape[0], wshape[1]})});
+             const Tensor rows = g[0].contiguous().view({1, I, wshape[1]});
+             if (add_into_leaf_grad(weight, [&](const Tensor& grad) {
+                   add_rows_once(rows, flat, grad.view({1, wshape[0], wshape[1]}));
+                 })) {
+               return std::vector<Tensor>{Tensor()};
+             }
+             Tensor dw = Tensor::zeros(wshape, dt, g[0].device());
+             detail::launch(Kernel::index_add, {rows, flat}, {dw.view({1, wshape[0], wshape[1]})});
              return std::vector<Tensor>{dw};
            });
   }
