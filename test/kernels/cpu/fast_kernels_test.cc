@@ -1021,6 +1021,8 @@ TEST_CASE("tiled attention matches the f64 reference, forward and backward") {
       {2, 4, 1, 129, 257, 32, true, true},
       {1, 1, 1, 200, 9, 8, false, false},
       {1, 1, 1, 131, 131, 64, true, false},
+      // Causal with more queries than keys: the first 16 rows see no key at all.
+      {1, 2, 1, 40, 24, 16, true, false},
       // Sliding windows: across key blocks (whole blocks skipped), cached decoding (Tq < Tk)
       // with padding, and a window of one key.
       {1, 2, 1, 300, 300, 16, true, false, 50},
