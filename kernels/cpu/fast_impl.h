@@ -713,7 +713,7 @@ void row_mean_m2(const float* x, int64_t n, double& mean, double& m2) {
   for (int k = 0; k < 4; ++k) a[k] = q[k] = Vec::zero();
   int64_t i = 0;
   for (; i + 4 * W <= n; i += 4 * W) {
-#pragma GCC unroll 8
+#pragma GCC unroll 4
     for (int k = 0; k < 4; ++k) {
       const Vec d = load_v<kMem>(x + i + k * W) - sv;
       a[k] = a[k] + d;
@@ -1495,25 +1495,42 @@ void transpose_block(const float* X, int64_t cols, int64_t D, float* XT) {
   }
 }
 
-// Keys of block [j0, j0 + cols) that query rows [i0 + m0, i0 + m0 + rows) can see, relative to
-// j0: the columns of a score tile, or the reduction range of a P V tile.
-std::pair<int64_t, int64_t> tile_keys(const AttnArgs& a, int64_t i0, int64_t m0, int64_t rows,
-                                      int64_t j0, int64_t cols) {
-  return {std::clamp<int64_t>(key_begin(a, i0 + m0) - j0, 0, cols),
-          std::clamp<int64_t>(key_end(a, i0 + m0, rows) - j0, 0, cols)};
-}
+// What each tile of a product inside query block [i0, i0 + rows) x key block [j0, j0 + cols)
+// computes; positions relative to the block.
+struct BlockRanges {
+  const AttnArgs& a;
+  int64_t i0, rows, j0, cols;
 
-// Query rows of block [i0, i0 + rows) that can see some key of [j0 + c0, j0 + c0 + n), relative
-// to i0: the reduction range of a P^T dO or dS^T Q tile. Both ends of a row's key range never
-// decrease down the rows.
-std::pair<int64_t, int64_t> tile_queries(const AttnArgs& a, int64_t i0, int64_t rows, int64_t j0,
-                                         int64_t c0, int64_t n) {
-  if (!a.causal) return {0, rows};
-  int64_t lo = 0, hi = rows;
-  while (lo < rows && key_end(a, i0 + lo, 1) <= j0 + c0) ++lo;
-  while (hi > lo && key_begin(a, i0 + hi - 1) >= j0 + c0 + n) --hi;
-  return {lo, hi};
-}
+  // Keys that query rows [m0, m0 + n) can see.
+  std::pair<int64_t, int64_t> keys(int64_t m0, int64_t n) const {
+    return {std::clamp<int64_t>(key_begin(a, i0 + m0) - j0, 0, cols),
+            std::clamp<int64_t>(key_end(a, i0 + m0, n) - j0, 0, cols)};
+  }
+  // Query rows that can see some key of [c0, c0 + n). Both ends of a row's key range never
+  // decrease down the rows.
+  std::pair<int64_t, int64_t> queries(int64_t c0, int64_t n) const {
+    if (!a.causal) return {0, rows};
+    int64_t lo = 0, hi = rows;
+    while (lo < rows && key_end(a, i0 + lo, 1) <= j0 + c0) ++lo;
+    while (hi > lo && key_begin(a, i0 + hi - 1) >= j0 + c0 + n) --hi;
+    return {lo, hi};
+  }
+  // Score tiles (S, P, dP): query rows by the keys they see, a D-long dot each.
+  TileRange score(int64_t m0, int64_t n) const {
+    const auto [c0, c1] = keys(m0, n);
+    return {0, a.D, c0, c1};
+  }
+  // Query rows times the key block (P V, dS K): summed over the keys they see.
+  TileRange query(int64_t m0, int64_t n) const {
+    const auto [c0, c1] = keys(m0, n);
+    return {c0, c1, 0, a.D};
+  }
+  // Key rows times the query block (P^T dO, dS^T Q): summed over the queries that see them.
+  TileRange key(int64_t c0, int64_t n) const {
+    const auto [r0, r1] = queries(c0, n);
+    return {r0, r1, 0, a.D};
+  }
+};
 
 void attention(const AttnArgs& a) {
   const int64_t D = a.D, group = a.Hq / a.Hk;
@@ -1537,12 +1554,11 @@ void attention(const AttnArgs& a) {
       const int64_t kend = key_end(a, i0, rows);
       for (int64_t j0 = key_begin(a, i0) / kBk * kBk; j0 < kend; j0 += kBk) {
         const int64_t cols = std::min(kBk, kend - j0);
+        const BlockRanges blk{a, i0, rows, j0, cols};
         if (tiles) {
           transpose_block(K + j0 * D, cols, D, KT);
-          block_gemm(rows, Q, D, 1, KT, kBk, a.scale, false, S, kBk, [&](int64_t m0, int64_t n) {
-            const auto [c0, c1] = tile_keys(a, i0, m0, n, j0, cols);
-            return TileRange{0, D, c0, c1};
-          });
+          block_gemm(rows, Q, D, 1, KT, kBk, a.scale, false, S, kBk,
+                     [&](int64_t m0, int64_t n) { return blk.score(m0, n); });
         } else {
           sgemm(false, true, rows, cols, D, a.scale, Q, D, K + j0 * D, D, 0.0f, S, kBk);
         }
@@ -1563,10 +1579,8 @@ void attention(const AttnArgs& a) {
           }
         }
         if (tiles) {
-          block_gemm(rows, S, kBk, 1, V + j0 * D, D, 1.0f, true, O, D, [&](int64_t m0, int64_t n) {
-            const auto [c0, c1] = tile_keys(a, i0, m0, n, j0, cols);
-            return TileRange{c0, c1, 0, D};
-          });
+          block_gemm(rows, S, kBk, 1, V + j0 * D, D, 1.0f, true, O, D,
+                     [&](int64_t m0, int64_t n) { return blk.query(m0, n); });
         } else {
           sgemm(false, false, rows, D, cols, 1.0f, S, kBk, V + j0 * D, D, 1.0f, O, D);
         }
@@ -1634,20 +1648,10 @@ void attention_backward(const AttnArgs& a) {
             const float* lse = a.lse + head_row + i0;
             const float* dl = delta.data() + head_row + i0;
             float* dQ = a.dq + (head_row + i0) * D;
-            // Score-shaped tiles (P, dP): the keys each query row tile sees. Key-row tiles
-            // (dV, dK): the queries that see them. Query-row tiles (dQ): the keys they see.
-            const auto score_tile = [&](int64_t m0, int64_t n) {
-              const auto [c0, c1] = tile_keys(a, i0, m0, n, j0, cols);
-              return TileRange{0, D, c0, c1};
-            };
-            const auto key_tile = [&](int64_t c0, int64_t n) {
-              const auto [r0, r1] = tile_queries(a, i0, rows, j0, c0, n);
-              return TileRange{r0, r1, 0, D};
-            };
-            const auto query_tile = [&](int64_t m0, int64_t n) {
-              const auto [c0, c1] = tile_keys(a, i0, m0, n, j0, cols);
-              return TileRange{c0, c1, 0, D};
-            };
+            const BlockRanges blk{a, i0, rows, j0, cols};
+            const auto score_tile = [&](int64_t m0, int64_t n) { return blk.score(m0, n); };
+            const auto key_tile = [&](int64_t c0, int64_t n) { return blk.key(c0, n); };
+            const auto query_tile = [&](int64_t m0, int64_t n) { return blk.query(m0, n); };
             if (tiles) {
               block_gemm(rows, Q, D, 1, KT, kBk, a.scale, false, P, kBk, score_tile);
             } else {
@@ -1673,7 +1677,7 @@ void attention_backward(const AttnArgs& a) {
             // dS = P (dP - delta) scale over the keys each row sees; zero elsewhere (a tile
             // left dP unwritten there, and P is zero).
             for (int64_t r = 0; r < rows; ++r) {
-              const auto [c0, c1] = tile_keys(a, i0, r, 1, j0, cols);
+              const auto [c0, c1] = blk.keys(r, 1);
               float* ds = dP + r * kBk;
               const Vec dr = Vec::set1(dl[r]);
               std::fill(ds, ds + c0, 0.0f);

@@ -310,8 +310,8 @@ int64_t backward_peak_bytes(const Tensor& loss) {
 // A tied embedding (the LM head's weight is the token table): the embedding's backward adds its
 // rows into the .grad the head's backward left, instead of building a zero table and adding it
 // (backward's peak is then the batch's rows, not a table), and only where nothing else holds
-// that .grad. Gradient accumulation over two backwards takes the same
-// path. The sums are bitwise those of the dense formulation.
+// that .grad. Gradient accumulation over two backwards takes the same path. The sums are
+// bitwise those of the dense formulation.
 TEST_CASE("a tied embedding adds its rows into the weight's .grad in place") {
   const int64_t V = 1000, C = 64;  // a 256 KB table; the batch is 5 rows
   const Tensor ids = Tensor::from_ints({3, 1, 3, 0, 999}, {5});
