@@ -180,9 +180,10 @@ void pack_a(bool trans, const float* A, int64_t lda, int64_t i0, int64_t mc, int
 }
 
 // Packs op(B)[p0:+kc, j0:+nc] into ceil(nc/kNR) panels of `pairs` x kNR words: word (p, j) at
-// p * kNR + j. Missing columns and k are zero.
+// p * kNR + j. Missing columns and k are zero. `ahead` more columns of op(B) follow this block
+// (the next block's): the transposed form prefetches into them.
 void pack_b(bool trans, const float* B, int64_t ldb, int64_t p0, int64_t kc, int64_t j0, int64_t nc,
-            uint32_t* dst) {
+            int64_t ahead, uint32_t* dst) {
   const int64_t pairs = (kc + 1) / 2;
   const __m512i idx = pair_index();
   for (int64_t jp = 0; jp < nc; jp += kNR) {
@@ -203,7 +204,9 @@ void pack_b(bool trans, const float* B, int64_t ldb, int64_t p0, int64_t kc, int
     } else {
       // Column j of op(B) is row j of B, contiguous in k: convert 32 k of 16 columns (16 words
       // each), then transpose so each k pair's 16 column words are one store.
-      // 16 rows of B stream at once; the prefetch runs kPrefetch floats ahead in each.
+      // 16 rows of B stream at once; each is prefetched kPrefetch floats ahead, and the 16 rows
+      // after them (the next group's, where they exist) at the same k, so that a group does not
+      // start on rows that miss every cache.
       constexpr int64_t kPrefetch = 128;
       for (int v = 0; v < kNV; ++v) {
         const int64_t jn = std::min<int64_t>(16, cols - 16 * v);
@@ -213,7 +216,9 @@ void pack_b(bool trans, const float* B, int64_t ldb, int64_t p0, int64_t kc, int
           }
           continue;
         }
-        const float* rows = B + (j0 + jp + 16 * v) * ldb + p0;
+        const int64_t j = jp + 16 * v;  // the group's first column, within the block
+        const int64_t next = std::clamp<int64_t>(nc + ahead - j - 16, 0, 16);
+        const float* rows = B + (j0 + j) * ldb + p0;
         for (int64_t k0 = 0; k0 < kc; k0 += 32) {
           const int64_t n = std::min<int64_t>(32, kc - k0);
           const __mmask16 lo = first_n(n), hi = first_n(n - 16);
@@ -224,6 +229,11 @@ void pack_b(bool trans, const float* B, int64_t ldb, int64_t p0, int64_t kc, int
               if (k0 + kPrefetch < kc) {
                 _mm_prefetch(reinterpret_cast<const char*>(src + kPrefetch), _MM_HINT_T0);
                 _mm_prefetch(reinterpret_cast<const char*>(src + kPrefetch + 16), _MM_HINT_T0);
+              }
+              if (jj < next) {
+                const float* later = src + 16 * ldb;
+                _mm_prefetch(reinterpret_cast<const char*>(later), _MM_HINT_T1);
+                if (n > 16) _mm_prefetch(reinterpret_cast<const char*>(later + 16), _MM_HINT_T1);
               }
               r[jj] = to_bf16(_mm512_maskz_loadu_ps(lo, src), _mm512_maskz_loadu_ps(hi, src + 16));
             } else {
@@ -301,7 +311,7 @@ void gemm_serial(const Args& g) {
       pack_a(g.trans_a, g.A, g.lda, ic, mc, pc, kc, abuf);
       for (int64_t jc = 0; jc < g.N; jc += kNC) {
         const int64_t nc = std::min<int64_t>(kNC, g.N - jc);
-        pack_b(g.trans_b, g.B, g.ldb, pc, kc, jc, nc, bbuf);
+        pack_b(g.trans_b, g.B, g.ldb, pc, kc, jc, nc, g.N - jc - nc, bbuf);
         for (int64_t ir = 0; ir < mc; ir += kMR) {
           const int64_t mr = std::min<int64_t>(kMR, mc - ir);
           const uint32_t* ap = abuf + (ir / kMR) * pairs * kMR;

@@ -31,19 +31,28 @@ struct Shape3 {
 
 // C[M,N] = op(A) op(B) with A stored [M,K] (or [K,M] when ta) and B stored [K,N] (or [N,K]).
 // Median wall ms; `cpu` gets the median process CPU ms (all threads), which load from other
-// processes inflates much less than wall time.
+// processes inflates much less than wall time. Each rep takes the next of enough operand copies
+// to exceed the last-level cache, so operands come from memory as in a step (every weight and
+// activation is touched once per pass), not from a cache that a repeated product keeps warm.
 double time_one(const Shape3& s, int reps, double* cpu) {
-  const Tensor a =
-      s.ta ? Tensor::randn({s.K, s.M}, 1).transpose(0, 1) : Tensor::randn({s.M, s.K}, 1);
-  const Tensor b =
-      s.tb ? Tensor::randn({s.N, s.K}, 2).transpose(0, 1) : Tensor::randn({s.K, s.N}, 2);
+  constexpr double kColdBytes = 128.0 * (1 << 20);
+  const double bytes = 4.0 * (s.M * s.K + s.K * s.N);
+  const int copies = static_cast<int>(std::clamp(kColdBytes / bytes, 1.0, 64.0));
+  std::vector<Tensor> as, bs;
+  for (int i = 0; i < copies; ++i) {
+    as.push_back(s.ta ? Tensor::randn({s.K, s.M}, 1 + 2 * i).transpose(0, 1)
+                      : Tensor::randn({s.M, s.K}, 1 + 2 * i));
+    bs.push_back(s.tb ? Tensor::randn({s.N, s.K}, 2 + 2 * i).transpose(0, 1)
+                      : Tensor::randn({s.K, s.N}, 2 + 2 * i));
+  }
   mammoth::engine::NoGradGuard ng;
-  Tensor c = mammoth::engine::matmul(a, b);  // warm
+  Tensor c = mammoth::engine::matmul(as[0], bs[0]);  // warm
   std::vector<double> t, tc;
   for (int r = 0; r < reps; ++r) {
+    const int i = (r + 1) % copies;
     const auto t0 = std::chrono::steady_clock::now();
     const double c0 = mammoth::process_cpu_seconds() * 1e3;
-    c = mammoth::engine::matmul(a, b);
+    c = mammoth::engine::matmul(as[i], bs[i]);
     tc.push_back(mammoth::process_cpu_seconds() * 1e3 - c0);
     t.push_back(
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
