@@ -41,10 +41,12 @@
   X(copy)               /* (x strided, any dtype) -> (y strided, any dtype): copy and cast */    \
   X(fill)               /* () -> (y) ScalarParams */                                             \
   /* reductions over the last dim of a contiguous [M, R] view */                                 \
-  X(sum_last) /* (x [M,R]) -> (y [M]) */                                                         \
-  X(max_last) /* (x [M,R]) -> (values [M], indices i64 [M]) */                                   \
-  X(sum_sq_last) /* (x [M,R]) -> (y [M]): the sum of squares, one row of any length on every   \
+  X(sum_last)    /* (x [M,R]) -> (y [M]) */                                                      \
+  X(max_last)    /* (x [M,R]) -> (values [M], indices i64 [M]) */                                \
+  X(sum_sq_last) /* (x [M,R]) -> (y [M]): the sum of squares, one row of any length on every     \
                     thread */                                                                    \
+  /* over the first dim of a contiguous [R, N] view (a bias gradient) */                         \
+  X(sum_rows) /* (x [R,N]) -> (y [N]): column sums, the rows added in order */                   \
   /* linear algebra */                                                                           \
   X(matmul) /* (a [B,M,K], b [B,K,N]) -> (c [B,M,N]) MatmulParams; a,b: one unit                 \
                stride in the last two dims (transposed views allowed), batch stride              \

@@ -56,6 +56,8 @@ struct FastKernels {
                             float* dx, float* dw, int64_t rows, int64_t n);
   // y[m] = the sum of x[m, :]^2 over contiguous [rows, n] (a gradient's squared norm).
   void (*sum_sq)(const float* x, float* y, int64_t rows, int64_t n);
+  // y[j] = the sum of x[:, j] over contiguous [rows, n] (a bias gradient), rows added in order.
+  void (*sum_rows)(const float* x, float* y, int64_t rows, int64_t n);
   void (*cross_entropy)(const float* x, const int64_t* target, float* loss, float* lse,
                         int64_t rows, int64_t v, int64_t ignore_index, double smoothing);
   void (*cross_entropy_backward)(const float* dloss, const float* x, const int64_t* target,

@@ -97,6 +97,29 @@ void sum_sq_last_kernel(std::span<const TensorArg> in, std::span<const TensorArg
   sum_rows_kernel<T, true>(in, out);
 }
 
+// Column sums of [R, N]: a thread per column, the rows in order in float (neighbouring threads
+// read neighbouring columns, so each row's loads coalesce).
+template <typename T>
+__global__ void sum_rows_cols(const T* __restrict__ x, T* __restrict__ y, int64_t R, int64_t N) {
+  for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < N;
+       j += int64_t{gridDim.x} * blockDim.x) {
+    float acc = 0.0f;
+    for (int64_t r = 0; r < R; ++r) acc += to_float(x[r * N + j]);
+    y[j] = from_float<T>(acc);
+  }
+}
+
+template <typename T>
+void sum_rows_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out, const void*) {
+  const int64_t N = out[0].numel();
+  if (N == 0) return;
+  const int64_t R = in[0].numel() / N;
+  constexpr int kThreads = 256;
+  sum_rows_cols<<<grid_for(N, kThreads), kThreads, 0, stream()>>>(in[0].ptr<const T>(),
+                                                                  out[0].ptr<T>(), R, N);
+  CUDA_CHECK_LAUNCH("sum_rows");
+}
+
 // (value, index) ordering of PyTorch's max: NaN beats numbers, then larger, then lower index.
 __device__ __forceinline__ bool better(float v, int64_t i, float bv, int64_t bi) {
   const bool vn = v != v, bn = bv != bv;
@@ -165,6 +188,7 @@ void register_reduce(Registry& r) {
   MAMMOTH_CUDA_REG3(r, sum_last, sum_last_kernel);
   MAMMOTH_CUDA_REG3(r, max_last, max_last_kernel);
   MAMMOTH_CUDA_REG3(r, sum_sq_last, sum_sq_last_kernel);
+  MAMMOTH_CUDA_REG3(r, sum_rows, sum_rows_kernel);
 }
 
 }  // namespace mammoth::kernels::cuda

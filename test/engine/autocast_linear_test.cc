@@ -1,5 +1,6 @@
-// bf16 autocast through linear(): the forward (x W^T, NT), dx (dy W, NN), dW (dy^T x, TN) and
-// db products each equal the f32 products of bf16-rounded operands; results do not depend on
+// bf16 autocast through linear(): the forward (x W^T, NT), dx (dy W, NN) and dW (dy^T x, TN)
+// products each equal the f32 products of bf16-rounded operands, and db, a column sum rather than
+// a product, is the f32 sum of dy itself (unrounded); results do not depend on
 // the thread count (each output element is summed by one thread in a fixed order), so two
 // AdamW steps under bf16 give bitwise the same parameters on 1 and 2 threads.
 #include <catch2/catch.hpp>
@@ -45,7 +46,7 @@ TEST_CASE("bf16 linear forward and backward are f32 products of bf16-rounded ope
   const Tensor y_ref = engine::matmul(round_bf16(x), round_bf16(w).transpose(0, 1)) + b;
   const Tensor dx_ref = engine::matmul(round_bf16(g), round_bf16(w));
   const Tensor dw_ref = engine::matmul(round_bf16(g).transpose(0, 1), round_bf16(x));
-  const Tensor db_ref = engine::sum(round_bf16(g), {0});
+  const Tensor db_ref = engine::sum(g, {0});
   CHECK(testing::compare(got.y, y_ref, 1e-5, 1e-5) == "");
   CHECK(testing::compare(got.dx, dx_ref, 1e-5, 1e-5) == "");
   CHECK(testing::compare(got.dw, dw_ref, 1e-5, 1e-5) == "");
@@ -53,6 +54,7 @@ TEST_CASE("bf16 linear forward and backward are f32 products of bf16-rounded ope
   // Not the f32 products: the rounding really happened in each of them.
   CHECK(engine::max_abs(got.dw - engine::matmul(g.transpose(0, 1), x)) > 1e-3);
   CHECK(engine::max_abs(got.dx - engine::matmul(g, w)) > 1e-3);
+  CHECK(engine::max_abs(got.db - engine::sum(round_bf16(g), {0})) > 1e-3);
 }
 
 TEST_CASE("bf16 linear and AdamW steps are bitwise the same on 1 and 2 threads") {

@@ -827,6 +827,42 @@ TEST_CASE("sum_sq_last matches f64 and does not depend on the thread count") {
   set_num_threads(before);
 }
 
+// sum_rows (the bias gradient): the rows added in order from zero in f32, so on every ISA and
+// thread count the result is bitwise the plain loop's; columns past one L1 run (2048), tails of a
+// vector, no rows.
+TEST_CASE("sum_rows is the in-order column sum on every ISA and thread count") {
+  std::mt19937 rng(22);
+  const int before = num_threads();
+  for (const auto& [R, N] :
+       {std::pair<int64_t, int64_t>{0, 5}, {1, 7}, {37, 129}, {256, 768}, {300, 17}, {5, 4099}}) {
+    Buf x({R, N}), y64({N});
+    x.random(rng, -3.0, 3.0);
+    std::vector<float> want(static_cast<size_t>(N), 0.0f);
+    std::vector<double> want64(static_cast<size_t>(N), 0.0);
+    for (int64_t r = 0; r < R; ++r) {
+      for (int64_t j = 0; j < N; ++j) {
+        want[static_cast<size_t>(j)] += static_cast<float>(x.d[static_cast<size_t>(r * N + j)]);
+        want64[static_cast<size_t>(j)] += x.d[static_cast<size_t>(r * N + j)];
+      }
+    }
+    for (SimdIsa isa : isas()) {
+      IsaGuard guard(isa);
+      for (int t : {1, 3}) {
+        INFO("isa " << simd_isa_name(isa) << " R " << R << " N " << N << " threads " << t);
+        set_num_threads(t);
+        Buf y({N});
+        std::vector<TensorArg> in = {x.arg(DType::kF32)}, out = {y.arg(DType::kF32)};
+        launch(Kernel::sum_rows, DeviceType::kCPU, DType::kF32, in, out, nullptr);
+        CHECK(std::memcmp(y.f.data(), want.data(), want.size() * sizeof(float)) == 0);
+      }
+    }
+    std::vector<TensorArg> in = {x.arg(DType::kF64)}, out = {y64.arg(DType::kF64)};
+    launch(Kernel::sum_rows, DeviceType::kCPU, DType::kF64, in, out, nullptr);
+    CHECK(std::memcmp(y64.d.data(), want64.data(), want64.size() * sizeof(double)) == 0);
+  }
+  set_num_threads(before);
+}
+
 TEST_CASE("fast kernels give bitwise the same results at any thread count") {
   MAMMOTH_STREAM_SECTIONS();
   std::mt19937 rng(4);

@@ -447,11 +447,13 @@ TEST_CASE("fill every dtype") {
 }
 
 // ---- reductions -----------------------------------------------------------------------------
-TEST_CASE("sum_last, sum_sq_last and max_last") {
+TEST_CASE("sum_last, sum_sq_last, sum_rows and max_last") {
   check({"sum_last", Kernel::sum_last, {Fr({37, 129})}, {Out({37})}, nullptr, 4.0});
   check({"sum_last long rows", Kernel::sum_last, {Fr({3, 5000})}, {Out({3})}, nullptr, 30.0});
   check({"sum_sq_last", Kernel::sum_sq_last, {Fr({37, 129})}, {Out({37})}, nullptr, 4.0});
   check({"sum_sq_last long rows", Kernel::sum_sq_last, {Fr({3, 5000})}, {Out({3})}, nullptr, 30.0});
+  check({"sum_rows", Kernel::sum_rows, {Fr({37, 129})}, {Out({129})}, nullptr, 4.0});
+  check({"sum_rows many rows", Kernel::sum_rows, {Fr({3000, 5})}, {Out({5})}, nullptr, 30.0});
   // Few rows much longer than a block's chunk take the split path (chunks, then partials).
   check({"sum_last split rows", Kernel::sum_last, {Fr({2, 300007})}, {Out({2})}, nullptr, 30.0});
   // Scaled so that the sum of squares (~18750) fits f16.

@@ -79,7 +79,7 @@ int main(int argc, char** argv) {
       {"dX fcproj", M, 4 * C, C, false, false, n}, {"dX head", M, C, V, false, false, 1},
       {"dW qkv", 3 * C, C, M, true, false, n},     {"dW proj", C, C, M, true, false, n},
       {"dW fc", 4 * C, C, M, true, false, n},      {"dW fcproj", C, 4 * C, M, true, false, n},
-      {"dW head", V, C, M, true, false, 1},        {"db (gemv)", 1, 4 * C, M, false, false, 4 * n},
+      {"dW head", V, C, M, true, false, 1},
   };
   const std::string filter = argc > 7 ? argv[7] : "";
   for (const char* mode : {"fp32", "bf16"}) {
