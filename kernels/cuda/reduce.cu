@@ -100,7 +100,7 @@ void sum_sq_last_kernel(std::span<const TensorArg> in, std::span<const TensorArg
 // Column sums of [R, N]: a thread per column, the rows in order in float (neighbouring threads
 // read neighbouring columns, so each row's loads coalesce).
 template <typename T>
-__global__ void sum_rows_cols(const T* __restrict__ x, T* __restrict__ y, int64_t R, int64_t N) {
+__global__ void column_sums(const T* __restrict__ x, T* __restrict__ y, int64_t R, int64_t N) {
   for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < N;
        j += int64_t{gridDim.x} * blockDim.x) {
     float acc = 0.0f;
@@ -109,14 +109,16 @@ __global__ void sum_rows_cols(const T* __restrict__ x, T* __restrict__ y, int64_
   }
 }
 
+// sum_rows (the kernel; sum_rows_kernel above sums each row for sum_last and sum_sq_last).
 template <typename T>
-void sum_rows_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out, const void*) {
+void column_sums_kernel(std::span<const TensorArg> in, std::span<const TensorArg> out,
+                        const void*) {
   const int64_t N = out[0].numel();
   if (N == 0) return;
   const int64_t R = in[0].numel() / N;
   constexpr int kThreads = 256;
-  sum_rows_cols<<<grid_for(N, kThreads), kThreads, 0, stream()>>>(in[0].ptr<const T>(),
-                                                                  out[0].ptr<T>(), R, N);
+  column_sums<<<grid_for(N, kThreads), kThreads, 0, stream()>>>(in[0].ptr<const T>(),
+                                                                out[0].ptr<T>(), R, N);
   CUDA_CHECK_LAUNCH("sum_rows");
 }
 
@@ -188,7 +190,7 @@ void register_reduce(Registry& r) {
   MAMMOTH_CUDA_REG3(r, sum_last, sum_last_kernel);
   MAMMOTH_CUDA_REG3(r, max_last, max_last_kernel);
   MAMMOTH_CUDA_REG3(r, sum_sq_last, sum_sq_last_kernel);
-  MAMMOTH_CUDA_REG3(r, sum_rows, sum_rows_kernel);
+  MAMMOTH_CUDA_REG3(r, sum_rows, column_sums_kernel);
 }
 
 }  // namespace mammoth::kernels::cuda
