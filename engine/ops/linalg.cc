@@ -100,8 +100,8 @@ void gemm2d(const Tensor& a, const Tensor& b, const Tensor& c, double beta) {
 // y = x W^T + b as its own op, so that every product runs in the layout it is stored in:
 //   forward  y [M, out] = b (broadcast rows), then += x [M, in] @ W^T   (W [out, in], NT)
 //   backward dx [M, in] = dy @ W (NN);  dW [out, in] = dy^T @ x (TN);  db = dy's column sums
-// (sum_rows: as a GEMV 1^T dy it packed all of dy for one row of output, and under bf16
-// autocast rounded dy to bf16 first)
+// (sum_rows: a GEMV 1^T dy would pack all of dy for one row of output, and under bf16 autocast
+// round dy to bf16 first)
 // Composing matmul with a transposed view instead would produce dW transposed and copy it.
 Tensor linear(const Tensor& x_in, const Tensor& w_arg, const Tensor& b_arg) {
   check_defined(x_in, "linear", "x");

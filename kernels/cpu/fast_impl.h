@@ -361,32 +361,15 @@ void sum_sq(const float* x, float* y, int64_t rows, int64_t n) {
   }
 }
 
-// y[j] = the sum of x[:, j] over contiguous [rows, n], from zero and the rows in order, in f32:
-// the order and precision of the product 1^T x it stands for, and the same at any thread count
-// (threads take runs of whole vectors of columns). Each thread walks its columns row by row,
-// the sums of up to kSumRun of them in an L1 buffer, so every row is read as one run.
+// y[j] = the sum of x[:, j] over contiguous [rows, n], from zero and the rows in order, in f32
+// (sum_blocks): the order and precision of the product 1^T x it stands for, and the same at any
+// thread count (threads take runs of whole vectors of columns).
 void sum_rows(const float* x, float* y, int64_t rows, int64_t n) {
-  constexpr int64_t kSumRun = 2048;
   const int64_t vecs = (n + W - 1) / W;
   parallel_for(0, vecs, std::max<int64_t>(1, 65536 / std::max<int64_t>(W * rows, 1)),
                [&](int64_t b, int64_t e) {
-                 alignas(64) float acc[kSumRun];
-                 for (int64_t j0 = b * W; j0 < std::min(n, e * W); j0 += kSumRun) {
-                   const int64_t len = std::min({kSumRun, n - j0, e * W - j0});
-                   std::fill(acc, acc + len, 0.0f);
-                   for (int64_t r = 0; r < rows; ++r) {
-                     const float* row = x + r * n + j0;
-                     int64_t j = 0;
-                     for (; j + W <= len; j += W) {
-                       (Vec::load(acc + j) + Vec::load(row + j)).store(acc + j);
-                     }
-                     if (j < len) {
-                       const int t = static_cast<int>(len - j);
-                       (Vec::load_n(acc + j, t) + Vec::load_n(row + j, t)).store_n(acc + j, t);
-                     }
-                   }
-                   std::copy(acc, acc + len, y + j0);
-                 }
+                 const int64_t j0 = b * W;
+                 sum_blocks(x + j0, rows, std::min(n, e * W) - j0, n, y + j0);
                });
 }
 

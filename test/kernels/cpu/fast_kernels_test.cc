@@ -828,8 +828,7 @@ TEST_CASE("sum_sq_last matches f64 and does not depend on the thread count") {
 }
 
 // sum_rows (the bias gradient): the rows added in order from zero in f32, so on every ISA and
-// thread count the result is bitwise the plain loop's; columns past one L1 run (2048), tails of a
-// vector, no rows.
+// thread count the result is bitwise the plain loop's; wide rows, tails of a vector, no rows.
 TEST_CASE("sum_rows is the in-order column sum on every ISA and thread count") {
   std::mt19937 rng(22);
   const int before = num_threads();
