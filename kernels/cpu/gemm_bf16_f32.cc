@@ -144,37 +144,57 @@ void pack_a(bool trans, const float* A, int64_t lda, int64_t i0, int64_t mc, int
             uint32_t* dst) {
   const int64_t pairs = (kc + 1) / 2;
   const __m512i idx = pair_index();
+  if (trans) {
+    // op(A)[i, k] = A[k, i]: rows k and k+1 of A give one word per op(A) row. A k pair at a
+    // time across every panel, so each row of A is read as one run (a panel at a time read 6
+    // floats of every row, 24 bytes a line, each line again for the next panel): 48 columns
+    // (8 panels) into a buffer, then each panel's kMR words.
+    constexpr int64_t kCols = 8 * kMR;
+    static_assert(kCols % 16 == 0, "whole vectors of columns");
+    alignas(64) uint32_t buf[kCols + 16];
+    const __mmask8 store = static_cast<__mmask8>((1u << kMR) - 1u);
+    for (int64_t p = 0; p < pairs; ++p) {
+      const float* r0 = A + (p0 + 2 * p) * lda + i0;
+      const float* r1 = 2 * p + 1 < kc ? r0 + lda : nullptr;
+      for (int64_t i = 0; i < mc; i += kCols) {
+        const int64_t n = std::min<int64_t>(kCols, mc - i);
+        for (int64_t v = 0; v < kCols / 16; ++v) {
+          const int64_t nv = n - 16 * v;
+          const __m512i w =
+              nv > 0 ? pair_rows(r0 + i + 16 * v, r1 ? r1 + i + 16 * v : nullptr, nv, idx)
+                     : _mm512_setzero_si512();
+          _mm512_store_si512(buf + 16 * v, w);
+        }
+        for (int64_t q = 0; q < (n + kMR - 1) / kMR; ++q) {
+          uint32_t* d = dst + (i / kMR + q) * pairs * kMR + p * kMR;
+          _mm256_mask_storeu_epi32(
+              d, store, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(buf + q * kMR)));
+        }
+      }
+    }
+    return;
+  }
   for (int64_t ip = 0; ip < mc; ip += kMR) {
     const int64_t rows = std::min<int64_t>(kMR, mc - ip);
     uint32_t* panel = dst + (ip / kMR) * pairs * kMR;
-    if (!trans) {
-      // 32 k of the panel's rows -> 16 words per row, transposed (8 rows, the last zero) so
-      // that each k pair's kMR words are one contiguous masked store.
-      const __mmask8 store = static_cast<__mmask8>((1u << kMR) - 1u);
-      const float* src = A + (i0 + ip) * lda + p0;
-      for (int64_t k0 = 0; k0 < kc; k0 += 32) {
-        const int64_t n = std::min<int64_t>(32, kc - k0);
-        const __mmask16 lo = first_n(n), hi = first_n(n - 16);
-        __m512i r[8];
-        for (int i = 0; i < 8; ++i) {
-          r[i] = i < rows ? to_bf16(_mm512_maskz_loadu_ps(lo, src + i * lda + k0),
-                                    _mm512_maskz_loadu_ps(hi, src + i * lda + k0 + 16))
-                          : _mm512_setzero_si512();
-        }
-        __m256i cols[16];
-        transpose8x16(r, cols);
-        uint32_t* d = panel + (k0 / 2) * kMR;
-        const int64_t np = (n + 1) / 2;
-        for (int64_t q = 0; q < np; ++q) _mm256_mask_storeu_epi32(d + q * kMR, store, cols[q]);
+    // 32 k of the panel's rows -> 16 words per row, transposed (8 rows, the last zero) so that
+    // each k pair's kMR words are one contiguous masked store.
+    const __mmask8 store = static_cast<__mmask8>((1u << kMR) - 1u);
+    const float* src = A + (i0 + ip) * lda + p0;
+    for (int64_t k0 = 0; k0 < kc; k0 += 32) {
+      const int64_t n = std::min<int64_t>(32, kc - k0);
+      const __mmask16 lo = first_n(n), hi = first_n(n - 16);
+      __m512i r[8];
+      for (int i = 0; i < 8; ++i) {
+        r[i] = i < rows ? to_bf16(_mm512_maskz_loadu_ps(lo, src + i * lda + k0),
+                                  _mm512_maskz_loadu_ps(hi, src + i * lda + k0 + 16))
+                        : _mm512_setzero_si512();
       }
-    } else {
-      // op(A)[i, k] = A[k, i]: rows k and k+1 of A give one word per op(A) row.
-      const __mmask16 store = first_n(kMR);
-      for (int64_t p = 0; p < pairs; ++p) {
-        const float* r0 = A + (p0 + 2 * p) * lda + i0 + ip;
-        const float* r1 = 2 * p + 1 < kc ? r0 + lda : nullptr;
-        _mm512_mask_storeu_epi32(panel + p * kMR, store, pair_rows(r0, r1, rows, idx));
-      }
+      __m256i cols[16];
+      transpose8x16(r, cols);
+      uint32_t* d = panel + (k0 / 2) * kMR;
+      const int64_t np = (n + 1) / 2;
+      for (int64_t q = 0; q < np; ++q) _mm256_mask_storeu_epi32(d + q * kMR, store, cols[q]);
     }
   }
 }
